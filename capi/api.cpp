@@ -1,0 +1,298 @@
+// The boundary. Each extern "C" function validates its pointer arguments, resolves handles through
+// the registry, calls core, and catches everything: no exception ever crosses into the caller. A
+// failure becomes a status plus a thread-local message. No engine logic lives here.
+#include <cstring>
+#include <new>
+#include <string>
+
+#include "fp8amp/fp8amp.h"
+#include "context.hpp"
+#include "error.hpp"
+#include "handles.hpp"
+#include "kernels.hpp"
+#include "ops.hpp"
+#include "tensor.hpp"
+
+using fp8amp::Error;
+using fp8amp::fail;
+using fp8amp::core::Context;
+using fp8amp::core::Tensor;
+using fp8amp::core::lookup;
+
+namespace {
+
+thread_local std::string g_last_error;
+
+void set_error(const char *function, const char *message) noexcept {
+    try {
+        g_last_error = std::string(function) + ": " + message;
+    } catch (...) {
+        // Out of memory while recording the message: keep the previous one.
+    }
+}
+
+template <class F>
+fp8amp_status guarded(const char *function, F &&body) noexcept {
+    try {
+        body();
+        return FP8AMP_SUCCESS;
+    } catch (const Error &e) {
+        set_error(function, e.what());
+        return e.status();
+    } catch (const std::bad_alloc &) {
+        set_error(function, "out of host memory");
+        return FP8AMP_ERROR_OUT_OF_MEMORY;
+    } catch (const std::exception &e) {
+        set_error(function, e.what());
+        return FP8AMP_ERROR_INTERNAL;
+    } catch (...) {
+        set_error(function, "unknown internal error");
+        return FP8AMP_ERROR_INTERNAL;
+    }
+}
+
+template <class T>
+void require(const T *pointer, const char *argument) {
+    if (!pointer) fail(FP8AMP_ERROR_INVALID_ARGUMENT, std::string(argument) + " is NULL");
+}
+
+// Registers a new object and writes its handle, or leaves *out untouched if registration fails.
+template <class Handle, class T>
+void publish(std::shared_ptr<T> object, Handle *out) {
+    *out = reinterpret_cast<Handle>(fp8amp::core::register_handle(std::move(object)));
+}
+
+}  // namespace
+
+#define FP8AMP_GUARD(body) return guarded(__func__, [&]() body)
+
+extern "C" {
+
+FP8AMP_API uint32_t fp8amp_version(void) { return FP8AMP_VERSION; }
+
+FP8AMP_API const char *fp8amp_status_name(fp8amp_status status) {
+    switch (status) {
+    case FP8AMP_SUCCESS: return "FP8AMP_SUCCESS";
+    case FP8AMP_ERROR_INVALID_ARGUMENT: return "FP8AMP_ERROR_INVALID_ARGUMENT";
+    case FP8AMP_ERROR_INVALID_HANDLE: return "FP8AMP_ERROR_INVALID_HANDLE";
+    case FP8AMP_ERROR_SHAPE_MISMATCH: return "FP8AMP_ERROR_SHAPE_MISMATCH";
+    case FP8AMP_ERROR_DTYPE_MISMATCH: return "FP8AMP_ERROR_DTYPE_MISMATCH";
+    case FP8AMP_ERROR_DEVICE_MISMATCH: return "FP8AMP_ERROR_DEVICE_MISMATCH";
+    case FP8AMP_ERROR_OUT_OF_MEMORY: return "FP8AMP_ERROR_OUT_OF_MEMORY";
+    case FP8AMP_ERROR_NOT_SUPPORTED: return "FP8AMP_ERROR_NOT_SUPPORTED";
+    case FP8AMP_ERROR_CUDA: return "FP8AMP_ERROR_CUDA";
+    case FP8AMP_ERROR_CUBLAS: return "FP8AMP_ERROR_CUBLAS";
+    case FP8AMP_ERROR_NCCL: return "FP8AMP_ERROR_NCCL";
+    case FP8AMP_ERROR_CORRUPT_DATA: return "FP8AMP_ERROR_CORRUPT_DATA";
+    case FP8AMP_ERROR_INTERNAL: return "FP8AMP_ERROR_INTERNAL";
+    }
+    return "FP8AMP_UNKNOWN_STATUS";
+}
+
+FP8AMP_API const char *fp8amp_last_error_message(void) { return g_last_error.c_str(); }
+
+FP8AMP_API size_t fp8amp_dtype_size(fp8amp_dtype dtype) {
+    switch (dtype) {
+    case FP8AMP_DTYPE_F32: return 4;
+    case FP8AMP_DTYPE_F16:
+    case FP8AMP_DTYPE_BF16: return 2;
+    case FP8AMP_DTYPE_E4M3:
+    case FP8AMP_DTYPE_E5M2: return 1;
+    }
+    return 0;
+}
+
+FP8AMP_API const char *fp8amp_dtype_name(fp8amp_dtype dtype) {
+    switch (dtype) {
+    case FP8AMP_DTYPE_F32: return "f32";
+    case FP8AMP_DTYPE_F16: return "f16";
+    case FP8AMP_DTYPE_BF16: return "bf16";
+    case FP8AMP_DTYPE_E4M3: return "e4m3";
+    case FP8AMP_DTYPE_E5M2: return "e5m2";
+    }
+    return "unknown";
+}
+
+FP8AMP_API fp8amp_status fp8amp_device_count(fp8amp_device_type type, int32_t *count) {
+    FP8AMP_GUARD({
+        require(count, "count");
+        if (type == FP8AMP_DEVICE_CPU) {
+            *count = 1;
+        } else if (type == FP8AMP_DEVICE_CUDA) {
+            *count = fp8amp::kernels::cuda::device_count(nullptr);
+        } else {
+            fail(FP8AMP_ERROR_INVALID_ARGUMENT, "unknown device type " + std::to_string(static_cast<int>(type)));
+        }
+    });
+}
+
+/* ---- context ---- */
+
+FP8AMP_API fp8amp_status fp8amp_context_create(fp8amp_device device, fp8amp_context *out) {
+    FP8AMP_GUARD({
+        require(out, "out");
+        publish(std::make_shared<Context>(device), out);
+    });
+}
+
+FP8AMP_API fp8amp_status fp8amp_context_destroy(fp8amp_context ctx) {
+    FP8AMP_GUARD({
+        if (ctx) fp8amp::core::unregister_object(ctx, Context::kKind, "ctx");
+    });
+}
+
+FP8AMP_API fp8amp_status fp8amp_context_device(fp8amp_context ctx, fp8amp_device *out) {
+    FP8AMP_GUARD({
+        auto c = lookup<Context>(ctx, "ctx");
+        require(out, "out");
+        *out = c->device();
+    });
+}
+
+FP8AMP_API fp8amp_status fp8amp_context_set_stream(fp8amp_context ctx, void *cuda_stream) {
+    FP8AMP_GUARD({ lookup<Context>(ctx, "ctx")->set_stream(cuda_stream); });
+}
+
+FP8AMP_API fp8amp_status fp8amp_context_get_stream(fp8amp_context ctx, void **cuda_stream) {
+    FP8AMP_GUARD({
+        auto c = lookup<Context>(ctx, "ctx");
+        require(cuda_stream, "cuda_stream");
+        *cuda_stream = c->stream();
+    });
+}
+
+FP8AMP_API fp8amp_status fp8amp_context_set_allocator(fp8amp_context ctx, fp8amp_alloc_fn alloc_fn,
+                                                      fp8amp_free_fn free_fn, void *user_data) {
+    FP8AMP_GUARD({ lookup<Context>(ctx, "ctx")->set_allocator(alloc_fn, free_fn, user_data); });
+}
+
+FP8AMP_API fp8amp_status fp8amp_context_synchronize(fp8amp_context ctx) {
+    FP8AMP_GUARD({ lookup<Context>(ctx, "ctx")->synchronize(); });
+}
+
+/* ---- tensors ---- */
+
+FP8AMP_API fp8amp_status fp8amp_tensor_create(fp8amp_context ctx, fp8amp_dtype dtype, int32_t ndim,
+                                              const int64_t *shape, fp8amp_tensor *out) {
+    FP8AMP_GUARD({
+        auto c = lookup<Context>(ctx, "ctx");
+        require(out, "out");
+        publish(Tensor::create(std::move(c), dtype, ndim, shape), out);
+    });
+}
+
+FP8AMP_API fp8amp_status fp8amp_tensor_wrap(fp8amp_context ctx, fp8amp_dtype dtype, int32_t ndim,
+                                            const int64_t *shape, void *data, fp8amp_tensor *out) {
+    FP8AMP_GUARD({
+        auto c = lookup<Context>(ctx, "ctx");
+        require(out, "out");
+        publish(Tensor::wrap(std::move(c), dtype, ndim, shape, data), out);
+    });
+}
+
+FP8AMP_API fp8amp_status fp8amp_tensor_destroy(fp8amp_tensor t) {
+    FP8AMP_GUARD({
+        if (t) fp8amp::core::unregister_object(t, Tensor::kKind, "t");
+    });
+}
+
+FP8AMP_API fp8amp_status fp8amp_tensor_dtype(fp8amp_tensor t, fp8amp_dtype *out) {
+    FP8AMP_GUARD({
+        auto x = lookup<Tensor>(t, "t");
+        require(out, "out");
+        *out = x->dtype();
+    });
+}
+
+FP8AMP_API fp8amp_status fp8amp_tensor_ndim(fp8amp_tensor t, int32_t *out) {
+    FP8AMP_GUARD({
+        auto x = lookup<Tensor>(t, "t");
+        require(out, "out");
+        *out = x->ndim();
+    });
+}
+
+FP8AMP_API fp8amp_status fp8amp_tensor_shape(fp8amp_tensor t, int32_t capacity, int64_t *shape) {
+    FP8AMP_GUARD({
+        auto x = lookup<Tensor>(t, "t");
+        if (x->ndim() > 0) require(shape, "shape");
+        if (capacity < x->ndim())
+            fail(FP8AMP_ERROR_INVALID_ARGUMENT, "capacity " + std::to_string(capacity) + " is less than ndim " +
+                                                    std::to_string(x->ndim()));
+        for (int32_t i = 0; i < x->ndim(); ++i) shape[i] = x->shape()[i];
+    });
+}
+
+FP8AMP_API fp8amp_status fp8amp_tensor_numel(fp8amp_tensor t, int64_t *out) {
+    FP8AMP_GUARD({
+        auto x = lookup<Tensor>(t, "t");
+        require(out, "out");
+        *out = x->numel();
+    });
+}
+
+FP8AMP_API fp8amp_status fp8amp_tensor_nbytes(fp8amp_tensor t, size_t *out) {
+    FP8AMP_GUARD({
+        auto x = lookup<Tensor>(t, "t");
+        require(out, "out");
+        *out = x->nbytes();
+    });
+}
+
+FP8AMP_API fp8amp_status fp8amp_tensor_data(fp8amp_tensor t, void **out) {
+    FP8AMP_GUARD({
+        auto x = lookup<Tensor>(t, "t");
+        require(out, "out");
+        *out = x->data();
+    });
+}
+
+FP8AMP_API fp8amp_status fp8amp_tensor_device(fp8amp_tensor t, fp8amp_device *out) {
+    FP8AMP_GUARD({
+        auto x = lookup<Tensor>(t, "t");
+        require(out, "out");
+        *out = x->device();
+    });
+}
+
+FP8AMP_API fp8amp_status fp8amp_tensor_copy_from_host(fp8amp_tensor t, const void *src, size_t nbytes) {
+    FP8AMP_GUARD({ lookup<Tensor>(t, "t")->copy_from_host(src, nbytes); });
+}
+
+FP8AMP_API fp8amp_status fp8amp_tensor_copy_to_host(fp8amp_tensor t, void *dst, size_t nbytes) {
+    FP8AMP_GUARD({ lookup<Tensor>(t, "t")->copy_to_host(dst, nbytes); });
+}
+
+FP8AMP_API fp8amp_status fp8amp_tensor_from_dlpack(fp8amp_context ctx, struct DLManagedTensorVersioned *managed,
+                                                   fp8amp_tensor *out) {
+    FP8AMP_GUARD({
+        auto c = lookup<Context>(ctx, "ctx");
+        require(out, "out");
+        auto t = Tensor::from_dlpack(std::move(c), managed);
+        fp8amp_tensor handle = nullptr;
+        publish(t, &handle);
+        t->adopt_dlpack();  // nothing can fail past this point: fp8amp now owns `managed`
+        *out = handle;
+    });
+}
+
+FP8AMP_API fp8amp_status fp8amp_tensor_to_dlpack(fp8amp_tensor t, struct DLManagedTensorVersioned **out) {
+    FP8AMP_GUARD({
+        auto x = lookup<Tensor>(t, "t");
+        require(out, "out");
+        *out = x->to_dlpack();
+    });
+}
+
+/* ---- conversion ---- */
+
+FP8AMP_API fp8amp_status fp8amp_cast(fp8amp_context ctx, fp8amp_tensor src, fp8amp_tensor dst) {
+    FP8AMP_GUARD({
+        auto c = lookup<Context>(ctx, "ctx");
+        auto s = lookup<Tensor>(src, "src");
+        auto d = lookup<Tensor>(dst, "dst");
+        fp8amp::core::cast(*c, *s, *d);
+    });
+}
+
+}  // extern "C"

@@ -1,0 +1,91 @@
+#include "context.hpp"
+
+#include <cstdlib>
+
+#include "kernels.hpp"
+
+namespace fp8amp::core {
+
+namespace {
+constexpr size_t kHostAlignment = 256;  // what cudaMalloc gives; lets every kernel vectorize
+}
+
+bool same_device(const fp8amp_device &a, const fp8amp_device &b) { return a.type == b.type && a.index == b.index; }
+
+std::string device_name(const fp8amp_device &d) {
+    if (d.type == FP8AMP_DEVICE_CPU) return "cpu";
+    if (d.type == FP8AMP_DEVICE_CUDA) return "cuda:" + std::to_string(d.index);
+    return "unknown device type " + std::to_string(static_cast<int>(d.type));
+}
+
+Context::Context(fp8amp_device device) : device_(device) {
+    if (device.type == FP8AMP_DEVICE_CPU) {
+        if (device.index != 0)
+            fail(FP8AMP_ERROR_INVALID_ARGUMENT, "a CPU device has index 0, not " + std::to_string(device.index));
+    } else if (device.type == FP8AMP_DEVICE_CUDA) {
+        if (device.index < 0)
+            fail(FP8AMP_ERROR_INVALID_ARGUMENT, "CUDA device index " + std::to_string(device.index) + " is negative");
+        kernels::cuda::check_device(device.index);
+    } else {
+        fail(FP8AMP_ERROR_INVALID_ARGUMENT, "unknown device type " + std::to_string(static_cast<int>(device.type)));
+    }
+}
+
+void Context::set_stream(void *stream) {
+    if (!is_cuda() && stream)
+        fail(FP8AMP_ERROR_INVALID_ARGUMENT, "a CPU context has no CUDA stream; pass NULL");
+    stream_ = stream;
+}
+
+void Context::set_allocator(fp8amp_alloc_fn alloc_fn, fp8amp_free_fn free_fn, void *user_data) {
+    if ((alloc_fn == nullptr) != (free_fn == nullptr))
+        fail(FP8AMP_ERROR_INVALID_ARGUMENT, "alloc_fn and free_fn must both be set, or both be NULL");
+    alloc_fn_ = alloc_fn;
+    free_fn_ = free_fn;
+    alloc_user_data_ = alloc_fn ? user_data : nullptr;
+}
+
+std::shared_ptr<Storage> Context::allocate(size_t nbytes) const {
+    const fp8amp_device device = device_;
+    if (alloc_fn_) {
+        // The hooks and stream in force now are the ones that free this block, whatever comes later.
+        const fp8amp_free_fn free_fn = free_fn_;
+        void *const user = alloc_user_data_;
+        void *const stream = stream_;
+        void *data = alloc_fn_(user, nbytes, device, stream);
+        if (!data)
+            fail(FP8AMP_ERROR_OUT_OF_MEMORY,
+                 "the context's allocator hook returned NULL for " + std::to_string(nbytes) + " bytes");
+        try {
+            return std::make_shared<Storage>(data, nbytes, device,
+                                             [=] { free_fn(user, data, nbytes, device, stream); });
+        } catch (...) {
+            free_fn(user, data, nbytes, device, stream);
+            throw;
+        }
+    }
+    if (is_cuda()) {
+        void *data = kernels::cuda::malloc(device.index, nbytes);
+        try {
+            return std::make_shared<Storage>(data, nbytes, device, [=] { kernels::cuda::free(device.index, data); });
+        } catch (...) {
+            kernels::cuda::free(device.index, data);
+            throw;
+        }
+    }
+    const size_t rounded = (nbytes + kHostAlignment - 1) / kHostAlignment * kHostAlignment;
+    void *data = rounded >= nbytes ? std::aligned_alloc(kHostAlignment, rounded) : nullptr;
+    if (!data) fail(FP8AMP_ERROR_OUT_OF_MEMORY, "cannot allocate " + std::to_string(nbytes) + " bytes of host memory");
+    try {
+        return std::make_shared<Storage>(data, nbytes, device, [data] { std::free(data); });
+    } catch (...) {
+        std::free(data);
+        throw;
+    }
+}
+
+void Context::synchronize() const {
+    if (is_cuda()) kernels::cuda::synchronize(device_.index, stream_);
+}
+
+}  // namespace fp8amp::core

@@ -1,0 +1,62 @@
+// A context: one device, the stream work is issued on, and the allocator that serves its memory.
+#pragma once
+
+#include <cstddef>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "fp8amp/fp8amp.h"
+#include "handles.hpp"
+
+namespace fp8amp::core {
+
+bool same_device(const fp8amp_device &a, const fp8amp_device &b);
+std::string device_name(const fp8amp_device &d);
+
+// A block of memory and how to give it back. Tensors share it; the last owner frees it.
+class Storage {
+public:
+    Storage(void *data, size_t nbytes, fp8amp_device device, std::function<void()> release)
+        : data_(data), nbytes_(nbytes), device_(device), release_(std::move(release)) {}
+    ~Storage() {
+        if (release_) release_();
+    }
+    Storage(const Storage &) = delete;
+    Storage &operator=(const Storage &) = delete;
+    void *data() const { return data_; }
+    size_t nbytes() const { return nbytes_; }
+    fp8amp_device device() const { return device_; }
+
+private:
+    void *data_;
+    size_t nbytes_;
+    fp8amp_device device_;
+    std::function<void()> release_;
+};
+
+class Context {
+public:
+    static constexpr HandleKind kKind = HandleKind::Context;
+
+    explicit Context(fp8amp_device device);
+
+    const fp8amp_device &device() const { return device_; }
+    bool is_cuda() const { return device_.type == FP8AMP_DEVICE_CUDA; }
+    void *stream() const { return stream_; }
+    void set_stream(void *stream);
+    void set_allocator(fp8amp_alloc_fn alloc_fn, fp8amp_free_fn free_fn, void *user_data);
+
+    // nbytes on the context's device through the current allocator; OUT_OF_MEMORY when refused.
+    std::shared_ptr<Storage> allocate(size_t nbytes) const;
+    void synchronize() const;
+
+private:
+    fp8amp_device device_;
+    void *stream_ = nullptr;
+    fp8amp_alloc_fn alloc_fn_ = nullptr;
+    fp8amp_free_fn free_fn_ = nullptr;
+    void *alloc_user_data_ = nullptr;
+};
+
+}  // namespace fp8amp::core

@@ -1,0 +1,243 @@
+#include "tensor.hpp"
+
+#include <cstring>
+#include <limits>
+#include <new>
+#include <sstream>
+
+#include "kernels.hpp"
+
+namespace fp8amp::core {
+
+void check_dtype(fp8amp_dtype dtype, const char *argument) {
+    if (fp8amp_dtype_size(dtype) == 0)
+        fail(FP8AMP_ERROR_INVALID_ARGUMENT,
+             std::string(argument) + " is not an fp8amp_dtype (" + std::to_string(static_cast<int>(dtype)) + ")");
+}
+
+void check_on_device(const Context &ctx, const Tensor &t, const char *argument) {
+    if (!same_device(ctx.device(), t.device()))
+        fail(FP8AMP_ERROR_DEVICE_MISMATCH, std::string(argument) + " is on " + device_name(t.device()) +
+                                               " but the context is on " + device_name(ctx.device()));
+}
+
+void check_writable(const Tensor &t, const char *argument) {
+    if (t.read_only())
+        fail(FP8AMP_ERROR_INVALID_ARGUMENT, std::string(argument) + " is read-only (imported with DLPack's read-only flag)");
+}
+
+void Tensor::set_shape(fp8amp_dtype dtype, int32_t ndim, const int64_t *shape) {
+    check_dtype(dtype, "dtype");
+    if (ndim < 0 || ndim > FP8AMP_MAX_NDIM)
+        fail(FP8AMP_ERROR_INVALID_ARGUMENT,
+             "ndim " + std::to_string(ndim) + " is outside 0.." + std::to_string(FP8AMP_MAX_NDIM));
+    if (ndim > 0 && !shape) fail(FP8AMP_ERROR_INVALID_ARGUMENT, "shape is NULL but ndim is " + std::to_string(ndim));
+    const size_t elem = fp8amp_dtype_size(dtype);
+    int64_t numel = 1;
+    for (int32_t i = 0; i < ndim; ++i) {
+        if (shape[i] < 1)
+            fail(FP8AMP_ERROR_INVALID_ARGUMENT, "shape[" + std::to_string(i) + "] is " + std::to_string(shape[i]) +
+                                                    ": every extent must be at least 1");
+        if (numel > std::numeric_limits<int64_t>::max() / shape[i])
+            fail(FP8AMP_ERROR_INVALID_ARGUMENT, "the number of elements overflows int64");
+        numel *= shape[i];
+    }
+    if (static_cast<uint64_t>(numel) > std::numeric_limits<size_t>::max() / elem)
+        fail(FP8AMP_ERROR_INVALID_ARGUMENT, "the byte size overflows size_t");
+    dtype_ = dtype;
+    ndim_ = ndim;
+    shape_.fill(0);
+    for (int32_t i = 0; i < ndim; ++i) shape_[i] = shape[i];
+    numel_ = numel;
+    nbytes_ = static_cast<size_t>(numel) * elem;
+}
+
+std::shared_ptr<Tensor> Tensor::create(std::shared_ptr<const Context> ctx, fp8amp_dtype dtype, int32_t ndim,
+                                       const int64_t *shape) {
+    std::shared_ptr<Tensor> t(new Tensor());
+    t->set_shape(dtype, ndim, shape);
+    t->storage_ = ctx->allocate(t->nbytes_);
+    t->data_ = t->storage_->data();
+    t->device_ = ctx->device();
+    t->ctx_ = std::move(ctx);
+    return t;
+}
+
+std::shared_ptr<Tensor> Tensor::wrap(std::shared_ptr<const Context> ctx, fp8amp_dtype dtype, int32_t ndim,
+                                     const int64_t *shape, void *data) {
+    std::shared_ptr<Tensor> t(new Tensor());
+    t->set_shape(dtype, ndim, shape);
+    if (!data) fail(FP8AMP_ERROR_INVALID_ARGUMENT, "data is NULL");
+    if (reinterpret_cast<uintptr_t>(data) % fp8amp_dtype_size(dtype) != 0)
+        fail(FP8AMP_ERROR_INVALID_ARGUMENT, "data is not aligned to the element size");
+    if (ctx->is_cuda()) {
+        const int owner = kernels::cuda::pointer_device(data);
+        if (owner != ctx->device().index)
+            fail(FP8AMP_ERROR_DEVICE_MISMATCH,
+                 std::string("data is ") + (owner < 0 ? "host memory" : "memory of cuda:" + std::to_string(owner)) +
+                     ", not memory of " + device_name(ctx->device()));
+    }
+    t->storage_ = std::make_shared<Storage>(data, t->nbytes_, ctx->device(), nullptr);
+    t->data_ = data;
+    t->device_ = ctx->device();
+    t->ctx_ = std::move(ctx);
+    return t;
+}
+
+namespace {
+
+fp8amp_dtype dtype_from_dlpack(const DLDataType &d) {
+    if (d.lanes != 1)
+        fail(FP8AMP_ERROR_NOT_SUPPORTED, "DLPack vector dtypes (lanes " + std::to_string(d.lanes) + ") are not supported");
+    if (d.code == kDLFloat && d.bits == 32) return FP8AMP_DTYPE_F32;
+    if (d.code == kDLFloat && d.bits == 16) return FP8AMP_DTYPE_F16;
+    if (d.code == kDLBfloat && d.bits == 16) return FP8AMP_DTYPE_BF16;
+    if (d.code == kDLFloat8_e4m3fn && d.bits == 8) return FP8AMP_DTYPE_E4M3;
+    if (d.code == kDLFloat8_e5m2 && d.bits == 8) return FP8AMP_DTYPE_E5M2;
+    fail(FP8AMP_ERROR_NOT_SUPPORTED, "DLPack dtype (code " + std::to_string(d.code) + ", bits " +
+                                         std::to_string(d.bits) +
+                                         ") is not one of float32, float16, bfloat16, float8_e4m3fn, float8_e5m2");
+}
+
+DLDataType dtype_to_dlpack(fp8amp_dtype dtype) {
+    switch (dtype) {
+    case FP8AMP_DTYPE_F32: return {kDLFloat, 32, 1};
+    case FP8AMP_DTYPE_F16: return {kDLFloat, 16, 1};
+    case FP8AMP_DTYPE_BF16: return {kDLBfloat, 16, 1};
+    case FP8AMP_DTYPE_E4M3: return {kDLFloat8_e4m3fn, 8, 1};
+    case FP8AMP_DTYPE_E5M2: return {kDLFloat8_e5m2, 8, 1};
+    }
+    fail(FP8AMP_ERROR_INTERNAL, "unknown dtype");
+}
+
+// What an exported DLPack tensor owns: its shape/strides and a share of the storage.
+struct DlpackExport {
+    DLManagedTensorVersioned managed{};
+    std::array<int64_t, FP8AMP_MAX_NDIM> shape{};
+    std::array<int64_t, FP8AMP_MAX_NDIM> strides{};
+    std::shared_ptr<Storage> storage;
+};
+
+void delete_export(DLManagedTensorVersioned *self) {
+    if (self) delete static_cast<DlpackExport *>(self->manager_ctx);
+}
+
+}  // namespace
+
+std::shared_ptr<Tensor> Tensor::from_dlpack(std::shared_ptr<const Context> ctx, DLManagedTensorVersioned *managed) {
+    if (!managed) fail(FP8AMP_ERROR_INVALID_ARGUMENT, "managed is NULL");
+    if (managed->version.major != DLPACK_MAJOR_VERSION)
+        fail(FP8AMP_ERROR_NOT_SUPPORTED, "DLPack major version " + std::to_string(managed->version.major) +
+                                             " is not supported (fp8amp reads version 1.x)");
+    const DLTensor &dl = managed->dl_tensor;
+    const fp8amp_dtype dtype = dtype_from_dlpack(dl.dtype);
+    if (dl.ndim > FP8AMP_MAX_NDIM)
+        fail(FP8AMP_ERROR_NOT_SUPPORTED, "DLPack tensor has " + std::to_string(dl.ndim) + " dimensions; fp8amp takes at most " +
+                                             std::to_string(FP8AMP_MAX_NDIM));
+    std::shared_ptr<Tensor> t(new Tensor());
+    t->set_shape(dtype, dl.ndim, dl.shape);
+    if (!dl.data) fail(FP8AMP_ERROR_INVALID_ARGUMENT, "DLPack tensor has NULL data");
+
+    const fp8amp_device &dev = ctx->device();
+    const bool device_ok = dev.type == FP8AMP_DEVICE_CPU
+                               ? (dl.device.device_type == kDLCPU || dl.device.device_type == kDLCUDAHost)
+                               : ((dl.device.device_type == kDLCUDA || dl.device.device_type == kDLCUDAManaged) &&
+                                  dl.device.device_id == dev.index);
+    if (!device_ok)
+        fail(FP8AMP_ERROR_DEVICE_MISMATCH, "DLPack tensor is on device type " +
+                                               std::to_string(static_cast<int>(dl.device.device_type)) + " id " +
+                                               std::to_string(dl.device.device_id) + ", the context on " +
+                                               device_name(dev));
+    if (dl.strides) {
+        int64_t expected = 1;
+        for (int32_t i = dl.ndim - 1; i >= 0; --i) {
+            if (dl.shape[i] != 1 && dl.strides[i] != expected)
+                fail(FP8AMP_ERROR_NOT_SUPPORTED,
+                     "DLPack tensor is not contiguous row-major (stride of dimension " + std::to_string(i) + " is " +
+                         std::to_string(dl.strides[i]) + ", expected " + std::to_string(expected) + ")");
+            expected *= dl.shape[i];
+        }
+    }
+    void *data = static_cast<char *>(dl.data) + dl.byte_offset;
+    if (reinterpret_cast<uintptr_t>(data) % fp8amp_dtype_size(dtype) != 0)
+        fail(FP8AMP_ERROR_INVALID_ARGUMENT, "DLPack tensor data is not aligned to its element size");
+
+    // The producer's deleter runs with the storage only once the caller has armed it (after the
+    // handle is registered): until then a failure leaves `managed` with the caller, untouched.
+    auto deleter = managed->deleter;
+    auto armed = std::make_shared<bool>(false);
+    t->storage_ = std::make_shared<Storage>(data, t->nbytes_, dev, [managed, deleter, armed] {
+        if (*armed && deleter) deleter(managed);
+    });
+    t->dlpack_armed_ = std::move(armed);
+    t->data_ = data;
+    t->device_ = dev;
+    t->read_only_ = (managed->flags & DLPACK_FLAG_BITMASK_READ_ONLY) != 0;
+    t->ctx_ = std::move(ctx);
+    return t;
+}
+
+DLManagedTensorVersioned *Tensor::to_dlpack() const {
+    auto *e = new (std::nothrow) DlpackExport();
+    if (!e) fail(FP8AMP_ERROR_OUT_OF_MEMORY, "cannot allocate the DLPack export");
+    e->storage = storage_;
+    int64_t stride = 1;
+    for (int32_t i = ndim_ - 1; i >= 0; --i) {
+        e->shape[i] = shape_[i];
+        e->strides[i] = stride;
+        stride *= shape_[i];
+    }
+    DLManagedTensorVersioned &m = e->managed;
+    m.version = {DLPACK_MAJOR_VERSION, DLPACK_MINOR_VERSION};
+    m.manager_ctx = e;
+    m.deleter = delete_export;
+    m.flags = read_only_ ? DLPACK_FLAG_BITMASK_READ_ONLY : 0;
+    m.dl_tensor.data = data_;
+    m.dl_tensor.device = {device_.type == FP8AMP_DEVICE_CUDA ? kDLCUDA : kDLCPU, device_.index};
+    m.dl_tensor.ndim = ndim_;
+    m.dl_tensor.dtype = dtype_to_dlpack(dtype_);
+    m.dl_tensor.shape = e->shape.data();
+    m.dl_tensor.strides = e->strides.data();
+    m.dl_tensor.byte_offset = 0;
+    return &m;
+}
+
+bool Tensor::same_shape(const Tensor &other) const {
+    if (ndim_ != other.ndim_) return false;
+    for (int32_t i = 0; i < ndim_; ++i)
+        if (shape_[i] != other.shape_[i]) return false;
+    return true;
+}
+
+std::string Tensor::describe() const {
+    std::ostringstream s;
+    s << fp8amp_dtype_name(dtype_) << "[";
+    for (int32_t i = 0; i < ndim_; ++i) s << (i ? ", " : "") << shape_[i];
+    s << "] on " << device_name(device_);
+    return s.str();
+}
+
+void Tensor::copy_from_host(const void *src, size_t nbytes) {
+    if (!src) fail(FP8AMP_ERROR_INVALID_ARGUMENT, "src is NULL");
+    check_writable(*this, "t");
+    if (nbytes != nbytes_)
+        fail(FP8AMP_ERROR_SHAPE_MISMATCH, "nbytes is " + std::to_string(nbytes) + " but the tensor (" + describe() +
+                                              ") holds " + std::to_string(nbytes_) + " bytes");
+    if (device_.type == FP8AMP_DEVICE_CUDA)
+        kernels::cuda::copy_to_device(device_.index, ctx_->stream(), data_, src, nbytes);
+    else
+        std::memcpy(data_, src, nbytes);
+}
+
+void Tensor::copy_to_host(void *dst, size_t nbytes) const {
+    if (!dst) fail(FP8AMP_ERROR_INVALID_ARGUMENT, "dst is NULL");
+    if (nbytes != nbytes_)
+        fail(FP8AMP_ERROR_SHAPE_MISMATCH, "nbytes is " + std::to_string(nbytes) + " but the tensor (" + describe() +
+                                              ") holds " + std::to_string(nbytes_) + " bytes");
+    if (device_.type == FP8AMP_DEVICE_CUDA)
+        kernels::cuda::copy_to_host(device_.index, ctx_->stream(), dst, data_, nbytes);
+    else
+        std::memcpy(dst, data_, nbytes);
+}
+
+}  // namespace fp8amp::core

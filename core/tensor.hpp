@@ -1,0 +1,72 @@
+// Tensors: a dtype, a shape and a share of a Storage on one device. Always contiguous, row-major.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <memory>
+
+#include "context.hpp"
+#include "dlpack.h"
+
+namespace fp8amp::core {
+
+class Tensor {
+public:
+    static constexpr HandleKind kKind = HandleKind::Tensor;
+
+    // An owning tensor from ctx's allocator.
+    // The tensor keeps its context alive: host copies run on that context's current stream.
+    static std::shared_ptr<Tensor> create(std::shared_ptr<const Context> ctx, fp8amp_dtype dtype, int32_t ndim,
+                                          const int64_t *shape);
+    // A tensor over memory the caller owns.
+    static std::shared_ptr<Tensor> wrap(std::shared_ptr<const Context> ctx, fp8amp_dtype dtype, int32_t ndim,
+                                        const int64_t *shape, void *data);
+    // A tensor over a DLPack producer's memory. It takes ownership of `managed` (calls its deleter when
+    // the storage goes) only after adopt_dlpack(): the caller arms it once nothing else can fail.
+    static std::shared_ptr<Tensor> from_dlpack(std::shared_ptr<const Context> ctx, DLManagedTensorVersioned *managed);
+    void adopt_dlpack() {
+        if (dlpack_armed_) *dlpack_armed_ = true;
+    }
+    // A DLPack view sharing this tensor's storage; the consumer calls its deleter.
+    DLManagedTensorVersioned *to_dlpack() const;
+
+    fp8amp_dtype dtype() const { return dtype_; }
+    int32_t ndim() const { return ndim_; }
+    const int64_t *shape() const { return shape_.data(); }
+    int64_t numel() const { return numel_; }
+    size_t nbytes() const { return nbytes_; }
+    void *data() const { return data_; }
+    const fp8amp_device &device() const { return device_; }
+    bool read_only() const { return read_only_; }
+    bool same_shape(const Tensor &other) const;
+    std::string describe() const;  // "e4m3[4, 8] on cuda:0", for messages
+
+    // Host copies (synchronous), in the stream order of the tensor's context.
+    void copy_from_host(const void *src, size_t nbytes);
+    void copy_to_host(void *dst, size_t nbytes) const;
+
+private:
+    Tensor() = default;
+    void set_shape(fp8amp_dtype dtype, int32_t ndim, const int64_t *shape);
+
+    fp8amp_dtype dtype_ = FP8AMP_DTYPE_F32;
+    int32_t ndim_ = 0;
+    std::array<int64_t, FP8AMP_MAX_NDIM> shape_{};
+    int64_t numel_ = 1;
+    size_t nbytes_ = 0;
+    void *data_ = nullptr;
+    fp8amp_device device_{FP8AMP_DEVICE_CPU, 0};
+    bool read_only_ = false;
+    std::shared_ptr<const Context> ctx_;
+    std::shared_ptr<bool> dlpack_armed_;
+    std::shared_ptr<Storage> storage_;  // keeps the memory alive; also held by exported DLPack views
+};
+
+// Throws INVALID_ARGUMENT unless `dtype` is one of fp8amp_dtype's values.
+void check_dtype(fp8amp_dtype dtype, const char *argument);
+// Throws DEVICE_MISMATCH unless the tensor lives on the context's device.
+void check_on_device(const Context &ctx, const Tensor &t, const char *argument);
+// Throws INVALID_ARGUMENT if the tensor may not be written.
+void check_writable(const Tensor &t, const char *argument);
+
+}  // namespace fp8amp::core

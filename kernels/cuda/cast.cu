@@ -1,0 +1,142 @@
+// fp8amp_cast on CUDA: one element-wise pass, 8 elements per thread with vector loads and stores
+// when both pointers allow it. FP8 encodes use the hardware conversion (cvt.rn.satfinite on sm_89+,
+// through cuda_fp8.h); NaN is mapped to the canonical code explicitly so that the result does not
+// depend on what the hardware does with NaN payloads, and stays bit-identical to kernels/cpu.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+
+#include <cstdint>
+
+#include "codec.hpp"
+#include "cuda_common.cuh"
+
+namespace fp8amp::kernels::cuda {
+namespace {
+
+template <fp8amp_dtype D> struct Storage;
+template <> struct Storage<FP8AMP_DTYPE_F32> { using type = float; };
+template <> struct Storage<FP8AMP_DTYPE_F16> { using type = uint16_t; };
+template <> struct Storage<FP8AMP_DTYPE_BF16> { using type = uint16_t; };
+template <> struct Storage<FP8AMP_DTYPE_E4M3> { using type = uint8_t; };
+template <> struct Storage<FP8AMP_DTYPE_E5M2> { using type = uint8_t; };
+
+template <fp8amp_dtype D>
+__device__ __forceinline__ float to_f32(typename Storage<D>::type v) {
+    if constexpr (D == FP8AMP_DTYPE_F32) return codec::canonical_f32(v);
+    if constexpr (D == FP8AMP_DTYPE_F16) return codec::decode<codec::F16>(v);
+    if constexpr (D == FP8AMP_DTYPE_BF16) return codec::decode<codec::BF16>(v);
+    if constexpr (D == FP8AMP_DTYPE_E4M3) return codec::decode<codec::E4M3>(v);
+    if constexpr (D == FP8AMP_DTYPE_E5M2) return codec::decode<codec::E5M2>(v);
+}
+
+template <fp8amp_dtype D>
+__device__ __forceinline__ typename Storage<D>::type from_f32(float x) {
+    const uint32_t sign = codec::f32_bits(x) >> 31;
+    const bool nan = x != x;
+    if constexpr (D == FP8AMP_DTYPE_F32) return codec::canonical_f32(x);
+    if constexpr (D == FP8AMP_DTYPE_F16)
+        return nan ? static_cast<uint16_t>((sign << 15) | codec::F16::kQuietNaN) : __half_as_ushort(__float2half_rn(x));
+    if constexpr (D == FP8AMP_DTYPE_BF16)
+        return nan ? static_cast<uint16_t>((sign << 15) | codec::BF16::kQuietNaN)
+                   : __bfloat16_as_ushort(__float2bfloat16_rn(x));
+    if constexpr (D == FP8AMP_DTYPE_E4M3)
+        return nan ? static_cast<uint8_t>((sign << 7) | codec::E4M3::kQuietNaN)
+                   : static_cast<uint8_t>(__nv_cvt_float_to_fp8(x, __NV_SATFINITE, __NV_E4M3));
+    if constexpr (D == FP8AMP_DTYPE_E5M2)
+        return nan ? static_cast<uint8_t>((sign << 7) | codec::E5M2::kQuietNaN)
+                   : static_cast<uint8_t>(__nv_cvt_float_to_fp8(x, __NV_SATFINITE, __NV_E5M2));
+}
+
+constexpr int kVec = 8;
+constexpr int kThreads = 256;
+
+template <class T>
+struct alignas(sizeof(T) * kVec) Pack {
+    T v[kVec];
+};
+
+template <fp8amp_dtype S, fp8amp_dtype D>
+__global__ void cast_vector_kernel(const typename Storage<S>::type *__restrict__ src,
+                                   typename Storage<D>::type *__restrict__ dst, size_t n_packs) {
+    using SrcPack = Pack<typename Storage<S>::type>;
+    using DstPack = Pack<typename Storage<D>::type>;
+    const auto *in = reinterpret_cast<const SrcPack *>(src);
+    auto *out = reinterpret_cast<DstPack *>(dst);
+    for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n_packs; i += size_t(gridDim.x) * blockDim.x) {
+        const SrcPack a = in[i];
+        DstPack b;
+#pragma unroll
+        for (int k = 0; k < kVec; ++k) b.v[k] = from_f32<D>(to_f32<S>(a.v[k]));
+        out[i] = b;
+    }
+}
+
+template <fp8amp_dtype S, fp8amp_dtype D>
+__global__ void cast_scalar_kernel(const typename Storage<S>::type *__restrict__ src,
+                                   typename Storage<D>::type *__restrict__ dst, size_t begin, size_t n) {
+    for (size_t i = begin + blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x)
+        dst[i] = from_f32<D>(to_f32<S>(src[i]));
+}
+
+unsigned grid_for(int device, size_t work_items) {
+    const size_t wanted = (work_items + kThreads - 1) / kThreads;
+    const size_t cap = size_t(multiprocessor_count(device)) * 16;  // enough blocks in flight to fill the chip
+    return static_cast<unsigned>(wanted < cap ? (wanted ? wanted : 1) : cap);
+}
+
+template <fp8amp_dtype S, fp8amp_dtype D>
+void launch(int device, cudaStream_t stream, const void *src_raw, void *dst_raw, size_t n) {
+    using SrcT = typename Storage<S>::type;
+    using DstT = typename Storage<D>::type;
+    const auto *src = static_cast<const SrcT *>(src_raw);
+    auto *dst = static_cast<DstT *>(dst_raw);
+    const bool aligned = reinterpret_cast<uintptr_t>(src) % alignof(Pack<SrcT>) == 0 &&
+                         reinterpret_cast<uintptr_t>(dst) % alignof(Pack<DstT>) == 0;
+    size_t done = 0;
+    if (aligned && n >= kVec) {
+        const size_t packs = n / kVec;
+        cast_vector_kernel<S, D><<<grid_for(device, packs), kThreads, 0, stream>>>(src, dst, packs);
+        check_launch("cast_vector_kernel");
+        done = packs * kVec;
+    }
+    if (done < n) {
+        cast_scalar_kernel<S, D><<<grid_for(device, n - done), kThreads, 0, stream>>>(src, dst, done, n);
+        check_launch("cast_scalar_kernel");
+    }
+}
+
+template <fp8amp_dtype S>
+void launch_to(int device, cudaStream_t stream, const void *src, void *dst, fp8amp_dtype dst_dtype, size_t n) {
+    switch (dst_dtype) {
+    case FP8AMP_DTYPE_F32: return launch<S, FP8AMP_DTYPE_F32>(device, stream, src, dst, n);
+    case FP8AMP_DTYPE_F16: return launch<S, FP8AMP_DTYPE_F16>(device, stream, src, dst, n);
+    case FP8AMP_DTYPE_BF16: return launch<S, FP8AMP_DTYPE_BF16>(device, stream, src, dst, n);
+    case FP8AMP_DTYPE_E4M3: return launch<S, FP8AMP_DTYPE_E4M3>(device, stream, src, dst, n);
+    case FP8AMP_DTYPE_E5M2: return launch<S, FP8AMP_DTYPE_E5M2>(device, stream, src, dst, n);
+    }
+    fail(FP8AMP_ERROR_INTERNAL, "cuda::cast: unknown destination dtype");
+}
+
+}  // namespace
+
+void cast(int device, void *stream_raw, const void *src, fp8amp_dtype src_dtype, void *dst, fp8amp_dtype dst_dtype,
+          size_t n) {
+    DeviceGuard guard(device);
+    auto stream = static_cast<cudaStream_t>(stream_raw);
+    if (src_dtype == dst_dtype) {
+        check(cudaMemcpyAsync(dst, src, n * fp8amp_dtype_size(src_dtype), cudaMemcpyDeviceToDevice, stream),
+              "cudaMemcpyAsync (device to device)");
+        return;
+    }
+    switch (src_dtype) {
+    case FP8AMP_DTYPE_F32: return launch_to<FP8AMP_DTYPE_F32>(device, stream, src, dst, dst_dtype, n);
+    case FP8AMP_DTYPE_F16: return launch_to<FP8AMP_DTYPE_F16>(device, stream, src, dst, dst_dtype, n);
+    case FP8AMP_DTYPE_BF16: return launch_to<FP8AMP_DTYPE_BF16>(device, stream, src, dst, dst_dtype, n);
+    case FP8AMP_DTYPE_E4M3: return launch_to<FP8AMP_DTYPE_E4M3>(device, stream, src, dst, dst_dtype, n);
+    case FP8AMP_DTYPE_E5M2: return launch_to<FP8AMP_DTYPE_E5M2>(device, stream, src, dst, dst_dtype, n);
+    }
+    fail(FP8AMP_ERROR_INTERNAL, "cuda::cast: unknown source dtype");
+}
+
+}  // namespace fp8amp::kernels::cuda

@@ -1,0 +1,35 @@
+// Helpers shared by the .cu files: error checks and a device guard.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include "error.hpp"
+#include "kernels.hpp"
+
+namespace fp8amp::kernels::cuda {
+
+[[noreturn]] void throw_cuda(cudaError_t err, const char *what);
+
+inline void check(cudaError_t err, const char *what) {
+    if (err != cudaSuccess) throw_cuda(err, what);
+}
+
+// Checks the launch just made (configuration errors surface here; faults surface at the next sync).
+inline void check_launch(const char *kernel) { check(cudaGetLastError(), kernel); }
+
+// Makes `device` current for the guard's lifetime and restores the caller's device afterwards.
+class DeviceGuard {
+public:
+    explicit DeviceGuard(int device);
+    ~DeviceGuard();
+    DeviceGuard(const DeviceGuard &) = delete;
+    DeviceGuard &operator=(const DeviceGuard &) = delete;
+
+private:
+    int previous_ = -1;
+};
+
+// Streaming multiprocessors of a device (cached).
+int multiprocessor_count(int device);
+
+}  // namespace fp8amp::kernels::cuda

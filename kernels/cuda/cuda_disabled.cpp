@@ -1,0 +1,26 @@
+// Built instead of the .cu files when the library has no CUDA (FP8AMP_CUDA=OFF or no nvcc): the
+// CUDA half of kernels.hpp answers NOT_SUPPORTED with the reason, so the CPU backend stays usable.
+#include "error.hpp"
+#include "kernels.hpp"
+
+namespace fp8amp::kernels::cuda {
+namespace {
+const char *const kWhy = "fp8amp was built without CUDA (FP8AMP_CUDA=OFF or no CUDA compiler at build time)";
+[[noreturn]] void unavailable() { fail(FP8AMP_ERROR_NOT_SUPPORTED, kWhy); }
+}  // namespace
+
+bool built_with_cuda() { return false; }
+int device_count(std::string *why) {
+    if (why) *why = kWhy;
+    return 0;
+}
+void check_device(int) { unavailable(); }
+void *malloc(int, size_t) { unavailable(); }
+void free(int, void *) noexcept {}
+int pointer_device(const void *) { return -1; }
+void copy_to_device(int, void *, void *, const void *, size_t) { unavailable(); }
+void copy_to_host(int, void *, void *, const void *, size_t) { unavailable(); }
+void synchronize(int, void *) { unavailable(); }
+void cast(int, void *, const void *, fp8amp_dtype, void *, fp8amp_dtype, size_t) { unavailable(); }
+
+}  // namespace fp8amp::kernels::cuda

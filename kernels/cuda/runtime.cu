@@ -1,0 +1,111 @@
+// CUDA runtime services for core: device discovery, memory, copies, synchronization. Every CUDA
+// error becomes an fp8amp::Error with the runtime's own message; the caller's current device is
+// restored after each call so fp8amp never disturbs a host framework's device state.
+#include <cuda_runtime.h>
+
+#include <string>
+
+#include "cuda_common.cuh"
+
+namespace fp8amp::kernels::cuda {
+
+[[noreturn]] void throw_cuda(cudaError_t err, const char *what) {
+    (void)cudaGetLastError();  // clear a non-sticky error so later calls start clean
+    const fp8amp_status status = (err == cudaErrorMemoryAllocation)      ? FP8AMP_ERROR_OUT_OF_MEMORY
+                                 : (err == cudaErrorNoDevice || err == cudaErrorInsufficientDriver)
+                                     ? FP8AMP_ERROR_NOT_SUPPORTED
+                                     : FP8AMP_ERROR_CUDA;
+    fail(status, std::string(what) + ": " + cudaGetErrorName(err) + " (" + cudaGetErrorString(err) + ")");
+}
+
+DeviceGuard::DeviceGuard(int device) {
+    int current = -1;
+    check(cudaGetDevice(&current), "cudaGetDevice");
+    if (current != device) {
+        check(cudaSetDevice(device), "cudaSetDevice");
+        previous_ = current;
+    }
+}
+
+DeviceGuard::~DeviceGuard() {
+    if (previous_ >= 0) (void)cudaSetDevice(previous_);
+}
+
+int multiprocessor_count(int device) {
+    static int cached[64] = {0};
+    if (device >= 0 && device < 64 && cached[device] > 0) return cached[device];
+    int n = 0;
+    check(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device), "cudaDeviceGetAttribute");
+    if (device >= 0 && device < 64) cached[device] = n;
+    return n;
+}
+
+bool built_with_cuda() { return true; }
+
+int device_count(std::string *why) {
+    int n = 0;
+    const cudaError_t err = cudaGetDeviceCount(&n);
+    if (err != cudaSuccess) {
+        (void)cudaGetLastError();
+        if (why) *why = std::string(cudaGetErrorName(err)) + " (" + cudaGetErrorString(err) + ")";
+        return 0;
+    }
+    if (n == 0 && why) *why = "the CUDA runtime reports no device";
+    return n;
+}
+
+void check_device(int device) {
+    std::string why;
+    const int n = device_count(&why);
+    if (n == 0) fail(FP8AMP_ERROR_NOT_SUPPORTED, "no usable CUDA device: " + why);
+    if (device < 0 || device >= n)
+        fail(FP8AMP_ERROR_DEVICE_MISMATCH,
+             "CUDA device " + std::to_string(device) + " does not exist (" + std::to_string(n) + " visible)");
+}
+
+void *malloc(int device, size_t nbytes) {
+    DeviceGuard guard(device);
+    void *ptr = nullptr;
+    const cudaError_t err = cudaMalloc(&ptr, nbytes);
+    if (err != cudaSuccess) throw_cuda(err, ("cudaMalloc of " + std::to_string(nbytes) + " bytes").c_str());
+    return ptr;
+}
+
+void free(int device, void *ptr) noexcept {
+    if (!ptr) return;
+    int current = -1;
+    if (cudaGetDevice(&current) != cudaSuccess) return;
+    if (current != device) (void)cudaSetDevice(device);
+    (void)cudaFree(ptr);
+    if (current != device) (void)cudaSetDevice(current);
+}
+
+int pointer_device(const void *ptr) {
+    cudaPointerAttributes attr{};
+    if (cudaPointerGetAttributes(&attr, ptr) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return -1;
+    }
+    return (attr.type == cudaMemoryTypeDevice || attr.type == cudaMemoryTypeManaged) ? attr.device : -1;
+}
+
+void copy_to_device(int device, void *stream, void *dst, const void *src, size_t nbytes) {
+    DeviceGuard guard(device);
+    auto s = static_cast<cudaStream_t>(stream);
+    check(cudaMemcpyAsync(dst, src, nbytes, cudaMemcpyHostToDevice, s), "cudaMemcpyAsync (host to device)");
+    check(cudaStreamSynchronize(s), "cudaStreamSynchronize");
+}
+
+void copy_to_host(int device, void *stream, void *dst, const void *src, size_t nbytes) {
+    DeviceGuard guard(device);
+    auto s = static_cast<cudaStream_t>(stream);
+    check(cudaMemcpyAsync(dst, src, nbytes, cudaMemcpyDeviceToHost, s), "cudaMemcpyAsync (device to host)");
+    check(cudaStreamSynchronize(s), "cudaStreamSynchronize");
+}
+
+void synchronize(int device, void *stream) {
+    DeviceGuard guard(device);
+    check(cudaStreamSynchronize(static_cast<cudaStream_t>(stream)), "cudaStreamSynchronize");
+}
+
+}  // namespace fp8amp::kernels::cuda

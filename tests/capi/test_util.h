@@ -1,0 +1,112 @@
+/* Shared helpers of the CMocka tests. The tests see fp8amp only through the public header (plus the
+ * DLPack specification's structs, which a DLPack producer or consumer would include anyway). */
+#ifndef FP8AMP_TEST_UTIL_H
+#define FP8AMP_TEST_UTIL_H
+
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <cmocka.h>
+
+#include "fp8amp/fp8amp.h"
+
+/* Asserts that `call` returns `expected`; on failure prints the library's message. For an error
+ * status it also asserts that the message is non-empty and names the failing function. */
+#define EXPECT_STATUS(call, expected)                                                              \
+    do {                                                                                           \
+        fp8amp_last_error_message_reset();                                                         \
+        fp8amp_status st_ = (call);                                                                \
+        if (st_ != (expected))                                                                     \
+            print_error("%s:%d: %s returned %s, expected %s (message: %s)\n", __FILE__, __LINE__, \
+                        #call, fp8amp_status_name(st_), fp8amp_status_name(expected),              \
+                        fp8amp_last_error_message());                                              \
+        assert_int_equal(st_, (expected));                                                         \
+        if ((expected) != FP8AMP_SUCCESS) {                                                        \
+            assert_true(strlen(fp8amp_last_error_message()) > 0);                                  \
+            assert_true(strcmp(fp8amp_last_error_message(), "reset") != 0);                        \
+        }                                                                                          \
+    } while (0)
+
+#define EXPECT_OK(call) EXPECT_STATUS(call, FP8AMP_SUCCESS)
+
+/* The message is per thread and a success does not clear it: make the next failure's message
+ * observable by provoking a known one first (a status-name lookup cannot fail, so use a NULL out). */
+static inline void fp8amp_last_error_message_reset(void) {
+    (void)fp8amp_device_count(FP8AMP_DEVICE_CPU, NULL);
+}
+
+static inline fp8amp_device cpu_device(void) {
+    fp8amp_device d = {FP8AMP_DEVICE_CPU, 0};
+    return d;
+}
+
+static inline fp8amp_device cuda_device(int index) {
+    fp8amp_device d = {FP8AMP_DEVICE_CUDA, index};
+    return d;
+}
+
+/* True when a CUDA device can be used; GPU variants of tests call skip() otherwise, so that they
+ * report SKIPPED, never PASSED, on a machine without a GPU. */
+static inline int have_cuda(void) {
+    int32_t n = 0;
+    return fp8amp_device_count(FP8AMP_DEVICE_CUDA, &n) == FP8AMP_SUCCESS && n > 0;
+}
+
+#define SKIP_WITHOUT_CUDA()                                                                        \
+    do {                                                                                           \
+        if (!have_cuda()) {                                                                        \
+            print_message("no CUDA device: skipping GPU variant\n");                               \
+            skip();                                                                                \
+        }                                                                                          \
+    } while (0)
+
+/* The device of a test variant: state points at an fp8amp_device_type value. */
+static inline fp8amp_device variant_device(void **state) {
+    const fp8amp_device_type type = *(const fp8amp_device_type *)*state;
+    return type == FP8AMP_DEVICE_CUDA ? cuda_device(0) : cpu_device();
+}
+
+static const fp8amp_device_type VARIANT_CPU = FP8AMP_DEVICE_CPU;
+static const fp8amp_device_type VARIANT_CUDA = FP8AMP_DEVICE_CUDA;
+
+/* Skips when the variant is CUDA and there is no GPU. */
+static inline void require_variant(void **state) {
+    if (*(const fp8amp_device_type *)*state == FP8AMP_DEVICE_CUDA) SKIP_WITHOUT_CUDA();
+}
+
+/* Runs a test once on the CPU and once on CUDA (the CUDA run is skipped without a GPU). */
+#define DEVICE_TESTS(fn)                                                                           \
+    cmocka_unit_test_prestate(fn, (void *)&VARIANT_CPU),                                           \
+        cmocka_unit_test_prestate(fn, (void *)&VARIANT_CUDA)
+
+/* Fresh random data for every run: a 64-bit xorshift seeded from FP8AMP_TEST_SEED or the clock.
+ * The seed is printed so that a failure can be replayed. */
+static uint64_t test_rng_state;
+
+static inline void test_rng_seed(void) {
+    const char *env = getenv("FP8AMP_TEST_SEED");
+    test_rng_state = env ? strtoull(env, NULL, 0) : ((uint64_t)time(NULL) * 2654435761u) ^ (uint64_t)clock();
+    if (test_rng_state == 0) test_rng_state = 88172645463325252ull;
+    print_message("FP8AMP_TEST_SEED=%llu\n", (unsigned long long)test_rng_state);
+}
+
+static inline uint64_t test_rng_u64(void) {
+    uint64_t x = test_rng_state;
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    return test_rng_state = x;
+}
+
+/* Uniform in [lo, hi). */
+static inline double test_rng_uniform(double lo, double hi) {
+    return lo + (hi - lo) * (double)(test_rng_u64() >> 11) * (1.0 / 9007199254740992.0);
+}
+
+#endif
