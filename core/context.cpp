@@ -1,5 +1,7 @@
 #include "context.hpp"
 
+#include <cstddef>
+#include <cstdint>
 #include <cstdlib>
 
 #include "kernels.hpp"
@@ -73,8 +75,11 @@ std::shared_ptr<Storage> Context::allocate(size_t nbytes) const {
             throw;
         }
     }
+    // Sizes beyond PTRDIFF_MAX cannot be addressed as one object: refuse them before the allocator.
     const size_t rounded = (nbytes + kHostAlignment - 1) / kHostAlignment * kHostAlignment;
-    void *data = rounded >= nbytes ? std::aligned_alloc(kHostAlignment, rounded) : nullptr;
+    void *data = (rounded >= nbytes && rounded <= static_cast<size_t>(PTRDIFF_MAX))
+                     ? std::aligned_alloc(kHostAlignment, rounded)
+                     : nullptr;
     if (!data) fail(FP8AMP_ERROR_OUT_OF_MEMORY, "cannot allocate " + std::to_string(nbytes) + " bytes of host memory");
     try {
         return std::make_shared<Storage>(data, nbytes, device, [data] { std::free(data); });

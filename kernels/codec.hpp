@@ -5,8 +5,10 @@
 // rounding mode). FP8 encodes saturate (inf and out-of-range values become +-max, as PTX's
 // cvt.rn.satfinite does); F16/BF16 encodes overflow to inf. Every NaN becomes the destination's
 // canonical quiet NaN with the input's sign. Decoding is exact (every value of these formats is a
-// float32). The CUDA kernels use the hardware conversion for FP8 encodes and these functions for the
-// rest; the CPU kernels use these functions throughout: that is what makes the two bit-identical.
+// float32). The CPU kernels use these functions throughout. The CUDA kernels decode with them and
+// encode with the hardware conversions (cvt.rn.satfinite for FP8, __float2half_rn/__float2bfloat16_rn),
+// mapping NaN to the canonical code explicitly; the tests check the two bit for bit over every
+// 8- and 16-bit input.
 #pragma once
 
 #include <cstdint>

@@ -54,6 +54,12 @@ int device_count(std::string *why) {
     return n;
 }
 
+namespace {
+// Never launched: asking for its attributes tells whether this build has a kernel image (machine
+// code or PTX) that the GPU can run -- decided by the GPU's capability, not by its name.
+__global__ void kernel_image_probe() {}
+}  // namespace
+
 void check_device(int device) {
     std::string why;
     const int n = device_count(&why);
@@ -61,6 +67,19 @@ void check_device(int device) {
     if (device < 0 || device >= n)
         fail(FP8AMP_ERROR_DEVICE_MISMATCH,
              "CUDA device " + std::to_string(device) + " does not exist (" + std::to_string(n) + " visible)");
+    DeviceGuard guard(device);
+    cudaFuncAttributes attributes{};
+    const cudaError_t err = cudaFuncGetAttributes(&attributes, kernel_image_probe);
+    if (err != cudaSuccess) {
+        (void)cudaGetLastError();
+        int major = 0, minor = 0;
+        (void)cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
+        (void)cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device);
+        fail(FP8AMP_ERROR_NOT_SUPPORTED,
+             "this fp8amp build has no kernel image for cuda:" + std::to_string(device) + " (compute capability " +
+                 std::to_string(major) + "." + std::to_string(minor) + ", " + cudaGetErrorString(err) +
+                 "): rebuild with -DCMAKE_CUDA_ARCHITECTURES including it");
+    }
 }
 
 void *malloc(int device, size_t nbytes) {

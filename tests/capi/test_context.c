@@ -563,6 +563,115 @@ static void test_allocator_outlives_context(void **state) {
     assert_int_equal(a.bad_frees, 0);
 }
 
+/* Hooks on any device: a bump allocator over a pool that is itself an fp8amp tensor of another
+ * context (made before the hooks are set, so the hooks never call into fp8amp). On CUDA this shows
+ * the hooks get the CUDA device and the context's stream, and that the library really uses their
+ * device memory. */
+typedef struct {
+    uint8_t *base;
+    size_t size, used;
+    int allocs, frees, bad_args;
+    void *last_free;
+    size_t last_free_nbytes;
+    fp8amp_device expect_device;
+    void *expect_stream;
+} pool_alloc;
+
+static void *pool_alloc_fn(void *user_data, size_t nbytes, fp8amp_device device, void *stream) {
+    pool_alloc *a = (pool_alloc *)user_data;
+    const size_t start = (a->used + 255) / 256 * 256;
+    a->allocs++;
+    if (device.type != a->expect_device.type || device.index != a->expect_device.index ||
+        stream != a->expect_stream)
+        a->bad_args++;
+    if (start > a->size || nbytes > a->size - start) return NULL;
+    a->used = start + nbytes;
+    return a->base + start;
+}
+
+static void pool_free_fn(void *user_data, void *ptr, size_t nbytes, fp8amp_device device, void *stream) {
+    pool_alloc *a = (pool_alloc *)user_data;
+    a->frees++;
+    a->last_free = ptr;
+    a->last_free_nbytes = nbytes;
+    if (device.type != a->expect_device.type || device.index != a->expect_device.index ||
+        stream != a->expect_stream)
+        a->bad_args++;
+}
+
+static void test_allocator_hooks_on_device(void **state) {
+    require_variant(state);
+    const fp8amp_device device = variant_device(state);
+    fp8amp_context ctx = make_context(device);
+    fp8amp_context pool_ctx = make_context(device);
+    const int64_t pool_shape[1] = {1 << 16};
+    fp8amp_tensor pool = NULL, t1, t2, t3;
+    void *pool_data = NULL, *d1 = NULL, *d2 = NULL;
+    float v1[64], v2[9];
+    pool_alloc a;
+
+    EXPECT_OK(fp8amp_tensor_create(pool_ctx, FP8AMP_DTYPE_E4M3, 1, pool_shape, &pool));
+    EXPECT_OK(fp8amp_tensor_data(pool, &pool_data));
+    memset(&a, 0, sizeof a);
+    a.base = (uint8_t *)pool_data;
+    a.size = (size_t)1 << 16;
+    a.expect_device = device;
+    if (device.type == FP8AMP_DEVICE_CUDA) {
+        a.expect_stream = (void *)(uintptr_t)0x2; /* cudaStreamPerThread */
+        EXPECT_OK(fp8amp_context_set_stream(ctx, a.expect_stream));
+    }
+    EXPECT_OK(fp8amp_context_set_allocator(ctx, pool_alloc_fn, pool_free_fn, &a));
+
+    t1 = make_f32(ctx, 8, 8);
+    t2 = make_f32(ctx, 3, 3);
+    assert_int_equal(a.allocs, 2);
+    EXPECT_OK(fp8amp_tensor_data(t1, &d1));
+    EXPECT_OK(fp8amp_tensor_data(t2, &d2));
+    assert_ptr_equal(d1, a.base);
+    assert_ptr_equal(d2, a.base + 256);
+    write_random(t1, v1, 64);
+    write_random(t2, v2, 9);
+    assert_contents(t1, v1, 64);
+    assert_contents(t2, v2, 9);
+
+    /* A request past the pool's end: the hook says NULL, the library says OUT_OF_MEMORY. */
+    {
+        fp8amp_tensor big = SENTINEL_TENSOR;
+        const int64_t big_shape[1] = {1 << 16};
+        EXPECT_STATUS(fp8amp_tensor_create(ctx, FP8AMP_DTYPE_F32, 1, big_shape, &big), FP8AMP_ERROR_OUT_OF_MEMORY);
+        assert_ptr_equal(big, SENTINEL_TENSOR);
+        assert_int_equal(a.allocs, 3);
+    }
+
+    EXPECT_OK(fp8amp_tensor_destroy(t1));
+    assert_int_equal(a.frees, 1);
+    assert_ptr_equal(a.last_free, d1);
+    assert_int_equal(a.last_free_nbytes, 64 * sizeof(float));
+    assert_contents(t2, v2, 9);
+    EXPECT_OK(fp8amp_tensor_destroy(t2));
+    assert_int_equal(a.frees, 2);
+    assert_ptr_equal(a.last_free, d2);
+    assert_int_equal(a.last_free_nbytes, 9 * sizeof(float));
+
+    /* Built-in again: a new tensor is not in the pool. */
+    EXPECT_OK(fp8amp_context_set_allocator(ctx, NULL, NULL, NULL));
+    t3 = make_f32(ctx, 2, 2);
+    {
+        void *d3 = NULL;
+        EXPECT_OK(fp8amp_tensor_data(t3, &d3));
+        assert_true((uint8_t *)d3 < a.base || (uint8_t *)d3 >= a.base + a.size);
+    }
+    EXPECT_OK(fp8amp_tensor_destroy(t3));
+    assert_int_equal(a.allocs, 3);
+    assert_int_equal(a.frees, 2);
+    assert_int_equal(a.bad_args, 0);
+
+    EXPECT_OK(fp8amp_context_synchronize(ctx));
+    EXPECT_OK(fp8amp_tensor_destroy(pool));
+    EXPECT_OK(fp8amp_context_destroy(pool_ctx));
+    EXPECT_OK(fp8amp_context_destroy(ctx));
+}
+
 /* ---- synchronize and lifetimes --------------------------------------------------------------- */
 
 static void test_synchronize(void **state) {
@@ -629,6 +738,7 @@ int main(void) {
         cmocka_unit_test(test_allocator_one_null_hook),
         cmocka_unit_test(test_allocator_switch_while_tensors_live),
         cmocka_unit_test(test_allocator_outlives_context),
+        DEVICE_TESTS(test_allocator_hooks_on_device),
         DEVICE_TESTS(test_synchronize),
         DEVICE_TESTS(test_context_destroyed_before_tensors),
     };

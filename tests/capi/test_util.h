@@ -81,8 +81,7 @@ static inline void require_variant(void **state) {
 
 /* Runs a test once on the CPU and once on CUDA (the CUDA run is skipped without a GPU). */
 #define DEVICE_TESTS(fn)                                                                           \
-    cmocka_unit_test_prestate(fn, (void *)&VARIANT_CPU),                                           \
-        cmocka_unit_test_prestate(fn, (void *)&VARIANT_CUDA)
+    {#fn "[cpu]", fn, NULL, NULL, (void *)&VARIANT_CPU}, {#fn "[cuda]", fn, NULL, NULL, (void *)&VARIANT_CUDA}
 
 /* Fresh random data for every run: a 64-bit xorshift seeded from FP8AMP_TEST_SEED or the clock.
  * The seed is printed so that a failure can be replayed. */
