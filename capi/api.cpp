@@ -11,11 +11,13 @@
 #include "handles.hpp"
 #include "kernels.hpp"
 #include "ops.hpp"
+#include "scaling_meta.hpp"
 #include "tensor.hpp"
 
 using fp8amp::Error;
 using fp8amp::fail;
 using fp8amp::core::Context;
+using fp8amp::core::ScalingMeta;
 using fp8amp::core::Tensor;
 using fp8amp::core::lookup;
 
@@ -292,6 +294,149 @@ FP8AMP_API fp8amp_status fp8amp_cast(fp8amp_context ctx, fp8amp_tensor src, fp8a
         auto s = lookup<Tensor>(src, "src");
         auto d = lookup<Tensor>(dst, "dst");
         fp8amp::core::cast(*c, *s, *d);
+    });
+}
+
+/* ---- recipes and scaling meta ---- */
+
+FP8AMP_API fp8amp_status fp8amp_recipe_init_default(fp8amp_recipe *recipe) {
+    FP8AMP_GUARD({
+        require(recipe, "recipe");
+        fp8amp_recipe r{};
+        r.struct_size = sizeof(fp8amp_recipe);
+        r.format = FP8AMP_FORMAT_HYBRID;
+        r.mode = FP8AMP_SCALING_DELAYED;
+        r.margin = 0;
+        r.interval = 1;
+        r.amax_history_len = 1024;
+        r.amax_algo = FP8AMP_AMAX_MAX;
+        r.power_of_two_scales = 0;
+        *recipe = r;
+    });
+}
+
+FP8AMP_API fp8amp_status fp8amp_scaling_create(fp8amp_context ctx, const fp8amp_recipe *recipe,
+                                               fp8amp_dtype fp8_dtype, fp8amp_scaling *out) {
+    FP8AMP_GUARD({
+        auto c = lookup<Context>(ctx, "ctx");
+        require(recipe, "recipe");
+        require(out, "out");
+        publish(std::make_shared<ScalingMeta>(std::move(c), *recipe, fp8_dtype), out);
+    });
+}
+
+FP8AMP_API fp8amp_status fp8amp_scaling_destroy(fp8amp_scaling s) {
+    FP8AMP_GUARD({
+        if (s) fp8amp::core::unregister_object(s, ScalingMeta::kKind, "s");
+    });
+}
+
+FP8AMP_API fp8amp_status fp8amp_scaling_update(fp8amp_scaling s) {
+    FP8AMP_GUARD({
+        auto m = lookup<ScalingMeta>(s, "s");
+        fp8amp::core::update_scaling(m->context(), {m});  // on the stream of the meta's own context
+    });
+}
+
+FP8AMP_API fp8amp_status fp8amp_scaling_update_many(fp8amp_context ctx, int32_t n, const fp8amp_scaling *metas) {
+    FP8AMP_GUARD({
+        auto c = lookup<Context>(ctx, "ctx");
+        if (n < 0) fail(FP8AMP_ERROR_INVALID_ARGUMENT, "n is " + std::to_string(n) + ", negative");
+        if (n > 0) require(metas, "metas");
+        std::vector<std::shared_ptr<ScalingMeta>> all;
+        all.reserve(static_cast<size_t>(n));
+        for (int32_t i = 0; i < n; ++i) {
+            const std::string name = "metas[" + std::to_string(i) + "]";
+            all.push_back(lookup<ScalingMeta>(metas[i], name.c_str()));
+        }
+        fp8amp::core::update_scaling(*c, all);
+    });
+}
+
+FP8AMP_API fp8amp_status fp8amp_scaling_get(fp8amp_scaling s, float *scale, float *scale_inv, float *amax) {
+    FP8AMP_GUARD({
+        auto m = lookup<ScalingMeta>(s, "s");
+        float values[3];
+        m->get(&values[0], &values[1], &values[2]);
+        if (scale) *scale = values[0];
+        if (scale_inv) *scale_inv = values[1];
+        if (amax) *amax = values[2];
+    });
+}
+
+FP8AMP_API fp8amp_status fp8amp_scaling_get_history(fp8amp_scaling s, int32_t capacity, float *history) {
+    FP8AMP_GUARD({
+        auto m = lookup<ScalingMeta>(s, "s");
+        require(history, "history");
+        m->get_history(capacity, history);
+    });
+}
+
+FP8AMP_API fp8amp_status fp8amp_scaling_set_scale(fp8amp_scaling s, float scale) {
+    FP8AMP_GUARD({ lookup<ScalingMeta>(s, "s")->set_scale(scale); });
+}
+
+FP8AMP_API fp8amp_status fp8amp_scaling_enable_stats(fp8amp_scaling s, int32_t enable) {
+    FP8AMP_GUARD({ lookup<ScalingMeta>(s, "s")->enable_stats(enable != 0); });
+}
+
+FP8AMP_API fp8amp_status fp8amp_scaling_get_stats(fp8amp_scaling s, fp8amp_scaling_stats *stats) {
+    FP8AMP_GUARD({
+        auto m = lookup<ScalingMeta>(s, "s");
+        require(stats, "stats");
+        *stats = m->stats();
+    });
+}
+
+FP8AMP_API fp8amp_status fp8amp_scaling_reset_stats(fp8amp_scaling s) {
+    FP8AMP_GUARD({ lookup<ScalingMeta>(s, "s")->reset_stats(); });
+}
+
+FP8AMP_API fp8amp_status fp8amp_tensor_set_scaling(fp8amp_tensor t, fp8amp_scaling s) {
+    FP8AMP_GUARD({
+        auto x = lookup<Tensor>(t, "t");
+        std::shared_ptr<ScalingMeta> m = s ? lookup<ScalingMeta>(s, "s") : nullptr;
+        x->set_scaling(std::move(m));
+    });
+}
+
+/* ---- casting with scales ---- */
+
+FP8AMP_API fp8amp_status fp8amp_quantize(fp8amp_context ctx, fp8amp_tensor src, fp8amp_tensor dst) {
+    FP8AMP_GUARD({
+        auto c = lookup<Context>(ctx, "ctx");
+        auto s = lookup<Tensor>(src, "src");
+        auto d = lookup<Tensor>(dst, "dst");
+        fp8amp::core::quantize(*c, *s, *d);
+    });
+}
+
+FP8AMP_API fp8amp_status fp8amp_quantize_transpose(fp8amp_context ctx, fp8amp_tensor src, fp8amp_tensor dst,
+                                                   fp8amp_tensor dst_t) {
+    FP8AMP_GUARD({
+        auto c = lookup<Context>(ctx, "ctx");
+        auto s = lookup<Tensor>(src, "src");
+        auto d = lookup<Tensor>(dst, "dst");
+        auto dt = lookup<Tensor>(dst_t, "dst_t");
+        fp8amp::core::quantize_transpose(*c, *s, *d, *dt);
+    });
+}
+
+FP8AMP_API fp8amp_status fp8amp_dequantize(fp8amp_context ctx, fp8amp_tensor src, fp8amp_tensor dst) {
+    FP8AMP_GUARD({
+        auto c = lookup<Context>(ctx, "ctx");
+        auto s = lookup<Tensor>(src, "src");
+        auto d = lookup<Tensor>(dst, "dst");
+        fp8amp::core::dequantize(*c, *s, *d);
+    });
+}
+
+FP8AMP_API fp8amp_status fp8amp_amax(fp8amp_context ctx, fp8amp_tensor t, float *amax) {
+    FP8AMP_GUARD({
+        auto c = lookup<Context>(ctx, "ctx");
+        auto x = lookup<Tensor>(t, "t");
+        require(amax, "amax");
+        *amax = fp8amp::core::amax(*c, *x);
     });
 }
 

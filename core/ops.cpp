@@ -1,5 +1,8 @@
 #include "ops.hpp"
 
+#include <algorithm>
+#include <cstring>
+
 #include "kernels.hpp"
 
 namespace fp8amp::core {
@@ -9,6 +12,45 @@ bool overlap(const Tensor &a, const Tensor &b) {
     const auto *a0 = static_cast<const char *>(a.data());
     const auto *b0 = static_cast<const char *>(b.data());
     return a0 < b0 + b.nbytes() && b0 < a0 + a.nbytes();
+}
+
+void check_no_overlap(const Tensor &a, const char *a_name, const Tensor &b, const char *b_name) {
+    if (overlap(a, b))
+        fail(FP8AMP_ERROR_INVALID_ARGUMENT, std::string(a_name) + " and " + b_name + " overlap in memory");
+}
+
+// Throws DTYPE_MISMATCH unless t is F32, F16 or BF16.
+void check_wide(const Tensor &t, const char *argument) {
+    if (is_fp8(t.dtype()))
+        fail(FP8AMP_ERROR_DTYPE_MISMATCH,
+             std::string(argument) + " is " + t.describe() + ": it must be f32, f16 or bf16");
+}
+
+// Throws DTYPE_MISMATCH unless t is E4M3 or E5M2.
+void check_fp8(const Tensor &t, const char *argument) {
+    if (!is_fp8(t.dtype()))
+        fail(FP8AMP_ERROR_DTYPE_MISMATCH,
+             std::string(argument) + " is " + t.describe() + ": it must be e4m3 or e5m2");
+}
+
+// The meta t is bound to; INVALID_ARGUMENT if none.
+ScalingMeta &bound_meta(const Tensor &t, const char *argument) {
+    if (!t.scaling())
+        fail(FP8AMP_ERROR_INVALID_ARGUMENT, std::string(argument) + " (" + t.describe() +
+                                                ") is not bound to a scaling meta (fp8amp_tensor_set_scaling)");
+    return *t.scaling();
+}
+
+void check_meta_on_device(const Context &ctx, const ScalingMeta &m, const char *argument) {
+    if (!same_device(ctx.device(), m.device()))
+        fail(FP8AMP_ERROR_DEVICE_MISMATCH, std::string(argument) + " is an " + m.describe() +
+                                               " but the context is on " + device_name(ctx.device()));
+}
+
+void check_same_shape(const Tensor &a, const char *a_name, const Tensor &b, const char *b_name) {
+    if (!a.same_shape(b))
+        fail(FP8AMP_ERROR_SHAPE_MISMATCH,
+             std::string(a_name) + " is " + a.describe() + " but " + b_name + " is " + b.describe());
 }
 }  // namespace
 
@@ -25,6 +67,123 @@ void cast(const Context &ctx, const Tensor &src, Tensor &dst) {
         kernels::cuda::cast(ctx.device().index, ctx.stream(), src.data(), src.dtype(), dst.data(), dst.dtype(), n);
     else
         kernels::cpu::cast(src.data(), src.dtype(), dst.data(), dst.dtype(), n);
+}
+
+void quantize(const Context &ctx, const Tensor &src, Tensor &dst) {
+    check_wide(src, "src");
+    check_fp8(dst, "dst");
+    ScalingMeta &meta = bound_meta(dst, "dst");
+    check_on_device(ctx, src, "src");
+    check_on_device(ctx, dst, "dst");
+    check_meta_on_device(ctx, meta, "dst's scaling meta");
+    check_writable(dst, "dst");
+    check_same_shape(src, "src", dst, "dst");
+    check_no_overlap(src, "src", dst, "dst");
+    const auto n = static_cast<size_t>(src.numel());
+    const kernels::QuantizeTarget target{meta.state(), dst.scale_inv(), nullptr, meta.current(), meta.stats_enabled()};
+    if (ctx.is_cuda())
+        kernels::cuda::quantize(ctx.device().index, ctx.stream(), src.data(), src.dtype(), dst.data(), dst.dtype(), n,
+                                target);
+    else
+        kernels::cpu::quantize(src.data(), src.dtype(), dst.data(), dst.dtype(), n, target);
+}
+
+void quantize_transpose(const Context &ctx, const Tensor &src, Tensor &dst, Tensor &dst_t) {
+    check_wide(src, "src");
+    check_fp8(dst, "dst");
+    check_fp8(dst_t, "dst_t");
+    if (dst.dtype() != dst_t.dtype())
+        fail(FP8AMP_ERROR_DTYPE_MISMATCH, "dst is " + dst.describe() + " but dst_t is " + dst_t.describe());
+    ScalingMeta &meta = bound_meta(dst, "dst");
+    if (&bound_meta(dst_t, "dst_t") != &meta)
+        fail(FP8AMP_ERROR_INVALID_ARGUMENT, "dst and dst_t are bound to different scaling metas");
+    check_on_device(ctx, src, "src");
+    check_on_device(ctx, dst, "dst");
+    check_on_device(ctx, dst_t, "dst_t");
+    check_meta_on_device(ctx, meta, "dst's scaling meta");
+    check_writable(dst, "dst");
+    check_writable(dst_t, "dst_t");
+    // src read as [rows, cols]: cols is the last extent, rows the product of the others (1 for a
+    // 1-D or 0-D src).
+    const size_t cols = src.ndim() > 0 ? static_cast<size_t>(src.shape()[src.ndim() - 1]) : 1;
+    const size_t rows = static_cast<size_t>(src.numel()) / cols;
+    check_same_shape(src, "src", dst, "dst");
+    if (dst_t.ndim() != 2 || static_cast<size_t>(dst_t.shape()[0]) != cols ||
+        static_cast<size_t>(dst_t.shape()[1]) != rows)
+        fail(FP8AMP_ERROR_SHAPE_MISMATCH, "src is " + src.describe() + ", read as [" + std::to_string(rows) + ", " +
+                                              std::to_string(cols) + "], so dst_t must be [" + std::to_string(cols) +
+                                              ", " + std::to_string(rows) + "], not " + dst_t.describe());
+    check_no_overlap(src, "src", dst, "dst");
+    check_no_overlap(src, "src", dst_t, "dst_t");
+    check_no_overlap(dst, "dst", dst_t, "dst_t");
+    const kernels::QuantizeTarget target{meta.state(), dst.scale_inv(), dst_t.scale_inv(), meta.current(),
+                                         meta.stats_enabled()};
+    if (ctx.is_cuda())
+        kernels::cuda::quantize_transpose(ctx.device().index, ctx.stream(), src.data(), src.dtype(), dst.data(),
+                                          dst_t.data(), dst.dtype(), rows, cols, target);
+    else
+        kernels::cpu::quantize_transpose(src.data(), src.dtype(), dst.data(), dst_t.data(), dst.dtype(), rows, cols,
+                                         target);
+}
+
+void dequantize(const Context &ctx, const Tensor &src, Tensor &dst) {
+    check_fp8(src, "src");
+    check_wide(dst, "dst");
+    ScalingMeta &meta = bound_meta(src, "src");
+    check_on_device(ctx, src, "src");
+    check_on_device(ctx, dst, "dst");
+    check_meta_on_device(ctx, meta, "src's scaling meta");
+    check_writable(dst, "dst");
+    check_same_shape(src, "src", dst, "dst");
+    check_no_overlap(src, "src", dst, "dst");
+    const auto n = static_cast<size_t>(src.numel());
+    if (ctx.is_cuda())
+        kernels::cuda::dequantize(ctx.device().index, ctx.stream(), src.data(), src.dtype(), dst.data(), dst.dtype(),
+                                  n, src.scale_inv());
+    else
+        kernels::cpu::dequantize(src.data(), src.dtype(), dst.data(), dst.dtype(), n, src.scale_inv());
+}
+
+float amax(const Context &ctx, const Tensor &t) {
+    check_on_device(ctx, t, "t");
+    const auto n = static_cast<size_t>(t.numel());
+    uint32_t bits = 0;
+    if (ctx.is_cuda()) {
+        const int device = ctx.device().index;
+        auto buffer = ctx.allocate(sizeof(uint32_t));
+        kernels::cuda::copy_to_device(device, ctx.stream(), buffer->data(), &bits, sizeof bits);
+        kernels::cuda::amax(device, ctx.stream(), t.data(), t.dtype(), n, static_cast<uint32_t *>(buffer->data()));
+        kernels::cuda::copy_to_host(device, ctx.stream(), &bits, buffer->data(), sizeof bits);
+    } else {
+        bits = kernels::cpu::amax(t.data(), t.dtype(), n);
+    }
+    float out;
+    std::memcpy(&out, &bits, sizeof out);
+    return out;
+}
+
+void update_scaling(const Context &ctx, const std::vector<std::shared_ptr<ScalingMeta>> &metas) {
+    std::vector<kernels::ScalingState *> states;
+    states.reserve(metas.size());
+    for (size_t i = 0; i < metas.size(); ++i) {
+        const std::string name = "metas[" + std::to_string(i) + "]";
+        check_meta_on_device(ctx, *metas[i], name.c_str());
+        states.push_back(metas[i]->state());
+    }
+    std::vector<kernels::ScalingState *> sorted = states;
+    std::sort(sorted.begin(), sorted.end());
+    if (std::adjacent_find(sorted.begin(), sorted.end()) != sorted.end()) {
+        const auto dup = *std::adjacent_find(sorted.begin(), sorted.end());
+        const auto first = std::find(states.begin(), states.end(), dup);
+        const auto second = std::find(first + 1, states.end(), dup);
+        fail(FP8AMP_ERROR_INVALID_ARGUMENT, "metas[" + std::to_string(first - states.begin()) + "] and metas[" +
+                                                std::to_string(second - states.begin()) + "] are the same meta");
+    }
+    if (states.empty()) return;
+    if (ctx.is_cuda())
+        kernels::cuda::update_scaling(ctx.device().index, ctx.stream(), states.data(), states.size());
+    else
+        kernels::cpu::update_scaling(states.data(), states.size());
 }
 
 }  // namespace fp8amp::core

@@ -6,6 +6,7 @@
 #include <sstream>
 
 #include "kernels.hpp"
+#include "scaling_meta.hpp"
 
 namespace fp8amp::core {
 
@@ -238,6 +239,27 @@ void Tensor::copy_to_host(void *dst, size_t nbytes) const {
         kernels::cuda::copy_to_host(device_.index, ctx_->stream(), dst, data_, nbytes);
     else
         std::memcpy(dst, data_, nbytes);
+}
+
+void Tensor::set_scaling(std::shared_ptr<ScalingMeta> meta) {
+    if (!meta) {
+        scaling_.reset();  // the scale_inv slot stays: the data keeps the scale it was quantized with
+        return;
+    }
+    if (!is_fp8(dtype_))
+        fail(FP8AMP_ERROR_DTYPE_MISMATCH,
+             "t is " + describe() + ": only an e4m3 or e5m2 tensor can be bound to a scaling meta");
+    if (meta->dtype() != dtype_)
+        fail(FP8AMP_ERROR_DTYPE_MISMATCH, "t is " + describe() + " but s is an " + meta->describe());
+    if (!same_device(meta->device(), device_))
+        fail(FP8AMP_ERROR_DEVICE_MISMATCH, "t is " + describe() + " but s is an " + meta->describe());
+    if (!scale_inv_) scale_inv_ = ctx_->allocate(sizeof(float));
+    if (device_.type == FP8AMP_DEVICE_CUDA)
+        kernels::cuda::copy_device_to_device(device_.index, ctx_->stream(), scale_inv_->data(),
+                                             meta->scale_inv_field(), sizeof(float));
+    else
+        std::memcpy(scale_inv_->data(), meta->scale_inv_field(), sizeof(float));
+    scaling_ = std::move(meta);
 }
 
 }  // namespace fp8amp::core

@@ -10,6 +10,8 @@
 
 namespace fp8amp::core {
 
+class ScalingMeta;
+
 class Tensor {
 public:
     static constexpr HandleKind kKind = HandleKind::Tensor;
@@ -45,6 +47,14 @@ public:
     void copy_from_host(const void *src, size_t nbytes);
     void copy_to_host(void *dst, size_t nbytes) const;
 
+    // fp8amp_tensor_set_scaling: binds this FP8 tensor to a meta of its dtype and device (null
+    // unbinds) and sets the tensor's scale_inv slot to the meta's current scale_inv.
+    void set_scaling(std::shared_ptr<ScalingMeta> meta);
+    ScalingMeta *scaling() const { return scaling_.get(); }
+    // The scale_inv this tensor was last quantized with (device memory; 4 bytes from the context's
+    // allocator, made by the first binding), or null if it was never bound.
+    float *scale_inv() const { return scale_inv_ ? static_cast<float *>(scale_inv_->data()) : nullptr; }
+
 private:
     Tensor() = default;
     void set_shape(fp8amp_dtype dtype, int32_t ndim, const int64_t *shape);
@@ -60,6 +70,8 @@ private:
     std::shared_ptr<const Context> ctx_;
     std::shared_ptr<bool> dlpack_armed_;
     std::shared_ptr<Storage> storage_;  // keeps the memory alive; also held by exported DLPack views
+    std::shared_ptr<ScalingMeta> scaling_;
+    std::shared_ptr<Storage> scale_inv_;
 };
 
 // Throws INVALID_ARGUMENT unless `dtype` is one of fp8amp_dtype's values.

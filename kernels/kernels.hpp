@@ -12,10 +12,37 @@
 
 namespace fp8amp::kernels {
 
+struct ScalingState;  // kernels/scaling.hpp
+
+// What a quantize writes besides the FP8 data: the meta it records into (amax, statistics; its scale,
+// under current scaling) and the tensor's own scale_inv copy.
+struct QuantizeTarget {
+    ScalingState *meta;            // device (or host, on the CPU backend) memory
+    float *scale_inv;              // the destination tensor's scale_inv slot
+    float *scale_inv_t = nullptr;  // the transposed copy's slot (quantize_transpose), or null
+    // Host-side mirrors of the meta's configuration, so launches never read device memory:
+    bool current = false;  // current scaling: compute this tensor's amax and scale first
+    bool stats = false;    // count saturated / underflowed elements
+};
+
 // ---- CPU reference kernels (portable C++) -------------------------------------------------------
+// Same semantics as the CUDA functions below, bit for bit; memory is host memory.
 namespace cpu {
 // dst[i] = convert(src[i]) for n elements, by the rules of fp8amp_cast.
 void cast(const void *src, fp8amp_dtype src_dtype, void *dst, fp8amp_dtype dst_dtype, size_t n);
+// max |src| (NaN counts as inf), as amax bits (see scaling.hpp).
+uint32_t amax(const void *src, fp8amp_dtype src_dtype, size_t n);
+// dst = fp8(src * scale); records amax and statistics; current scaling computes the scale first.
+void quantize(const void *src, fp8amp_dtype src_dtype, void *dst, fp8amp_dtype dst_dtype, size_t n,
+              const QuantizeTarget &target);
+// quantize of src [rows, cols] into dst [rows, cols] and dst_t [cols, rows].
+void quantize_transpose(const void *src, fp8amp_dtype src_dtype, void *dst, void *dst_t, fp8amp_dtype dst_dtype,
+                        size_t rows, size_t cols, const QuantizeTarget &target);
+// dst = decode(src) * (*scale_inv), rounded into dst_dtype.
+void dequantize(const void *src, fp8amp_dtype src_dtype, void *dst, fp8amp_dtype dst_dtype, size_t n,
+                const float *scale_inv);
+// fp8amp_scaling_update of each meta.
+void update_scaling(ScalingState *const *metas, size_t n);
 }  // namespace cpu
 
 // ---- CUDA runtime and kernels -------------------------------------------------------------------
@@ -35,9 +62,19 @@ int pointer_device(const void *ptr);
 void copy_to_device(int device, void *stream, void *dst, const void *src, size_t nbytes);
 void copy_to_host(int device, void *stream, void *dst, const void *src, size_t nbytes);
 void synchronize(int device, void *stream);
-// Asynchronous on `stream`: dst = convert(src), bit-identical to cpu::cast.
+void copy_device_to_device(int device, void *stream, void *dst, const void *src, size_t nbytes);  // async
+// Asynchronous on `stream`, bit-identical to their cpu:: counterparts (device memory throughout).
 void cast(int device, void *stream, const void *src, fp8amp_dtype src_dtype, void *dst,
           fp8amp_dtype dst_dtype, size_t n);
+void amax(int device, void *stream, const void *src, fp8amp_dtype src_dtype, size_t n, uint32_t *amax_bits);
+void quantize(int device, void *stream, const void *src, fp8amp_dtype src_dtype, void *dst, fp8amp_dtype dst_dtype,
+              size_t n, const QuantizeTarget &target);
+void quantize_transpose(int device, void *stream, const void *src, fp8amp_dtype src_dtype, void *dst, void *dst_t,
+                        fp8amp_dtype dst_dtype, size_t rows, size_t cols, const QuantizeTarget &target);
+void dequantize(int device, void *stream, const void *src, fp8amp_dtype src_dtype, void *dst, fp8amp_dtype dst_dtype,
+                size_t n, const float *scale_inv);
+// Updates n metas (device pointers) in one launch per 1024 metas.
+void update_scaling(int device, void *stream, ScalingState *const *metas, size_t n);
 }  // namespace cuda
 
 }  // namespace fp8amp::kernels

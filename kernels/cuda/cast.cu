@@ -1,52 +1,12 @@
 // fp8amp_cast on CUDA: one element-wise pass, 8 elements per thread with vector loads and stores
-// when both pointers allow it. FP8 encodes use the hardware conversion (cvt.rn.satfinite on sm_89+,
-// through cuda_fp8.h); NaN is mapped to the canonical code explicitly so that the result does not
-// depend on what the hardware does with NaN payloads, and stays bit-identical to kernels/cpu.
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
-#include <cuda_fp8.h>
-
+// when both pointers allow it (conversions in elementwise.cuh).
 #include <cstdint>
 
-#include "codec.hpp"
 #include "cuda_common.cuh"
+#include "elementwise.cuh"
 
 namespace fp8amp::kernels::cuda {
 namespace {
-
-template <fp8amp_dtype D> struct Storage;
-template <> struct Storage<FP8AMP_DTYPE_F32> { using type = float; };
-template <> struct Storage<FP8AMP_DTYPE_F16> { using type = uint16_t; };
-template <> struct Storage<FP8AMP_DTYPE_BF16> { using type = uint16_t; };
-template <> struct Storage<FP8AMP_DTYPE_E4M3> { using type = uint8_t; };
-template <> struct Storage<FP8AMP_DTYPE_E5M2> { using type = uint8_t; };
-
-template <fp8amp_dtype D>
-__device__ __forceinline__ float to_f32(typename Storage<D>::type v) {
-    if constexpr (D == FP8AMP_DTYPE_F32) return codec::canonical_f32(v);
-    if constexpr (D == FP8AMP_DTYPE_F16) return codec::decode<codec::F16>(v);
-    if constexpr (D == FP8AMP_DTYPE_BF16) return codec::decode<codec::BF16>(v);
-    if constexpr (D == FP8AMP_DTYPE_E4M3) return codec::decode<codec::E4M3>(v);
-    if constexpr (D == FP8AMP_DTYPE_E5M2) return codec::decode<codec::E5M2>(v);
-}
-
-template <fp8amp_dtype D>
-__device__ __forceinline__ typename Storage<D>::type from_f32(float x) {
-    const uint32_t sign = codec::f32_bits(x) >> 31;
-    const bool nan = x != x;
-    if constexpr (D == FP8AMP_DTYPE_F32) return codec::canonical_f32(x);
-    if constexpr (D == FP8AMP_DTYPE_F16)
-        return nan ? static_cast<uint16_t>((sign << 15) | codec::F16::kQuietNaN) : __half_as_ushort(__float2half_rn(x));
-    if constexpr (D == FP8AMP_DTYPE_BF16)
-        return nan ? static_cast<uint16_t>((sign << 15) | codec::BF16::kQuietNaN)
-                   : __bfloat16_as_ushort(__float2bfloat16_rn(x));
-    if constexpr (D == FP8AMP_DTYPE_E4M3)
-        return nan ? static_cast<uint8_t>((sign << 7) | codec::E4M3::kQuietNaN)
-                   : static_cast<uint8_t>(__nv_cvt_float_to_fp8(x, __NV_SATFINITE, __NV_E4M3));
-    if constexpr (D == FP8AMP_DTYPE_E5M2)
-        return nan ? static_cast<uint8_t>((sign << 7) | codec::E5M2::kQuietNaN)
-                   : static_cast<uint8_t>(__nv_cvt_float_to_fp8(x, __NV_SATFINITE, __NV_E5M2));
-}
 
 constexpr int kVec = 8;
 constexpr int kThreads = 256;

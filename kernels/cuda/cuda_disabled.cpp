@@ -22,5 +22,18 @@ void copy_to_device(int, void *, void *, const void *, size_t) { unavailable(); 
 void copy_to_host(int, void *, void *, const void *, size_t) { unavailable(); }
 void synchronize(int, void *) { unavailable(); }
 void cast(int, void *, const void *, fp8amp_dtype, void *, fp8amp_dtype, size_t) { unavailable(); }
+void copy_device_to_device(int, void *, void *, const void *, size_t) { unavailable(); }
+void amax(int, void *, const void *, fp8amp_dtype, size_t, uint32_t *) { unavailable(); }
+void quantize(int, void *, const void *, fp8amp_dtype, void *, fp8amp_dtype, size_t, const QuantizeTarget &) {
+    unavailable();
+}
+void quantize_transpose(int, void *, const void *, fp8amp_dtype, void *, void *, fp8amp_dtype, size_t, size_t,
+                        const QuantizeTarget &) {
+    unavailable();
+}
+void dequantize(int, void *, const void *, fp8amp_dtype, void *, fp8amp_dtype, size_t, const float *) {
+    unavailable();
+}
+void update_scaling(int, void *, ScalingState *const *, size_t) { unavailable(); }
 
 }  // namespace fp8amp::kernels::cuda

@@ -119,8 +119,8 @@ typedef struct fp8amp_context_s *fp8amp_context;
  *  what they need of it alive, so destroying a context before its tensors is safe.
  *  Statuses: SUCCESS; INVALID_ARGUMENT (NULL out, unknown device type, negative index, CPU index
  *  other than 0); DEVICE_MISMATCH (CUDA index >= fp8amp_device_count); NOT_SUPPORTED (CUDA asked
- *  for, but the library was built without CUDA or there is no usable GPU/driver: the message says
- *  which); CUDA. */
+ *  for, but the library was built without CUDA, there is no usable GPU/driver, or this build has no
+ *  kernel image for the GPU's compute capability: the message says which). */
 FP8AMP_API fp8amp_status fp8amp_context_create(fp8amp_device device, fp8amp_context *out);
 
 /** Destroys a context handle. Passing NULL is a no-op success.
@@ -180,9 +180,10 @@ FP8AMP_API fp8amp_status fp8amp_tensor_create(fp8amp_context ctx, fp8amp_dtype d
 
 /** Wraps memory the caller owns (contiguous, row-major, on the context's device) without copying.
  *  The caller keeps it alive until the tensor is destroyed. data must be aligned to the dtype size.
- *  Statuses: as fp8amp_tensor_create, plus INVALID_ARGUMENT for NULL or misaligned data. Whether a
- *  pointer really lies on the context's device is checked only where the platform can tell (CUDA
- *  pointer attributes): a CUDA context refuses host pointers with DEVICE_MISMATCH. */
+ *  Statuses: SUCCESS; INVALID_HANDLE (ctx); INVALID_ARGUMENT (the shape/dtype errors of
+ *  fp8amp_tensor_create, NULL out, NULL or misaligned data); DEVICE_MISMATCH (a CUDA context and a
+ *  pointer that CUDA does not know as memory of that device; a CPU context does not ask CUDA, so it
+ *  cannot tell device pointers from host pointers). */
 FP8AMP_API fp8amp_status fp8amp_tensor_wrap(fp8amp_context ctx, fp8amp_dtype dtype, int32_t ndim,
                                             const int64_t *shape, void *data, fp8amp_tensor *out);
 
@@ -219,20 +220,22 @@ struct DLManagedTensorVersioned;
 /** Imports a DLPack tensor without copying. On success fp8amp takes ownership of `managed` and
  *  calls its deleter when the tensor is destroyed; on failure ownership stays with the caller and
  *  nothing was called. Accepted: DLPack major version 1; dtypes float32/float16/bfloat16/
- *  float8_e4m3fn/float8_e5m2 (lanes 1); compact row-major strides (or NULL strides); device kDLCPU
- *  or kDLCUDAHost for a CPU context, kDLCUDA of the context's ordinal for a CUDA context. A
- *  read-only tensor (DLPACK_FLAG_BITMASK_READ_ONLY) is refused as the destination of any write.
- *  Statuses: SUCCESS; INVALID_HANDLE; INVALID_ARGUMENT (NULL, empty or malformed tensor);
- *  NOT_SUPPORTED (major version != 1, a dtype fp8amp does not have, non-contiguous strides);
- *  DEVICE_MISMATCH. */
+ *  float8_e4m3fn/float8_e5m2 (lanes 1); at most FP8AMP_MAX_NDIM dimensions; compact row-major
+ *  strides (or NULL strides); device kDLCPU or kDLCUDAHost for a CPU context (device_id not looked
+ *  at), kDLCUDA or kDLCUDAManaged of the context's ordinal for a CUDA context. A read-only tensor
+ *  (DLPACK_FLAG_BITMASK_READ_ONLY) is refused as the destination of any write.
+ *  Statuses: SUCCESS; INVALID_HANDLE; INVALID_ARGUMENT (NULL managed or out, NULL data, an extent
+ *  < 1, misaligned data); NOT_SUPPORTED (major version != 1, a dtype fp8amp does not have, lanes !=
+ *  1, more than FP8AMP_MAX_NDIM dimensions, non-contiguous strides); DEVICE_MISMATCH. */
 FP8AMP_API fp8amp_status fp8amp_tensor_from_dlpack(fp8amp_context ctx,
                                                    struct DLManagedTensorVersioned *managed,
                                                    fp8amp_tensor *out);
 
 /** Exports a tensor as a DLPack 1.1 versioned managed tensor sharing its memory. The consumer owns
- *  the result and calls its deleter exactly once; the memory stays valid until then, even if the
- *  fp8amp tensor is destroyed first. Statuses: SUCCESS; INVALID_HANDLE; INVALID_ARGUMENT (NULL out);
- *  OUT_OF_MEMORY. */
+ *  the result and calls its deleter exactly once. Memory fp8amp owns (fp8amp_tensor_create, or an
+ *  imported DLPack tensor) stays valid until then, even if the fp8amp tensor is destroyed first;
+ *  memory of a wrapped tensor still belongs to whoever wrapped it. Statuses: SUCCESS;
+ *  INVALID_HANDLE; INVALID_ARGUMENT (NULL out); OUT_OF_MEMORY. */
 FP8AMP_API fp8amp_status fp8amp_tensor_to_dlpack(fp8amp_tensor t, struct DLManagedTensorVersioned **out);
 
 /* ---------------------------------------------------------------------------------------------
@@ -245,9 +248,146 @@ FP8AMP_API fp8amp_status fp8amp_tensor_to_dlpack(fp8amp_tensor t, struct DLManag
  *  behaviour (overflow gives inf). A NaN stays NaN and keeps its sign; its payload becomes the
  *  destination's canonical quiet NaN (E4M3 0x7F, E5M2 0x7E, F16 0x7E00, BF16 0x7FC0, F32
  *  0x7FC00000, with the sign bit set for a negative NaN). CPU and CUDA give bit-identical results. Asynchronous on CUDA (ordered on the context's stream).
- *  Statuses: SUCCESS; INVALID_HANDLE; INVALID_ARGUMENT (read-only dst); SHAPE_MISMATCH;
- *  DEVICE_MISMATCH (a tensor not on the context's device); CUDA. */
+ *  src and dst may be the same tensor (nothing to do); otherwise they must not overlap in memory.
+ *  Statuses: SUCCESS; INVALID_HANDLE; INVALID_ARGUMENT (read-only dst, src and dst overlapping);
+ *  SHAPE_MISMATCH; DEVICE_MISMATCH (a tensor not on the context's device); CUDA. */
 FP8AMP_API fp8amp_status fp8amp_cast(fp8amp_context ctx, fp8amp_tensor src, fp8amp_tensor dst);
+
+/* ---------------------------------------------------------------------------------------------
+ * Recipes and scaling meta (DESIGN.md section 4)
+ * ------------------------------------------------------------------------------------------- */
+
+typedef enum fp8amp_format {
+    FP8AMP_FORMAT_E4M3 = 0,  /**< E4M3 everywhere */
+    FP8AMP_FORMAT_HYBRID = 1 /**< E4M3 for weights, activations, weight gradients; E5M2 for output gradients */
+} fp8amp_format;
+
+typedef enum fp8amp_scaling_mode {
+    FP8AMP_SCALING_DELAYED = 0, /**< scale from the amax history of earlier steps (Transformer Engine's recipe) */
+    FP8AMP_SCALING_CURRENT = 1  /**< scale from this tensor's own amax, computed in the same quantize call */
+} fp8amp_scaling_mode;
+
+typedef enum fp8amp_amax_algo {
+    FP8AMP_AMAX_MAX = 0,        /**< the largest amax in the history window */
+    FP8AMP_AMAX_MOST_RECENT = 1 /**< the newest amax only */
+} fp8amp_amax_algo;
+
+/** How FP8 scales are chosen. Initialize with fp8amp_recipe_init_default, then change fields.
+ *  scale = fp8_max / 2^margin / amax, where amax is taken from the history by amax_algo; an amax
+ *  of 0, inf or NaN keeps the previous scale; a scale that overflows float32 becomes FLT_MAX, one
+ *  below FLT_MIN becomes FLT_MIN (so scale_inv stays finite); power_of_two_scales rounds the scale
+ *  down to a power of two (so scaling is exact). */
+typedef struct fp8amp_recipe {
+    uint32_t struct_size;          /**< sizeof(fp8amp_recipe), set by fp8amp_recipe_init_default */
+    fp8amp_format format;          /**< default HYBRID */
+    fp8amp_scaling_mode mode;      /**< default DELAYED */
+    int32_t margin;                /**< default 0; 0..127 */
+    int32_t interval;              /**< recompute the scale every `interval` updates; default 1; >= 1 */
+    int32_t amax_history_len;      /**< default 1024; 1..FP8AMP_MAX_AMAX_HISTORY */
+    fp8amp_amax_algo amax_algo;    /**< default MAX */
+    int32_t power_of_two_scales;   /**< default 0 (false) */
+} fp8amp_recipe;
+
+#define FP8AMP_MAX_AMAX_HISTORY 65536
+
+/** Fills *recipe with the defaults above. Statuses: SUCCESS; INVALID_ARGUMENT (NULL). */
+FP8AMP_API fp8amp_status fp8amp_recipe_init_default(fp8amp_recipe *recipe);
+
+typedef struct fp8amp_scaling_s *fp8amp_scaling;
+
+/** Creates a scaling meta for tensors of one FP8 dtype (E4M3 or E5M2) on the context's device:
+ *  scale and scale_inv (both 1 at first), the amax recorded since the last update (0 at first), the
+ *  amax history (zeros) and the diagnostic counters. All of it lives on the device; reading it is an
+ *  explicit call (fp8amp_scaling_get and friends).
+ *  Statuses: SUCCESS; INVALID_HANDLE; INVALID_ARGUMENT (NULL recipe/out, struct_size too small,
+ *  a field out of range: margin, interval, amax_history_len 0 or > FP8AMP_MAX_AMAX_HISTORY, an
+ *  unknown enum value); DTYPE_MISMATCH (fp8_dtype not E4M3/E5M2); OUT_OF_MEMORY; CUDA. */
+FP8AMP_API fp8amp_status fp8amp_scaling_create(fp8amp_context ctx, const fp8amp_recipe *recipe,
+                                               fp8amp_dtype fp8_dtype, fp8amp_scaling *out);
+
+/** Destroys a meta handle; tensors bound to it keep it alive. NULL is a no-op success. */
+FP8AMP_API fp8amp_status fp8amp_scaling_destroy(fp8amp_scaling s);
+
+/** Delayed scaling: folds the amax recorded since the last update into the history (row 0 becomes
+ *  it, the oldest row drops out), resets the recorded amax to 0, and, every `interval`-th update,
+ *  computes the next scale and scale_inv from the history. Current scaling: folds the history only
+ *  (the scale is computed by each quantize). Asynchronous on CUDA: one small kernel on the stream of
+ *  the meta's context. Statuses: SUCCESS; INVALID_HANDLE; CUDA. */
+FP8AMP_API fp8amp_status fp8amp_scaling_update(fp8amp_scaling s);
+
+/** fp8amp_scaling_update for n metas of ctx's device, in one kernel launch (per 1024 metas) on ctx's
+ *  stream: the per-step update of a whole model. Statuses: SUCCESS; INVALID_HANDLE (any entry:
+ *  then none is updated); INVALID_ARGUMENT (n < 0, NULL metas with n > 0, a meta listed twice);
+ *  DEVICE_MISMATCH; CUDA. */
+FP8AMP_API fp8amp_status fp8amp_scaling_update_many(fp8amp_context ctx, int32_t n, const fp8amp_scaling *metas);
+
+/** Reads scale, scale_inv and the amax recorded since the last update to the host (any output may be
+ *  NULL). Synchronizes with the meta's stream. Statuses: SUCCESS; INVALID_HANDLE; CUDA. */
+FP8AMP_API fp8amp_status fp8amp_scaling_get(fp8amp_scaling s, float *scale, float *scale_inv, float *amax);
+
+/** Copies the amax history, newest first (history[0] is the amax folded by the last update), into
+ *  history[0..len). Synchronizes. Statuses: SUCCESS; INVALID_HANDLE; INVALID_ARGUMENT (NULL
+ *  history, capacity < the recipe's amax_history_len); CUDA. */
+FP8AMP_API fp8amp_status fp8amp_scaling_get_history(fp8amp_scaling s, int32_t capacity, float *history);
+
+/** Sets scale (and scale_inv = 1/scale), e.g. to start from a calibrated value. Statuses: SUCCESS;
+ *  INVALID_HANDLE; INVALID_ARGUMENT (scale not a normal float > 0, i.e. outside [FLT_MIN, FLT_MAX]);
+ *  CUDA. */
+FP8AMP_API fp8amp_status fp8amp_scaling_set_scale(fp8amp_scaling s, float scale);
+
+/** Numerics diagnostics of the quantizations into tensors bound to a meta, counted since the last
+ *  reset when enabled: elements whose scaled value exceeded the format's largest finite value (and
+ *  saturated; inf included, NaN not), and nonzero elements that became zero (underflow). */
+typedef struct fp8amp_scaling_stats {
+    uint64_t quantized; /**< elements quantized while counting was on */
+    uint64_t saturated;
+    uint64_t underflowed;
+} fp8amp_scaling_stats;
+
+/** Turns counting on (nonzero) or off (0, the default) for later quantizations.
+ *  Statuses: SUCCESS; INVALID_HANDLE; CUDA. */
+FP8AMP_API fp8amp_status fp8amp_scaling_enable_stats(fp8amp_scaling s, int32_t enable);
+/** Reads the counters (synchronizes). Statuses: SUCCESS; INVALID_HANDLE; INVALID_ARGUMENT (NULL); CUDA. */
+FP8AMP_API fp8amp_status fp8amp_scaling_get_stats(fp8amp_scaling s, fp8amp_scaling_stats *stats);
+/** Sets the counters to zero. Statuses: SUCCESS; INVALID_HANDLE; CUDA. */
+FP8AMP_API fp8amp_status fp8amp_scaling_reset_stats(fp8amp_scaling s);
+
+/** Binds an FP8 tensor to a scaling meta (of the same FP8 dtype and device): quantizing into it
+ *  uses the meta's scale and records amax into the meta; the tensor keeps its own copy of the
+ *  scale_inv it was quantized with, which dequantize uses. Binding sets that copy to the meta's
+ *  current scale_inv. NULL unbinds. Statuses: SUCCESS; INVALID_HANDLE; DTYPE_MISMATCH (tensor not
+ *  FP8, or of the other FP8 dtype than the meta); DEVICE_MISMATCH; OUT_OF_MEMORY; CUDA. */
+FP8AMP_API fp8amp_status fp8amp_tensor_set_scaling(fp8amp_tensor t, fp8amp_scaling s);
+
+/* ---------------------------------------------------------------------------------------------
+ * Casting with scales
+ * ------------------------------------------------------------------------------------------- */
+
+/** dst = fp8_rne_satfinite(src * scale) in one pass, recording max|src| into dst's meta (NaN counts as
+ *  inf, so the next update keeps the previous scale). src is F32, F16 or BF16; dst is E4M3 or E5M2,
+ *  bound to a meta, of the same shape. Delayed scaling uses the meta's scale; current scaling
+ *  computes src's amax first and the scale from it, on the device (no host round trip). dst's
+ *  scale_inv copy is set to the scale_inv used. Asynchronous on CUDA.
+ *  Statuses: SUCCESS; INVALID_HANDLE; DTYPE_MISMATCH (src not F32/F16/BF16, dst not FP8);
+ *  INVALID_ARGUMENT (dst has no meta, read-only dst); SHAPE_MISMATCH; DEVICE_MISMATCH; CUDA. */
+FP8AMP_API fp8amp_status fp8amp_quantize(fp8amp_context ctx, fp8amp_tensor src, fp8amp_tensor dst);
+
+/** fp8amp_quantize that also writes the transposed copy dst_t = transpose(dst), as the FP8 GEMMs of
+ *  Hopper need for the backward pass. src is 2-D [rows, cols] (or N-D, read as [prod(leading), last]),
+ *  dst has src's shape, dst_t is 2-D [cols, rows]; dst and dst_t are bound to the same meta. Any size.
+ *  Statuses: as fp8amp_quantize; also INVALID_ARGUMENT when dst and dst_t have different metas. */
+FP8AMP_API fp8amp_status fp8amp_quantize_transpose(fp8amp_context ctx, fp8amp_tensor src, fp8amp_tensor dst,
+                                                   fp8amp_tensor dst_t);
+
+/** dst = decode(src) * scale_inv, with src's own scale_inv copy (see fp8amp_tensor_set_scaling);
+ *  src is E4M3/E5M2 bound to a meta, dst F32/F16/BF16 of the same shape. Asynchronous on CUDA.
+ *  Statuses: SUCCESS; INVALID_HANDLE; DTYPE_MISMATCH; INVALID_ARGUMENT (src has no meta, read-only
+ *  dst); SHAPE_MISMATCH; DEVICE_MISMATCH; CUDA. */
+FP8AMP_API fp8amp_status fp8amp_dequantize(fp8amp_context ctx, fp8amp_tensor src, fp8amp_tensor dst);
+
+/** *amax = max |t| over a tensor of any dtype (NaN counts as inf). Synchronous (returns to the host).
+ *  Statuses: SUCCESS; INVALID_HANDLE; INVALID_ARGUMENT (NULL amax); DEVICE_MISMATCH; CUDA. */
+FP8AMP_API fp8amp_status fp8amp_amax(fp8amp_context ctx, fp8amp_tensor t, float *amax);
 
 #ifdef __cplusplus
 } /* extern "C" */

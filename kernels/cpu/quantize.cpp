@@ -1,0 +1,120 @@
+// CPU reference for the scaled casts and the scaling update: amax, quantize (with amax recording,
+// current scaling and statistics), quantize + transpose, dequantize, and the delayed-scaling update.
+// The CUDA kernels (kernels/cuda/quantize.cu) follow the same steps and give the same bits:
+//   - every product is one float32 multiply, x * scale, rounded once into the destination by the codec;
+//   - the multiply is scaling.hpp's scaled(): a NaN element keeps its sign on both backends;
+//   - amax is max over elements of amax_bits_of(decode(x)) (scaling.hpp): NaN counts as +inf.
+#include <algorithm>
+#include <cmath>
+
+#include "convert.hpp"
+#include "kernels.hpp"
+#include "scaling.hpp"
+
+namespace fp8amp::kernels::cpu {
+namespace {
+
+// dst[i] = fp8(src[i] * scale), counting saturated and underflowed elements when kCount.
+template <class F, bool kCount>
+void quantize_elements(const void *src, fp8amp_dtype src_dtype, uint8_t *dst, size_t n, float scale, float fp8_max,
+                       unsigned long long *saturated, unsigned long long *underflowed) {
+    unsigned long long sat = 0, under = 0;
+    for_each_value(src, src_dtype, n, [&](size_t i, float x) {
+        const float y = scaled(x, scale);
+        const auto code = static_cast<uint8_t>(codec::encode<F, true>(y));
+        dst[i] = code;
+        if (kCount) {
+            if (!std::isnan(y) && std::fabs(y) > fp8_max) ++sat;  // inf included, NaN not
+            if (x != 0.0f && !std::isnan(x) && (code & 0x7Fu) == 0) ++under;
+        }
+    });
+    if (kCount) {
+        *saturated += sat;
+        *underflowed += under;
+    }
+}
+
+template <class F>
+void quantize_as(const void *src, fp8amp_dtype src_dtype, uint8_t *dst, size_t n, float scale, ScalingState &m) {
+    if (m.stats_enabled) {
+        quantize_elements<F, true>(src, src_dtype, dst, n, scale, m.fp8_max, &m.saturated, &m.underflowed);
+        m.quantized += n;
+    } else {
+        quantize_elements<F, false>(src, src_dtype, dst, n, scale, m.fp8_max, nullptr, nullptr);
+    }
+}
+
+}  // namespace
+
+uint32_t amax(const void *src, fp8amp_dtype src_dtype, size_t n) {
+    uint32_t bits = 0;
+    for_each_value(src, src_dtype, n, [&bits](size_t, float x) { bits = std::max(bits, amax_bits_of(x)); });
+    return bits;
+}
+
+void quantize(const void *src, fp8amp_dtype src_dtype, void *dst, fp8amp_dtype dst_dtype, size_t n,
+              const QuantizeTarget &target) {
+    ScalingState &m = *target.meta;
+    const uint32_t bits = amax(src, src_dtype, n);
+    float scale;
+    if (m.current) {
+        // Current scaling: the scale comes from this tensor's own amax, now.
+        m.amax_bits = bits;
+        scale = compute_scale(m, codec::bits_f32(bits), m.scale);
+        m.scale = scale;
+        m.scale_inv = 1.0f / scale;
+    } else {
+        scale = m.scale;
+        m.amax_bits = std::max(m.amax_bits, bits);
+    }
+    auto *out = static_cast<uint8_t *>(dst);
+    switch (dst_dtype) {
+    case FP8AMP_DTYPE_E4M3: quantize_as<codec::E4M3>(src, src_dtype, out, n, scale, m); break;
+    case FP8AMP_DTYPE_E5M2: quantize_as<codec::E5M2>(src, src_dtype, out, n, scale, m); break;
+    default: fail(FP8AMP_ERROR_INTERNAL, "cpu::quantize: the destination is not an FP8 dtype");
+    }
+    *target.scale_inv = m.scale_inv;
+    if (target.scale_inv_t) *target.scale_inv_t = m.scale_inv;
+}
+
+void quantize_transpose(const void *src, fp8amp_dtype src_dtype, void *dst, void *dst_t, fp8amp_dtype dst_dtype,
+                        size_t rows, size_t cols, const QuantizeTarget &target) {
+    quantize(src, src_dtype, dst, dst_dtype, rows * cols, target);
+    const auto *q = static_cast<const uint8_t *>(dst);
+    auto *t = static_cast<uint8_t *>(dst_t);
+    // Blocked, so that both sides are read and written in cache-sized tiles.
+    constexpr size_t kTile = 64;
+    for (size_t r0 = 0; r0 < rows; r0 += kTile)
+        for (size_t c0 = 0; c0 < cols; c0 += kTile) {
+            const size_t r1 = std::min(rows, r0 + kTile), c1 = std::min(cols, c0 + kTile);
+            for (size_t r = r0; r < r1; ++r)
+                for (size_t c = c0; c < c1; ++c) t[c * rows + r] = q[r * cols + c];
+        }
+}
+
+void dequantize(const void *src, fp8amp_dtype src_dtype, void *dst, fp8amp_dtype dst_dtype, size_t n,
+                const float *scale_inv) {
+    const float s = *scale_inv;
+    with_store(dst, dst_dtype, [&](auto store) {
+        for_each_value(src, src_dtype, n, [&](size_t i, float x) { store(i, scaled(x, s)); });
+    });
+}
+
+void update_scaling(ScalingState *const *metas, size_t n) {
+    for (size_t k = 0; k < n; ++k) {
+        ScalingState &m = *metas[k];
+        fold_history(m);
+        if (!scale_due(m)) continue;
+        const float *h = m.history();
+        uint32_t a = 0;
+        if (m.most_recent) {
+            a = codec::f32_bits(h[m.head]);
+        } else {
+            // Entries are non-negative or +inf: their bits order like their values.
+            for (uint32_t i = 0; i < m.history_len; ++i) a = std::max(a, codec::f32_bits(h[i]));
+        }
+        apply_scale(m, codec::bits_f32(a));
+    }
+}
+
+}  // namespace fp8amp::kernels::cpu

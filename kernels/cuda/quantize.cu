@@ -1,0 +1,469 @@
+// Scaled FP8 casting on CUDA: quantize (amax and statistics fused into the same pass), current-
+// scaling amax, quantize + transpose, dequantize, and the batched scaling-meta update.
+//
+// The element-wise kernels are memory-bound: each thread moves 16-byte (or wider) packs, keeps
+// kUnroll packs in flight before using the first, and folds its amax and counters in registers; a
+// block reduces them once and issues one atomic per block. The grid is persistent (a few blocks per
+// multiprocessor), so the per-block epilogue is paid a few hundred times, not once per tile.
+// Numerics are kernels/cpu/quantize.cpp's, bit for bit: decode exactly, one float32 multiply by the
+// scale, one rounding into the destination.
+#include <cstdint>
+#include <type_traits>
+
+#include "cuda_common.cuh"
+#include "elementwise.cuh"
+#include "scaling.hpp"
+
+namespace fp8amp::kernels::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kVec = 8;     // elements per pack
+constexpr int kUnroll = 4;  // packs in flight per thread
+
+template <class T>
+struct alignas(sizeof(T) * kVec) Pack {
+    T v[kVec];
+};
+
+// Block-wide reduction of one value; the result is valid in thread 0.
+template <class Op>
+__device__ __forceinline__ uint32_t block_reduce(uint32_t v, Op op) {
+    __shared__ uint32_t warp_values[kThreads / 32];
+    for (int offset = 16; offset > 0; offset /= 2) v = op(v, __shfl_down_sync(0xFFFFFFFFu, v, offset));
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    __syncthreads();  // warp_values may still be read by a previous reduction
+    if (lane == 0) warp_values[warp] = v;
+    __syncthreads();
+    if (warp == 0) {
+        v = lane < kThreads / 32 ? warp_values[lane] : 0u;
+        for (int offset = 16; offset > 0; offset /= 2) v = op(v, __shfl_down_sync(0xFFFFFFFFu, v, offset));
+    }
+    return v;
+}
+
+struct MaxOp {
+    __device__ uint32_t operator()(uint32_t a, uint32_t b) const { return a > b ? a : b; }
+};
+struct AddOp {
+    __device__ uint32_t operator()(uint32_t a, uint32_t b) const { return a + b; }
+};
+
+// Per-thread accumulators of a quantize pass.
+struct Tally {
+    uint32_t amax = 0;
+    uint32_t saturated = 0;
+    uint32_t underflowed = 0;
+};
+
+template <fp8amp_dtype D, bool kStats>
+__device__ __forceinline__ uint8_t quantize_one(float x, float scale, float fp8_max, Tally &t) {
+    t.amax = max(t.amax, amax_bits_of(x));
+    const float y = scaled(x, scale);
+    const uint8_t q = from_f32<D>(y);
+    if (kStats) {
+        t.saturated += (fabsf(y) > fp8_max) ? 1u : 0u;  // false for NaN
+        t.underflowed += (x != 0.0f && x == x && (q & 0x7Fu) == 0) ? 1u : 0u;
+    }
+    return q;
+}
+
+// The scale a quantize uses: the meta's, or under current scaling the one its recorded amax (this
+// tensor's, written by amax_kernel just before) gives.
+__device__ __forceinline__ float quantize_scale(const ScalingState &m) {
+    return m.current ? compute_scale(m, codec::bits_f32(m.amax_bits), m.scale) : m.scale;
+}
+
+// Folds a block's tally into the meta and, once per launch, publishes the scale_inv used.
+template <bool kStats>
+__device__ __forceinline__ void finish_block(Tally t, ScalingState *meta, float scale, float *scale_inv,
+                                             float *scale_inv_t, size_t n) {
+    const uint32_t amax = block_reduce(t.amax, MaxOp());
+    uint32_t saturated = 0, underflowed = 0;
+    if (kStats) {
+        saturated = block_reduce(t.saturated, AddOp());
+        underflowed = block_reduce(t.underflowed, AddOp());
+    }
+    if (threadIdx.x != 0) return;
+    if (!meta->current) atomicMax(&meta->amax_bits, amax);
+    if (kStats) {
+        if (saturated) atomicAdd(&meta->saturated, static_cast<unsigned long long>(saturated));
+        if (underflowed) atomicAdd(&meta->underflowed, static_cast<unsigned long long>(underflowed));
+    }
+    if (blockIdx.x == 0) {
+        const float inv = meta->current ? 1.0f / scale : meta->scale_inv;
+        if (meta->current) {
+            // Every block computed this same scale from the same amax; only the value matters.
+            meta->scale = scale;
+            meta->scale_inv = inv;
+        }
+        if (kStats) atomicAdd(&meta->quantized, static_cast<unsigned long long>(n));
+        *scale_inv = inv;
+        if (scale_inv_t) *scale_inv_t = inv;
+    }
+}
+
+template <fp8amp_dtype S, fp8amp_dtype D, bool kVectorized, bool kStats>
+__global__ void __launch_bounds__(kThreads) quantize_kernel(const typename Storage<S>::type *__restrict__ src,
+                                                            uint8_t *__restrict__ dst, size_t n, ScalingState *meta,
+                                                            float *scale_inv, float *scale_inv_t) {
+    using SrcT = typename Storage<S>::type;
+    const float scale = quantize_scale(*meta);
+    const float fp8_max = meta->fp8_max;
+    Tally t;
+    const size_t stride = size_t(gridDim.x) * kThreads;
+    size_t done = 0;
+    if (kVectorized) {
+        const size_t packs = n / kVec;
+        const auto *in = reinterpret_cast<const Pack<SrcT> *>(src);
+        auto *out = reinterpret_cast<Pack<uint8_t> *>(dst);
+        size_t i = blockIdx.x * size_t(kThreads) + threadIdx.x;
+        for (; i + (kUnroll - 1) * stride < packs; i += kUnroll * stride) {
+            Pack<SrcT> a[kUnroll];
+#pragma unroll
+            for (int u = 0; u < kUnroll; ++u) a[u] = in[i + u * stride];
+#pragma unroll
+            for (int u = 0; u < kUnroll; ++u) {
+                Pack<uint8_t> b;
+#pragma unroll
+                for (int k = 0; k < kVec; ++k) b.v[k] = quantize_one<D, kStats>(to_f32<S>(a[u].v[k]), scale, fp8_max, t);
+                out[i + u * stride] = b;
+            }
+        }
+        for (; i < packs; i += stride) {
+            const Pack<SrcT> a = in[i];
+            Pack<uint8_t> b;
+#pragma unroll
+            for (int k = 0; k < kVec; ++k) b.v[k] = quantize_one<D, kStats>(to_f32<S>(a.v[k]), scale, fp8_max, t);
+            out[i] = b;
+        }
+        done = packs * kVec;
+    }
+    for (size_t i = done + blockIdx.x * size_t(kThreads) + threadIdx.x; i < n; i += stride)
+        dst[i] = quantize_one<D, kStats>(to_f32<S>(src[i]), scale, fp8_max, t);
+    finish_block<kStats>(t, meta, scale, scale_inv, scale_inv_t, n);
+}
+
+template <fp8amp_dtype S, bool kVectorized>
+__global__ void __launch_bounds__(kThreads) amax_kernel(const typename Storage<S>::type *__restrict__ src, size_t n,
+                                                        uint32_t *amax_bits) {
+    using SrcT = typename Storage<S>::type;
+    uint32_t m = 0;
+    const size_t stride = size_t(gridDim.x) * kThreads;
+    size_t done = 0;
+    if (kVectorized) {
+        const size_t packs = n / kVec;
+        const auto *in = reinterpret_cast<const Pack<SrcT> *>(src);
+        size_t i = blockIdx.x * size_t(kThreads) + threadIdx.x;
+        for (; i + (kUnroll - 1) * stride < packs; i += kUnroll * stride) {
+            Pack<SrcT> a[kUnroll];
+#pragma unroll
+            for (int u = 0; u < kUnroll; ++u) a[u] = in[i + u * stride];
+#pragma unroll
+            for (int u = 0; u < kUnroll; ++u)
+#pragma unroll
+                for (int k = 0; k < kVec; ++k) m = max(m, amax_bits_of(to_f32<S>(a[u].v[k])));
+        }
+        for (; i < packs; i += stride) {
+            const Pack<SrcT> a = in[i];
+#pragma unroll
+            for (int k = 0; k < kVec; ++k) m = max(m, amax_bits_of(to_f32<S>(a.v[k])));
+        }
+        done = packs * kVec;
+    }
+    for (size_t i = done + blockIdx.x * size_t(kThreads) + threadIdx.x; i < n; i += stride)
+        m = max(m, amax_bits_of(to_f32<S>(src[i])));
+    m = block_reduce(m, MaxOp());
+    if (threadIdx.x == 0) atomicMax(amax_bits, m);
+}
+
+template <fp8amp_dtype S, fp8amp_dtype D, bool kVectorized>
+__global__ void __launch_bounds__(kThreads) dequantize_kernel(const uint8_t *__restrict__ src,
+                                                              typename Storage<D>::type *__restrict__ dst, size_t n,
+                                                              const float *scale_inv_ptr) {
+    using DstT = typename Storage<D>::type;
+    const float scale_inv = *scale_inv_ptr;
+    const size_t stride = size_t(gridDim.x) * kThreads;
+    size_t done = 0;
+    if (kVectorized) {
+        const size_t packs = n / kVec;
+        const auto *in = reinterpret_cast<const Pack<uint8_t> *>(src);
+        auto *out = reinterpret_cast<Pack<DstT> *>(dst);
+        size_t i = blockIdx.x * size_t(kThreads) + threadIdx.x;
+        for (; i + (kUnroll - 1) * stride < packs; i += kUnroll * stride) {
+            Pack<uint8_t> a[kUnroll];
+#pragma unroll
+            for (int u = 0; u < kUnroll; ++u) a[u] = in[i + u * stride];
+#pragma unroll
+            for (int u = 0; u < kUnroll; ++u) {
+                Pack<DstT> b;
+#pragma unroll
+                for (int k = 0; k < kVec; ++k) b.v[k] = from_f32<D>(scaled(to_f32<S>(a[u].v[k]), scale_inv));
+                out[i + u * stride] = b;
+            }
+        }
+        for (; i < packs; i += stride) {
+            const Pack<uint8_t> a = in[i];
+            Pack<DstT> b;
+#pragma unroll
+            for (int k = 0; k < kVec; ++k) b.v[k] = from_f32<D>(scaled(to_f32<S>(a.v[k]), scale_inv));
+            out[i] = b;
+        }
+        done = packs * kVec;
+    }
+    for (size_t i = done + blockIdx.x * size_t(kThreads) + threadIdx.x; i < n; i += stride)
+        dst[i] = from_f32<D>(scaled(to_f32<S>(src[i]), scale_inv));
+}
+
+// ---- quantize + transpose: 64 x 64 tiles through shared memory -----------------------------------
+
+constexpr int kTile = 64;
+constexpr int kTilePitch = kTile + 4;  // bytes per shared row: 17 words, so column gathers spread over banks
+
+// One tile: reads src[r0:r0+64, c0:c0+64], writes dst (row-major) and dst_t (its transpose).
+// kFast: the whole tile is inside the matrix and every access can be vectorized.
+template <fp8amp_dtype S, fp8amp_dtype D, bool kStats>
+__device__ __forceinline__ void transpose_tile(const typename Storage<S>::type *__restrict__ src, uint8_t *__restrict__ dst,
+                                               uint8_t *__restrict__ dst_t, size_t rows, size_t cols, size_t r0,
+                                               size_t c0, bool fast, float scale, float fp8_max, Tally &t,
+                                               uint8_t (*tile)[kTilePitch]) {
+    using SrcT = typename Storage<S>::type;
+    if (fast) {
+        // 64 rows x 8 packs: 2 packs per thread. Row-major output goes straight to global memory.
+#pragma unroll
+        for (int u = 0; u < (kTile * kTile / kVec) / kThreads; ++u) {
+            const int p = threadIdx.x + u * kThreads;
+            const int r = p / (kTile / kVec), c = (p % (kTile / kVec)) * kVec;
+            const Pack<SrcT> a = *reinterpret_cast<const Pack<SrcT> *>(src + (r0 + r) * cols + c0 + c);
+            Pack<uint8_t> b;
+#pragma unroll
+            for (int k = 0; k < kVec; ++k) b.v[k] = quantize_one<D, kStats>(to_f32<S>(a.v[k]), scale, fp8_max, t);
+            *reinterpret_cast<Pack<uint8_t> *>(dst + (r0 + r) * cols + c0 + c) = b;
+            uint32_t lo, hi;
+            memcpy(&lo, &b.v[0], 4);
+            memcpy(&hi, &b.v[4], 4);
+            *reinterpret_cast<uint32_t *>(&tile[r][c]) = lo;
+            *reinterpret_cast<uint32_t *>(&tile[r][c + 4]) = hi;
+        }
+        __syncthreads();
+        // Transposed: output row j (source column c0 + j) gets 64 bytes = 4 x 16; one 16-byte chunk per thread.
+        const int j = threadIdx.x / 4, seg = threadIdx.x % 4;
+        alignas(16) uint8_t v[16];
+#pragma unroll
+        for (int k = 0; k < 16; ++k) v[k] = tile[seg * 16 + k][j];
+        *reinterpret_cast<uint4 *>(dst_t + (c0 + j) * rows + r0 + seg * 16) = *reinterpret_cast<const uint4 *>(v);
+    } else {
+        for (int e = threadIdx.x; e < kTile * kTile; e += kThreads) {
+            const int r = e / kTile, c = e % kTile;
+            if (r0 + r < rows && c0 + c < cols) {
+                const uint8_t q = quantize_one<D, kStats>(to_f32<S>(src[(r0 + r) * cols + c0 + c]), scale, fp8_max, t);
+                dst[(r0 + r) * cols + c0 + c] = q;
+                tile[r][c] = q;
+            }
+        }
+        __syncthreads();
+        for (int e = threadIdx.x; e < kTile * kTile; e += kThreads) {
+            const int j = e / kTile, r = e % kTile;  // consecutive threads write consecutive bytes of dst_t
+            if (c0 + j < cols && r0 + r < rows) dst_t[(c0 + j) * rows + r0 + r] = tile[r][j];
+        }
+    }
+    __syncthreads();  // the tile is reused by this block's next tile
+}
+
+template <fp8amp_dtype S, fp8amp_dtype D, bool kStats>
+__global__ void __launch_bounds__(kThreads) quantize_transpose_kernel(const typename Storage<S>::type *__restrict__ src,
+                                                                      uint8_t *__restrict__ dst,
+                                                                      uint8_t *__restrict__ dst_t, size_t rows,
+                                                                      size_t cols, bool aligned, ScalingState *meta,
+                                                                      float *scale_inv, float *scale_inv_t) {
+    __shared__ alignas(16) uint8_t tile[kTile][kTilePitch];
+    const float scale = quantize_scale(*meta);
+    const float fp8_max = meta->fp8_max;
+    Tally t;
+    const size_t tiles_r = (rows + kTile - 1) / kTile, tiles_c = (cols + kTile - 1) / kTile;
+    for (size_t id = blockIdx.x; id < tiles_r * tiles_c; id += gridDim.x) {
+        const size_t r0 = (id / tiles_c) * kTile, c0 = (id % tiles_c) * kTile;
+        const bool fast = aligned && r0 + kTile <= rows && c0 + kTile <= cols;
+        transpose_tile<S, D, kStats>(src, dst, dst_t, rows, cols, r0, c0, fast, scale, fp8_max, t, tile);
+    }
+    finish_block<kStats>(t, meta, scale, scale_inv, scale_inv_t, rows * cols);
+}
+
+// ---- scaling-meta update --------------------------------------------------------------------------
+
+constexpr int kMetasPerLaunch = 1024;  // 8 KB of kernel parameters
+struct MetaList {
+    ScalingState *meta[kMetasPerLaunch];
+};
+
+__global__ void __launch_bounds__(kThreads) update_scaling_kernel(const __grid_constant__ MetaList list) {
+    ScalingState &m = *list.meta[blockIdx.x];
+    if (threadIdx.x == 0) fold_history(m);
+    __syncthreads();
+    if (!scale_due(m)) return;  // the same answer in every thread of the block
+    const float *history = m.history();
+    uint32_t best = 0;
+    if (m.most_recent) {
+        best = codec::f32_bits(history[m.head]);
+    } else {
+        for (uint32_t i = threadIdx.x; i < m.history_len; i += kThreads) best = max(best, codec::f32_bits(history[i]));
+    }
+    best = block_reduce(best, MaxOp());
+    if (threadIdx.x == 0) apply_scale(m, codec::bits_f32(best));
+}
+
+// ---- launch helpers ------------------------------------------------------------------------------
+
+unsigned persistent_grid(int device, size_t work_items, int blocks_per_sm) {
+    const size_t wanted = (work_items + kThreads - 1) / kThreads;
+    const size_t cap = size_t(multiprocessor_count(device)) * blocks_per_sm;
+    return static_cast<unsigned>(wanted == 0 ? 1 : (wanted < cap ? wanted : cap));
+}
+
+template <class T>
+bool pack_aligned(const void *p) {
+    return reinterpret_cast<uintptr_t>(p) % alignof(Pack<T>) == 0;
+}
+
+template <class F>
+void dispatch_src(fp8amp_dtype s, F &&f) {
+    switch (s) {
+    case FP8AMP_DTYPE_F32: return f(std::integral_constant<fp8amp_dtype, FP8AMP_DTYPE_F32>());
+    case FP8AMP_DTYPE_F16: return f(std::integral_constant<fp8amp_dtype, FP8AMP_DTYPE_F16>());
+    case FP8AMP_DTYPE_BF16: return f(std::integral_constant<fp8amp_dtype, FP8AMP_DTYPE_BF16>());
+    default: fail(FP8AMP_ERROR_INTERNAL, "quantize: source dtype is not F32/F16/BF16");
+    }
+}
+
+template <class F>
+void dispatch_fp8(fp8amp_dtype d, F &&f) {
+    switch (d) {
+    case FP8AMP_DTYPE_E4M3: return f(std::integral_constant<fp8amp_dtype, FP8AMP_DTYPE_E4M3>());
+    case FP8AMP_DTYPE_E5M2: return f(std::integral_constant<fp8amp_dtype, FP8AMP_DTYPE_E5M2>());
+    default: fail(FP8AMP_ERROR_INTERNAL, "quantize: destination dtype is not FP8");
+    }
+}
+
+template <class F>
+void dispatch_any(fp8amp_dtype s, F &&f) {
+    if (s == FP8AMP_DTYPE_E4M3 || s == FP8AMP_DTYPE_E5M2) return dispatch_fp8(s, f);
+    dispatch_src(s, f);
+}
+
+template <class F>
+void dispatch_bool(bool b, F &&f) {
+    if (b) return f(std::true_type());
+    f(std::false_type());
+}
+
+}  // namespace
+
+void copy_device_to_device(int device, void *stream, void *dst, const void *src, size_t nbytes) {
+    DeviceGuard guard(device);
+    check(cudaMemcpyAsync(dst, src, nbytes, cudaMemcpyDeviceToDevice, static_cast<cudaStream_t>(stream)),
+          "cudaMemcpyAsync (device to device)");
+}
+
+void amax(int device, void *stream_raw, const void *src, fp8amp_dtype src_dtype, size_t n, uint32_t *amax_bits) {
+    DeviceGuard guard(device);
+    auto stream = static_cast<cudaStream_t>(stream_raw);
+    dispatch_any(src_dtype, [&](auto s) {
+        constexpr fp8amp_dtype S = decltype(s)::value;
+        using SrcT = typename Storage<S>::type;
+        const auto *p = static_cast<const SrcT *>(src);
+        dispatch_bool(pack_aligned<SrcT>(src), [&](auto vec) {
+            amax_kernel<S, decltype(vec)::value><<<persistent_grid(device, n / kVec + 1, 4), kThreads, 0, stream>>>(
+                p, n, amax_bits);
+        });
+    });
+    check_launch("amax_kernel");
+}
+
+void quantize(int device, void *stream_raw, const void *src, fp8amp_dtype src_dtype, void *dst, fp8amp_dtype dst_dtype,
+              size_t n, const QuantizeTarget &target) {
+    DeviceGuard guard(device);
+    auto stream = static_cast<cudaStream_t>(stream_raw);
+    if (target.current) {
+        check(cudaMemsetAsync(&target.meta->amax_bits, 0, sizeof(uint32_t), stream), "cudaMemsetAsync");
+        amax(device, stream_raw, src, src_dtype, n, &target.meta->amax_bits);
+    }
+    dispatch_src(src_dtype, [&](auto s) {
+        constexpr fp8amp_dtype S = decltype(s)::value;
+        using SrcT = typename Storage<S>::type;
+        const bool vec = pack_aligned<SrcT>(src) && pack_aligned<uint8_t>(dst);
+        dispatch_fp8(dst_dtype, [&](auto d) {
+            constexpr fp8amp_dtype D = decltype(d)::value;
+            dispatch_bool(vec, [&](auto v) {
+                dispatch_bool(target.stats, [&](auto st) {
+                    quantize_kernel<S, D, decltype(v)::value, decltype(st)::value>
+                        <<<persistent_grid(device, n / kVec + 1, 4), kThreads, 0, stream>>>(
+                            static_cast<const SrcT *>(src), static_cast<uint8_t *>(dst), n, target.meta,
+                            target.scale_inv, target.scale_inv_t);
+                });
+            });
+        });
+    });
+    check_launch("quantize_kernel");
+}
+
+void quantize_transpose(int device, void *stream_raw, const void *src, fp8amp_dtype src_dtype, void *dst, void *dst_t,
+                        fp8amp_dtype dst_dtype, size_t rows, size_t cols, const QuantizeTarget &target) {
+    DeviceGuard guard(device);
+    auto stream = static_cast<cudaStream_t>(stream_raw);
+    if (target.current) {
+        check(cudaMemsetAsync(&target.meta->amax_bits, 0, sizeof(uint32_t), stream), "cudaMemsetAsync");
+        amax(device, stream_raw, src, src_dtype, rows * cols, &target.meta->amax_bits);
+    }
+    const size_t tiles = ((rows + kTile - 1) / kTile) * ((cols + kTile - 1) / kTile);
+    dispatch_src(src_dtype, [&](auto s) {
+        constexpr fp8amp_dtype S = decltype(s)::value;
+        using SrcT = typename Storage<S>::type;
+        // Fast tiles need 16-byte source packs, 8-byte row-major stores and 16-byte transposed stores.
+        const bool aligned = cols % kVec == 0 && rows % 16 == 0 && pack_aligned<SrcT>(src) &&
+                             pack_aligned<uint8_t>(dst) && reinterpret_cast<uintptr_t>(dst_t) % 16 == 0;
+        dispatch_fp8(dst_dtype, [&](auto d) {
+            constexpr fp8amp_dtype D = decltype(d)::value;
+            dispatch_bool(target.stats, [&](auto st) {
+                const size_t cap = size_t(multiprocessor_count(device)) * 8;
+                const unsigned grid = static_cast<unsigned>(tiles < cap ? tiles : cap);
+                quantize_transpose_kernel<S, D, decltype(st)::value><<<grid, kThreads, 0, stream>>>(
+                    static_cast<const SrcT *>(src), static_cast<uint8_t *>(dst), static_cast<uint8_t *>(dst_t), rows,
+                    cols, aligned, target.meta, target.scale_inv, target.scale_inv_t);
+            });
+        });
+    });
+    check_launch("quantize_transpose_kernel");
+}
+
+void dequantize(int device, void *stream_raw, const void *src, fp8amp_dtype src_dtype, void *dst, fp8amp_dtype dst_dtype,
+                size_t n, const float *scale_inv) {
+    DeviceGuard guard(device);
+    auto stream = static_cast<cudaStream_t>(stream_raw);
+    dispatch_fp8(src_dtype, [&](auto s) {
+        constexpr fp8amp_dtype S = decltype(s)::value;
+        dispatch_src(dst_dtype, [&](auto d) {
+            constexpr fp8amp_dtype D = decltype(d)::value;
+            using DstT = typename Storage<D>::type;
+            dispatch_bool(pack_aligned<uint8_t>(src) && pack_aligned<DstT>(dst), [&](auto v) {
+                dequantize_kernel<S, D, decltype(v)::value>
+                    <<<persistent_grid(device, n / kVec + 1, 4), kThreads, 0, stream>>>(
+                        static_cast<const uint8_t *>(src), static_cast<DstT *>(dst), n, scale_inv);
+            });
+        });
+    });
+    check_launch("dequantize_kernel");
+}
+
+void update_scaling(int device, void *stream_raw, ScalingState *const *metas, size_t n) {
+    DeviceGuard guard(device);
+    auto stream = static_cast<cudaStream_t>(stream_raw);
+    for (size_t first = 0; first < n; first += kMetasPerLaunch) {
+        const size_t count = (n - first < size_t(kMetasPerLaunch)) ? n - first : size_t(kMetasPerLaunch);
+        MetaList list{};
+        for (size_t i = 0; i < count; ++i) list.meta[i] = metas[first + i];
+        update_scaling_kernel<<<static_cast<unsigned>(count), kThreads, 0, stream>>>(list);
+        check_launch("update_scaling_kernel");
+    }
+}
+
+}  // namespace fp8amp::kernels::cuda
