@@ -68,6 +68,115 @@ __device__ __forceinline__ uint8_t quantize_one(float x, float scale, float fp8_
     return q;
 }
 
+// ---- the fast path of a pack ----------------------------------------------------------------------
+// Per element it is a few instructions: an exact hardware decode, a magnitude max (the amax), one
+// multiply, and half a paired satfinite conversion. A pack that holds a NaN leaves it for
+// quantize_one, whose explicit NaN handling keeps the sign; for every other pack the two paths give
+// the same bits (a scale in [FLT_MIN, FLT_MAX] never turns a non-NaN into a NaN).
+
+template <fp8amp_dtype S>
+__device__ __forceinline__ float fast_to_f32(typename Storage<S>::type v) {
+    if constexpr (S == FP8AMP_DTYPE_F32) return v;
+    if constexpr (S == FP8AMP_DTYPE_F16) return __half2float(__ushort_as_half(v));
+    if constexpr (S == FP8AMP_DTYPE_BF16) return __uint_as_float(static_cast<uint32_t>(v) << 16);
+}
+
+template <fp8amp_dtype D>
+__device__ __forceinline__ uint16_t fp8x2(float a, float b) {
+    return __nv_cvt_float2_to_fp8x2(make_float2(a, b), __NV_SATFINITE, D == FP8AMP_DTYPE_E4M3 ? __NV_E4M3 : __NV_E5M2);
+}
+
+// Half the smallest subnormal of D: |y| at or below it rounds to zero.
+template <fp8amp_dtype D>
+__device__ __forceinline__ float underflow_limit() {
+    return D == FP8AMP_DTYPE_E4M3 ? 0x1p-10f : 0x1p-17f;
+}
+
+// Quantizes one pack; returns false (and writes nothing) when the pack holds a NaN.
+template <fp8amp_dtype S, fp8amp_dtype D, bool kStats, class SrcPack>
+__device__ __forceinline__ bool quantize_pack_fast(const SrcPack &a, Pack<uint8_t> &b, float scale, float fp8_max,
+                                                   Tally &t) {
+    float x[kVec];
+    uint32_t mag = 0;
+#pragma unroll
+    for (int k = 0; k < kVec; ++k) {
+        x[k] = fast_to_f32<S>(a.v[k]);
+        mag = max(mag, __float_as_uint(x[k]) & 0x7FFFFFFFu);
+    }
+    if (mag > 0x7F800000u) return false;
+    t.amax = max(t.amax, mag);
+    float y[kVec];
+#pragma unroll
+    for (int k = 0; k < kVec; ++k) y[k] = x[k] * scale;
+    uint16_t pairs[kVec / 2];
+#pragma unroll
+    for (int k = 0; k < kVec / 2; ++k) pairs[k] = fp8x2<D>(y[2 * k], y[2 * k + 1]);
+    memcpy(b.v, pairs, kVec);
+    if (kStats) {
+#pragma unroll
+        for (int k = 0; k < kVec; ++k) {
+            t.saturated += fabsf(y[k]) > fp8_max ? 1u : 0u;
+            t.underflowed += (x[k] != 0.0f && fabsf(y[k]) <= underflow_limit<D>()) ? 1u : 0u;
+        }
+    }
+    return true;
+}
+
+template <fp8amp_dtype S, fp8amp_dtype D, bool kStats, class SrcPack>
+__device__ __forceinline__ Pack<uint8_t> quantize_pack(const SrcPack &a, float scale, float fp8_max, Tally &t) {
+    Pack<uint8_t> b;
+    if (!quantize_pack_fast<S, D, kStats>(a, b, scale, fp8_max, t)) {
+#pragma unroll
+        for (int k = 0; k < kVec; ++k) b.v[k] = quantize_one<D, kStats>(to_f32<S>(a.v[k]), scale, fp8_max, t);
+    }
+    return b;
+}
+
+// True when a pack of 8 FP8 codes holds a NaN (E4M3: S.1111.111; E5M2: S.11111.xx, xx != 0).
+template <fp8amp_dtype S>
+__device__ __forceinline__ bool has_nan(const Pack<uint8_t> &a) {
+    uint32_t w[2];
+    memcpy(w, a.v, 8);
+    uint32_t hit = 0;
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+        const uint32_t m = w[i] & 0x7F7F7F7Fu;
+        hit |= S == FP8AMP_DTYPE_E4M3 ? __vcmpeq4(m, 0x7F7F7F7Fu) : __vcmpgtu4(m, 0x7C7C7C7Cu);
+    }
+    return hit != 0;
+}
+
+template <fp8amp_dtype S, fp8amp_dtype D>
+__device__ __forceinline__ Pack<typename Storage<D>::type> dequantize_pack(const Pack<uint8_t> &a, float scale_inv) {
+    Pack<typename Storage<D>::type> b;
+    if (has_nan<S>(a)) {
+#pragma unroll
+        for (int k = 0; k < kVec; ++k) b.v[k] = from_f32<D>(scaled(to_f32<S>(a.v[k]), scale_inv));
+        return b;
+    }
+#pragma unroll
+    for (int k = 0; k < kVec; k += 2) {
+        // FP8 -> F16 is exact for both formats; F16 -> F32 too.
+        const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(a.v[k] | (a.v[k + 1] << 8)),
+                                                         S == FP8AMP_DTYPE_E4M3 ? __NV_E4M3 : __NV_E5M2);
+        const float2 f = __half22float2(__half2(h));
+        const float y0 = f.x * scale_inv, y1 = f.y * scale_inv;
+        if constexpr (D == FP8AMP_DTYPE_F32) {
+            b.v[k] = y0;
+            b.v[k + 1] = y1;
+        } else if constexpr (D == FP8AMP_DTYPE_BF16) {
+            const __nv_bfloat162 r = __floats2bfloat162_rn(y0, y1);
+            b.v[k] = __bfloat16_as_ushort(r.x);
+            b.v[k + 1] = __bfloat16_as_ushort(r.y);
+        } else {
+            const __half2 r = __floats2half2_rn(y0, y1);
+            b.v[k] = __half_as_ushort(r.x);
+            b.v[k + 1] = __half_as_ushort(r.y);
+        }
+    }
+    return b;
+}
+
 // The scale a quantize uses: the meta's, or under current scaling the one its recorded amax (this
 // tensor's, written by amax_kernel just before) gives.
 __device__ __forceinline__ float quantize_scale(const ScalingState &m) {
@@ -123,25 +232,35 @@ __global__ void __launch_bounds__(kThreads) quantize_kernel(const typename Stora
 #pragma unroll
             for (int u = 0; u < kUnroll; ++u) a[u] = in[i + u * stride];
 #pragma unroll
-            for (int u = 0; u < kUnroll; ++u) {
-                Pack<uint8_t> b;
-#pragma unroll
-                for (int k = 0; k < kVec; ++k) b.v[k] = quantize_one<D, kStats>(to_f32<S>(a[u].v[k]), scale, fp8_max, t);
-                out[i + u * stride] = b;
-            }
+            for (int u = 0; u < kUnroll; ++u) out[i + u * stride] = quantize_pack<S, D, kStats>(a[u], scale, fp8_max, t);
         }
-        for (; i < packs; i += stride) {
-            const Pack<SrcT> a = in[i];
-            Pack<uint8_t> b;
-#pragma unroll
-            for (int k = 0; k < kVec; ++k) b.v[k] = quantize_one<D, kStats>(to_f32<S>(a.v[k]), scale, fp8_max, t);
-            out[i] = b;
-        }
+        for (; i < packs; i += stride) out[i] = quantize_pack<S, D, kStats>(in[i], scale, fp8_max, t);
         done = packs * kVec;
     }
     for (size_t i = done + blockIdx.x * size_t(kThreads) + threadIdx.x; i < n; i += stride)
         dst[i] = quantize_one<D, kStats>(to_f32<S>(src[i]), scale, fp8_max, t);
     finish_block<kStats>(t, meta, scale, scale_inv, scale_inv_t, n);
+}
+
+// Max magnitude of a pack as amax bits. 16-bit formats are reduced two at a time on their own bit
+// patterns (magnitudes order like their bits, NaN above inf), then converted once per pack.
+template <fp8amp_dtype S, class SrcPack>
+__device__ __forceinline__ uint32_t pack_amax_bits(const SrcPack &a) {
+    if constexpr (S == FP8AMP_DTYPE_F16 || S == FP8AMP_DTYPE_BF16) {
+        uint32_t w[kVec / 2];
+        memcpy(w, a.v, sizeof w);
+        uint32_t m2 = 0;
+#pragma unroll
+        for (int k = 0; k < kVec / 2; ++k) m2 = __vmaxu2(m2, w[k] & 0x7FFF7FFFu);
+        const uint32_t code = max(m2 & 0xFFFFu, m2 >> 16);
+        if constexpr (S == FP8AMP_DTYPE_BF16) return min(code << 16, 0x7F800000u);
+        else return code > 0x7C00u ? 0x7F800000u : __float_as_uint(__half2float(__ushort_as_half(code)));
+    } else {
+        uint32_t m = 0;
+#pragma unroll
+        for (int k = 0; k < kVec; ++k) m = max(m, amax_bits_of(to_f32<S>(a.v[k])));
+        return m;
+    }
 }
 
 template <fp8amp_dtype S, bool kVectorized>
@@ -160,15 +279,9 @@ __global__ void __launch_bounds__(kThreads) amax_kernel(const typename Storage<S
 #pragma unroll
             for (int u = 0; u < kUnroll; ++u) a[u] = in[i + u * stride];
 #pragma unroll
-            for (int u = 0; u < kUnroll; ++u)
-#pragma unroll
-                for (int k = 0; k < kVec; ++k) m = max(m, amax_bits_of(to_f32<S>(a[u].v[k])));
+            for (int u = 0; u < kUnroll; ++u) m = max(m, pack_amax_bits<S>(a[u]));
         }
-        for (; i < packs; i += stride) {
-            const Pack<SrcT> a = in[i];
-#pragma unroll
-            for (int k = 0; k < kVec; ++k) m = max(m, amax_bits_of(to_f32<S>(a.v[k])));
-        }
+        for (; i < packs; i += stride) m = max(m, pack_amax_bits<S>(in[i]));
         done = packs * kVec;
     }
     for (size_t i = done + blockIdx.x * size_t(kThreads) + threadIdx.x; i < n; i += stride)
@@ -195,20 +308,9 @@ __global__ void __launch_bounds__(kThreads) dequantize_kernel(const uint8_t *__r
 #pragma unroll
             for (int u = 0; u < kUnroll; ++u) a[u] = in[i + u * stride];
 #pragma unroll
-            for (int u = 0; u < kUnroll; ++u) {
-                Pack<DstT> b;
-#pragma unroll
-                for (int k = 0; k < kVec; ++k) b.v[k] = from_f32<D>(scaled(to_f32<S>(a[u].v[k]), scale_inv));
-                out[i + u * stride] = b;
-            }
+            for (int u = 0; u < kUnroll; ++u) out[i + u * stride] = dequantize_pack<S, D>(a[u], scale_inv);
         }
-        for (; i < packs; i += stride) {
-            const Pack<uint8_t> a = in[i];
-            Pack<DstT> b;
-#pragma unroll
-            for (int k = 0; k < kVec; ++k) b.v[k] = from_f32<D>(scaled(to_f32<S>(a.v[k]), scale_inv));
-            out[i] = b;
-        }
+        for (; i < packs; i += stride) out[i] = dequantize_pack<S, D>(in[i], scale_inv);
         done = packs * kVec;
     }
     for (size_t i = done + blockIdx.x * size_t(kThreads) + threadIdx.x; i < n; i += stride)
@@ -235,9 +337,7 @@ __device__ __forceinline__ void transpose_tile(const typename Storage<S>::type *
             const int p = threadIdx.x + u * kThreads;
             const int r = p / (kTile / kVec), c = (p % (kTile / kVec)) * kVec;
             const Pack<SrcT> a = *reinterpret_cast<const Pack<SrcT> *>(src + (r0 + r) * cols + c0 + c);
-            Pack<uint8_t> b;
-#pragma unroll
-            for (int k = 0; k < kVec; ++k) b.v[k] = quantize_one<D, kStats>(to_f32<S>(a.v[k]), scale, fp8_max, t);
+            const Pack<uint8_t> b = quantize_pack<S, D, kStats>(a, scale, fp8_max, t);
             *reinterpret_cast<Pack<uint8_t> *>(dst + (r0 + r) * cols + c0 + c) = b;
             uint32_t lo, hi;
             memcpy(&lo, &b.v[0], 4);
