@@ -18,13 +18,18 @@ namespace fp8amp::kernels::cuda {
 namespace {
 
 constexpr int kThreads = 256;
-constexpr int kVec = 8;     // elements per pack
-constexpr int kUnroll = 4;  // packs in flight per thread
+constexpr int kVec = 16;    // elements per pack of the streaming kernels: 16 B of FP8
+// 4 resident blocks of 256 threads per multiprocessor: at most 64 registers a thread.
+constexpr int kMinBlocks = 4;
+constexpr int kUnroll = 2;  // packs in flight per thread (2 x 16 elements)
 
-template <class T>
-struct alignas(sizeof(T) * kVec) Pack {
-    T v[kVec];
+template <class T, int N>
+struct alignas(sizeof(T) * N) PackN {
+    static constexpr int kSize = N;
+    T v[N];
 };
+template <class T>
+using Pack = PackN<T, kVec>;
 
 // Block-wide reduction of one value; the result is valid in thread 0.
 template <class Op>
@@ -93,9 +98,10 @@ __device__ __forceinline__ float underflow_limit() {
 }
 
 // Quantizes one pack; returns false (and writes nothing) when the pack holds a NaN.
-template <fp8amp_dtype S, fp8amp_dtype D, bool kStats, class SrcPack>
-__device__ __forceinline__ bool quantize_pack_fast(const SrcPack &a, Pack<uint8_t> &b, float scale, float fp8_max,
+template <fp8amp_dtype S, fp8amp_dtype D, bool kStats, class SrcPack, int kN = SrcPack::kSize>
+__device__ __forceinline__ bool quantize_pack_fast(const SrcPack &a, PackN<uint8_t, kN> &b, float scale, float fp8_max,
                                                    Tally &t) {
+    constexpr int kVec = kN;
     float x[kVec];
     uint32_t mag = 0;
 #pragma unroll
@@ -122,24 +128,28 @@ __device__ __forceinline__ bool quantize_pack_fast(const SrcPack &a, Pack<uint8_
     return true;
 }
 
-template <fp8amp_dtype S, fp8amp_dtype D, bool kStats, class SrcPack>
-__device__ __forceinline__ Pack<uint8_t> quantize_pack(const SrcPack &a, float scale, float fp8_max, Tally &t) {
-    Pack<uint8_t> b;
-    if (!quantize_pack_fast<S, D, kStats>(a, b, scale, fp8_max, t)) {
-#pragma unroll
-        for (int k = 0; k < kVec; ++k) b.v[k] = quantize_one<D, kStats>(to_f32<S>(a.v[k]), scale, fp8_max, t);
-    }
+// Kept out of line: packs with a NaN are rare, and inlining this path would cost registers everywhere.
+template <fp8amp_dtype S, fp8amp_dtype D, bool kStats, class SrcPack, int kVec = SrcPack::kSize>
+__device__ __noinline__ void quantize_pack_slow(const SrcPack &a, PackN<uint8_t, kVec> &b, float scale, float fp8_max,
+                                                Tally &t) {
+    for (int k = 0; k < kVec; ++k) b.v[k] = quantize_one<D, kStats>(to_f32<S>(a.v[k]), scale, fp8_max, t);
+}
+
+template <fp8amp_dtype S, fp8amp_dtype D, bool kStats, class SrcPack, int kVec = SrcPack::kSize>
+__device__ __forceinline__ PackN<uint8_t, kVec> quantize_pack(const SrcPack &a, float scale, float fp8_max, Tally &t) {
+    PackN<uint8_t, kVec> b;
+    if (!quantize_pack_fast<S, D, kStats>(a, b, scale, fp8_max, t)) quantize_pack_slow<S, D, kStats>(a, b, scale, fp8_max, t);
     return b;
 }
 
-// True when a pack of 8 FP8 codes holds a NaN (E4M3: S.1111.111; E5M2: S.11111.xx, xx != 0).
+// True when a pack of FP8 codes holds a NaN (E4M3: S.1111.111; E5M2: S.11111.xx, xx != 0).
 template <fp8amp_dtype S>
 __device__ __forceinline__ bool has_nan(const Pack<uint8_t> &a) {
-    uint32_t w[2];
-    memcpy(w, a.v, 8);
+    uint32_t w[kVec / 4];
+    memcpy(w, a.v, kVec);
     uint32_t hit = 0;
 #pragma unroll
-    for (int i = 0; i < 2; ++i) {
+    for (int i = 0; i < kVec / 4; ++i) {
         const uint32_t m = w[i] & 0x7F7F7F7Fu;
         hit |= S == FP8AMP_DTYPE_E4M3 ? __vcmpeq4(m, 0x7F7F7F7Fu) : __vcmpgtu4(m, 0x7C7C7C7Cu);
     }
@@ -147,11 +157,16 @@ __device__ __forceinline__ bool has_nan(const Pack<uint8_t> &a) {
 }
 
 template <fp8amp_dtype S, fp8amp_dtype D>
+__device__ __noinline__ void dequantize_pack_slow(const Pack<uint8_t> &a, Pack<typename Storage<D>::type> &b,
+                                                  float scale_inv) {
+    for (int k = 0; k < kVec; ++k) b.v[k] = from_f32<D>(scaled(to_f32<S>(a.v[k]), scale_inv));
+}
+
+template <fp8amp_dtype S, fp8amp_dtype D>
 __device__ __forceinline__ Pack<typename Storage<D>::type> dequantize_pack(const Pack<uint8_t> &a, float scale_inv) {
     Pack<typename Storage<D>::type> b;
     if (has_nan<S>(a)) {
-#pragma unroll
-        for (int k = 0; k < kVec; ++k) b.v[k] = from_f32<D>(scaled(to_f32<S>(a.v[k]), scale_inv));
+        dequantize_pack_slow<S, D>(a, b, scale_inv);
         return b;
     }
 #pragma unroll
@@ -213,7 +228,7 @@ __device__ __forceinline__ void finish_block(Tally t, ScalingState *meta, float 
 }
 
 template <fp8amp_dtype S, fp8amp_dtype D, bool kVectorized, bool kStats>
-__global__ void __launch_bounds__(kThreads) quantize_kernel(const typename Storage<S>::type *__restrict__ src,
+__global__ void __launch_bounds__(kThreads, kMinBlocks) quantize_kernel(const typename Storage<S>::type *__restrict__ src,
                                                             uint8_t *__restrict__ dst, size_t n, ScalingState *meta,
                                                             float *scale_inv, float *scale_inv_t) {
     using SrcT = typename Storage<S>::type;
@@ -264,7 +279,7 @@ __device__ __forceinline__ uint32_t pack_amax_bits(const SrcPack &a) {
 }
 
 template <fp8amp_dtype S, bool kVectorized>
-__global__ void __launch_bounds__(kThreads) amax_kernel(const typename Storage<S>::type *__restrict__ src, size_t n,
+__global__ void __launch_bounds__(kThreads, kMinBlocks) amax_kernel(const typename Storage<S>::type *__restrict__ src, size_t n,
                                                         uint32_t *amax_bits) {
     using SrcT = typename Storage<S>::type;
     uint32_t m = 0;
@@ -291,7 +306,7 @@ __global__ void __launch_bounds__(kThreads) amax_kernel(const typename Storage<S
 }
 
 template <fp8amp_dtype S, fp8amp_dtype D, bool kVectorized>
-__global__ void __launch_bounds__(kThreads) dequantize_kernel(const uint8_t *__restrict__ src,
+__global__ void __launch_bounds__(kThreads, kMinBlocks) dequantize_kernel(const uint8_t *__restrict__ src,
                                                               typename Storage<D>::type *__restrict__ dst, size_t n,
                                                               const float *scale_inv_ptr) {
     using DstT = typename Storage<D>::type;
@@ -317,66 +332,104 @@ __global__ void __launch_bounds__(kThreads) dequantize_kernel(const uint8_t *__r
         dst[i] = from_f32<D>(scaled(to_f32<S>(src[i]), scale_inv));
 }
 
-// ---- quantize + transpose: 64 x 64 tiles through shared memory -----------------------------------
+// ---- quantize + transpose: 128 x 128 tiles through shared memory --------------------------------
+//
+// Each tile row is 128 bytes = 32 words. Word w of row r is stored at word (w + 4 * (r / 16)) % 32:
+// the transposing threads of a warp read 8 row groups x 4 columns at once, and this swizzle puts those
+// 32 words in 32 different banks. Each of them reads one word from 16 rows (4 columns x 16 rows),
+// transposes the 4x4 byte blocks in registers, and writes four 16-byte pieces of dst_t; a warp writes
+// 128 contiguous bytes of each of 4 dst_t rows.
 
-constexpr int kTile = 64;
-constexpr int kTilePitch = kTile + 4;  // bytes per shared row: 17 words, so column gathers spread over banks
+constexpr int kTile = 128;
+constexpr int kTileVec = 8;  // source elements per load in a tile
 
-// One tile: reads src[r0:r0+64, c0:c0+64], writes dst (row-major) and dst_t (its transpose).
-// kFast: the whole tile is inside the matrix and every access can be vectorized.
+__device__ __forceinline__ int tile_word(int r, int w) { return r * 32 + ((w + 4 * (r / 16)) & 31); }
+
+// Bytes i of four words, as one word (a 4x4 byte transpose, column i).
+__device__ __forceinline__ void transpose4x4(uint32_t a, uint32_t b, uint32_t c, uint32_t d, uint32_t (&col)[4]) {
+    const uint32_t ab_lo = __byte_perm(a, b, 0x5140), ab_hi = __byte_perm(a, b, 0x7362);
+    const uint32_t cd_lo = __byte_perm(c, d, 0x5140), cd_hi = __byte_perm(c, d, 0x7362);
+    col[0] = __byte_perm(ab_lo, cd_lo, 0x5410);
+    col[1] = __byte_perm(ab_lo, cd_lo, 0x7632);
+    col[2] = __byte_perm(ab_hi, cd_hi, 0x5410);
+    col[3] = __byte_perm(ab_hi, cd_hi, 0x7632);
+}
+
+// One tile: reads src[r0:r0+128, c0:c0+128], writes dst (row-major) and dst_t (its transpose).
+// fast: the whole tile is inside the matrix and every access can be vectorized.
 template <fp8amp_dtype S, fp8amp_dtype D, bool kStats>
 __device__ __forceinline__ void transpose_tile(const typename Storage<S>::type *__restrict__ src, uint8_t *__restrict__ dst,
                                                uint8_t *__restrict__ dst_t, size_t rows, size_t cols, size_t r0,
                                                size_t c0, bool fast, float scale, float fp8_max, Tally &t,
-                                               uint8_t (*tile)[kTilePitch]) {
+                                               uint32_t *tile) {
     using SrcT = typename Storage<S>::type;
+    using SrcPack = PackN<SrcT, kTileVec>;
+    auto *bytes = reinterpret_cast<uint8_t *>(tile);
     if (fast) {
-        // 64 rows x 8 packs: 2 packs per thread. Row-major output goes straight to global memory.
+        // 128 rows x 16 packs of 8: 8 packs per thread, in two rounds of 4 loads in flight.
+        constexpr int kPer = kTile * kTile / kTileVec / kThreads, kRound = 4;
 #pragma unroll
-        for (int u = 0; u < (kTile * kTile / kVec) / kThreads; ++u) {
-            const int p = threadIdx.x + u * kThreads;
-            const int r = p / (kTile / kVec), c = (p % (kTile / kVec)) * kVec;
-            const Pack<SrcT> a = *reinterpret_cast<const Pack<SrcT> *>(src + (r0 + r) * cols + c0 + c);
-            const Pack<uint8_t> b = quantize_pack<S, D, kStats>(a, scale, fp8_max, t);
-            *reinterpret_cast<Pack<uint8_t> *>(dst + (r0 + r) * cols + c0 + c) = b;
-            uint32_t lo, hi;
-            memcpy(&lo, &b.v[0], 4);
-            memcpy(&hi, &b.v[4], 4);
-            *reinterpret_cast<uint32_t *>(&tile[r][c]) = lo;
-            *reinterpret_cast<uint32_t *>(&tile[r][c + 4]) = hi;
+        for (int h = 0; h < kPer; h += kRound) {
+        SrcPack a[kRound];
+#pragma unroll
+        for (int u = 0; u < kRound; ++u) {
+            const int p = threadIdx.x + (h + u) * kThreads;
+            const int r = p / (kTile / kTileVec), c = (p % (kTile / kTileVec)) * kTileVec;
+            a[u] = *reinterpret_cast<const SrcPack *>(src + (r0 + r) * cols + c0 + c);
+        }
+#pragma unroll
+        for (int u = 0; u < kRound; ++u) {
+            const int p = threadIdx.x + (h + u) * kThreads;
+            const int r = p / (kTile / kTileVec), c = (p % (kTile / kTileVec)) * kTileVec;
+            const PackN<uint8_t, kTileVec> b = quantize_pack<S, D, kStats>(a[u], scale, fp8_max, t);
+            *reinterpret_cast<PackN<uint8_t, kTileVec> *>(dst + (r0 + r) * cols + c0 + c) = b;
+            uint32_t w[2];
+            memcpy(w, b.v, 8);
+            tile[tile_word(r, c / 4)] = w[0];
+            tile[tile_word(r, c / 4 + 1)] = w[1];
+        }
         }
         __syncthreads();
-        // Transposed: output row j (source column c0 + j) gets 64 bytes = 4 x 16; one 16-byte chunk per thread.
-        const int j = threadIdx.x / 4, seg = threadIdx.x % 4;
-        alignas(16) uint8_t v[16];
+        const int group = threadIdx.x % 8, word = threadIdx.x / 8;  // rows 16*group.., columns 4*word..
+        uint32_t out[4][4];  // [column][4-row block]
 #pragma unroll
-        for (int k = 0; k < 16; ++k) v[k] = tile[seg * 16 + k][j];
-        *reinterpret_cast<uint4 *>(dst_t + (c0 + j) * rows + r0 + seg * 16) = *reinterpret_cast<const uint4 *>(v);
+        for (int m = 0; m < 4; ++m) {
+            const int r = group * 16 + m * 4;
+            uint32_t col[4];
+            transpose4x4(tile[tile_word(r, word)], tile[tile_word(r + 1, word)], tile[tile_word(r + 2, word)],
+                         tile[tile_word(r + 3, word)], col);
+#pragma unroll
+            for (int i = 0; i < 4; ++i) out[i][m] = col[i];
+        }
+#pragma unroll
+        for (int i = 0; i < 4; ++i)
+            *reinterpret_cast<uint4 *>(dst_t + (c0 + word * 4 + i) * rows + r0 + group * 16) =
+                make_uint4(out[i][0], out[i][1], out[i][2], out[i][3]);
     } else {
         for (int e = threadIdx.x; e < kTile * kTile; e += kThreads) {
             const int r = e / kTile, c = e % kTile;
             if (r0 + r < rows && c0 + c < cols) {
                 const uint8_t q = quantize_one<D, kStats>(to_f32<S>(src[(r0 + r) * cols + c0 + c]), scale, fp8_max, t);
                 dst[(r0 + r) * cols + c0 + c] = q;
-                tile[r][c] = q;
+                bytes[tile_word(r, c / 4) * 4 + c % 4] = q;
             }
         }
         __syncthreads();
         for (int e = threadIdx.x; e < kTile * kTile; e += kThreads) {
             const int j = e / kTile, r = e % kTile;  // consecutive threads write consecutive bytes of dst_t
-            if (c0 + j < cols && r0 + r < rows) dst_t[(c0 + j) * rows + r0 + r] = tile[r][j];
+            if (c0 + j < cols && r0 + r < rows) dst_t[(c0 + j) * rows + r0 + r] = bytes[tile_word(r, j / 4) * 4 + j % 4];
         }
     }
     __syncthreads();  // the tile is reused by this block's next tile
 }
 
 template <fp8amp_dtype S, fp8amp_dtype D, bool kStats>
-__global__ void __launch_bounds__(kThreads) quantize_transpose_kernel(const typename Storage<S>::type *__restrict__ src,
+__global__ void __launch_bounds__(kThreads, kMinBlocks) quantize_transpose_kernel(const typename Storage<S>::type *__restrict__ src,
                                                                       uint8_t *__restrict__ dst,
                                                                       uint8_t *__restrict__ dst_t, size_t rows,
                                                                       size_t cols, bool aligned, ScalingState *meta,
                                                                       float *scale_inv, float *scale_inv_t) {
-    __shared__ alignas(16) uint8_t tile[kTile][kTilePitch];
+    __shared__ uint32_t tile[kTile * kTile / 4];
     const float scale = quantize_scale(*meta);
     const float fp8_max = meta->fp8_max;
     Tally t;
@@ -519,8 +572,10 @@ void quantize_transpose(int device, void *stream_raw, const void *src, fp8amp_dt
         constexpr fp8amp_dtype S = decltype(s)::value;
         using SrcT = typename Storage<S>::type;
         // Fast tiles need 16-byte source packs, 8-byte row-major stores and 16-byte transposed stores.
-        const bool aligned = cols % kVec == 0 && rows % 16 == 0 && pack_aligned<SrcT>(src) &&
-                             pack_aligned<uint8_t>(dst) && reinterpret_cast<uintptr_t>(dst_t) % 16 == 0;
+        const bool aligned = cols % kTileVec == 0 && rows % 16 == 0 &&
+                             reinterpret_cast<uintptr_t>(src) % alignof(PackN<SrcT, kTileVec>) == 0 &&
+                             reinterpret_cast<uintptr_t>(dst) % kTileVec == 0 &&
+                             reinterpret_cast<uintptr_t>(dst_t) % 16 == 0;
         dispatch_fp8(dst_dtype, [&](auto d) {
             constexpr fp8amp_dtype D = decltype(d)::value;
             dispatch_bool(target.stats, [&](auto st) {
