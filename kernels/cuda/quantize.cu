@@ -25,7 +25,6 @@ constexpr int kUnroll = 2;  // packs in flight per thread (2 x 16 elements)
 
 template <class T, int N>
 struct alignas(sizeof(T) * N) PackN {
-    static constexpr int kSize = N;
     T v[N];
 };
 template <class T>
@@ -98,7 +97,7 @@ __device__ __forceinline__ float underflow_limit() {
 }
 
 // Quantizes one pack; returns false (and writes nothing) when the pack holds a NaN.
-template <fp8amp_dtype S, fp8amp_dtype D, bool kStats, class SrcPack, int kN = SrcPack::kSize>
+template <fp8amp_dtype S, fp8amp_dtype D, bool kStats, class SrcPack, int kN = int(sizeof(SrcPack::v) / sizeof(SrcPack::v[0]))>
 __device__ __forceinline__ bool quantize_pack_fast(const SrcPack &a, PackN<uint8_t, kN> &b, float scale, float fp8_max,
                                                    Tally &t) {
     constexpr int kVec = kN;
@@ -129,13 +128,13 @@ __device__ __forceinline__ bool quantize_pack_fast(const SrcPack &a, PackN<uint8
 }
 
 // Kept out of line: packs with a NaN are rare, and inlining this path would cost registers everywhere.
-template <fp8amp_dtype S, fp8amp_dtype D, bool kStats, class SrcPack, int kVec = SrcPack::kSize>
+template <fp8amp_dtype S, fp8amp_dtype D, bool kStats, class SrcPack, int kVec = int(sizeof(SrcPack::v) / sizeof(SrcPack::v[0]))>
 __device__ __noinline__ void quantize_pack_slow(const SrcPack &a, PackN<uint8_t, kVec> &b, float scale, float fp8_max,
                                                 Tally &t) {
     for (int k = 0; k < kVec; ++k) b.v[k] = quantize_one<D, kStats>(to_f32<S>(a.v[k]), scale, fp8_max, t);
 }
 
-template <fp8amp_dtype S, fp8amp_dtype D, bool kStats, class SrcPack, int kVec = SrcPack::kSize>
+template <fp8amp_dtype S, fp8amp_dtype D, bool kStats, class SrcPack, int kVec = int(sizeof(SrcPack::v) / sizeof(SrcPack::v[0]))>
 __device__ __forceinline__ PackN<uint8_t, kVec> quantize_pack(const SrcPack &a, float scale, float fp8_max, Tally &t) {
     PackN<uint8_t, kVec> b;
     if (!quantize_pack_fast<S, D, kStats>(a, b, scale, fp8_max, t)) quantize_pack_slow<S, D, kStats>(a, b, scale, fp8_max, t);
