@@ -99,6 +99,7 @@ def main():
     ap.add_argument("--elements", type=int, default=64 * 1024 * 1024)
     ap.add_argument("--out")
     ap.add_argument("--commit", default=os.environ.get("FP8AMP_COMMIT", "unknown"))
+    ap.add_argument("--fp8amp-only", action="store_true", help="skip the PyTorch baselines (for tuning runs)")
     args = ap.parse_args()
     n = args.elements
     lib = Lib(args.lib)
@@ -165,35 +166,36 @@ def main():
     record("fp8amp.scaling_update_many.1000", bench(lambda i: lib("fp8amp_scaling_update_many", ctx, 1000, metas)),
            None, "GPU time of one call (one launch), history 1024")
 
-    # ---- PyTorch baselines
-    fp8 = torch.float8_e4m3fn
+    # ---- PyTorch baselines (skipped by --fp8amp-only, for tuning runs)
+    if not args.fp8amp_only:
+        fp8 = torch.float8_e4m3fn
 
-    def torch_delayed(x, scale):
-        amax = x.abs().max()
-        y = (x.float() * scale).clamp(-448.0, 448.0).to(fp8)
-        return y, amax
+        def torch_delayed(x, scale):
+            amax = x.abs().max()
+            y = (x.float() * scale).clamp(-448.0, 448.0).to(fp8)
+            return y, amax
 
-    def torch_current(x):
-        amax = x.abs().max().float()
-        scale = 448.0 / amax
-        return (x.float() * scale).clamp(-448.0, 448.0).to(fp8), scale
+        def torch_current(x):
+            amax = x.abs().max().float()
+            scale = 448.0 / amax
+            return (x.float() * scale).clamp(-448.0, 448.0).to(fp8), scale
 
-    def torch_transpose(x, scale):
-        y = (x.float() * scale).clamp(-448.0, 448.0).to(fp8)
-        return y, y.t().contiguous(), x.abs().max()
+        def torch_transpose(x, scale):
+            y = (x.float() * scale).clamp(-448.0, 448.0).to(fp8)
+            return y, y.t().contiguous(), x.abs().max()
 
-    scale = torch.tensor(448.0 / 16.0, device="cuda")
-    record("torch.quantize.delayed", bench(lambda i: torch_delayed(xs[i], scale), rot), 3 * n, "unfused eager")
-    record("torch.quantize.current", bench(lambda i: torch_current(xs[i]), rot), 5 * n, "unfused eager")
-    record("torch.quantize_transpose", bench(lambda i: torch_transpose(x2[i], scale), rot), 4 * side * side, "eager")
-    record("torch.dequantize", bench(lambda i: qs[i].view(fp8).to(torch.bfloat16) * scale, rot), 3 * n, "eager")
-    try:
-        cd, cc, ct = torch.compile(torch_delayed), torch.compile(torch_current), torch.compile(torch_transpose)
-        record("torch.compile.quantize.delayed", bench(lambda i: cd(xs[i], scale), rot), 3 * n)
-        record("torch.compile.quantize.current", bench(lambda i: cc(xs[i]), rot), 5 * n)
-        record("torch.compile.quantize_transpose", bench(lambda i: ct(x2[i], scale), rot), 4 * side * side)
-    except Exception as e:  # keep the fp8amp numbers if the compiler is unavailable
-        results["torch_compile_error"] = str(e)[:300]
+        scale = torch.tensor(448.0 / 16.0, device="cuda")
+        record("torch.quantize.delayed", bench(lambda i: torch_delayed(xs[i], scale), rot), 3 * n, "unfused eager")
+        record("torch.quantize.current", bench(lambda i: torch_current(xs[i]), rot), 5 * n, "unfused eager")
+        record("torch.quantize_transpose", bench(lambda i: torch_transpose(x2[i], scale), rot), 4 * side * side, "eager")
+        record("torch.dequantize", bench(lambda i: qs[i].view(fp8).to(torch.bfloat16) * scale, rot), 3 * n, "eager")
+        try:
+            cd, cc, ct = torch.compile(torch_delayed), torch.compile(torch_current), torch.compile(torch_transpose)
+            record("torch.compile.quantize.delayed", bench(lambda i: cd(xs[i], scale), rot), 3 * n)
+            record("torch.compile.quantize.current", bench(lambda i: cc(xs[i]), rot), 5 * n)
+            record("torch.compile.quantize_transpose", bench(lambda i: ct(x2[i], scale), rot), 4 * side * side)
+        except Exception as e:  # keep the fp8amp numbers if the compiler is unavailable
+            results["torch_compile_error"] = str(e)[:300]
 
     for entry in results["cases"].values():
         if "GB_per_s" in entry:

@@ -17,11 +17,22 @@
 namespace fp8amp::kernels::cuda {
 namespace {
 
+// Tuning knobs, overridable at build time (-DFP8AMP_QUANTIZE_VEC=8 ...) so that bench/ can compare
+// variants in one run on the device; the defaults are the measured best (docs/performance.md).
+#ifndef FP8AMP_QUANTIZE_VEC
+#define FP8AMP_QUANTIZE_VEC 8
+#endif
+#ifndef FP8AMP_QUANTIZE_UNROLL
+#define FP8AMP_QUANTIZE_UNROLL 4
+#endif
+#ifndef FP8AMP_TRANSPOSE_MIN_BLOCKS
+#define FP8AMP_TRANSPOSE_MIN_BLOCKS 2
+#endif
+
 constexpr int kThreads = 256;
-constexpr int kVec = 16;    // elements per pack of the streaming kernels: 16 B of FP8
-// 4 resident blocks of 256 threads per multiprocessor: at most 64 registers a thread.
-constexpr int kMinBlocks = 4;
-constexpr int kUnroll = 2;  // packs in flight per thread (2 x 16 elements)
+constexpr int kVec = FP8AMP_QUANTIZE_VEC;        // elements per pack of the streaming kernels
+constexpr int kUnroll = FP8AMP_QUANTIZE_UNROLL;  // packs in flight per thread
+constexpr int kTransposeMinBlocks = FP8AMP_TRANSPOSE_MIN_BLOCKS;
 
 template <class T, int N>
 struct alignas(sizeof(T) * N) PackN {
@@ -127,9 +138,9 @@ __device__ __forceinline__ bool quantize_pack_fast(const SrcPack &a, PackN<uint8
     return true;
 }
 
-// Kept out of line: packs with a NaN are rare, and inlining this path would cost registers everywhere.
+// Packs with a NaN (rare) take the element-by-element path with its explicit NaN handling.
 template <fp8amp_dtype S, fp8amp_dtype D, bool kStats, class SrcPack, int kVec = int(sizeof(SrcPack::v) / sizeof(SrcPack::v[0]))>
-__device__ __noinline__ void quantize_pack_slow(const SrcPack &a, PackN<uint8_t, kVec> &b, float scale, float fp8_max,
+__device__ __forceinline__ void quantize_pack_slow(const SrcPack &a, PackN<uint8_t, kVec> &b, float scale, float fp8_max,
                                                 Tally &t) {
     for (int k = 0; k < kVec; ++k) b.v[k] = quantize_one<D, kStats>(to_f32<S>(a.v[k]), scale, fp8_max, t);
 }
@@ -156,7 +167,7 @@ __device__ __forceinline__ bool has_nan(const Pack<uint8_t> &a) {
 }
 
 template <fp8amp_dtype S, fp8amp_dtype D>
-__device__ __noinline__ void dequantize_pack_slow(const Pack<uint8_t> &a, Pack<typename Storage<D>::type> &b,
+__device__ __forceinline__ void dequantize_pack_slow(const Pack<uint8_t> &a, Pack<typename Storage<D>::type> &b,
                                                   float scale_inv) {
     for (int k = 0; k < kVec; ++k) b.v[k] = from_f32<D>(scaled(to_f32<S>(a.v[k]), scale_inv));
 }
@@ -227,7 +238,7 @@ __device__ __forceinline__ void finish_block(Tally t, ScalingState *meta, float 
 }
 
 template <fp8amp_dtype S, fp8amp_dtype D, bool kVectorized, bool kStats>
-__global__ void __launch_bounds__(kThreads, kMinBlocks) quantize_kernel(const typename Storage<S>::type *__restrict__ src,
+__global__ void __launch_bounds__(kThreads) quantize_kernel(const typename Storage<S>::type *__restrict__ src,
                                                             uint8_t *__restrict__ dst, size_t n, ScalingState *meta,
                                                             float *scale_inv, float *scale_inv_t) {
     using SrcT = typename Storage<S>::type;
@@ -278,7 +289,7 @@ __device__ __forceinline__ uint32_t pack_amax_bits(const SrcPack &a) {
 }
 
 template <fp8amp_dtype S, bool kVectorized>
-__global__ void __launch_bounds__(kThreads, kMinBlocks) amax_kernel(const typename Storage<S>::type *__restrict__ src, size_t n,
+__global__ void __launch_bounds__(kThreads) amax_kernel(const typename Storage<S>::type *__restrict__ src, size_t n,
                                                         uint32_t *amax_bits) {
     using SrcT = typename Storage<S>::type;
     uint32_t m = 0;
@@ -305,7 +316,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) amax_kernel(const typena
 }
 
 template <fp8amp_dtype S, fp8amp_dtype D, bool kVectorized>
-__global__ void __launch_bounds__(kThreads, kMinBlocks) dequantize_kernel(const uint8_t *__restrict__ src,
+__global__ void __launch_bounds__(kThreads) dequantize_kernel(const uint8_t *__restrict__ src,
                                                               typename Storage<D>::type *__restrict__ dst, size_t n,
                                                               const float *scale_inv_ptr) {
     using DstT = typename Storage<D>::type;
@@ -423,7 +434,7 @@ __device__ __forceinline__ void transpose_tile(const typename Storage<S>::type *
 }
 
 template <fp8amp_dtype S, fp8amp_dtype D, bool kStats>
-__global__ void __launch_bounds__(kThreads, kMinBlocks) quantize_transpose_kernel(const typename Storage<S>::type *__restrict__ src,
+__global__ void __launch_bounds__(kThreads, kTransposeMinBlocks) quantize_transpose_kernel(const typename Storage<S>::type *__restrict__ src,
                                                                       uint8_t *__restrict__ dst,
                                                                       uint8_t *__restrict__ dst_t, size_t rows,
                                                                       size_t cols, bool aligned, ScalingState *meta,
@@ -466,9 +477,15 @@ __global__ void __launch_bounds__(kThreads) update_scaling_kernel(const __grid_c
 
 // ---- launch helpers ------------------------------------------------------------------------------
 
-unsigned persistent_grid(int device, size_t work_items, int blocks_per_sm) {
+// A persistent grid: as many blocks as can be resident at once (by the kernel's own occupancy, so a
+// register-heavy variant never runs in two waves), or fewer when there is less work.
+template <class Kernel>
+unsigned persistent_grid(int device, Kernel kernel, size_t work_items) {
+    int per_sm = 0;
+    check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, 0),
+          "cudaOccupancyMaxActiveBlocksPerMultiprocessor");
     const size_t wanted = (work_items + kThreads - 1) / kThreads;
-    const size_t cap = size_t(multiprocessor_count(device)) * blocks_per_sm;
+    const size_t cap = size_t(multiprocessor_count(device)) * size_t(per_sm > 0 ? per_sm : 1);
     return static_cast<unsigned>(wanted == 0 ? 1 : (wanted < cap ? wanted : cap));
 }
 
@@ -524,8 +541,8 @@ void amax(int device, void *stream_raw, const void *src, fp8amp_dtype src_dtype,
         using SrcT = typename Storage<S>::type;
         const auto *p = static_cast<const SrcT *>(src);
         dispatch_bool(pack_aligned<SrcT>(src), [&](auto vec) {
-            amax_kernel<S, decltype(vec)::value><<<persistent_grid(device, n / kVec + 1, 4), kThreads, 0, stream>>>(
-                p, n, amax_bits);
+            const auto kernel = amax_kernel<S, decltype(vec)::value>;
+            kernel<<<persistent_grid(device, kernel, n / kVec + 1), kThreads, 0, stream>>>(p, n, amax_bits);
         });
     });
     check_launch("amax_kernel");
@@ -547,8 +564,8 @@ void quantize(int device, void *stream_raw, const void *src, fp8amp_dtype src_dt
             constexpr fp8amp_dtype D = decltype(d)::value;
             dispatch_bool(vec, [&](auto v) {
                 dispatch_bool(target.stats, [&](auto st) {
-                    quantize_kernel<S, D, decltype(v)::value, decltype(st)::value>
-                        <<<persistent_grid(device, n / kVec + 1, 4), kThreads, 0, stream>>>(
+                    const auto kernel = quantize_kernel<S, D, decltype(v)::value, decltype(st)::value>;
+                    kernel<<<persistent_grid(device, kernel, n / kVec + 1), kThreads, 0, stream>>>(
                             static_cast<const SrcT *>(src), static_cast<uint8_t *>(dst), n, target.meta,
                             target.scale_inv, target.scale_inv_t);
                 });
@@ -578,9 +595,8 @@ void quantize_transpose(int device, void *stream_raw, const void *src, fp8amp_dt
         dispatch_fp8(dst_dtype, [&](auto d) {
             constexpr fp8amp_dtype D = decltype(d)::value;
             dispatch_bool(target.stats, [&](auto st) {
-                const size_t cap = size_t(multiprocessor_count(device)) * 8;
-                const unsigned grid = static_cast<unsigned>(tiles < cap ? tiles : cap);
-                quantize_transpose_kernel<S, D, decltype(st)::value><<<grid, kThreads, 0, stream>>>(
+                const auto kernel = quantize_transpose_kernel<S, D, decltype(st)::value>;
+                kernel<<<persistent_grid(device, kernel, tiles * kThreads), kThreads, 0, stream>>>(
                     static_cast<const SrcT *>(src), static_cast<uint8_t *>(dst), static_cast<uint8_t *>(dst_t), rows,
                     cols, aligned, target.meta, target.scale_inv, target.scale_inv_t);
             });
@@ -599,8 +615,8 @@ void dequantize(int device, void *stream_raw, const void *src, fp8amp_dtype src_
             constexpr fp8amp_dtype D = decltype(d)::value;
             using DstT = typename Storage<D>::type;
             dispatch_bool(pack_aligned<uint8_t>(src) && pack_aligned<DstT>(dst), [&](auto v) {
-                dequantize_kernel<S, D, decltype(v)::value>
-                    <<<persistent_grid(device, n / kVec + 1, 4), kThreads, 0, stream>>>(
+                const auto kernel = dequantize_kernel<S, D, decltype(v)::value>;
+                kernel<<<persistent_grid(device, kernel, n / kVec + 1), kThreads, 0, stream>>>(
                         static_cast<const uint8_t *>(src), static_cast<DstT *>(dst), n, scale_inv);
             });
         });
