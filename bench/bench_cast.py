@@ -123,6 +123,14 @@ def main():
     copy_dst = torch.empty_like(big[0])
     record("copy", bench(lambda i: copy_dst.copy_(big[i]), rot), 2 * 2 * n, "torch copy_, read + write")
     copy_bw = results["cases"]["copy"]["GB_per_s"]
+    # The same traffic mixes as dequantize (read 1 B, write 2 B) and quantize (read 2, write 1), as
+    # PyTorch's own conversion kernels move them: what this GPU gives a plain elementwise kernel.
+    u8 = [b[:n] for b in big]
+    i16 = torch.empty(n, dtype=torch.int16, device="cuda")
+    record("copy.read1_write2", bench(lambda i: i16.copy_(u8[i]), rot), 3 * n, "torch uint8 -> int16 conversion")
+    i16s = [b.view(torch.int16)[:n] for b in big]
+    u8_out = torch.empty(n, dtype=torch.uint8, device="cuda")
+    record("copy.read2_write1", bench(lambda i: u8_out.copy_(i16s[i]), rot), 3 * n, "torch int16 -> uint8 conversion")
 
     # ---- inputs: fresh random BF16, never zeros
     xs = [torch.randn(n, device="cuda", dtype=torch.bfloat16) * 3 for _ in range(rot)]

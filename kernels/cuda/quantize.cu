@@ -23,10 +23,16 @@ namespace {
 #define FP8AMP_QUANTIZE_VEC 8
 #endif
 #ifndef FP8AMP_QUANTIZE_UNROLL
-#define FP8AMP_QUANTIZE_UNROLL 4
+#define FP8AMP_QUANTIZE_UNROLL 2
 #endif
 #ifndef FP8AMP_TRANSPOSE_MIN_BLOCKS
-#define FP8AMP_TRANSPOSE_MIN_BLOCKS 2
+#define FP8AMP_TRANSPOSE_MIN_BLOCKS 1
+#endif
+#ifndef FP8AMP_PERSISTENT_GRID  // 1: streaming kernels loop over the tensor with resident blocks only
+#define FP8AMP_PERSISTENT_GRID 1
+#endif
+#ifndef FP8AMP_DEQUANTIZE_FAST  // 1: hardware FP8x2 -> F16x2 decode for packs without NaN
+#define FP8AMP_DEQUANTIZE_FAST 1
 #endif
 
 constexpr int kThreads = 256;
@@ -175,7 +181,7 @@ __device__ __forceinline__ void dequantize_pack_slow(const Pack<uint8_t> &a, Pac
 template <fp8amp_dtype S, fp8amp_dtype D>
 __device__ __forceinline__ Pack<typename Storage<D>::type> dequantize_pack(const Pack<uint8_t> &a, float scale_inv) {
     Pack<typename Storage<D>::type> b;
-    if (has_nan<S>(a)) {
+    if (!FP8AMP_DEQUANTIZE_FAST || has_nan<S>(a)) {
         dequantize_pack_slow<S, D>(a, b, scale_inv);
         return b;
     }
@@ -485,7 +491,8 @@ unsigned persistent_grid(int device, Kernel kernel, size_t work_items) {
     check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, 0),
           "cudaOccupancyMaxActiveBlocksPerMultiprocessor");
     const size_t wanted = (work_items + kThreads - 1) / kThreads;
-    const size_t cap = size_t(multiprocessor_count(device)) * size_t(per_sm > 0 ? per_sm : 1);
+    const size_t cap = FP8AMP_PERSISTENT_GRID ? size_t(multiprocessor_count(device)) * size_t(per_sm > 0 ? per_sm : 1)
+                                              : size_t(0x7FFFFFFF);
     return static_cast<unsigned>(wanted == 0 ? 1 : (wanted < cap ? wanted : cap));
 }
 
