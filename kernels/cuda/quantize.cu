@@ -28,12 +28,6 @@ namespace {
 #ifndef FP8AMP_TRANSPOSE_MIN_BLOCKS
 #define FP8AMP_TRANSPOSE_MIN_BLOCKS 1
 #endif
-#ifndef FP8AMP_PERSISTENT_GRID  // 1: streaming kernels loop over the tensor with resident blocks only
-#define FP8AMP_PERSISTENT_GRID 1
-#endif
-#ifndef FP8AMP_DEQUANTIZE_FAST  // 1: bit-placement decode for packs without NaN or inf
-#define FP8AMP_DEQUANTIZE_FAST 1
-#endif
 
 constexpr int kThreads = 256;
 constexpr int kVec = FP8AMP_QUANTIZE_VEC;        // elements per pack of the streaming kernels
@@ -158,62 +152,13 @@ __device__ __forceinline__ PackN<uint8_t, kVec> quantize_pack(const SrcPack &a, 
     return b;
 }
 
-// True when a pack of FP8 codes holds a code the fast decode below cannot take: a NaN (E4M3
-// S.1111.111; E5M2 S.11111.xx, xx != 0) or an E5M2 infinity (S.11111.00).
-template <fp8amp_dtype S>
-__device__ __forceinline__ bool has_special(const Pack<uint8_t> &a) {
-    uint32_t w[kVec / 4];
-    memcpy(w, a.v, kVec);
-    uint32_t hit = 0;
-#pragma unroll
-    for (int i = 0; i < kVec / 4; ++i) {
-        const uint32_t m = w[i] & 0x7F7F7F7Fu;
-        hit |= S == FP8AMP_DTYPE_E4M3 ? __vcmpeq4(m, 0x7F7F7F7Fu) : __vcmpgtu4(m, 0x7B7B7B7Bu);
-    }
-    return hit != 0;
-}
-
-// Exact decode of a finite FP8 code by placing its exponent and mantissa bits at the top of a float
-// and multiplying by 2^(127 - bias): one exact multiply, which also handles the subnormals (they
-// become float subnormals first). No conversion instruction, whose pipe is slower than the FMA's.
-template <fp8amp_dtype S>
-__device__ __forceinline__ float decode_finite(uint32_t code) {
-    constexpr int kMan = S == FP8AMP_DTYPE_E4M3 ? 3 : 2;
-    constexpr float kRebias = S == FP8AMP_DTYPE_E4M3 ? 0x1p120f : 0x1p112f;
-    const float magnitude = __uint_as_float((code & 0x7Fu) << (23 - kMan)) * kRebias;
-    return __uint_as_float(__float_as_uint(magnitude) | ((code & 0x80u) << 24));
-}
-
-template <fp8amp_dtype S, fp8amp_dtype D>
-__device__ __forceinline__ void dequantize_pack_slow(const Pack<uint8_t> &a, Pack<typename Storage<D>::type> &b,
-                                                     float scale_inv) {
-#pragma unroll
-    for (int k = 0; k < kVec; ++k) b.v[k] = from_f32<D>(scaled(to_f32<S>(a.v[k]), scale_inv));
-}
-
+// Dequantize keeps the software decode of the shared codec: on an H100 it measured faster (74% of
+// copy) than both the hardware FP8x2 -> F16x2 conversion (62%) and an exponent-rebias decode (59%).
 template <fp8amp_dtype S, fp8amp_dtype D>
 __device__ __forceinline__ Pack<typename Storage<D>::type> dequantize_pack(const Pack<uint8_t> &a, float scale_inv) {
     Pack<typename Storage<D>::type> b;
-    if (!FP8AMP_DEQUANTIZE_FAST || has_special<S>(a)) {
-        dequantize_pack_slow<S, D>(a, b, scale_inv);
-        return b;
-    }
 #pragma unroll
-    for (int k = 0; k < kVec; k += 2) {
-        const float y0 = decode_finite<S>(a.v[k]) * scale_inv, y1 = decode_finite<S>(a.v[k + 1]) * scale_inv;
-        if constexpr (D == FP8AMP_DTYPE_F32) {
-            b.v[k] = y0;
-            b.v[k + 1] = y1;
-        } else if constexpr (D == FP8AMP_DTYPE_BF16) {
-            const __nv_bfloat162 r = __floats2bfloat162_rn(y0, y1);
-            b.v[k] = __bfloat16_as_ushort(r.x);
-            b.v[k + 1] = __bfloat16_as_ushort(r.y);
-        } else {
-            const __half2 r = __floats2half2_rn(y0, y1);
-            b.v[k] = __half_as_ushort(r.x);
-            b.v[k + 1] = __half_as_ushort(r.y);
-        }
-    }
+    for (int k = 0; k < kVec; ++k) b.v[k] = from_f32<D>(scaled(to_f32<S>(a.v[k]), scale_inv));
     return b;
 }
 
@@ -500,8 +445,7 @@ unsigned persistent_grid(int device, Kernel kernel, size_t work_items) {
     check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, 0),
           "cudaOccupancyMaxActiveBlocksPerMultiprocessor");
     const size_t wanted = (work_items + kThreads - 1) / kThreads;
-    const size_t cap = FP8AMP_PERSISTENT_GRID ? size_t(multiprocessor_count(device)) * size_t(per_sm > 0 ? per_sm : 1)
-                                              : size_t(0x7FFFFFFF);
+    const size_t cap = size_t(multiprocessor_count(device)) * size_t(per_sm > 0 ? per_sm : 1);
     return static_cast<unsigned>(wanted == 0 ? 1 : (wanted < cap ? wanted : cap));
 }
 
