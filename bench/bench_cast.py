@@ -128,6 +128,7 @@ def main():
     u8 = [b[:n] for b in big]
     i16 = torch.empty(n, dtype=torch.int16, device="cuda")
     record("copy.read1_write2", bench(lambda i: i16.copy_(u8[i]), rot), 3 * n, "torch uint8 -> int16 conversion")
+    record("write_only", bench(lambda i: i16.fill_(i + 1), rot), 2 * n, "torch fill_ of int16")
     i16s = [b.view(torch.int16)[:n] for b in big]
     u8_out = torch.empty(n, dtype=torch.uint8, device="cuda")
     record("copy.read2_write1", bench(lambda i: u8_out.copy_(i16s[i]), rot), 3 * n, "torch int16 -> uint8 conversion")

@@ -29,6 +29,10 @@ namespace {
 #define FP8AMP_TRANSPOSE_MIN_BLOCKS 1
 #endif
 
+#ifndef FP8AMP_STREAMING_STORES  // 1: evict-first stores (st.global.cs) for the streaming outputs
+#define FP8AMP_STREAMING_STORES 0
+#endif
+
 constexpr int kThreads = 256;
 constexpr int kVec = FP8AMP_QUANTIZE_VEC;        // elements per pack of the streaming kernels
 constexpr int kUnroll = FP8AMP_QUANTIZE_UNROLL;  // packs in flight per thread
@@ -40,6 +44,21 @@ struct alignas(sizeof(T) * N) PackN {
 };
 template <class T>
 using Pack = PackN<T, kVec>;
+
+// Stores a pack, optionally with the evict-first hint: outputs that nobody reads soon need not
+// displace L2 lines.
+template <class P>
+__device__ __forceinline__ void store_pack(P *dst, const P &v) {
+    if constexpr (FP8AMP_STREAMING_STORES && sizeof(P) % 16 == 0) {
+        const auto *src = reinterpret_cast<const uint4 *>(&v);
+#pragma unroll
+        for (int i = 0; i < int(sizeof(P) / 16); ++i) __stcs(reinterpret_cast<uint4 *>(dst) + i, src[i]);
+    } else if constexpr (FP8AMP_STREAMING_STORES && sizeof(P) == 8) {
+        __stcs(reinterpret_cast<uint2 *>(dst), *reinterpret_cast<const uint2 *>(&v));
+    } else {
+        *dst = v;
+    }
+}
 
 // Block-wide reduction of one value; the result is valid in thread 0.
 template <class Op>
@@ -217,9 +236,9 @@ __global__ void __launch_bounds__(kThreads) quantize_kernel(const typename Stora
 #pragma unroll
             for (int u = 0; u < kUnroll; ++u) a[u] = in[i + u * stride];
 #pragma unroll
-            for (int u = 0; u < kUnroll; ++u) out[i + u * stride] = quantize_pack<S, D, kStats>(a[u], scale, fp8_max, t);
+            for (int u = 0; u < kUnroll; ++u) store_pack(out + i + u * stride, quantize_pack<S, D, kStats>(a[u], scale, fp8_max, t));
         }
-        for (; i < packs; i += stride) out[i] = quantize_pack<S, D, kStats>(in[i], scale, fp8_max, t);
+        for (; i < packs; i += stride) store_pack(out + i, quantize_pack<S, D, kStats>(in[i], scale, fp8_max, t));
         done = packs * kVec;
     }
     for (size_t i = done + blockIdx.x * size_t(kThreads) + threadIdx.x; i < n; i += stride)
@@ -293,9 +312,9 @@ __global__ void __launch_bounds__(kThreads) dequantize_kernel(const uint8_t *__r
 #pragma unroll
             for (int u = 0; u < kUnroll; ++u) a[u] = in[i + u * stride];
 #pragma unroll
-            for (int u = 0; u < kUnroll; ++u) out[i + u * stride] = dequantize_pack<S, D>(a[u], scale_inv);
+            for (int u = 0; u < kUnroll; ++u) store_pack(out + i + u * stride, dequantize_pack<S, D>(a[u], scale_inv));
         }
-        for (; i < packs; i += stride) out[i] = dequantize_pack<S, D>(in[i], scale_inv);
+        for (; i < packs; i += stride) store_pack(out + i, dequantize_pack<S, D>(in[i], scale_inv));
         done = packs * kVec;
     }
     for (size_t i = done + blockIdx.x * size_t(kThreads) + threadIdx.x; i < n; i += stride)
