@@ -37,7 +37,7 @@ constexpr int kThreads = 256;
 constexpr int kVec = FP8AMP_QUANTIZE_VEC;        // elements per pack of the streaming kernels
 constexpr int kUnroll = FP8AMP_QUANTIZE_UNROLL;  // packs in flight per thread
 #ifndef FP8AMP_DEQUANTIZE_UNROLL
-#define FP8AMP_DEQUANTIZE_UNROLL FP8AMP_QUANTIZE_UNROLL
+#define FP8AMP_DEQUANTIZE_UNROLL 4
 #endif
 constexpr int kDequantizeUnroll = FP8AMP_DEQUANTIZE_UNROLL;
 constexpr int kTransposeMinBlocks = FP8AMP_TRANSPOSE_MIN_BLOCKS;
