@@ -221,6 +221,31 @@ __device__ __forceinline__ void finish_block(Tally t, ScalingState *meta, float 
     }
 }
 
+// The grid-stride walk of the streaming kernels: packs of kVec elements, kU of them loaded before
+// the first is used (when kVectorized), then the remaining elements one by one.
+// on_pack(i, pack) gets pack index i; on_element(i) gets element index i.
+template <int kU, bool kVectorized, class T, class OnPack, class OnElement>
+__device__ __forceinline__ void for_each_pack(const T *__restrict__ src, size_t n, OnPack &&on_pack,
+                                              OnElement &&on_element) {
+    const size_t stride = size_t(gridDim.x) * kThreads;
+    size_t done = 0;
+    if (kVectorized) {
+        const size_t packs = n / kVec;
+        const auto *in = reinterpret_cast<const Pack<T> *>(src);
+        size_t i = blockIdx.x * size_t(kThreads) + threadIdx.x;
+        for (; i + (kU - 1) * stride < packs; i += kU * stride) {
+            Pack<T> a[kU];
+#pragma unroll
+            for (int u = 0; u < kU; ++u) a[u] = in[i + u * stride];
+#pragma unroll
+            for (int u = 0; u < kU; ++u) on_pack(i + u * stride, a[u]);
+        }
+        for (; i < packs; i += stride) on_pack(i, in[i]);
+        done = packs * kVec;
+    }
+    for (size_t i = done + blockIdx.x * size_t(kThreads) + threadIdx.x; i < n; i += stride) on_element(i);
+}
+
 template <fp8amp_dtype S, fp8amp_dtype D, bool kVectorized, bool kStats>
 __global__ void __launch_bounds__(kThreads) quantize_kernel(const typename Storage<S>::type *__restrict__ src,
                                                             uint8_t *__restrict__ dst, size_t n, ScalingState *meta,
@@ -229,25 +254,11 @@ __global__ void __launch_bounds__(kThreads) quantize_kernel(const typename Stora
     const float scale = quantize_scale(*meta);
     const float fp8_max = meta->fp8_max;
     Tally t;
-    const size_t stride = size_t(gridDim.x) * kThreads;
-    size_t done = 0;
-    if (kVectorized) {
-        const size_t packs = n / kVec;
-        const auto *in = reinterpret_cast<const Pack<SrcT> *>(src);
-        auto *out = reinterpret_cast<Pack<uint8_t> *>(dst);
-        size_t i = blockIdx.x * size_t(kThreads) + threadIdx.x;
-        for (; i + (kUnroll - 1) * stride < packs; i += kUnroll * stride) {
-            Pack<SrcT> a[kUnroll];
-#pragma unroll
-            for (int u = 0; u < kUnroll; ++u) a[u] = in[i + u * stride];
-#pragma unroll
-            for (int u = 0; u < kUnroll; ++u) store_pack(out + i + u * stride, quantize_pack<S, D, kStats>(a[u], scale, fp8_max, t));
-        }
-        for (; i < packs; i += stride) store_pack(out + i, quantize_pack<S, D, kStats>(in[i], scale, fp8_max, t));
-        done = packs * kVec;
-    }
-    for (size_t i = done + blockIdx.x * size_t(kThreads) + threadIdx.x; i < n; i += stride)
-        dst[i] = quantize_one<D, kStats>(to_f32<S>(src[i]), scale, fp8_max, t);
+    auto *out = reinterpret_cast<Pack<uint8_t> *>(dst);
+    for_each_pack<kUnroll, kVectorized>(
+        src, n,
+        [&](size_t i, const Pack<SrcT> &a) { store_pack(out + i, quantize_pack<S, D, kStats>(a, scale, fp8_max, t)); },
+        [&](size_t i) { dst[i] = quantize_one<D, kStats>(to_f32<S>(src[i]), scale, fp8_max, t); });
     finish_block<kStats>(t, meta, scale, scale_inv, scale_inv_t, n);
 }
 
@@ -277,24 +288,9 @@ __global__ void __launch_bounds__(kThreads) amax_kernel(const typename Storage<S
                                                         uint32_t *amax_bits) {
     using SrcT = typename Storage<S>::type;
     uint32_t m = 0;
-    const size_t stride = size_t(gridDim.x) * kThreads;
-    size_t done = 0;
-    if (kVectorized) {
-        const size_t packs = n / kVec;
-        const auto *in = reinterpret_cast<const Pack<SrcT> *>(src);
-        size_t i = blockIdx.x * size_t(kThreads) + threadIdx.x;
-        for (; i + (kUnroll - 1) * stride < packs; i += kUnroll * stride) {
-            Pack<SrcT> a[kUnroll];
-#pragma unroll
-            for (int u = 0; u < kUnroll; ++u) a[u] = in[i + u * stride];
-#pragma unroll
-            for (int u = 0; u < kUnroll; ++u) m = max(m, pack_amax_bits<S>(a[u]));
-        }
-        for (; i < packs; i += stride) m = max(m, pack_amax_bits<S>(in[i]));
-        done = packs * kVec;
-    }
-    for (size_t i = done + blockIdx.x * size_t(kThreads) + threadIdx.x; i < n; i += stride)
-        m = max(m, amax_bits_of(to_f32<S>(src[i])));
+    for_each_pack<kUnroll, kVectorized>(
+        src, n, [&](size_t, const Pack<SrcT> &a) { m = max(m, pack_amax_bits<S>(a)); },
+        [&](size_t i) { m = max(m, amax_bits_of(to_f32<S>(src[i]))); });
     m = block_reduce(m, MaxOp());
     if (threadIdx.x == 0) atomicMax(amax_bits, m);
 }
@@ -305,26 +301,10 @@ __global__ void __launch_bounds__(kThreads) dequantize_kernel(const uint8_t *__r
                                                               const float *scale_inv_ptr) {
     using DstT = typename Storage<D>::type;
     const float scale_inv = *scale_inv_ptr;
-    const size_t stride = size_t(gridDim.x) * kThreads;
-    size_t done = 0;
-    if (kVectorized) {
-        const size_t packs = n / kVec;
-        const auto *in = reinterpret_cast<const Pack<uint8_t> *>(src);
-        auto *out = reinterpret_cast<Pack<DstT> *>(dst);
-        size_t i = blockIdx.x * size_t(kThreads) + threadIdx.x;
-        for (; i + (kDequantizeUnroll - 1) * stride < packs; i += kDequantizeUnroll * stride) {
-            Pack<uint8_t> a[kDequantizeUnroll];
-#pragma unroll
-            for (int u = 0; u < kDequantizeUnroll; ++u) a[u] = in[i + u * stride];
-#pragma unroll
-            for (int u = 0; u < kDequantizeUnroll; ++u)
-                store_pack(out + i + u * stride, dequantize_pack<S, D>(a[u], scale_inv));
-        }
-        for (; i < packs; i += stride) store_pack(out + i, dequantize_pack<S, D>(in[i], scale_inv));
-        done = packs * kVec;
-    }
-    for (size_t i = done + blockIdx.x * size_t(kThreads) + threadIdx.x; i < n; i += stride)
-        dst[i] = from_f32<D>(scaled(to_f32<S>(src[i]), scale_inv));
+    auto *out = reinterpret_cast<Pack<DstT> *>(dst);
+    for_each_pack<kDequantizeUnroll, kVectorized>(
+        src, n, [&](size_t i, const Pack<uint8_t> &a) { store_pack(out + i, dequantize_pack<S, D>(a, scale_inv)); },
+        [&](size_t i) { dst[i] = from_f32<D>(scaled(to_f32<S>(src[i]), scale_inv)); });
 }
 
 // ---- quantize + transpose: 128 x 128 tiles through shared memory --------------------------------

@@ -4,130 +4,13 @@
  *   - encode_fp8_ref: brute force over all 256 codes (nearest value, ties to the even code,
  *     saturation to +-max, NaN to the canonical NaN with the input's sign);
  *   - round_ref: round-to-nearest-even by double arithmetic (for F16/BF16 destinations).
- * Each test runs on the CPU and on CUDA (skipped without a GPU); the CUDA run is also compared
- * byte for byte with the CPU run. */
+ * (fp8_reference.h holds them, shared with the scaled-cast tests.) Each test runs on the CPU and on
+ * CUDA (skipped without a GPU); the CUDA run is also compared byte for byte with the CPU run. */
 #include <float.h>
 #include <math.h>
 
+#include "fp8_reference.h"
 #include "test_util.h"
-
-typedef struct {
-    fp8amp_dtype dtype;
-    int exp_bits, man_bits, bias;
-    int ieee; /* all-ones exponent = inf/NaN */
-} format_t;
-
-static const format_t FMT_E4M3 = {FP8AMP_DTYPE_E4M3, 4, 3, 7, 0};
-static const format_t FMT_E5M2 = {FP8AMP_DTYPE_E5M2, 5, 2, 15, 1};
-static const format_t FMT_F16 = {FP8AMP_DTYPE_F16, 5, 10, 15, 1};
-static const format_t FMT_BF16 = {FP8AMP_DTYPE_BF16, 8, 7, 127, 1};
-
-static const format_t *format_of(fp8amp_dtype d) {
-    switch (d) {
-    case FP8AMP_DTYPE_E4M3: return &FMT_E4M3;
-    case FP8AMP_DTYPE_E5M2: return &FMT_E5M2;
-    case FP8AMP_DTYPE_F16: return &FMT_F16;
-    case FP8AMP_DTYPE_BF16: return &FMT_BF16;
-    default: return NULL;
-    }
-}
-
-/* ---- references ------------------------------------------------------------------------------ */
-
-static double decode_ref(const format_t *f, uint32_t code) {
-    const int sign = (code >> (f->exp_bits + f->man_bits)) & 1;
-    const uint32_t e = (code >> f->man_bits) & ((1u << f->exp_bits) - 1);
-    const uint32_t m = code & ((1u << f->man_bits) - 1);
-    const uint32_t e_max = (1u << f->exp_bits) - 1;
-    double v;
-    if (f->ieee && e == e_max)
-        v = m ? NAN : INFINITY;
-    else if (!f->ieee && e == e_max && m == (1u << f->man_bits) - 1)
-        v = NAN;
-    else if (e == 0)
-        v = ldexp((double)m, 1 - f->bias - f->man_bits);
-    else
-        v = ldexp(1.0 + ldexp((double)m, -f->man_bits), (int)e - f->bias);
-    return sign ? -v : v;
-}
-
-static uint32_t canonical_nan(const format_t *f, int sign) {
-    const uint32_t mag = f->ieee ? ((((1u << f->exp_bits) - 1) << f->man_bits) | (1u << (f->man_bits - 1)))
-                                 : ((1u << (f->exp_bits + f->man_bits)) - 1);
-    return ((uint32_t)sign << (f->exp_bits + f->man_bits)) | mag;
-}
-
-static uint32_t max_finite_code(const format_t *f) {
-    return f->ieee ? ((((1u << f->exp_bits) - 1) << f->man_bits) - 1) : ((1u << (f->exp_bits + f->man_bits)) - 2);
-}
-
-/* Brute force: the nearest of all finite codes, ties to the even code; saturating. */
-static uint32_t encode_fp8_ref(const format_t *f, double x) {
-    const int sign = signbit(x) ? 1 : 0;
-    if (isnan(x)) return canonical_nan(f, sign);
-    const double a = fabs(x);
-    const uint32_t top = max_finite_code(f);
-    static double table[2][256]; /* decode_ref of each code, filled once per format */
-    static int filled[2];
-    const int t = f->ieee ? 1 : 0;
-    if (!filled[t]) {
-        for (uint32_t c = 0; c < 256; ++c) table[t][c] = decode_ref(f, c);
-        filled[t] = 1;
-    }
-    uint32_t best = 0;
-    double best_err = INFINITY;
-    if (a >= table[t][top]) { /* also keeps huge values away from cancellation in err below */
-        best = top;
-    } else {
-        for (uint32_t c = 0; c <= top; ++c) {
-            const double err = fabs(table[t][c] - a);
-            if (err < best_err || (err == best_err && (c & 1u) == 0)) {
-                best = c;
-                best_err = err;
-            }
-        }
-    }
-    return ((uint32_t)sign << (f->exp_bits + f->man_bits)) | best;
-}
-
-/* Round-to-nearest-even into an IEEE format by double arithmetic; overflow gives inf. */
-static double round_ref(const format_t *f, double x) {
-    if (isnan(x) || isinf(x) || x == 0.0) return x;
-    const int emin = 1 - f->bias;
-    int e = ilogb(fabs(x));
-    if (e < emin) e = emin;
-    const double quantum = ldexp(1.0, e - f->man_bits);
-    const double q = fabs(x) / quantum;
-    double r = floor(q);
-    const double frac = q - r;
-    if (frac > 0.5 || (frac == 0.5 && fmod(r, 2.0) == 1.0)) r += 1.0;
-    double v = r * quantum;
-    const double max = decode_ref(f, max_finite_code(f));
-    if (v > max) v = INFINITY;
-    return x < 0 ? -v : v;
-}
-
-static uint32_t f32_bits(float x) {
-    uint32_t b;
-    memcpy(&b, &x, 4);
-    return b;
-}
-
-static float bits_f32(uint32_t b) {
-    float x;
-    memcpy(&x, &b, 4);
-    return x;
-}
-
-/* Reads element i of a host buffer of dtype d as a double (exactly). */
-static double value_at(fp8amp_dtype d, const void *buf, size_t i) {
-    switch (d) {
-    case FP8AMP_DTYPE_F32: return ((const float *)buf)[i];
-    case FP8AMP_DTYPE_F16:
-    case FP8AMP_DTYPE_BF16: return decode_ref(format_of(d), ((const uint16_t *)buf)[i]);
-    default: return decode_ref(format_of(d), ((const uint8_t *)buf)[i]);
-    }
-}
 
 static uint32_t code_at(fp8amp_dtype d, const void *buf, size_t i) {
     switch (d) {

@@ -19,13 +19,6 @@ static void ctx_fill_random(float *v, size_t n) {
     }
 }
 
-static fp8amp_context make_context(fp8amp_device device) {
-    fp8amp_context ctx = NULL;
-    EXPECT_OK(fp8amp_context_create(device, &ctx));
-    assert_non_null(ctx);
-    return ctx;
-}
-
 static fp8amp_tensor make_f32(fp8amp_context ctx, int64_t rows, int64_t cols) {
     const int64_t shape[2] = {rows, cols};
     fp8amp_tensor t = NULL;

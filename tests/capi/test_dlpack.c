@@ -31,38 +31,6 @@ static void dl_fill_random(void *buf, size_t nbytes) {
     for (i = 0; i < nbytes; ++i) b[i] = (uint8_t)test_rng_uniform(1.0, 256.0);
 }
 
-static void *xmalloc(size_t n) {
-    void *p = malloc(n ? n : 1);
-    assert_non_null(p);
-    return p;
-}
-
-static void *xmemdup(const void *src, size_t n) {
-    void *p = xmalloc(n);
-    memcpy(p, src, n);
-    return p;
-}
-
-static fp8amp_context make_context(fp8amp_device device) {
-    fp8amp_context ctx = NULL;
-    EXPECT_OK(fp8amp_context_create(device, &ctx));
-    assert_non_null(ctx);
-    return ctx;
-}
-
-static fp8amp_tensor make_tensor(fp8amp_context ctx, fp8amp_dtype dtype, int32_t ndim, const int64_t *shape) {
-    fp8amp_tensor t = NULL;
-    EXPECT_OK(fp8amp_tensor_create(ctx, dtype, ndim, shape, &t));
-    assert_non_null(t);
-    return t;
-}
-
-static size_t tensor_bytes(fp8amp_tensor t) {
-    size_t n = 0;
-    EXPECT_OK(fp8amp_tensor_nbytes(t, &n));
-    return n;
-}
-
 static void *write_random(fp8amp_tensor t) {
     const size_t n = tensor_bytes(t);
     void *buf = xmalloc(n);

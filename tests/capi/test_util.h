@@ -107,4 +107,37 @@ static inline double test_rng_uniform(double lo, double hi) {
     return lo + (hi - lo) * (double)(test_rng_u64() >> 11) * (1.0 / 9007199254740992.0);
 }
 
+/* Allocation and object helpers that fail the test instead of returning NULL. */
+static inline void *xmalloc(size_t n) {
+    void *p = malloc(n ? n : 1);
+    assert_non_null(p);
+    return p;
+}
+
+static inline void *xmemdup(const void *src, size_t n) {
+    void *p = xmalloc(n);
+    memcpy(p, src, n);
+    return p;
+}
+
+static inline fp8amp_context make_context(fp8amp_device device) {
+    fp8amp_context ctx = NULL;
+    EXPECT_OK(fp8amp_context_create(device, &ctx));
+    assert_non_null(ctx);
+    return ctx;
+}
+
+static inline fp8amp_tensor make_tensor(fp8amp_context ctx, fp8amp_dtype dtype, int32_t ndim, const int64_t *shape) {
+    fp8amp_tensor t = NULL;
+    EXPECT_OK(fp8amp_tensor_create(ctx, dtype, ndim, shape, &t));
+    assert_non_null(t);
+    return t;
+}
+
+static inline size_t tensor_bytes(fp8amp_tensor t) {
+    size_t n = 0;
+    EXPECT_OK(fp8amp_tensor_nbytes(t, &n));
+    return n;
+}
+
 #endif
