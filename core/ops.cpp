@@ -58,10 +58,9 @@ void cast(const Context &ctx, const Tensor &src, Tensor &dst) {
     check_on_device(ctx, src, "src");
     check_on_device(ctx, dst, "dst");
     check_writable(dst, "dst");
-    if (!src.same_shape(dst))
-        fail(FP8AMP_ERROR_SHAPE_MISMATCH, "src is " + src.describe() + " but dst is " + dst.describe());
+    check_same_shape(src, "src", dst, "dst");
     if (src.data() == dst.data() && src.dtype() == dst.dtype()) return;  // the same memory: nothing to do
-    if (overlap(src, dst)) fail(FP8AMP_ERROR_INVALID_ARGUMENT, "src and dst overlap in memory");
+    check_no_overlap(src, "src", dst, "dst");
     const auto n = static_cast<size_t>(src.numel());
     if (ctx.is_cuda())
         kernels::cuda::cast(ctx.device().index, ctx.stream(), src.data(), src.dtype(), dst.data(), dst.dtype(), n);
@@ -166,8 +165,9 @@ void update_scaling(const Context &ctx, const std::vector<std::shared_ptr<Scalin
     std::vector<kernels::ScalingState *> states;
     states.reserve(metas.size());
     for (size_t i = 0; i < metas.size(); ++i) {
-        const std::string name = "metas[" + std::to_string(i) + "]";
-        check_meta_on_device(ctx, *metas[i], name.c_str());
+        // The argument's name is built only for the message: this loop runs for every meta of a model.
+        if (!same_device(ctx.device(), metas[i]->device()))
+            check_meta_on_device(ctx, *metas[i], ("metas[" + std::to_string(i) + "]").c_str());
         states.push_back(metas[i]->state());
     }
     std::vector<kernels::ScalingState *> sorted = states;
