@@ -343,12 +343,8 @@ FP8AMP_API fp8amp_status fp8amp_scaling_update_many(fp8amp_context ctx, int32_t 
         auto c = lookup<Context>(ctx, "ctx");
         if (n < 0) fail(FP8AMP_ERROR_INVALID_ARGUMENT, "n is " + std::to_string(n) + ", negative");
         if (n > 0) require(metas, "metas");
-        std::vector<std::shared_ptr<ScalingMeta>> all;
-        all.reserve(static_cast<size_t>(n));
-        for (int32_t i = 0; i < n; ++i) {
-            const std::string name = "metas[" + std::to_string(i) + "]";
-            all.push_back(lookup<ScalingMeta>(metas[i], name.c_str()));
-        }
+        const auto all = fp8amp::core::lookup_many<ScalingMeta>(reinterpret_cast<const void *const *>(metas),
+                                                                static_cast<size_t>(n), "metas");
         fp8amp::core::update_scaling(*c, all);
     });
 }

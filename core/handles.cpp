@@ -91,6 +91,25 @@ std::shared_ptr<void> lookup_object(const void *handle, HandleKind kind, const c
     return find(r, handle, kind, argument).object;
 }
 
+std::vector<std::shared_ptr<void>> lookup_objects(const void *const *handles, size_t n, HandleKind kind,
+                                                  const char *array_name) {
+    std::vector<std::shared_ptr<void>> objects;
+    objects.reserve(n);
+    Registry &r = registry();
+    std::lock_guard<std::mutex> lock(r.mutex);
+    for (size_t i = 0; i < n; ++i) {
+        try {
+            objects.push_back(find(r, handles[i], kind, "entry").object);
+        } catch (const Error &e) {
+            // Name the entry only now: building "metas[i]" for every handle would cost the hot path.
+            std::string message = e.what();
+            message.replace(0, 5, std::string(array_name) + "[" + std::to_string(i) + "]");
+            throw Error(e.status(), message);
+        }
+    }
+    return objects;
+}
+
 std::shared_ptr<void> unregister_object(const void *handle, HandleKind kind, const char *argument) {
     Registry &r = registry();
     std::shared_ptr<void> object;

@@ -10,6 +10,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <vector>
 
 #include "error.hpp"
 
@@ -31,12 +32,25 @@ const char *handle_kind_name(HandleKind kind);
 void *register_object(HandleKind kind, std::shared_ptr<void> object);
 // The object behind a live handle of the given kind; throws INVALID_HANDLE otherwise.
 std::shared_ptr<void> lookup_object(const void *handle, HandleKind kind, const char *argument);
+// The objects behind n handles of one kind, under one lock (the per-step path of a whole model);
+// a failure names the entry as array_name[i].
+std::vector<std::shared_ptr<void>> lookup_objects(const void *const *handles, size_t n, HandleKind kind,
+                                                  const char *array_name);
 // Unregisters the handle and returns the object (the last reference may then go with it).
 std::shared_ptr<void> unregister_object(const void *handle, HandleKind kind, const char *argument);
 
 template <class T>
 std::shared_ptr<T> lookup(const void *handle, const char *argument) {
     return std::static_pointer_cast<T>(lookup_object(handle, T::kKind, argument));
+}
+
+template <class T>
+std::vector<std::shared_ptr<T>> lookup_many(const void *const *handles, size_t n, const char *array_name) {
+    std::vector<std::shared_ptr<T>> out;
+    out.reserve(n);
+    for (auto &object : lookup_objects(handles, n, T::kKind, array_name))
+        out.push_back(std::static_pointer_cast<T>(std::move(object)));
+    return out;
 }
 
 template <class T>
