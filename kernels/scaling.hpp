@@ -52,7 +52,11 @@ FP8AMP_HD uint32_t amax_bits_of(float x) {
 // finite and x * scale never turns inf into NaN.
 FP8AMP_HD float compute_scale(const ScalingState &s, float amax, float previous) {
     if (!(amax > 0.0f) || !(amax <= FLT_MAX)) return previous;  // 0, negative, NaN, inf
-    const float target = s.fp8_max * codec::bits_f32(static_cast<uint32_t>(127 - s.margin) << 23);  // exact
+    // fp8_max / 2^margin, exactly: 2^-margin is built in two normal-float factors because 2^-127
+    // (margin 127) is not a normal float; fp8_max >= 448 keeps the product normal for any margin.
+    const int first = s.margin < 64 ? s.margin : 64;
+    const float target = s.fp8_max * codec::bits_f32(static_cast<uint32_t>(127 - first) << 23) *
+                         codec::bits_f32(static_cast<uint32_t>(127 - (s.margin - first)) << 23);
     float scale = target / amax;
     if (scale > FLT_MAX) scale = FLT_MAX;
     if (scale < FLT_MIN) scale = FLT_MIN;

@@ -408,6 +408,10 @@ static void test_scales_match_float64_model(void **state) {
         {make_recipe(FP8AMP_SCALING_CURRENT, 0, 1, 8, FP8AMP_AMAX_MAX, 0), 200},
         {make_recipe(FP8AMP_SCALING_CURRENT, 4, 1, 3, FP8AMP_AMAX_MOST_RECENT, 1), 200},
         {make_recipe(FP8AMP_SCALING_CURRENT, 9, 5, 2, FP8AMP_AMAX_MAX, 0), 100},
+        /* the largest margins: 2^-margin is not a normal float at 127 */
+        {make_recipe(FP8AMP_SCALING_DELAYED, 126, 1, 4, FP8AMP_AMAX_MAX, 0), 100},
+        {make_recipe(FP8AMP_SCALING_DELAYED, 127, 1, 4, FP8AMP_AMAX_MAX, 1), 100},
+        {make_recipe(FP8AMP_SCALING_CURRENT, 127, 1, 2, FP8AMP_AMAX_MOST_RECENT, 0), 100},
     };
     for (size_t k = 0; k < sizeof cases / sizeof cases[0]; ++k)
         for (int d = 0; d < 2; ++d)
@@ -501,6 +505,16 @@ static void test_special_amax_values(void **state) {
     EXPECT_OK(fp8amp_scaling_update(s));
     EXPECT_OK(fp8amp_scaling_get(s, &scale, NULL, NULL));
     assert_true(scale == 16.0f);
+    EXPECT_OK(fp8amp_scaling_destroy(s));
+
+    /* the largest margin: 448 / 2^127 / 0.5 = 1.75 * 2^-118, a normal float (2^-127 itself is not) */
+    r = make_recipe(FP8AMP_SCALING_DELAYED, 127, 1, 2, FP8AMP_AMAX_MAX, 0);
+    EXPECT_OK(fp8amp_scaling_create(ctx, &r, e4m3, &s));
+    driver_record(&drv, 0.5f, 1, &s, &e4m3);
+    EXPECT_OK(fp8amp_scaling_update(s));
+    EXPECT_OK(fp8amp_scaling_get(s, &scale, &scale_inv, NULL));
+    assert_true(scale == 0x1.cp-118f);
+    assert_true(scale_inv == (float)(1.0 / (double)scale));
     EXPECT_OK(fp8amp_scaling_destroy(s));
 
     /* interval 3: the scale moves on updates 3, 6, ... only; the history moves on every update */
