@@ -120,7 +120,8 @@ typedef struct fp8amp_context_s *fp8amp_context;
  *  Statuses: SUCCESS; INVALID_ARGUMENT (NULL out, unknown device type, negative index, CPU index
  *  other than 0); DEVICE_MISMATCH (CUDA index >= fp8amp_device_count); NOT_SUPPORTED (CUDA asked
  *  for, but the library was built without CUDA, there is no usable GPU/driver, or this build has no
- *  kernel image for the GPU's compute capability: the message says which). */
+ *  kernel image for the GPU's compute capability: the message says which); CUDA (the CUDA runtime
+ *  failed while probing the device, e.g. out of device memory or a driver error). */
 FP8AMP_API fp8amp_status fp8amp_context_create(fp8amp_device device, fp8amp_context *out);
 
 /** Destroys a context handle. Passing NULL is a no-op success.
@@ -276,7 +277,8 @@ typedef enum fp8amp_amax_algo {
  *  scale = fp8_max / 2^margin / amax, where amax is taken from the history by amax_algo; an amax
  *  of 0, inf or NaN keeps the previous scale; a scale that overflows float32 becomes FLT_MAX, one
  *  below FLT_MIN becomes FLT_MIN (so scale_inv stays finite); power_of_two_scales rounds the scale
- *  down to a power of two (so scaling is exact). */
+ *  down to a power of two (so scaling is exact). `format` is not used by a scaling meta (which is
+ *  created for one FP8 dtype): it tells an FP8 Linear which dtype each role gets. */
 typedef struct fp8amp_recipe {
     uint32_t struct_size;          /**< sizeof(fp8amp_recipe), set by fp8amp_recipe_init_default */
     fp8amp_format format;          /**< default HYBRID */
@@ -369,24 +371,29 @@ FP8AMP_API fp8amp_status fp8amp_tensor_set_scaling(fp8amp_tensor t, fp8amp_scali
  *  computes src's amax first and the scale from it, on the device (no host round trip). dst's
  *  scale_inv copy is set to the scale_inv used. Asynchronous on CUDA.
  *  Statuses: SUCCESS; INVALID_HANDLE; DTYPE_MISMATCH (src not F32/F16/BF16, dst not FP8);
- *  INVALID_ARGUMENT (dst has no meta, read-only dst); SHAPE_MISMATCH; DEVICE_MISMATCH; CUDA. */
+ *  INVALID_ARGUMENT (dst has no meta, read-only dst, src and dst overlapping in memory);
+ *  SHAPE_MISMATCH; DEVICE_MISMATCH (a tensor or the meta not on the context's device); CUDA. */
 FP8AMP_API fp8amp_status fp8amp_quantize(fp8amp_context ctx, fp8amp_tensor src, fp8amp_tensor dst);
 
 /** fp8amp_quantize that also writes the transposed copy dst_t = transpose(dst), as the FP8 GEMMs of
  *  Hopper need for the backward pass. src is 2-D [rows, cols] (or N-D, read as [prod(leading), last]),
  *  dst has src's shape, dst_t is 2-D [cols, rows]; dst and dst_t are bound to the same meta. Any size.
- *  Statuses: as fp8amp_quantize; also INVALID_ARGUMENT when dst and dst_t have different metas. */
+ *  Statuses: as fp8amp_quantize; also DTYPE_MISMATCH when dst and dst_t differ in dtype, and
+ *  INVALID_ARGUMENT when dst and dst_t are bound to different metas or any two of src, dst and
+ *  dst_t overlap in memory. */
 FP8AMP_API fp8amp_status fp8amp_quantize_transpose(fp8amp_context ctx, fp8amp_tensor src, fp8amp_tensor dst,
                                                    fp8amp_tensor dst_t);
 
 /** dst = decode(src) * scale_inv, with src's own scale_inv copy (see fp8amp_tensor_set_scaling);
  *  src is E4M3/E5M2 bound to a meta, dst F32/F16/BF16 of the same shape. Asynchronous on CUDA.
- *  Statuses: SUCCESS; INVALID_HANDLE; DTYPE_MISMATCH; INVALID_ARGUMENT (src has no meta, read-only
- *  dst); SHAPE_MISMATCH; DEVICE_MISMATCH; CUDA. */
+ *  Statuses: SUCCESS; INVALID_HANDLE; DTYPE_MISMATCH (src not FP8, dst not F32/F16/BF16);
+ *  INVALID_ARGUMENT (src has no meta, read-only dst, src and dst overlapping in memory);
+ *  SHAPE_MISMATCH; DEVICE_MISMATCH; CUDA. */
 FP8AMP_API fp8amp_status fp8amp_dequantize(fp8amp_context ctx, fp8amp_tensor src, fp8amp_tensor dst);
 
 /** *amax = max |t| over a tensor of any dtype (NaN counts as inf). Synchronous (returns to the host).
- *  Statuses: SUCCESS; INVALID_HANDLE; INVALID_ARGUMENT (NULL amax); DEVICE_MISMATCH; CUDA. */
+ *  Statuses: SUCCESS; INVALID_HANDLE; INVALID_ARGUMENT (NULL amax); DEVICE_MISMATCH; OUT_OF_MEMORY
+ *  (CUDA: the 4-byte result buffer could not be allocated); CUDA. */
 FP8AMP_API fp8amp_status fp8amp_amax(fp8amp_context ctx, fp8amp_tensor t, float *amax);
 
 #ifdef __cplusplus
