@@ -66,6 +66,7 @@ void cast(const Context &ctx, const Tensor &src, Tensor &dst) {
         kernels::cuda::cast(ctx.device().index, ctx.stream(), src.data(), src.dtype(), dst.data(), dst.dtype(), n);
     else
         kernels::cpu::cast(src.data(), src.dtype(), dst.data(), dst.dtype(), n);
+    dst.mark_written();
 }
 
 void quantize(const Context &ctx, const Tensor &src, Tensor &dst) {
@@ -85,6 +86,7 @@ void quantize(const Context &ctx, const Tensor &src, Tensor &dst) {
                                 target);
     else
         kernels::cpu::quantize(src.data(), src.dtype(), dst.data(), dst.dtype(), n, target);
+    dst.mark_written();
 }
 
 void quantize_transpose(const Context &ctx, const Tensor &src, Tensor &dst, Tensor &dst_t) {
@@ -123,6 +125,8 @@ void quantize_transpose(const Context &ctx, const Tensor &src, Tensor &dst, Tens
     else
         kernels::cpu::quantize_transpose(src.data(), src.dtype(), dst.data(), dst_t.data(), dst.dtype(), rows, cols,
                                          target);
+    dst.mark_written();
+    dst_t.mark_written();
 }
 
 void dequantize(const Context &ctx, const Tensor &src, Tensor &dst) {
@@ -141,6 +145,7 @@ void dequantize(const Context &ctx, const Tensor &src, Tensor &dst) {
                                   n, src.scale_inv());
     else
         kernels::cpu::dequantize(src.data(), src.dtype(), dst.data(), dst.dtype(), n, src.scale_inv());
+    dst.mark_written();
 }
 
 float amax(const Context &ctx, const Tensor &t) {
@@ -159,6 +164,35 @@ float amax(const Context &ctx, const Tensor &t) {
     float out;
     std::memcpy(&out, &bits, sizeof out);
     return out;
+}
+
+void quantize_unchecked(const Context &ctx, const void *src, fp8amp_dtype src_dtype, size_t rows, size_t cols,
+                        Tensor &dst, Tensor *dst_t) {
+    ScalingMeta &meta = *dst.scaling();
+    const kernels::QuantizeTarget target{meta.state(), dst.scale_inv(), dst_t ? dst_t->scale_inv() : nullptr,
+                                         meta.current(), meta.stats_enabled()};
+    if (dst_t) {
+        if (ctx.is_cuda())
+            kernels::cuda::quantize_transpose(ctx.device().index, ctx.stream(), src, src_dtype, dst.data(),
+                                              dst_t->data(), dst.dtype(), rows, cols, target);
+        else
+            kernels::cpu::quantize_transpose(src, src_dtype, dst.data(), dst_t->data(), dst.dtype(), rows, cols, target);
+        dst_t->mark_written();
+    } else if (ctx.is_cuda()) {
+        kernels::cuda::quantize(ctx.device().index, ctx.stream(), src, src_dtype, dst.data(), dst.dtype(), rows * cols,
+                                target);
+    } else {
+        kernels::cpu::quantize(src, src_dtype, dst.data(), dst.dtype(), rows * cols, target);
+    }
+    dst.mark_written();
+}
+
+void cast_unchecked(const Context &ctx, const void *src, fp8amp_dtype src_dtype, void *dst, fp8amp_dtype dst_dtype,
+                    size_t n) {
+    if (ctx.is_cuda())
+        kernels::cuda::cast(ctx.device().index, ctx.stream(), src, src_dtype, dst, dst_dtype, n);
+    else
+        kernels::cpu::cast(src, src_dtype, dst, dst_dtype, n);
 }
 
 void update_scaling(const Context &ctx, const std::vector<std::shared_ptr<ScalingMeta>> &metas) {

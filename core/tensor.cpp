@@ -228,6 +228,7 @@ void Tensor::copy_from_host(const void *src, size_t nbytes) {
         kernels::cuda::copy_to_device(device_.index, ctx_->stream(), data_, src, nbytes);
     else
         std::memcpy(data_, src, nbytes);
+    mark_written();
 }
 
 void Tensor::copy_to_host(void *dst, size_t nbytes) const {

@@ -55,6 +55,12 @@ public:
     // allocator, made by the first binding), or null if it was never bound.
     float *scale_inv() const { return scale_inv_ ? static_cast<float *>(scale_inv_->data()) : nullptr; }
 
+    // A counter of the writes this library made to the tensor (host copies, casts, quantizes, the
+    // optimizer): a Linear re-quantizes its weight when it moved. Writes made outside the library
+    // (a DLPack producer, a raw pointer) are not seen.
+    uint64_t version() const { return version_; }
+    void mark_written() { ++version_; }
+
 private:
     Tensor() = default;
     void set_shape(fp8amp_dtype dtype, int32_t ndim, const int64_t *shape);
@@ -72,6 +78,7 @@ private:
     std::shared_ptr<Storage> storage_;  // keeps the memory alive; also held by exported DLPack views
     std::shared_ptr<ScalingMeta> scaling_;
     std::shared_ptr<Storage> scale_inv_;
+    uint64_t version_ = 0;
 };
 
 // Throws INVALID_ARGUMENT unless `dtype` is one of fp8amp_dtype's values.

@@ -35,5 +35,11 @@ void dequantize(int, void *, const void *, fp8amp_dtype, void *, fp8amp_dtype, s
     unavailable();
 }
 void update_scaling(int, void *, ScalingState *const *, size_t) { unavailable(); }
+struct GemmEngine {};
+std::shared_ptr<GemmEngine> gemm_engine_create(int) { unavailable(); }
+std::string fp8_gemm_unsupported_reason(int) { unavailable(); }
+void gemm(GemmEngine &, int, void *, const GemmArgs &, void *, size_t) { unavailable(); }
+void column_sum(int, void *, const void *, fp8amp_dtype, size_t, size_t, float *, bool, float *) { unavailable(); }
+void transpose_bytes(int, void *, const void *, void *, size_t, size_t) { unavailable(); }
 
 }  // namespace fp8amp::kernels::cuda

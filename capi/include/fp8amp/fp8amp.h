@@ -396,6 +396,118 @@ FP8AMP_API fp8amp_status fp8amp_dequantize(fp8amp_context ctx, fp8amp_tensor src
  *  (CUDA: the 4-byte result buffer could not be allocated); CUDA. */
 FP8AMP_API fp8amp_status fp8amp_amax(fp8amp_context ctx, fp8amp_tensor t, float *amax);
 
+/* ---------------------------------------------------------------------------------------------
+ * FP8 Linear: y = x W^T + b on FP8 GEMMs (cuBLASLt on CUDA), with FP8 weight gradients
+ * ------------------------------------------------------------------------------------------- */
+
+/** Whether a Linear runs its GEMMs in FP8 or in BF16 (FP8 GEMMs lose to BF16 on small shapes). */
+typedef enum fp8amp_gemm_policy {
+    FP8AMP_GEMM_AUTO = 0,       /**< FP8 where it pays and the shape allows it, BF16 otherwise (see docs) */
+    FP8AMP_GEMM_ALWAYS_FP8 = 1, /**< FP8 always; a shape or GPU FP8 GEMMs cannot take is NOT_SUPPORTED */
+    FP8AMP_GEMM_NEVER_FP8 = 2   /**< BF16 GEMMs with FP32 accumulation (CUDA); F32 GEMMs on the CPU */
+} fp8amp_gemm_policy;
+
+/** Which GEMM a Linear's last forward chose (its backward uses the same). */
+typedef enum fp8amp_gemm_kind {
+    FP8AMP_GEMM_KIND_NONE = 0, /**< no forward yet */
+    FP8AMP_GEMM_KIND_FP8 = 1,
+    FP8AMP_GEMM_KIND_BF16 = 2, /**< CUDA: BF16 operands, FP32 accumulation */
+    FP8AMP_GEMM_KIND_F32 = 3   /**< CPU with NEVER_FP8: F32 operands and accumulation */
+} fp8amp_gemm_kind;
+
+/** The scaling metas a Linear owns, by role. */
+typedef enum fp8amp_linear_role {
+    FP8AMP_ROLE_INPUT = 0,       /**< x, E4M3, the recipe's mode */
+    FP8AMP_ROLE_WEIGHT = 1,      /**< the FP8 copy of W, E4M3, current scaling; for E4M3 weights, W's own meta */
+    FP8AMP_ROLE_GRAD_OUTPUT = 2, /**< dY: E5M2 (HYBRID) or E4M3 (E4M3 recipe), the recipe's mode */
+    FP8AMP_ROLE_WEIGHT_GRAD = 3  /**< the E4M3 weight gradient (wgrad_dtype E4M3), current scaling */
+} fp8amp_linear_role;
+
+/** A Linear layer's configuration. Initialize with fp8amp_linear_desc_init_default. */
+typedef struct fp8amp_linear_desc {
+    uint32_t struct_size;       /**< sizeof(fp8amp_linear_desc) */
+    int64_t in_features;        /**< K, >= 1 */
+    int64_t out_features;       /**< N, >= 1 */
+    int32_t has_bias;           /**< default 1; the bias is F32 */
+    fp8amp_dtype weight_dtype;  /**< F32, F16, BF16 (default) or E4M3 (O3); F16 and E4M3 weights are bound to a meta */
+    fp8amp_dtype wgrad_dtype;   /**< E4M3 (O1, default), F32 or BF16 */
+    fp8amp_recipe recipe;       /**< default: fp8amp_recipe_init_default */
+    fp8amp_gemm_policy policy;  /**< default AUTO */
+} fp8amp_linear_desc;
+
+/** Fills *desc with the defaults above and in_features = out_features = 0 (set them).
+ *  Statuses: SUCCESS; INVALID_ARGUMENT (NULL). */
+FP8AMP_API fp8amp_status fp8amp_linear_desc_init_default(fp8amp_linear_desc *desc);
+
+typedef struct fp8amp_linear_s *fp8amp_linear;
+
+/** Creates a Linear on the context's device: weight [out, in] (zeros: fill it), bias [out] (F32,
+ *  zeros), gradient tensors (zeros) and the role metas. Allocates nothing else until the first call.
+ *  Statuses: SUCCESS; INVALID_HANDLE; INVALID_ARGUMENT (NULL desc/out, struct_size too small,
+ *  features < 1, a bad recipe, an unknown policy); DTYPE_MISMATCH (weight_dtype or wgrad_dtype not
+ *  allowed); OUT_OF_MEMORY; CUDA. */
+FP8AMP_API fp8amp_status fp8amp_linear_create(fp8amp_context ctx, const fp8amp_linear_desc *desc,
+                                              fp8amp_linear *out);
+
+/** Destroys a Linear handle. Tensor and meta handles obtained from it stay valid (they share the
+ *  objects). NULL is a no-op success. */
+FP8AMP_API fp8amp_status fp8amp_linear_destroy(fp8amp_linear lin);
+
+/** New handles to the Linear's parameter and gradient tensors (the caller destroys each handle;
+ *  the tensor lives on while the Linear or a handle holds it): weight [out, in] of weight_dtype;
+ *  bias [out] F32 (INVALID_ARGUMENT without has_bias); weight_grad [out, in] of wgrad_dtype (E4M3:
+ *  bound to the WEIGHT_GRAD meta); bias_grad [out] F32. Write the weight through these handles
+ *  (fp8amp_tensor_copy_from_host, fp8amp_cast, fp8amp_quantize, the optimizer): the Linear notices
+ *  and re-quantizes its FP8 copy on the next forward. Memory written any other way (a DLPack
+ *  producer, a raw pointer) needs fp8amp_linear_weight_changed.
+ *  Statuses: SUCCESS; INVALID_HANDLE; INVALID_ARGUMENT (NULL out; bias without has_bias). */
+FP8AMP_API fp8amp_status fp8amp_linear_weight(fp8amp_linear lin, fp8amp_tensor *out);
+FP8AMP_API fp8amp_status fp8amp_linear_bias(fp8amp_linear lin, fp8amp_tensor *out);
+FP8AMP_API fp8amp_status fp8amp_linear_weight_grad(fp8amp_linear lin, fp8amp_tensor *out);
+FP8AMP_API fp8amp_status fp8amp_linear_bias_grad(fp8amp_linear lin, fp8amp_tensor *out);
+
+/** A new handle to one of the Linear's scaling metas (the caller destroys it). Delayed-scaling metas
+ *  (INPUT and GRAD_OUTPUT under a DELAYED recipe) need fp8amp_scaling_update (or _update_many over
+ *  all the model's metas) once per step, as for any meta. Statuses: SUCCESS; INVALID_HANDLE;
+ *  INVALID_ARGUMENT (NULL out, unknown role, WEIGHT_GRAD when wgrad_dtype is not E4M3). */
+FP8AMP_API fp8amp_status fp8amp_linear_scaling(fp8amp_linear lin, fp8amp_linear_role role, fp8amp_scaling *out);
+
+/** Tells the Linear that its weight was written behind its back (see fp8amp_linear_weight): the
+ *  next forward re-quantizes it. Statuses: SUCCESS; INVALID_HANDLE. */
+FP8AMP_API fp8amp_status fp8amp_linear_weight_changed(fp8amp_linear lin);
+
+/** y = x W^T + b. x is [..., in] (leading dims flattened to M rows), y is [..., out] with the same
+ *  leading dims; x and y are F32, F16 or BF16 (they may differ), on the Linear's device. FP8 path:
+ *  x is quantized to E4M3 with the INPUT meta, the weight's E4M3 copy (and its transpose when
+ *  training) is made from the weight when it has changed since the last forward, and the GEMM
+ *  accumulates in FP32 (fast accumulation on CUDA) with the bias added in the epilogue (the bias is
+ *  rounded to BF16 for F32/BF16 outputs and to F16 for F16 outputs first, on both backends). With
+ *  training nonzero, x is kept for backward in FP8 (its transposed E4M3 copy: 1 byte per element).
+ *  Asynchronous on CUDA (the Linear's context's stream).
+ *  Statuses: SUCCESS; INVALID_HANDLE; DTYPE_MISMATCH (x or y FP8); SHAPE_MISMATCH (x's last dim !=
+ *  in, y's shape != x's leading dims + [out]); DEVICE_MISMATCH; INVALID_ARGUMENT (read-only y, x and
+ *  y overlapping); NOT_SUPPORTED (ALWAYS_FP8 with a shape or GPU FP8 GEMMs cannot take: the message
+ *  says which); OUT_OF_MEMORY; CUBLAS; CUDA. */
+FP8AMP_API fp8amp_status fp8amp_linear_forward(fp8amp_linear lin, fp8amp_tensor x, fp8amp_tensor y,
+                                               int32_t training);
+
+/** Backward of the last training forward. dy has y's shape (F32, F16 or BF16). Writes dx (x's shape,
+ *  F32/F16/BF16; NULL skips the input gradient), the weight gradient and the bias gradient:
+ *  accumulate_wgrad = 0 overwrites them, nonzero adds to them (micro-batches). Accumulation runs in
+ *  FP32 (an FP32 buffer the Linear keeps for E4M3 and BF16 weight gradients), and the delivered
+ *  weight_grad tensor is re-made from that sum after every backward, so no precision is lost between
+ *  micro-batches. dY is quantized to GRAD_OUTPUT's dtype; dX = dY W and dW = dY^T X run in FP8 with
+ *  FP32 (split) accumulation; the bias gradient is summed in FP32 from dy itself.
+ *  Statuses: SUCCESS; INVALID_HANDLE; INVALID_ARGUMENT (no training forward since the last backward
+ *  or since creation; read-only dx; overlaps); DTYPE_MISMATCH; SHAPE_MISMATCH (dy or dx not matching
+ *  the forward's y and x); DEVICE_MISMATCH; OUT_OF_MEMORY; CUBLAS; CUDA. */
+FP8AMP_API fp8amp_status fp8amp_linear_backward(fp8amp_linear lin, fp8amp_tensor dy, fp8amp_tensor dx,
+                                                int32_t accumulate_wgrad);
+
+/** Which GEMM the last forward ran (FP8AMP_GEMM_KIND_NONE before any). Statuses: SUCCESS;
+ *  INVALID_HANDLE; INVALID_ARGUMENT (NULL). */
+FP8AMP_API fp8amp_status fp8amp_linear_gemm_kind(fp8amp_linear lin, fp8amp_gemm_kind *out);
+
 #ifdef __cplusplus
 } /* extern "C" */
 #endif
