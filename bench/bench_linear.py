@@ -259,12 +259,19 @@ def main():
         for _ in range(20):
             lib.forward(lin, hx, hy, 0)
         torch.cuda.synchronize()
-        calls = 2000
-        torch.cuda._sleep(200_000_000)  # keep the GPU busy so that launches never wait
+        # The GPU is kept busy (a sleep kernel of ~50 ms) so that the calls never wait for it, and the
+        # calls are few enough (200, a handful of launches each) that the launch queue never fills:
+        # then the wall time is the host path alone. The sleep must outlast the loop (checked).
+        calls = 200
+        done = torch.cuda.Event()
+        torch.cuda._sleep(100_000_000)
+        done.record()
         t0 = time.perf_counter()
         for _ in range(calls):
             lib.forward(lin, hx, hy, 0)
         host_us = (time.perf_counter() - t0) / calls * 1e6
+        if done.query():
+            raise RuntimeError("the GPU went idle during the host timing: lengthen the sleep")
         torch.cuda.synchronize()
         t0 = time.perf_counter()
         for _ in range(calls):

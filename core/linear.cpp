@@ -95,6 +95,7 @@ std::shared_ptr<Linear> Linear::create(std::shared_ptr<const Context> ctx, const
     lin->desc_.recipe = recipe;
     lin->ctx_ = ctx;
     lin->wide_dtype_ = ctx->is_cuda() ? FP8AMP_DTYPE_BF16 : FP8AMP_DTYPE_F32;
+    if (ctx->is_cuda()) lin->fp8_unsupported_ = kernels::cuda::fp8_gemm_unsupported_reason(ctx->device().index);
     const fp8amp_dtype grad_dtype = recipe.format == FP8AMP_FORMAT_HYBRID ? FP8AMP_DTYPE_E5M2 : FP8AMP_DTYPE_E4M3;
     // Inputs and output gradients follow the recipe; the weight and its gradient are quantized once
     // per step from their exact values, so they use current scaling (no stale scale on a fresh weight).
@@ -166,7 +167,7 @@ fp8amp_gemm_kind Linear::choose_kind(int64_t m, bool training, const Tensor &y) 
     // The CPU backend exists for FP8 numerics, not speed: AUTO runs FP8 there for any shape.
     if (!ctx_->is_cuda()) return FP8AMP_GEMM_KIND_FP8;
     const int64_t n = desc_.out_features, k = desc_.in_features;
-    std::string why = kernels::cuda::fp8_gemm_unsupported_reason(ctx_->device().index);
+    std::string why = fp8_unsupported_;
     if (why.empty() && (k % kFp8Multiple || n % kFp8Multiple))
         why = "FP8 GEMMs on cuBLASLt need in_features and out_features to be multiples of 16; this Linear is " +
               std::to_string(k) + " -> " + std::to_string(n);

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "context.hpp"
@@ -68,6 +69,8 @@ private:
     int64_t saved_m_ = 0;
     std::vector<int64_t> saved_x_shape_, saved_y_shape_;
     fp8amp_gemm_kind kind_ = FP8AMP_GEMM_KIND_NONE;
+    // Why this device cannot run FP8 GEMMs ("" when it can), asked once.
+    std::string fp8_unsupported_;
 };
 
 }  // namespace fp8amp::core

@@ -7,6 +7,9 @@
 // multiprocessor), so the per-block epilogue is paid a few hundred times, not once per tile.
 // Numerics are kernels/cpu/quantize.cpp's, bit for bit: decode exactly, one float32 multiply by the
 // scale, one rounding into the destination.
+#include <map>
+#include <mutex>
+#include <utility>
 #include <cstdint>
 #include <type_traits>
 
@@ -444,11 +447,24 @@ __global__ void __launch_bounds__(kThreads) update_scaling_kernel(const __grid_c
 
 // A persistent grid: as many blocks as can be resident at once (by the kernel's own occupancy, so a
 // register-heavy variant never runs in two waves), or fewer when there is less work.
-template <class Kernel>
-unsigned persistent_grid(int device, Kernel kernel, size_t work_items) {
+// The occupancy of each kernel is asked once (it costs microseconds of host time: a Linear's forward
+// would pay it per call).
+int resident_blocks_per_sm(const void *kernel, int device) {
+    static std::mutex mutex;
+    static std::map<std::pair<const void *, int>, int> cache;
+    std::lock_guard<std::mutex> lock(mutex);
+    auto it = cache.find({kernel, device});
+    if (it != cache.end()) return it->second;
     int per_sm = 0;
     check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, 0),
           "cudaOccupancyMaxActiveBlocksPerMultiprocessor");
+    cache.emplace(std::make_pair(kernel, device), per_sm);
+    return per_sm;
+}
+
+template <class Kernel>
+unsigned persistent_grid(int device, Kernel kernel, size_t work_items) {
+    const int per_sm = resident_blocks_per_sm(reinterpret_cast<const void *>(kernel), device);
     const size_t wanted = (work_items + kThreads - 1) / kThreads;
     const size_t cap = size_t(multiprocessor_count(device)) * size_t(per_sm > 0 ? per_sm : 1);
     return static_cast<unsigned>(wanted == 0 ? 1 : (wanted < cap ? wanted : cap));
