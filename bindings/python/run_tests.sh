@@ -22,5 +22,5 @@ FP8AMP_INCLUDE_DIR="$src/capi/include" FP8AMP_LIB_DIR="$libdir" \
   "$py" -m pip install -q --no-build-isolation --no-deps --target "$work/site" "$work/pkg" >"$work/pip.log" 2>&1 \
   || { cat "$work/pip.log"; exit 1; }
 cd "$work"
-FP8AMP_HEADER="$src/capi/include/fp8amp/fp8amp.h" PYTHONPATH="$work/site" \
+FP8AMP_HEADER="$src/capi/include/fp8amp/fp8amp.h" PYTHONPATH="$work/site${PYTHONPATH:+:$PYTHONPATH}" \
   "$py" -m pytest -q -p no:cacheprovider -rs "$src/bindings/python/tests" "${@:3}"
