@@ -114,7 +114,16 @@ std::shared_ptr<Linear> Linear::create(std::shared_ptr<const Context> ctx, const
     };
     lin->weight_ = Tensor::create(ctx, desc.weight_dtype, 2, w_shape);
     zeros(lin->weight_);
-    if (desc.weight_dtype == FP8AMP_DTYPE_E4M3) lin->weight_->set_scaling(lin->weight_meta_);  // O3: W is its own FP8 copy
+    if (desc.weight_dtype == FP8AMP_DTYPE_E4M3) {
+        lin->weight_->set_scaling(lin->weight_meta_);  // O3: W is its own FP8 copy
+        lin->weight_storage_meta_ = lin->weight_meta_;
+    } else if (desc.weight_dtype == FP8AMP_DTYPE_F16) {
+        // Scaled F16 (MS-AMP's O1/O2 weights): F16 values times scale_inv. Current scaling, so a weight
+        // written with fp8amp_quantize gets the scale of its own amax.
+        lin->weight_storage_meta_ =
+            std::make_shared<ScalingMeta>(ctx, with_mode(recipe, FP8AMP_SCALING_CURRENT), FP8AMP_DTYPE_F16);
+        lin->weight_->set_scaling(lin->weight_storage_meta_);
+    }
     lin->weight_grad_ = Tensor::create(ctx, desc.wgrad_dtype, 2, w_shape);
     zeros(lin->weight_grad_);
     if (lin->wgrad_meta_) lin->weight_grad_->set_scaling(lin->wgrad_meta_);
@@ -146,6 +155,11 @@ std::shared_ptr<ScalingMeta> Linear::scaling(fp8amp_linear_role role) const {
         if (!wgrad_meta_)
             fail(FP8AMP_ERROR_INVALID_ARGUMENT, "this Linear's weight gradient is not e4m3, so it has no scaling meta");
         return wgrad_meta_;
+    case FP8AMP_ROLE_WEIGHT_STORAGE:
+        if (!weight_storage_meta_)
+            fail(FP8AMP_ERROR_INVALID_ARGUMENT, "this Linear's weight is " + weight_->describe() +
+                                                    ": only f16 and e4m3 weights are bound to a scaling meta");
+        return weight_storage_meta_;
     }
     fail(FP8AMP_ERROR_INVALID_ARGUMENT, "role " + std::to_string(static_cast<int>(role)) + " is unknown");
 }

@@ -49,7 +49,7 @@ private:
     fp8amp_linear_desc desc_{};
     fp8amp_dtype wide_dtype_ = FP8AMP_DTYPE_BF16;  // operand dtype of the non-FP8 GEMMs
     std::shared_ptr<Tensor> weight_, bias_, weight_grad_, bias_grad_;
-    std::shared_ptr<ScalingMeta> input_meta_, weight_meta_, grad_output_meta_, wgrad_meta_;
+    std::shared_ptr<ScalingMeta> input_meta_, weight_meta_, grad_output_meta_, wgrad_meta_, weight_storage_meta_;
 
     // FP8 copies: the weight and its transpose (re-made when the weight's version moves), the input's
     // transpose saved for the weight gradient, the output gradient and its transpose.

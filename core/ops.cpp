@@ -26,11 +26,13 @@ void check_wide(const Tensor &t, const char *argument) {
              std::string(argument) + " is " + t.describe() + ": it must be f32, f16 or bf16");
 }
 
-// Throws DTYPE_MISMATCH unless t is E4M3 or E5M2.
-void check_fp8(const Tensor &t, const char *argument) {
-    if (!is_fp8(t.dtype()))
+// Throws DTYPE_MISMATCH unless t is of a scaled dtype: E4M3, E5M2 or F16. (An F16 tensor is a
+// scaled tensor when it is the quantize destination or dequantize source; bound_meta then requires
+// its meta. As a quantize source or dequantize destination F16 is a plain wide dtype.)
+void check_scaled(const Tensor &t, const char *argument) {
+    if (!is_scaled_dtype(t.dtype()))
         fail(FP8AMP_ERROR_DTYPE_MISMATCH,
-             std::string(argument) + " is " + t.describe() + ": it must be e4m3 or e5m2");
+             std::string(argument) + " is " + t.describe() + ": it must be e4m3, e5m2 or f16 (scaled)");
 }
 
 // The meta t is bound to; INVALID_ARGUMENT if none.
@@ -71,7 +73,7 @@ void cast(const Context &ctx, const Tensor &src, Tensor &dst) {
 
 void quantize(const Context &ctx, const Tensor &src, Tensor &dst) {
     check_wide(src, "src");
-    check_fp8(dst, "dst");
+    check_scaled(dst, "dst");
     ScalingMeta &meta = bound_meta(dst, "dst");
     check_on_device(ctx, src, "src");
     check_on_device(ctx, dst, "dst");
@@ -91,8 +93,8 @@ void quantize(const Context &ctx, const Tensor &src, Tensor &dst) {
 
 void quantize_transpose(const Context &ctx, const Tensor &src, Tensor &dst, Tensor &dst_t) {
     check_wide(src, "src");
-    check_fp8(dst, "dst");
-    check_fp8(dst_t, "dst_t");
+    check_scaled(dst, "dst");
+    check_scaled(dst_t, "dst_t");
     if (dst.dtype() != dst_t.dtype())
         fail(FP8AMP_ERROR_DTYPE_MISMATCH, "dst is " + dst.describe() + " but dst_t is " + dst_t.describe());
     ScalingMeta &meta = bound_meta(dst, "dst");
@@ -130,7 +132,7 @@ void quantize_transpose(const Context &ctx, const Tensor &src, Tensor &dst, Tens
 }
 
 void dequantize(const Context &ctx, const Tensor &src, Tensor &dst) {
-    check_fp8(src, "src");
+    check_scaled(src, "src");
     check_wide(dst, "dst");
     ScalingMeta &meta = bound_meta(src, "src");
     check_on_device(ctx, src, "src");

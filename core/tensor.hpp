@@ -47,7 +47,7 @@ public:
     void copy_from_host(const void *src, size_t nbytes);
     void copy_to_host(void *dst, size_t nbytes) const;
 
-    // fp8amp_tensor_set_scaling: binds this FP8 tensor to a meta of its dtype and device (null
+    // fp8amp_tensor_set_scaling: binds this scaled-dtype (E4M3, E5M2, F16) tensor to a meta of its dtype and device (null
     // unbinds) and sets the tensor's scale_inv slot to the meta's current scale_inv.
     void set_scaling(std::shared_ptr<ScalingMeta> meta);
     ScalingMeta *scaling() const { return scaling_.get(); }

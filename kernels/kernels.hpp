@@ -64,6 +64,7 @@ void cast(const void *src, fp8amp_dtype src_dtype, void *dst, fp8amp_dtype dst_d
 // max |src| (NaN counts as inf), as amax bits (see scaling.hpp).
 uint32_t amax(const void *src, fp8amp_dtype src_dtype, size_t n);
 // dst = fp8(src * scale); records amax and statistics; current scaling computes the scale first.
+// dst_dtype is a scaled dtype: E4M3, E5M2, or F16 (saturating like FP8); dequantize's src likewise.
 void quantize(const void *src, fp8amp_dtype src_dtype, void *dst, fp8amp_dtype dst_dtype, size_t n,
               const QuantizeTarget &target);
 // quantize of src [rows, cols] into dst [rows, cols] and dst_t [cols, rows].

@@ -15,6 +15,7 @@
 
 #include "cuda_common.cuh"
 #include "elementwise.cuh"
+#include "quantize_f16.cuh"
 #include "scaling.hpp"
 
 namespace fp8amp::kernels::cuda {
@@ -537,6 +538,8 @@ void quantize(int device, void *stream_raw, const void *src, fp8amp_dtype src_dt
         check(cudaMemsetAsync(&target.meta->amax_bits, 0, sizeof(uint32_t), stream), "cudaMemsetAsync");
         amax(device, stream_raw, src, src_dtype, n, &target.meta->amax_bits);
     }
+    if (dst_dtype == FP8AMP_DTYPE_F16)  // scaled F16: its own kernels (quantize_f16.cu)
+        return scaled_f16::quantize(device, stream, src, src_dtype, dst, n, target);
     dispatch_src(src_dtype, [&](auto s) {
         constexpr fp8amp_dtype S = decltype(s)::value;
         using SrcT = typename Storage<S>::type;
@@ -564,6 +567,8 @@ void quantize_transpose(int device, void *stream_raw, const void *src, fp8amp_dt
         check(cudaMemsetAsync(&target.meta->amax_bits, 0, sizeof(uint32_t), stream), "cudaMemsetAsync");
         amax(device, stream_raw, src, src_dtype, rows * cols, &target.meta->amax_bits);
     }
+    if (dst_dtype == FP8AMP_DTYPE_F16)  // scaled F16: its own kernels (quantize_f16.cu)
+        return scaled_f16::quantize_transpose(device, stream, src, src_dtype, dst, dst_t, rows, cols, target);
     const size_t tiles = ((rows + kTile - 1) / kTile) * ((cols + kTile - 1) / kTile);
     dispatch_src(src_dtype, [&](auto s) {
         constexpr fp8amp_dtype S = decltype(s)::value;
@@ -590,6 +595,8 @@ void dequantize(int device, void *stream_raw, const void *src, fp8amp_dtype src_
                 size_t n, const float *scale_inv) {
     DeviceGuard guard(device);
     auto stream = static_cast<cudaStream_t>(stream_raw);
+    if (src_dtype == FP8AMP_DTYPE_F16)  // scaled F16: its own kernels (quantize_f16.cu)
+        return scaled_f16::dequantize(device, stream, src, dst, dst_dtype, n, scale_inv);
     dispatch_fp8(src_dtype, [&](auto s) {
         constexpr fp8amp_dtype S = decltype(s)::value;
         dispatch_src(dst_dtype, [&](auto d) {

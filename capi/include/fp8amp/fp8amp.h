@@ -297,13 +297,15 @@ FP8AMP_API fp8amp_status fp8amp_recipe_init_default(fp8amp_recipe *recipe);
 
 typedef struct fp8amp_scaling_s *fp8amp_scaling;
 
-/** Creates a scaling meta for tensors of one FP8 dtype (E4M3 or E5M2) on the context's device:
- *  scale and scale_inv (both 1 at first), the amax recorded since the last update (0 at first), the
- *  amax history (zeros) and the diagnostic counters. All of it lives on the device; reading it is an
+/** Creates a scaling meta for tensors of one scaled dtype on the context's device: E4M3, E5M2 or F16
+ *  (a scaled 16-bit format: format max 65504, quantize saturates like FP8; MS-AMP's "FP16 with a
+ *  scaling factor" for weights and optimizer state). The meta holds scale and scale_inv (both 1
+ *  at first), the amax recorded since the last update (0 at first), the amax history (zeros) and
+ *  the diagnostic counters. All of it lives on the device; reading it is an
  *  explicit call (fp8amp_scaling_get and friends).
  *  Statuses: SUCCESS; INVALID_HANDLE; INVALID_ARGUMENT (NULL recipe/out, struct_size too small,
  *  a field out of range: margin, interval, amax_history_len 0 or > FP8AMP_MAX_AMAX_HISTORY, an
- *  unknown enum value); DTYPE_MISMATCH (fp8_dtype not E4M3/E5M2); OUT_OF_MEMORY; CUDA. */
+ *  unknown enum value); DTYPE_MISMATCH (fp8_dtype not E4M3/E5M2/F16); OUT_OF_MEMORY; CUDA. */
 FP8AMP_API fp8amp_status fp8amp_scaling_create(fp8amp_context ctx, const fp8amp_recipe *recipe,
                                                fp8amp_dtype fp8_dtype, fp8amp_scaling *out);
 
@@ -338,8 +340,9 @@ FP8AMP_API fp8amp_status fp8amp_scaling_get_history(fp8amp_scaling s, int32_t ca
 FP8AMP_API fp8amp_status fp8amp_scaling_set_scale(fp8amp_scaling s, float scale);
 
 /** Numerics diagnostics of the quantizations into tensors bound to a meta, counted since the last
- *  reset when enabled: elements whose scaled value exceeded the format's largest finite value (and
- *  saturated; inf included, NaN not), and nonzero elements that became zero (underflow). */
+ *  reset when enabled: elements whose scaled value exceeded the format's largest finite value (448,
+ *  57344, or 65504 for F16) and saturated (inf included, NaN not), and nonzero elements that became
+ *  zero (underflow). */
 typedef struct fp8amp_scaling_stats {
     uint64_t quantized; /**< elements quantized while counting was on */
     uint64_t saturated;
@@ -354,11 +357,11 @@ FP8AMP_API fp8amp_status fp8amp_scaling_get_stats(fp8amp_scaling s, fp8amp_scali
 /** Sets the counters to zero. Statuses: SUCCESS; INVALID_HANDLE; CUDA. */
 FP8AMP_API fp8amp_status fp8amp_scaling_reset_stats(fp8amp_scaling s);
 
-/** Binds an FP8 tensor to a scaling meta (of the same FP8 dtype and device): quantizing into it
- *  uses the meta's scale and records amax into the meta; the tensor keeps its own copy of the
+/** Binds an E4M3, E5M2 or F16 tensor to a scaling meta (of the same dtype and device): quantizing
+ *  into it uses the meta's scale and records amax into the meta; the tensor keeps its own copy of the
  *  scale_inv it was quantized with, which dequantize uses. Binding sets that copy to the meta's
  *  current scale_inv. NULL unbinds. Statuses: SUCCESS; INVALID_HANDLE; DTYPE_MISMATCH (tensor not
- *  FP8, or of the other FP8 dtype than the meta); DEVICE_MISMATCH; OUT_OF_MEMORY; CUDA. */
+ *  E4M3/E5M2/F16, or of another dtype than the meta); DEVICE_MISMATCH; OUT_OF_MEMORY; CUDA. */
 FP8AMP_API fp8amp_status fp8amp_tensor_set_scaling(fp8amp_tensor t, fp8amp_scaling s);
 
 /* ---------------------------------------------------------------------------------------------
@@ -366,11 +369,13 @@ FP8AMP_API fp8amp_status fp8amp_tensor_set_scaling(fp8amp_tensor t, fp8amp_scali
  * ------------------------------------------------------------------------------------------- */
 
 /** dst = fp8_rne_satfinite(src * scale) in one pass, recording max|src| into dst's meta (NaN counts as
- *  inf, so the next update keeps the previous scale). src is F32, F16 or BF16; dst is E4M3 or E5M2,
- *  bound to a meta, of the same shape. Delayed scaling uses the meta's scale; current scaling
+ *  inf, so the next update keeps the previous scale). src is F32, F16 or BF16 (its values as stored: a
+ *  binding of src is not applied); dst is E4M3, E5M2 or F16, bound to a meta, of the same shape. Into
+ *  a scaled F16 dst: round to nearest even, then saturate like FP8 (|y| > 65504 and inf give
+ *  +-65504; NaN stays NaN). Delayed scaling uses the meta's scale; current scaling
  *  computes src's amax first and the scale from it, on the device (no host round trip). dst's
  *  scale_inv copy is set to the scale_inv used. Asynchronous on CUDA.
- *  Statuses: SUCCESS; INVALID_HANDLE; DTYPE_MISMATCH (src not F32/F16/BF16, dst not FP8);
+ *  Statuses: SUCCESS; INVALID_HANDLE; DTYPE_MISMATCH (src not F32/F16/BF16, dst not E4M3/E5M2/F16);
  *  INVALID_ARGUMENT (dst has no meta, read-only dst, src and dst overlapping in memory);
  *  SHAPE_MISMATCH; DEVICE_MISMATCH (a tensor or the meta not on the context's device); CUDA. */
 FP8AMP_API fp8amp_status fp8amp_quantize(fp8amp_context ctx, fp8amp_tensor src, fp8amp_tensor dst);
@@ -385,8 +390,8 @@ FP8AMP_API fp8amp_status fp8amp_quantize_transpose(fp8amp_context ctx, fp8amp_te
                                                    fp8amp_tensor dst_t);
 
 /** dst = decode(src) * scale_inv, with src's own scale_inv copy (see fp8amp_tensor_set_scaling);
- *  src is E4M3/E5M2 bound to a meta, dst F32/F16/BF16 of the same shape. Asynchronous on CUDA.
- *  Statuses: SUCCESS; INVALID_HANDLE; DTYPE_MISMATCH (src not FP8, dst not F32/F16/BF16);
+ *  src is E4M3/E5M2/F16 bound to a meta, dst F32/F16/BF16 of the same shape. Asynchronous on CUDA.
+ *  Statuses: SUCCESS; INVALID_HANDLE; DTYPE_MISMATCH (src not E4M3/E5M2/F16, dst not F32/F16/BF16);
  *  INVALID_ARGUMENT (src has no meta, read-only dst, src and dst overlapping in memory);
  *  SHAPE_MISMATCH; DEVICE_MISMATCH; CUDA. */
 FP8AMP_API fp8amp_status fp8amp_dequantize(fp8amp_context ctx, fp8amp_tensor src, fp8amp_tensor dst);
@@ -420,7 +425,9 @@ typedef enum fp8amp_linear_role {
     FP8AMP_ROLE_INPUT = 0,       /**< x, E4M3, the recipe's mode */
     FP8AMP_ROLE_WEIGHT = 1,      /**< the FP8 copy of W, E4M3, current scaling; for E4M3 weights, W's own meta */
     FP8AMP_ROLE_GRAD_OUTPUT = 2, /**< dY: E5M2 (HYBRID) or E4M3 (E4M3 recipe), the recipe's mode */
-    FP8AMP_ROLE_WEIGHT_GRAD = 3  /**< the E4M3 weight gradient (wgrad_dtype E4M3), current scaling */
+    FP8AMP_ROLE_WEIGHT_GRAD = 3, /**< the E4M3 weight gradient (wgrad_dtype E4M3), current scaling */
+    FP8AMP_ROLE_WEIGHT_STORAGE = 4 /**< the meta the weight itself is bound to: F16 weights (scaled F16,
+                                        current scaling) and E4M3 weights (the WEIGHT meta) */
 } fp8amp_linear_role;
 
 /** A Linear layer's configuration. Initialize with fp8amp_linear_desc_init_default. */
@@ -429,7 +436,8 @@ typedef struct fp8amp_linear_desc {
     int64_t in_features;        /**< K, >= 1 */
     int64_t out_features;       /**< N, >= 1 */
     int32_t has_bias;           /**< default 1; the bias is F32 */
-    fp8amp_dtype weight_dtype;  /**< F32, F16, BF16 (default) or E4M3 (O3); F16 and E4M3 weights are bound to a meta */
+    fp8amp_dtype weight_dtype;  /**< F32, F16, BF16 (default) or E4M3 (O3); F16 (scaled F16) and E4M3
+                                     weights are bound to a meta (role WEIGHT_STORAGE) */
     fp8amp_dtype wgrad_dtype;   /**< E4M3 (O1, default), F32 or BF16 */
     fp8amp_recipe recipe;       /**< default: fp8amp_recipe_init_default */
     fp8amp_gemm_policy policy;  /**< default AUTO */
@@ -469,7 +477,8 @@ FP8AMP_API fp8amp_status fp8amp_linear_bias_grad(fp8amp_linear lin, fp8amp_tenso
 /** A new handle to one of the Linear's scaling metas (the caller destroys it). Delayed-scaling metas
  *  (INPUT and GRAD_OUTPUT under a DELAYED recipe) need fp8amp_scaling_update (or _update_many over
  *  all the model's metas) once per step, as for any meta. Statuses: SUCCESS; INVALID_HANDLE;
- *  INVALID_ARGUMENT (NULL out, unknown role, WEIGHT_GRAD when wgrad_dtype is not E4M3). */
+ *  INVALID_ARGUMENT (NULL out, unknown role, WEIGHT_GRAD when wgrad_dtype is not E4M3,
+ *  WEIGHT_STORAGE when the weight is F32 or BF16). */
 FP8AMP_API fp8amp_status fp8amp_linear_scaling(fp8amp_linear lin, fp8amp_linear_role role, fp8amp_scaling *out);
 
 /** Tells the Linear that its weight was written behind its back (see fp8amp_linear_weight): the
