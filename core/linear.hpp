@@ -28,7 +28,10 @@ public:
     std::shared_ptr<ScalingMeta> scaling(fp8amp_linear_role role) const;
     fp8amp_gemm_kind gemm_kind() const { return kind_; }
 
-    void weight_changed() { weight_fp8_version_ = kStale; }
+    void weight_changed() {
+        weight_fp8_version_ = kStale;
+        weight_wide_version_ = kStale;
+    }
     void forward(const Tensor &x, Tensor &y, bool training);
     void backward(const Tensor &dy, Tensor *dx, bool accumulate);
 
