@@ -114,15 +114,15 @@ std::shared_ptr<Linear> Linear::create(std::shared_ptr<const Context> ctx, const
     };
     lin->weight_ = Tensor::create(ctx, desc.weight_dtype, 2, w_shape);
     zeros(lin->weight_);
-    if (desc.weight_dtype == FP8AMP_DTYPE_E4M3) {
-        lin->weight_->set_scaling(lin->weight_meta_);  // O3: W is its own FP8 copy
-        lin->weight_storage_meta_ = lin->weight_meta_;
-    } else if (desc.weight_dtype == FP8AMP_DTYPE_F16) {
-        // Scaled F16 (MS-AMP's O1/O2 weights): F16 values times scale_inv. Current scaling, so a weight
-        // written with fp8amp_quantize gets the scale of its own amax.
+    // A weight stored scaled (E4M3 for O3, scaled F16 for MS-AMP's O1/O2 FP16 weights) is bound to a
+    // meta with delayed scaling: its writer -- the optimizer -- writes with the meta's scale and records
+    // the new amax, which gives the next step's scale (the optimizer refuses current-scaling metas).
+    // For an E4M3 weight that meta is also the WEIGHT meta: the weight is its own FP8 copy.
+    if (desc.weight_dtype == FP8AMP_DTYPE_E4M3 || desc.weight_dtype == FP8AMP_DTYPE_F16) {
         lin->weight_storage_meta_ =
-            std::make_shared<ScalingMeta>(ctx, with_mode(recipe, FP8AMP_SCALING_CURRENT), FP8AMP_DTYPE_F16);
+            std::make_shared<ScalingMeta>(ctx, with_mode(recipe, FP8AMP_SCALING_DELAYED), desc.weight_dtype);
         lin->weight_->set_scaling(lin->weight_storage_meta_);
+        if (desc.weight_dtype == FP8AMP_DTYPE_E4M3) lin->weight_meta_ = lin->weight_storage_meta_;
     }
     lin->weight_grad_ = Tensor::create(ctx, desc.wgrad_dtype, 2, w_shape);
     zeros(lin->weight_grad_);

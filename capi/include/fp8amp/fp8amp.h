@@ -423,11 +423,12 @@ typedef enum fp8amp_gemm_kind {
 /** The scaling metas a Linear owns, by role. */
 typedef enum fp8amp_linear_role {
     FP8AMP_ROLE_INPUT = 0,       /**< x, E4M3, the recipe's mode */
-    FP8AMP_ROLE_WEIGHT = 1,      /**< the FP8 copy of W, E4M3, current scaling; for E4M3 weights, W's own meta */
+    FP8AMP_ROLE_WEIGHT = 1,      /**< the FP8 copy of W, E4M3, current scaling; for E4M3 weights, W's own meta
+                                      (WEIGHT_STORAGE) */
     FP8AMP_ROLE_GRAD_OUTPUT = 2, /**< dY: E5M2 (HYBRID) or E4M3 (E4M3 recipe), the recipe's mode */
     FP8AMP_ROLE_WEIGHT_GRAD = 3, /**< the E4M3 weight gradient (wgrad_dtype E4M3), current scaling */
-    FP8AMP_ROLE_WEIGHT_STORAGE = 4 /**< the meta the weight itself is bound to: F16 weights (scaled F16,
-                                        current scaling) and E4M3 weights (the WEIGHT meta) */
+    FP8AMP_ROLE_WEIGHT_STORAGE = 4 /**< the meta the weight itself is bound to, delayed scaling: F16
+                                        weights (scaled F16) and E4M3 weights (then also the WEIGHT meta) */
 } fp8amp_linear_role;
 
 /** A Linear layer's configuration. Initialize with fp8amp_linear_desc_init_default. */
