@@ -1,16 +1,18 @@
 """Devices and contexts."""
 from __future__ import annotations
 
+import dataclasses
 import sys
 import threading
-from typing import Any, Callable, Dict, NamedTuple, Optional, Union
+from typing import Any, Callable, Dict, Optional, Union
 
 from ._ffi import NULL, ffi, lib
 from ._handle import Handle
 from .errors import check
 
 
-class Device(NamedTuple):
+@dataclasses.dataclass(frozen=True)
+class Device:
     """A device: type "cpu" or "cuda", and the CUDA ordinal (0 for the CPU)."""
 
     type: str
