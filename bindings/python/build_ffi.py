@@ -96,9 +96,12 @@ struct DLManagedTensorVersioned {
 };
 """
 
-# Helpers in C: PyCapsule destructors (they run when a capsule is dropped without being consumed)
-# and converters between the versioned and the legacy DLPack structs.
+# Helpers: the allocator hooks, implemented in Python (context.py, Context.set_allocator); in C, the
+# PyCapsule destructor (it runs when a capsule is dropped without being consumed) and converters
+# between the versioned and the legacy DLPack structs.
 HELPERS_CDEF = """
+extern "Python" void *fp8amp_py_alloc(void *user_data, size_t nbytes, fp8amp_device device, void *stream);
+extern "Python" void fp8amp_py_free(void *user_data, void *ptr, size_t nbytes, fp8amp_device device, void *stream);
 void fp8amp_py_capsule_destructor(void *capsule);
 DLManagedTensor *fp8amp_py_legacy_from_versioned(struct DLManagedTensorVersioned *v);
 struct DLManagedTensorVersioned *fp8amp_py_versioned_from_legacy(DLManagedTensor *m);

@@ -36,3 +36,10 @@ def test_generator_rejects_what_it_does_not_know():
         build_ffi.cdef_from_header("#ifndef G\n#define G\n#ifdef X\nint fp8amp_y(void);\n#endif\n#endif\n")
     with pytest.raises(RuntimeError):
         build_ffi.cdef_from_header("#ifndef G\n#define G\n#pragma once\n#endif\n")
+
+
+def test_import_needs_no_torch():
+    import subprocess
+
+    code = "import sys, fp8amp; sys.exit(1 if 'torch' in sys.modules else 0)"
+    subprocess.run([sys.executable, "-c", code], check=True, env=dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path)))

@@ -133,3 +133,21 @@ def test_jax_zero_copy():
         assert fp8amp.amax(ctx, t) == 510.0
         b = jnp.from_dlpack(t)
         assert float(b.sum()) == float(a.sum())
+
+
+def test_torch_cpu_zero_copy():
+    torch = pytest.importorskip("torch")
+    x = torch.arange(12, dtype=torch.float32).reshape(3, 4)
+    with fp8amp.Context("cpu") as ctx:
+        t = fp8amp.from_dlpack(x, ctx)
+        assert t.data_ptr == x.data_ptr() and t.shape == (3, 4)
+        y = torch.from_dlpack(t)
+        assert y.data_ptr() == t.data_ptr
+        meta = fp8amp.Scaling(ctx, fp8amp.Recipe(mode=fp8amp.ScalingMode.CURRENT), fp8amp.E5M2)
+        q = fp8amp.Tensor(ctx, (3, 4), fp8amp.E5M2)
+        q.set_scaling(meta)
+        fp8amp.quantize(ctx, t, q)
+        got = torch.from_dlpack(q)
+        assert got.dtype == torch.float8_e5m2
+        want = (x.double() * meta.scale).float().clamp(-57344, 57344).to(torch.float8_e5m2)
+        assert torch.equal(got.view(torch.uint8), want.view(torch.uint8))

@@ -1,14 +1,18 @@
 """Devices and contexts."""
 from __future__ import annotations
 
-from typing import Any, NamedTuple, Optional, Union
+import dataclasses
+import sys
+import threading
+from typing import Any, Callable, Dict, Optional, Union
 
-from ._ffi import ffi, lib
+from ._ffi import NULL, ffi, lib
 from ._handle import Handle
 from .errors import check
 
 
-class Device(NamedTuple):
+@dataclasses.dataclass(frozen=True)
+class Device:
     """A device: type "cpu" or "cuda", and the CUDA ordinal (0 for the CPU)."""
 
     type: str
@@ -51,6 +55,56 @@ def device_count(device_type: str = "cuda") -> int:
     t = lib.FP8AMP_DEVICE_CPU if device_type == "cpu" else lib.FP8AMP_DEVICE_CUDA
     check(lib.fp8amp_device_count(t, n))
     return int(n[0])
+
+
+AllocFn = Callable[[int, "Device", int], int]
+FreeFn = Callable[[int, int, "Device", int], None]
+
+
+class _Allocator:
+    """A pair of Python allocation hooks and the cffi handle the C hooks get as user_data. It stays
+    alive while a Context uses it or any block it allocated is still live (the C library frees each
+    block through the hooks that allocated it, possibly after the context is gone)."""
+
+    def __init__(self, alloc: AllocFn, free: FreeFn) -> None:
+        self.alloc, self.free = alloc, free
+        self.live = 0
+        self.handle = ffi.new_handle(self)
+
+
+_LIVE: Dict[int, _Allocator] = {}  # allocators with blocks outstanding, by id
+_LIVE_LOCK = threading.Lock()
+
+
+def _alloc_failed(exc_type, exc, tb) -> None:
+    # An exception in the hook: report it and answer NULL, which the library turns into
+    # OUT_OF_MEMORY for the call that wanted memory.
+    sys.stderr.write("fp8amp: the allocation hook raised %s: %s\n" % (exc_type.__name__, exc))
+    return None
+
+
+@ffi.def_extern(onerror=_alloc_failed)
+def fp8amp_py_alloc(user_data, nbytes, device, stream):
+    a: _Allocator = ffi.from_handle(user_data)
+    ptr = a.alloc(int(nbytes), Device._from_c(device), int(ffi.cast("uintptr_t", stream)))
+    if not ptr:
+        return NULL
+    with _LIVE_LOCK:
+        a.live += 1
+        _LIVE[id(a)] = a
+    return ffi.cast("void *", int(ptr))
+
+
+@ffi.def_extern()
+def fp8amp_py_free(user_data, ptr, nbytes, device, stream):
+    a: _Allocator = ffi.from_handle(user_data)
+    try:
+        a.free(int(ffi.cast("uintptr_t", ptr)), int(nbytes), Device._from_c(device), int(ffi.cast("uintptr_t", stream)))
+    finally:
+        with _LIVE_LOCK:
+            a.live -= 1
+            if a.live == 0:
+                _LIVE.pop(id(a), None)
 
 
 class Context(Handle):
@@ -99,6 +153,27 @@ class Context(Handle):
         else:
             raise TypeError("not a CUDA stream: %r" % (stream,))
         check(lib.fp8amp_context_set_stream(self._h, ffi.cast("void *", raw)))
+
+    def set_allocator(self, alloc: Optional[AllocFn], free: Optional[FreeFn]) -> None:
+        """Routes every later allocation of this context (tensors, metas, workspaces) through Python
+        hooks, e.g. a framework's caching allocator; (None, None) restores the built-in allocator.
+
+        ``alloc(nbytes, device, stream) -> address`` returns memory on `device` aligned to 256
+        bytes, usable on `stream` (an int cudaStream_t), or 0 when it cannot (the call that wanted
+        memory then raises OutOfMemoryError; so does an exception in the hook).
+        ``free(address, nbytes, device, stream)`` releases a block. Each block is freed through the
+        hooks that allocated it, also after they were replaced or the context was closed. The hooks
+        must not call fp8amp."""
+        if (alloc is None) != (free is None):
+            check(lib.fp8amp_context_set_allocator(self._h, lib.fp8amp_py_alloc if alloc else NULL,
+                                                   lib.fp8amp_py_free if free else NULL, NULL))
+        if alloc is None:
+            check(lib.fp8amp_context_set_allocator(self._h, NULL, NULL, NULL))
+            self._allocator = None
+            return
+        a = _Allocator(alloc, free)  # type: ignore[arg-type]
+        check(lib.fp8amp_context_set_allocator(self._h, lib.fp8amp_py_alloc, lib.fp8amp_py_free, a.handle))
+        self._allocator = a  # blocks already allocated keep their own allocator alive through _LIVE
 
     def synchronize(self) -> None:
         """Waits for all work issued through the context."""
