@@ -52,6 +52,15 @@ constexpr int kUnroll = FP8AMP_QUANTIZE_UNROLL;  // packs in flight per thread
 #ifndef FP8AMP_DEQUANTIZE_VEC  // FP8 codes per pack of the table kernel (8 or 16)
 #define FP8AMP_DEQUANTIZE_VEC 8
 #endif
+#ifndef FP8AMP_DEQUANTIZE_STREAMING_STORES  // 1: the table kernel stores with the evict-first hint
+#define FP8AMP_DEQUANTIZE_STREAMING_STORES 1
+#endif
+#ifndef FP8AMP_DEQUANTIZE_STREAMING_LOADS  // 1: the table kernel loads its codes with the evict-first hint
+#define FP8AMP_DEQUANTIZE_STREAMING_LOADS 0
+#endif
+#ifndef FP8AMP_DEQUANTIZE_MIN_BLOCKS  // > 0: __launch_bounds__ minimum of resident blocks of the table kernel
+#define FP8AMP_DEQUANTIZE_MIN_BLOCKS 0
+#endif
 constexpr int kDequantizeUnroll = FP8AMP_DEQUANTIZE_UNROLL;
 constexpr int kDequantizeCopies = FP8AMP_DEQUANTIZE_COPIES;
 constexpr int kDequantizeVec = FP8AMP_DEQUANTIZE_VEC;
@@ -377,8 +386,27 @@ __device__ __forceinline__ void lookup4(const uint32_t *table, uint32_t w, uint3
     }
 }
 
+template <class P>
+__device__ __forceinline__ P load_codes(const P *p) {
+    static_assert(sizeof(P) == 8 || sizeof(P) == 16, "code packs are 8 or 16 bytes");
+    if constexpr (FP8AMP_DEQUANTIZE_STREAMING_LOADS && sizeof(P) == 8) {
+        const uint2 v = __ldcs(reinterpret_cast<const uint2 *>(p));
+        return *reinterpret_cast<const P *>(&v);
+    } else if constexpr (FP8AMP_DEQUANTIZE_STREAMING_LOADS) {
+        const uint4 v = __ldcs(reinterpret_cast<const uint4 *>(p));
+        return *reinterpret_cast<const P *>(&v);
+    } else {
+        return *p;
+    }
+}
+
+__device__ __forceinline__ void store_results(uint4 *p, uint4 v) {
+    if constexpr (FP8AMP_DEQUANTIZE_STREAMING_STORES) __stcs(p, v);
+    else *p = v;
+}
+
 template <fp8amp_dtype S, fp8amp_dtype D, bool kVectorized>
-__global__ void __launch_bounds__(kThreads) dequantize_table_kernel(const uint8_t *__restrict__ src,
+__global__ void __launch_bounds__(kThreads, FP8AMP_DEQUANTIZE_MIN_BLOCKS) dequantize_table_kernel(const uint8_t *__restrict__ src,
                                                                     typename Storage<D>::type *__restrict__ dst,
                                                                     size_t n, const float *scale_inv_ptr) {
     using DstT = typename Storage<D>::type;
@@ -399,7 +427,7 @@ __global__ void __launch_bounds__(kThreads) dequantize_table_kernel(const uint8_
         InPack a[kU];
 #pragma unroll
         for (int u = 0; u < kU; ++u)
-            if (i + u * stride < packs) a[u] = in[i + u * stride];
+            if (i + u * stride < packs) a[u] = load_codes(in + i + u * stride);
         fill_table<S, D>(table, *scale_inv_ptr);
         for (; i < packs; i += kU * stride) {
             InPack b[kU];
@@ -407,7 +435,7 @@ __global__ void __launch_bounds__(kThreads) dequantize_table_kernel(const uint8_
             for (int u = 0; u < kU; ++u) b[u] = a[u];
 #pragma unroll
             for (int u = 0; u < kU; ++u)
-                if (i + (kU + u) * stride < packs) a[u] = in[i + (kU + u) * stride];
+                if (i + (kU + u) * stride < packs) a[u] = load_codes(in + i + (kU + u) * stride);
 #pragma unroll
             for (int u = 0; u < kU; ++u) {
                 if (i + u * stride < packs) {
@@ -416,7 +444,7 @@ __global__ void __launch_bounds__(kThreads) dequantize_table_kernel(const uint8_
                     for (int j = 0; j < kWordsIn; ++j) lookup4<D>(table, b[u].v[j], slot, r + j * (kWordsOut / kWordsIn));
 #pragma unroll
                     for (int j = 0; j < kWordsOut / 4; ++j)
-                        store_pack(out + (i + u * stride) * (kWordsOut / 4) + j,
+                        store_results(out + (i + u * stride) * (kWordsOut / 4) + j,
                                    make_uint4(r[4 * j], r[4 * j + 1], r[4 * j + 2], r[4 * j + 3]));
                 }
             }
