@@ -46,8 +46,8 @@ constexpr int kUnroll = FP8AMP_QUANTIZE_UNROLL;  // packs in flight per thread
 #ifndef FP8AMP_DEQUANTIZE_TABLE  // 1: dequantize looks its results up in a per-block shared-memory table
 #define FP8AMP_DEQUANTIZE_TABLE 1
 #endif
-#ifndef FP8AMP_DEQUANTIZE_COPIES  // replicas of that table (32: no bank conflicts at all)
-#define FP8AMP_DEQUANTIZE_COPIES 32
+#ifndef FP8AMP_DEQUANTIZE_COPIES  // replicas of that table (32: no bank conflicts; 16: at most 2-way)
+#define FP8AMP_DEQUANTIZE_COPIES 16
 #endif
 #ifndef FP8AMP_DEQUANTIZE_VEC  // FP8 codes per pack of the table kernel (8 or 16)
 #define FP8AMP_DEQUANTIZE_VEC 8
@@ -56,10 +56,10 @@ constexpr int kUnroll = FP8AMP_QUANTIZE_UNROLL;  // packs in flight per thread
 #define FP8AMP_DEQUANTIZE_STREAMING_STORES 1
 #endif
 #ifndef FP8AMP_DEQUANTIZE_STREAMING_LOADS  // 1: the table kernel loads its codes with the evict-first hint
-#define FP8AMP_DEQUANTIZE_STREAMING_LOADS 0
+#define FP8AMP_DEQUANTIZE_STREAMING_LOADS 1
 #endif
 #ifndef FP8AMP_DEQUANTIZE_MIN_BLOCKS  // > 0: __launch_bounds__ minimum of resident blocks of the table kernel
-#define FP8AMP_DEQUANTIZE_MIN_BLOCKS 0
+#define FP8AMP_DEQUANTIZE_MIN_BLOCKS 8
 #endif
 constexpr int kDequantizeUnroll = FP8AMP_DEQUANTIZE_UNROLL;
 constexpr int kDequantizeCopies = FP8AMP_DEQUANTIZE_COPIES;
@@ -338,9 +338,15 @@ __global__ void __launch_bounds__(kThreads) dequantize_kernel(const uint8_t *__r
 // codes included), and then every element is a byte extract and one shared-memory load instead of a
 // decode, a multiply and a rounding: the per-element decode made the kernel issue-bound (Nsight
 // Compute: 61% of issue slots at 33% of DRAM throughput; docs/performance.md).
-// The table is replicated so that lanes never conflict: lane l reads copy l % kCopies of entry q, at
-// word q * kCopies + l % kCopies, which is bank l when kCopies == 32. Fewer copies trade 2-way
-// conflicts for occupancy (the 32-copy table is 32 KB per block).
+// The table is replicated against bank conflicts: lane l reads copy l % kCopies of entry q, at word
+// q * kCopies + l % kCopies. With 32 copies that is always bank l (no conflict, 32 KB per block);
+// with 16 (the default) lanes l and l + 16 can meet in one bank (at most 2-way), and the 16 KB table
+// with a 32-register bound lets 8 blocks share a multiprocessor instead of 6. The kernel is now
+// memory-bound (Nsight Compute: 26% of SM throughput, 76% of DRAM peak), so the rare 2-way conflict
+// costs nothing measurable, and the two extra blocks (more loads in flight) gained about 1% of copy.
+// Loads and stores carry the evict-first hint: each byte is touched once, and the hint kept L2 from
+// holding dead lines (+1.6% for the stores, +0.3-0.9% for the loads). Measurements in
+// docs/performance.md.
 constexpr int kTableCopies = kDequantizeCopies;
 static_assert(kTableCopies == 32 || kTableCopies == 16 || kTableCopies == 8, "copies: 8, 16 or 32");
 static_assert(kThreads == 256, "the table fill gives each thread one code");
@@ -405,8 +411,15 @@ __device__ __forceinline__ void store_results(uint4 *p, uint4 v) {
     else *p = v;
 }
 
+// The resident-block bound of the table kernel: F32 destinations (twice the results per pack) would
+// spill under the 32 registers that 8 blocks leave, so they keep the compiler's own choice.
+template <fp8amp_dtype D>
+constexpr int dequantize_min_blocks() {
+    return sizeof(typename Storage<D>::type) == 2 ? FP8AMP_DEQUANTIZE_MIN_BLOCKS : 0;
+}
+
 template <fp8amp_dtype S, fp8amp_dtype D, bool kVectorized>
-__global__ void __launch_bounds__(kThreads, FP8AMP_DEQUANTIZE_MIN_BLOCKS) dequantize_table_kernel(const uint8_t *__restrict__ src,
+__global__ void __launch_bounds__(kThreads, dequantize_min_blocks<D>()) dequantize_table_kernel(const uint8_t *__restrict__ src,
                                                                     typename Storage<D>::type *__restrict__ dst,
                                                                     size_t n, const float *scale_inv_ptr) {
     using DstT = typename Storage<D>::type;
