@@ -199,9 +199,11 @@ __device__ __forceinline__ PackN<uint8_t, kVec> quantize_pack(const SrcPack &a, 
     return b;
 }
 
-// Dequantize uses the shared software codec: on an H100 it measured faster (74% of copy) than the
-// hardware FP8x2 -> F16x2 conversion (62%), an exponent-rebias decode (61%) and a shared-memory
-// table (63%), each of those followed by paired F32 -> BF16 conversions (docs/performance.md).
+// The per-element dequantize with the shared software codec. The result table below computes its
+// 256 entries with the same functions. As a kernel of its own (FP8AMP_DEQUANTIZE_TABLE=0) it reached
+// 75% of copy on an H100, faster than the hardware FP8x2 -> F16x2 conversion (62%), an
+// exponent-rebias decode (61%) and a shared-memory decode table (63%), but issue-bound
+// (docs/performance.md).
 template <fp8amp_dtype S, fp8amp_dtype D>
 __device__ __forceinline__ Pack<typename Storage<D>::type> dequantize_pack(const Pack<uint8_t> &a, float scale_inv) {
     Pack<typename Storage<D>::type> b;
@@ -343,7 +345,7 @@ __global__ void __launch_bounds__(kThreads) dequantize_kernel(const uint8_t *__r
 // with 16 (the default) lanes l and l + 16 can meet in one bank (at most 2-way), and the 16 KB table
 // with a 32-register bound lets 8 blocks share a multiprocessor instead of 6. The kernel is now
 // memory-bound (Nsight Compute: 26% of SM throughput, 76% of DRAM peak), so the rare 2-way conflict
-// costs nothing measurable, and the two extra blocks (more loads in flight) gained about 1% of copy.
+// costs nothing measurable, and the two extra blocks (more loads in flight) gained 0.3-1.1% of copy.
 // Loads and stores carry the evict-first hint: each byte is touched once, and the hint kept L2 from
 // holding dead lines (+1.6% for the stores, +0.3-0.9% for the loads). Measurements in
 // docs/performance.md.
@@ -419,9 +421,9 @@ constexpr int dequantize_min_blocks() {
 }
 
 template <fp8amp_dtype S, fp8amp_dtype D, bool kVectorized>
-__global__ void __launch_bounds__(kThreads, dequantize_min_blocks<D>()) dequantize_table_kernel(const uint8_t *__restrict__ src,
-                                                                    typename Storage<D>::type *__restrict__ dst,
-                                                                    size_t n, const float *scale_inv_ptr) {
+__global__ void __launch_bounds__(kThreads, dequantize_min_blocks<D>())
+    dequantize_table_kernel(const uint8_t *__restrict__ src, typename Storage<D>::type *__restrict__ dst, size_t n,
+                            const float *scale_inv_ptr) {
     using DstT = typename Storage<D>::type;
     constexpr int kV = kDequantizeVec, kU = kDequantizeUnroll;
     constexpr int kWordsIn = kV / 4, kWordsOut = kV * int(sizeof(DstT)) / 4;
@@ -432,8 +434,8 @@ __global__ void __launch_bounds__(kThreads, dequantize_min_blocks<D>()) dequanti
     size_t i = blockIdx.x * size_t(kThreads) + threadIdx.x;
     size_t done = 0;
     if (kVectorized) {
-        // The first packs are requested before the table is built, so that the fill hides under
-        // their latency; afterwards each round requests the next packs before storing this one's.
+        // The first packs are requested before the table is built, so that the fill overlaps their
+        // latency; afterwards each round requests the next packs before storing this one's.
         const size_t packs = n / kV;
         const auto *in = reinterpret_cast<const InPack *>(src);
         auto *out = reinterpret_cast<uint4 *>(dst);
@@ -458,7 +460,7 @@ __global__ void __launch_bounds__(kThreads, dequantize_min_blocks<D>()) dequanti
 #pragma unroll
                     for (int j = 0; j < kWordsOut / 4; ++j)
                         store_results(out + (i + u * stride) * (kWordsOut / 4) + j,
-                                   make_uint4(r[4 * j], r[4 * j + 1], r[4 * j + 2], r[4 * j + 3]));
+                                      make_uint4(r[4 * j], r[4 * j + 1], r[4 * j + 2], r[4 * j + 3]));
                 }
             }
         }
@@ -466,10 +468,10 @@ __global__ void __launch_bounds__(kThreads, dequantize_min_blocks<D>()) dequanti
     } else {
         fill_table<S, D>(table, *scale_inv_ptr);
     }
-    const uint32_t lane_slot = slot;
+    // The scalar tail (and the whole of an unaligned tensor), through the same table.
     for (size_t e = done + blockIdx.x * size_t(kThreads) + threadIdx.x; e < n; e += stride) {
         const uint32_t r = *reinterpret_cast<const uint32_t *>(reinterpret_cast<const char *>(table) +
-                                                               ((uint32_t(src[e]) * kTableCopies * 4) | lane_slot));
+                                                               ((uint32_t(src[e]) * kTableCopies * 4) | slot));
         if constexpr (D == FP8AMP_DTYPE_F32) dst[e] = __uint_as_float(r);
         else dst[e] = static_cast<DstT>(r);
     }
