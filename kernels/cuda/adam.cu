@@ -31,6 +31,12 @@ namespace {
 namespace cg = cooperative_groups;
 using namespace adam;
 
+// Tuning knob, overridable at build time so bench/ can compare in one device run: the least CTAs
+// per SM the register allocation must allow (0: no bound; 4 forces 64 registers, with spills).
+#ifndef FP8AMP_ADAM_MIN_BLOCKS
+#define FP8AMP_ADAM_MIN_BLOCKS 0
+#endif
+constexpr int kMinBlocks = FP8AMP_ADAM_MIN_BLOCKS;
 constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
 constexpr uint32_t kFull = 0xFFFFFFFFu;
@@ -43,6 +49,15 @@ __device__ __forceinline__ bool finite(float x) { return (__float_as_uint(x) & 0
 __device__ __forceinline__ float grad_factor(const StepConfig &c, const Param &p, float loss_scale_inv) {
     return fmul(fmul(c.grad_scale_inv, p.grad_scale_inv ? *p.grad_scale_inv : 1.0f), loss_scale_inv);
 }
+
+// Exact hardware decodes (every E4M3/E5M2/F16 value is a float32): the software codec's values for
+// every non-NaN code, at a fraction of its instructions (the step is memory-bound only if decoding
+// is cheap). NaN codes decode to some NaN, which is all the finiteness check needs.
+__device__ __forceinline__ float2 fp8x2_to_float2(uint32_t pair, bool e4m3) {
+    const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(pair), e4m3 ? __NV_E4M3 : __NV_E5M2);
+    return __half22float2(*reinterpret_cast<const __half2 *>(&h));
+}
+__device__ __forceinline__ float f16_to_float(uint16_t h) { return __half2float(__ushort_as_half(h)); }
 
 // Four contiguous elements starting at i (n of them valid) of a parameter or gradient, decoded.
 __device__ __forceinline__ void load4(const void *base, int32_t dtype, int64_t i, int n, bool vec, float out[4]) {
@@ -59,16 +74,14 @@ __device__ __forceinline__ void load4(const void *base, int32_t dtype, int64_t i
             const uint16_t h[4] = {uint16_t(q.x), uint16_t(q.x >> 16), uint16_t(q.y), uint16_t(q.y >> 16)};
 #pragma unroll
             for (int k = 0; k < 4; ++k)
-                out[k] = dtype == FP8AMP_DTYPE_F16 ? codec::decode<codec::F16>(h[k]) : __uint_as_float(uint32_t(h[k]) << 16);
+                out[k] = dtype == FP8AMP_DTYPE_F16 ? f16_to_float(h[k]) : __uint_as_float(uint32_t(h[k]) << 16);
             return;
         }
         default: {
             const uint32_t q = *reinterpret_cast<const uint32_t *>(static_cast<const uint8_t *>(base) + i);
-#pragma unroll
-            for (int k = 0; k < 4; ++k) {
-                const uint32_t b = (q >> (8 * k)) & 0xFFu;
-                out[k] = dtype == FP8AMP_DTYPE_E4M3 ? codec::decode<codec::E4M3>(b) : codec::decode<codec::E5M2>(b);
-            }
+            const float2 lo = fp8x2_to_float2(q & 0xFFFFu, dtype == FP8AMP_DTYPE_E4M3);
+            const float2 hi = fp8x2_to_float2(q >> 16, dtype == FP8AMP_DTYPE_E4M3);
+            out[0] = lo.x, out[1] = lo.y, out[2] = hi.x, out[3] = hi.y;
             return;
         }
         }
@@ -100,7 +113,7 @@ __device__ __forceinline__ void compute_chunk(const StepConfig &c, const StepSca
             const uint2 q = *reinterpret_cast<const uint2 *>(static_cast<const uint16_t *>(p.master) + i);
             const uint16_t h[4] = {uint16_t(q.x), uint16_t(q.x >> 16), uint16_t(q.y), uint16_t(q.y >> 16)};
 #pragma unroll
-            for (int k = 0; k < 4; ++k) w[k] = fmul(codec::decode<codec::F16>(h[k]), old.w_inv);
+            for (int k = 0; k < 4; ++k) w[k] = fmul(f16_to_float(h[k]), old.w_inv);
         } else {
 #pragma unroll
             for (int k = 0; k < 4; ++k)
@@ -118,10 +131,10 @@ __device__ __forceinline__ void compute_chunk(const StepConfig &c, const StepSca
         if (full) {
             q = *reinterpret_cast<const uint32_t *>(static_cast<const uint8_t *>(p.m) + i);
         } else {
-            for (int k = 0; k < n; ++k) q |= uint32_t(static_cast<const uint8_t *>(p.m)[i + k]) << (8 * k);
+            for (int k = 0; k < 4; ++k) if (k < n) q |= uint32_t(static_cast<const uint8_t *>(p.m)[i + k]) << (8 * k);
         }
-#pragma unroll
-        for (int k = 0; k < 4; ++k) m[k] = fmul(codec::decode<codec::E4M3>((q >> (8 * k)) & 0xFFu), old.m_inv);
+        const float2 lo = fp8x2_to_float2(q & 0xFFFFu, true), hi = fp8x2_to_float2(q >> 16, true);
+        m[0] = fmul(lo.x, old.m_inv), m[1] = fmul(lo.y, old.m_inv), m[2] = fmul(hi.x, old.m_inv), m[3] = fmul(hi.y, old.m_inv);
     } else if (full) {
         const float4 q = *reinterpret_cast<const float4 *>(static_cast<const float *>(p.m) + i);
         m[0] = q.x, m[1] = q.y, m[2] = q.z, m[3] = q.w;
@@ -135,10 +148,10 @@ __device__ __forceinline__ void compute_chunk(const StepConfig &c, const StepSca
             const uint2 q = *reinterpret_cast<const uint2 *>(static_cast<const uint16_t *>(p.v) + i);
             h[0] = uint16_t(q.x), h[1] = uint16_t(q.x >> 16), h[2] = uint16_t(q.y), h[3] = uint16_t(q.y >> 16);
         } else {
-            for (int k = 0; k < n; ++k) h[k] = static_cast<const uint16_t *>(p.v)[i + k];
+            for (int k = 0; k < 4; ++k) if (k < n) h[k] = static_cast<const uint16_t *>(p.v)[i + k];
         }
 #pragma unroll
-        for (int k = 0; k < 4; ++k) v[k] = fmul(codec::decode<codec::F16>(h[k]), old.v_inv);
+        for (int k = 0; k < 4; ++k) v[k] = fmul(f16_to_float(h[k]), old.v_inv);
     } else if (full) {
         const float4 q = *reinterpret_cast<const float4 *>(static_cast<const float *>(p.v) + i);
         v[0] = q.x, v[1] = q.y, v[2] = q.z, v[3] = q.w;
@@ -201,12 +214,12 @@ __device__ __forceinline__ void store_chunk(const Param &p, int64_t i, const Lan
         if (full) {
             *reinterpret_cast<uint32_t *>(static_cast<uint8_t *>(p.m) + i) = q;
         } else {
-            for (int k = 0; k < n; ++k) static_cast<uint8_t *>(p.m)[i + k] = uint8_t(q >> (8 * k));
+            for (int k = 0; k < 4; ++k) if (k < n) static_cast<uint8_t *>(p.m)[i + k] = uint8_t(q >> (8 * k));
         }
     } else if (full) {
         *reinterpret_cast<float4 *>(static_cast<float *>(p.m) + i) = make_float4(l.m[0], l.m[1], l.m[2], l.m[3]);
     } else {
-        for (int k = 0; k < n; ++k) static_cast<float *>(p.m)[i + k] = l.m[k];
+        for (int k = 0; k < 4; ++k) if (k < n) static_cast<float *>(p.m)[i + k] = l.m[k];
     }
     if (V16) {
         uint16_t h[4];
@@ -216,12 +229,12 @@ __device__ __forceinline__ void store_chunk(const Param &p, int64_t i, const Lan
             *reinterpret_cast<uint2 *>(static_cast<uint16_t *>(p.v) + i) =
                 make_uint2(h[0] | uint32_t(h[1]) << 16, h[2] | uint32_t(h[3]) << 16);
         } else {
-            for (int k = 0; k < n; ++k) static_cast<uint16_t *>(p.v)[i + k] = h[k];
+            for (int k = 0; k < 4; ++k) if (k < n) static_cast<uint16_t *>(p.v)[i + k] = h[k];
         }
     } else if (full) {
         *reinterpret_cast<float4 *>(static_cast<float *>(p.v) + i) = make_float4(l.v[0], l.v[1], l.v[2], l.v[3]);
     } else {
-        for (int k = 0; k < n; ++k) static_cast<float *>(p.v)[i + k] = l.v[k];
+        for (int k = 0; k < 4; ++k) if (k < n) static_cast<float *>(p.v)[i + k] = l.v[k];
     }
     if (MASTER) {
         uint16_t h[4];
@@ -231,7 +244,7 @@ __device__ __forceinline__ void store_chunk(const Param &p, int64_t i, const Lan
             *reinterpret_cast<uint2 *>(static_cast<uint16_t *>(p.master) + i) =
                 make_uint2(h[0] | uint32_t(h[1]) << 16, h[2] | uint32_t(h[3]) << 16);
         } else {
-            for (int k = 0; k < n; ++k) static_cast<uint16_t *>(p.master)[i + k] = h[k];
+            for (int k = 0; k < 4; ++k) if (k < n) static_cast<uint16_t *>(p.master)[i + k] = h[k];
         }
     }
     // The parameter, in its own dtype (the CPU's codec rules: BF16/F16 overflow to inf, FP8 saturates).
@@ -240,7 +253,7 @@ __device__ __forceinline__ void store_chunk(const Param &p, int64_t i, const Lan
         if (full && p.vec_ok)
             *reinterpret_cast<float4 *>(static_cast<float *>(p.param) + i) = make_float4(l.w[0], l.w[1], l.w[2], l.w[3]);
         else
-            for (int k = 0; k < n; ++k) static_cast<float *>(p.param)[i + k] = l.w[k];
+            for (int k = 0; k < 4; ++k) if (k < n) static_cast<float *>(p.param)[i + k] = l.w[k];
         break;
     case FP8AMP_DTYPE_BF16:
     case FP8AMP_DTYPE_F16: {
@@ -252,7 +265,7 @@ __device__ __forceinline__ void store_chunk(const Param &p, int64_t i, const Lan
             *reinterpret_cast<uint2 *>(static_cast<uint16_t *>(p.param) + i) =
                 make_uint2(h[0] | uint32_t(h[1]) << 16, h[2] | uint32_t(h[3]) << 16);
         else
-            for (int k = 0; k < n; ++k) static_cast<uint16_t *>(p.param)[i + k] = h[k];
+            for (int k = 0; k < 4; ++k) if (k < n) static_cast<uint16_t *>(p.param)[i + k] = h[k];
         break;
     }
     default: {  // E4M3 bound to its meta
@@ -262,7 +275,7 @@ __device__ __forceinline__ void store_chunk(const Param &p, int64_t i, const Lan
         if (full && p.vec_ok)
             *reinterpret_cast<uint32_t *>(static_cast<uint8_t *>(p.param) + i) = q;
         else
-            for (int k = 0; k < n; ++k) static_cast<uint8_t *>(p.param)[i + k] = uint8_t(q >> (8 * k));
+            for (int k = 0; k < 4; ++k) if (k < n) static_cast<uint8_t *>(p.param)[i + k] = uint8_t(q >> (8 * k));
         break;
     }
     }
@@ -292,7 +305,7 @@ __device__ __forceinline__ void for_my_units(const StepConfig &c, int64_t warp, 
 }
 
 template <bool M8, bool V16, bool MASTER>
-__global__ void __launch_bounds__(kThreads) adam_kernel(const __grid_constant__ StepConfig c) {
+__global__ void __launch_bounds__(kThreads, kMinBlocks) adam_kernel(const __grid_constant__ StepConfig c) {
     cg::grid_group grid = cg::this_grid();
     const int lane = threadIdx.x % 32;
     const int64_t warp = int64_t(blockIdx.x) * kWarps + threadIdx.x / 32;
