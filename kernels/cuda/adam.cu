@@ -50,45 +50,10 @@ __device__ __forceinline__ float grad_factor(const StepConfig &c, const Param &p
     return fmul(fmul(c.grad_scale_inv, p.grad_scale_inv ? *p.grad_scale_inv : 1.0f), loss_scale_inv);
 }
 
-// Exact hardware decodes (every E4M3/E5M2/F16 value is a float32): the software codec's values for
-// every non-NaN code, at a fraction of its instructions (the step is memory-bound only if decoding
-// is cheap). NaN codes decode to some NaN, which is all the finiteness check needs.
-__device__ __forceinline__ float2 fp8x2_to_float2(uint32_t pair, bool e4m3) {
-    const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(pair), e4m3 ? __NV_E4M3 : __NV_E5M2);
-    return __half22float2(*reinterpret_cast<const __half2 *>(&h));
-}
+// Exact hardware decodes (every E4M3/E5M2/F16 value is a float32, see bits_value): the software
+// codec's values for every non-NaN code, at a fraction of its instructions. NaN codes decode to some
+// NaN, which is all the finiteness check needs.
 __device__ __forceinline__ float f16_to_float(uint16_t h) { return __half2float(__ushort_as_half(h)); }
-
-// Four contiguous elements starting at i (n of them valid) of a parameter or gradient, decoded.
-__device__ __forceinline__ void load4(const void *base, int32_t dtype, int64_t i, int n, bool vec, float out[4]) {
-    if (vec && n == 4) {
-        switch (dtype) {
-        case FP8AMP_DTYPE_F32: {
-            const float4 q = *reinterpret_cast<const float4 *>(static_cast<const float *>(base) + i);
-            out[0] = q.x, out[1] = q.y, out[2] = q.z, out[3] = q.w;
-            return;
-        }
-        case FP8AMP_DTYPE_F16:
-        case FP8AMP_DTYPE_BF16: {
-            const uint2 q = *reinterpret_cast<const uint2 *>(static_cast<const uint16_t *>(base) + i);
-            const uint16_t h[4] = {uint16_t(q.x), uint16_t(q.x >> 16), uint16_t(q.y), uint16_t(q.y >> 16)};
-#pragma unroll
-            for (int k = 0; k < 4; ++k)
-                out[k] = dtype == FP8AMP_DTYPE_F16 ? f16_to_float(h[k]) : __uint_as_float(uint32_t(h[k]) << 16);
-            return;
-        }
-        default: {
-            const uint32_t q = *reinterpret_cast<const uint32_t *>(static_cast<const uint8_t *>(base) + i);
-            const float2 lo = fp8x2_to_float2(q & 0xFFFFu, dtype == FP8AMP_DTYPE_E4M3);
-            const float2 hi = fp8x2_to_float2(q >> 16, dtype == FP8AMP_DTYPE_E4M3);
-            out[0] = lo.x, out[1] = lo.y, out[2] = hi.x, out[3] = hi.y;
-            return;
-        }
-        }
-    }
-#pragma unroll
-    for (int k = 0; k < 4; ++k) out[k] = k < n ? load_value(base, dtype, i + k) : 0.0f;
-}
 
 // The per-lane view of one chunk: new values of 4 elements.
 struct Lane {
@@ -100,75 +65,95 @@ struct BlockScales {
     float m_inv, v_inv, w_inv;  // scale_inv of the stored (old) state
 };
 
+__device__ __forceinline__ int dtype_bytes(int32_t dtype) {
+    return dtype == FP8AMP_DTYPE_F32 ? 4 : (dtype == FP8AMP_DTYPE_F16 || dtype == FP8AMP_DTYPE_BF16) ? 2 : 1;
+}
+
+// The bits of 4 contiguous elements (n valid) of an array of esize-byte elements, packed little-endian
+// into 1, 2 or 4 words: one vector load for a whole aligned quad, element loads otherwise. Loading
+// bits first and decoding later lets a warp issue the loads of several chunks before it uses any.
+__device__ __forceinline__ uint4 load_bits(const void *base, int esize, int64_t i, int n, bool vec) {
+    if (vec && n == 4) {
+        if (esize == 4) return *reinterpret_cast<const uint4 *>(static_cast<const uint32_t *>(base) + i);
+        if (esize == 2) {
+            const uint2 q = *reinterpret_cast<const uint2 *>(static_cast<const uint16_t *>(base) + i);
+            return make_uint4(q.x, q.y, 0u, 0u);
+        }
+        return make_uint4(*reinterpret_cast<const uint32_t *>(static_cast<const uint8_t *>(base) + i), 0u, 0u, 0u);
+    }
+    uint32_t w[4] = {0u, 0u, 0u, 0u};
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+        if (k < n) {
+            if (esize == 4) w[k] = static_cast<const uint32_t *>(base)[i + k];
+            else if (esize == 2) w[k / 2] |= uint32_t(static_cast<const uint16_t *>(base)[i + k]) << (16 * (k % 2));
+            else w[0] |= uint32_t(static_cast<const uint8_t *>(base)[i + k]) << (8 * k);
+        }
+    }
+    return make_uint4(w[0], w[1], w[2], w[3]);
+}
+
+__device__ __forceinline__ uint32_t word_of(const uint4 &r, int j) { return j == 0 ? r.x : j == 1 ? r.y : j == 2 ? r.z : r.w; }
+
+// Element k (a constant after unrolling) of load_bits' result, decoded exactly.
+__device__ __forceinline__ float bits_value(const uint4 &r, int32_t dtype, int k) {
+    switch (dtype) {
+    case FP8AMP_DTYPE_F32: return __uint_as_float(word_of(r, k));
+    case FP8AMP_DTYPE_F16: return f16_to_float(uint16_t(word_of(r, k / 2) >> (16 * (k % 2))));
+    case FP8AMP_DTYPE_BF16: return __uint_as_float((word_of(r, k / 2) >> (16 * (k % 2))) << 16);
+    default: {
+        const __half_raw h = __nv_cvt_fp8_to_halfraw(static_cast<__nv_fp8_storage_t>((r.x >> (8 * k)) & 0xFFu),
+                                                     dtype == FP8AMP_DTYPE_E4M3 ? __NV_E4M3 : __NV_E5M2);
+        return __half2float(*reinterpret_cast<const __half *>(&h));
+    }
+    }
+}
+
+struct Raw {
+    uint4 g, w, m, v;  // gradient, weight (parameter or master), m, v
+};
+
+template <bool M8, bool V16, bool MASTER>
+__device__ __forceinline__ void load_raw(const Param &p, int64_t i, int n, Raw &r) {
+    r.g = load_bits(p.grad, dtype_bytes(p.grad_dtype), i, n, p.vec_ok);
+    r.w = MASTER ? load_bits(p.master, 2, i, n, true) : load_bits(p.param, dtype_bytes(p.param_dtype), i, n, p.vec_ok);
+    r.m = load_bits(p.m, M8 ? 1 : 4, i, n, true);
+    r.v = load_bits(p.v, V16 ? 2 : 4, i, n, true);
+}
+
+template <bool M8, bool V16, bool MASTER>
+__device__ __forceinline__ void compute_raw(const StepConfig &c, const StepScalars &s, const Param &p, const Raw &r,
+                                            int n, float f, float coef, bool clip, const BlockScales &old,
+                                            float param_inv, Lane &out) {
+    out.n = n;
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+        float g = fmul(bits_value(r.g, p.grad_dtype, k), f);
+        if (clip) g = fmul(g, coef);
+        float w;
+        if (MASTER) {
+            w = fmul(bits_value(r.w, FP8AMP_DTYPE_F16, k), old.w_inv);
+        } else {
+            w = bits_value(r.w, p.param_dtype, k);
+            if (p.param_scale_inv) w = fmul(w, param_inv);
+        }
+        float m = M8 ? fmul(bits_value(r.m, FP8AMP_DTYPE_E4M3, k), old.m_inv) : __uint_as_float(word_of(r.m, k));
+        float v = V16 ? fmul(bits_value(r.v, FP8AMP_DTYPE_F16, k), old.v_inv) : __uint_as_float(word_of(r.v, k));
+        adam_element(c, s, g, w, m, v);
+        // Invalid lanes hold zeros, which take no part in an amax.
+        out.w[k] = k < n ? w : 0.0f;
+        out.m[k] = k < n ? m : 0.0f;
+        out.v[k] = k < n ? v : 0.0f;
+    }
+}
+
 template <bool M8, bool V16, bool MASTER>
 __device__ __forceinline__ void compute_chunk(const StepConfig &c, const StepScalars &s, const Param &p, int64_t i,
                                               int n, float f, float coef, bool clip, const BlockScales &old,
                                               float param_inv, Lane &out) {
-    out.n = n;
-    float g[4], w[4], m[4], v[4];
-    load4(p.grad, p.grad_dtype, i, n, p.vec_ok, g);
-    const bool full = n == 4;
-    if (MASTER) {
-        if (full) {
-            const uint2 q = *reinterpret_cast<const uint2 *>(static_cast<const uint16_t *>(p.master) + i);
-            const uint16_t h[4] = {uint16_t(q.x), uint16_t(q.x >> 16), uint16_t(q.y), uint16_t(q.y >> 16)};
-#pragma unroll
-            for (int k = 0; k < 4; ++k) w[k] = fmul(f16_to_float(h[k]), old.w_inv);
-        } else {
-#pragma unroll
-            for (int k = 0; k < 4; ++k)
-                w[k] = k < n ? fmul(codec::decode<codec::F16>(static_cast<const uint16_t *>(p.master)[i + k]), old.w_inv) : 0.0f;
-        }
-    } else {
-        load4(p.param, p.param_dtype, i, n, p.vec_ok, w);
-        if (p.param_scale_inv) {
-#pragma unroll
-            for (int k = 0; k < 4; ++k) w[k] = fmul(w[k], param_inv);
-        }
-    }
-    if (M8) {
-        uint32_t q = 0;
-        if (full) {
-            q = *reinterpret_cast<const uint32_t *>(static_cast<const uint8_t *>(p.m) + i);
-        } else {
-            for (int k = 0; k < 4; ++k) if (k < n) q |= uint32_t(static_cast<const uint8_t *>(p.m)[i + k]) << (8 * k);
-        }
-        const float2 lo = fp8x2_to_float2(q & 0xFFFFu, true), hi = fp8x2_to_float2(q >> 16, true);
-        m[0] = fmul(lo.x, old.m_inv), m[1] = fmul(lo.y, old.m_inv), m[2] = fmul(hi.x, old.m_inv), m[3] = fmul(hi.y, old.m_inv);
-    } else if (full) {
-        const float4 q = *reinterpret_cast<const float4 *>(static_cast<const float *>(p.m) + i);
-        m[0] = q.x, m[1] = q.y, m[2] = q.z, m[3] = q.w;
-    } else {
-#pragma unroll
-        for (int k = 0; k < 4; ++k) m[k] = k < n ? static_cast<const float *>(p.m)[i + k] : 0.0f;
-    }
-    if (V16) {
-        uint16_t h[4] = {0, 0, 0, 0};
-        if (full) {
-            const uint2 q = *reinterpret_cast<const uint2 *>(static_cast<const uint16_t *>(p.v) + i);
-            h[0] = uint16_t(q.x), h[1] = uint16_t(q.x >> 16), h[2] = uint16_t(q.y), h[3] = uint16_t(q.y >> 16);
-        } else {
-            for (int k = 0; k < 4; ++k) if (k < n) h[k] = static_cast<const uint16_t *>(p.v)[i + k];
-        }
-#pragma unroll
-        for (int k = 0; k < 4; ++k) v[k] = fmul(f16_to_float(h[k]), old.v_inv);
-    } else if (full) {
-        const float4 q = *reinterpret_cast<const float4 *>(static_cast<const float *>(p.v) + i);
-        v[0] = q.x, v[1] = q.y, v[2] = q.z, v[3] = q.w;
-    } else {
-#pragma unroll
-        for (int k = 0; k < 4; ++k) v[k] = k < n ? static_cast<const float *>(p.v)[i + k] : 0.0f;
-    }
-#pragma unroll
-    for (int k = 0; k < 4; ++k) {
-        float gk = fmul(g[k], f);
-        if (clip) gk = fmul(gk, coef);
-        adam_element(c, s, gk, w[k], m[k], v[k]);
-        // Invalid lanes hold zeros, which take no part in an amax.
-        out.w[k] = k < n ? w[k] : 0.0f;
-        out.m[k] = k < n ? m[k] : 0.0f;
-        out.v[k] = k < n ? v[k] : 0.0f;
-    }
+    Raw r;
+    load_raw<M8, V16, MASTER>(p, i, n, r);
+    compute_raw<M8, V16, MASTER>(c, s, p, r, n, f, coef, clip, old, param_inv, out);
 }
 
 struct Amax {
@@ -322,27 +307,45 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) adam_kernel(const __grid
         for (int64_t i = int64_t(blockIdx.x) * kThreads + threadIdx.x; i < 3 * int64_t(c.nparams);
              i += int64_t(gridDim.x) * kThreads)
             c.tensor_amax[i] = 0;
+    // This warp's units as element ranges of each parameter, kBatch chunks of loads in flight per lane.
+    constexpr int kBatch = 8;
     double sumsq = 0.0;
     bool bad = false;
-    for_my_units(c, warp, warps, [&](int k, const Param &p, int64_t lu) {
-        const float f = grad_factor(c, p, loss_scale_inv);
-        if (lu == 0 && p.grad_meta && p.grad_meta->amax_bits >= 0x7F800000u) bad = true;
-        const int64_t begin = lu * unit_elems;
-        const int64_t end = min(begin + unit_elems, p.numel);
-        for (int64_t base = begin + lane * 4; base < end; base += 128) {
-            float g[4];
-            const int n = lane_count(end - base);
-            load4(p.grad, p.grad_dtype, base, n, p.vec_ok, g);
+    {
+        const int64_t ub = c.total_units * warp / warps, ue = c.total_units * (warp + 1) / warps;
+        int k = ub < ue ? find_param(c, ub) : 0;
+        for (int64_t u = ub; u < ue;) {
+            while (k + 1 < c.nparams && c.params[k + 1].unit_begin <= u) ++k;
+            const Param &p = c.params[k];
+            const int64_t next = k + 1 < c.nparams ? c.params[k + 1].unit_begin : c.total_units;
+            const int64_t stop = min(ue, next);
+            if (u == p.unit_begin && p.grad_meta && p.grad_meta->amax_bits >= 0x7F800000u) bad = true;
+            const float f = grad_factor(c, p, loss_scale_inv);
+            const int32_t gd = p.grad_dtype;
+            const int gs = dtype_bytes(gd);
+            const bool vec = p.vec_ok;
+            const void *grad = p.grad;
+            const int64_t e1 = min((stop - p.unit_begin) * unit_elems, p.numel);
+            for (int64_t base = (u - p.unit_begin) * unit_elems + lane * 4; base < e1; base += kChunk * kBatch) {
+                uint4 r[kBatch];
 #pragma unroll
-            for (int q = 0; q < 4; ++q) {
-                const float x = fmul(g[q], f);
-                if (q < n) {
-                    bad |= !finite(x);
-                    sumsq += double(x) * double(x);
+                for (int j = 0; j < kBatch; ++j) r[j] = load_bits(grad, gs, base + j * kChunk, lane_count(e1 - base - j * kChunk), vec);
+#pragma unroll
+                for (int j = 0; j < kBatch; ++j) {
+                    const int n = lane_count(e1 - base - j * kChunk);
+#pragma unroll
+                    for (int q = 0; q < 4; ++q) {
+                        const float x = fmul(bits_value(r[j], gd, q), f);
+                        if (q < n) {
+                            bad |= !finite(x);
+                            sumsq += double(x) * double(x);
+                        }
+                    }
                 }
             }
+            u = stop;
         }
-    });
+    }
     __shared__ double s_sum[kWarps];
     __shared__ int s_bad[kWarps];
     for (int o = 16; o > 0; o /= 2) sumsq += __shfl_down_sync(kFull, sumsq, o);
@@ -430,11 +433,64 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) adam_kernel(const __grid
         const uint32_t r = __reduce_max_sync(kFull, param_amax);
         if (lane == 0) atomicMax(&c.params[cur].param_meta->amax_bits, r);
     };
+    auto old_scales = [&](const Param &p, int64_t si) {
+        return BlockScales{M8 ? p.m_scale_inv[si] : 1.0f, V16 ? p.v_scale_inv[si] : 1.0f,
+                           MASTER ? p.master_scale_inv[si] : 1.0f};
+    };
+    // A 128-element block in registers: its new amax, its scales, its stores.
+    auto finish_block = [&](const Param &p, int64_t si, int64_t i, const Lane &l, float param_scale) {
+        Amax a;
+        lane_amax(l, a);
+        const NewScales ns = scales_of(warp_amax(a));
+        __syncwarp();  // every lane has read the old scales
+        if (lane == 0) {
+            if (M8) p.m_scale_inv[si] = fdiv(1.0f, ns.m);
+            if (V16) p.v_scale_inv[si] = fdiv(1.0f, ns.v);
+            if (MASTER) p.master_scale_inv[si] = fdiv(1.0f, ns.w);
+        }
+#pragma unroll
+        for (int q = 0; q < 4; ++q) param_amax = max(param_amax, amax_bits_of(l.w[q]));
+        if (l.n > 0) store_chunk<M8, V16, MASTER>(p, i, l, ns, param_scale);
+    };
+    if (!per_tensor && c.block_size == kChunk) {
+        // The common case: one block per chunk. Two blocks per iteration, all loads issued first.
+        const int64_t ub = c.total_units * warp / warps, ue = c.total_units * (warp + 1) / warps;
+        int k = ub < ue ? find_param(c, ub) : 0;
+        for (int64_t u = ub; u < ue;) {
+            while (k + 1 < c.nparams && c.params[k + 1].unit_begin <= u) ++k;
+            if (k != cur) flush_param(), cur = k, param_amax = 0;
+            const Param &p = c.params[k];
+            const int64_t next = k + 1 < c.nparams ? c.params[k + 1].unit_begin : c.total_units;
+            const int64_t lu = u - p.unit_begin, si = p.scale_begin + lu;
+            const float param_inv = p.param_scale_inv ? *p.param_scale_inv : 1.0f;
+            const float param_scale = p.param_meta ? p.param_meta->scale : 1.0f;
+            const float f = grad_factor(c, p, loss_scale_inv);
+            const int64_t i0 = lu * kChunk + lane * 4;
+            const int n0 = lane_count(p.numel - i0);
+            if (u + 1 < ue && u + 1 < next) {
+                const int n1 = lane_count(p.numel - i0 - kChunk);
+                Raw r0, r1;
+                load_raw<M8, V16, MASTER>(p, i0, n0, r0);
+                load_raw<M8, V16, MASTER>(p, i0 + kChunk, n1, r1);
+                const BlockScales o0 = old_scales(p, si), o1 = old_scales(p, si + 1);
+                Lane l;
+                compute_raw<M8, V16, MASTER>(c, s, p, r0, n0, f, coef, clip, o0, param_inv, l);
+                finish_block(p, si, i0, l, param_scale);
+                compute_raw<M8, V16, MASTER>(c, s, p, r1, n1, f, coef, clip, o1, param_inv, l);
+                finish_block(p, si + 1, i0 + kChunk, l, param_scale);
+                u += 2;
+            } else {
+                Lane l;
+                compute_chunk<M8, V16, MASTER>(c, s, p, i0, n0, f, coef, clip, old_scales(p, si), param_inv, l);
+                finish_block(p, si, i0, l, param_scale);
+                u += 1;
+            }
+        }
+    } else {
     for_my_units(c, warp, warps, [&](int k, const Param &p, int64_t lu) {
         if (k != cur) flush_param(), cur = k, param_amax = 0;
         const int64_t si = p.scale_begin + (per_tensor ? 0 : lu);
-        const BlockScales old{M8 ? p.m_scale_inv[si] : 1.0f, V16 ? p.v_scale_inv[si] : 1.0f,
-                              MASTER ? p.master_scale_inv[si] : 1.0f};
+        const BlockScales old = old_scales(p, si);
         const float param_inv = p.param_scale_inv ? *p.param_scale_inv : 1.0f;
         const float param_scale = p.param_meta ? p.param_meta->scale : 1.0f;
         const float f = grad_factor(c, p, loss_scale_inv);
@@ -442,25 +498,17 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) adam_kernel(const __grid
         const int64_t end = min(begin + unit_elems, p.numel);
         auto count = [&](int64_t base) { return lane_count(end - base); };
         NewScales ns{1.0f, 1.0f, 1.0f};
-        Lane l;
-        bool have = false;
         if (per_tensor) {
             Amax a;
             a.m = c.tensor_amax[3 * k + 0], a.v = c.tensor_amax[3 * k + 1], a.w = c.tensor_amax[3 * k + 2];
             ns = scales_of(a);
         } else if (M8 || V16 || MASTER) {
+            // Blocks of several chunks: a first pass for the block's amax, then the stores.
             Amax a;
-            if (end - begin <= kChunk) {
-                compute_chunk<M8, V16, MASTER>(c, s, p, begin + lane * 4, count(begin + lane * 4), f, coef, clip, old,
-                                               param_inv, l);
-                have = true;
-                lane_amax(l, a);
-            } else {
-                for (int64_t base = begin + lane * 4; base < end; base += kChunk) {
-                    Lane t;
-                    compute_chunk<M8, V16, MASTER>(c, s, p, base, count(base), f, coef, clip, old, param_inv, t);
-                    lane_amax(t, a);
-                }
+            for (int64_t base = begin + lane * 4; base < end; base += kChunk) {
+                Lane t;
+                compute_chunk<M8, V16, MASTER>(c, s, p, base, count(base), f, coef, clip, old, param_inv, t);
+                lane_amax(t, a);
             }
             ns = scales_of(warp_amax(a));
         }
@@ -473,13 +521,14 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) adam_kernel(const __grid
             if (MASTER) p.master_scale_inv[si] = fdiv(1.0f, ns.w);
         }
         for (int64_t base = begin + lane * 4; base < end; base += kChunk) {
-            if (!have) compute_chunk<M8, V16, MASTER>(c, s, p, base, count(base), f, coef, clip, old, param_inv, l);
-            have = false;
+            Lane l;
+            compute_chunk<M8, V16, MASTER>(c, s, p, base, count(base), f, coef, clip, old, param_inv, l);
 #pragma unroll
             for (int q = 0; q < 4; ++q) param_amax = max(param_amax, amax_bits_of(l.w[q]));
             if (l.n > 0) store_chunk<M8, V16, MASTER>(p, base, l, ns, param_scale);
         }
     });
+    }
     flush_param();
 
     // ---- phase 3: the metas of scaled parameters; per-tensor state scales ----
