@@ -500,7 +500,7 @@ FP8AMP_API fp8amp_status fp8amp_adam_step_args_init_default(fp8amp_adam_step_arg
  *  count and the norm live on the device: read them with the getters below. args may be NULL (the
  *  defaults). Statuses: SUCCESS; INVALID_HANDLE (opt, args->scaler); INVALID_ARGUMENT (struct_size
  *  too small, grad_scale_inv or lr non-finite); DEVICE_MISMATCH (a scaler of another device);
- *  CUDA. A step with no parameters only resets found_inf. */
+ *  CUDA. A step with no parameters records found_inf 0 and advances the step count. */
 FP8AMP_API fp8amp_status fp8amp_optimizer_step(fp8amp_optimizer opt, const fp8amp_adam_step_args *args);
 
 /** Synchronizing getters of the device-side results of the last step: found_inf (1 if it was
