@@ -6,6 +6,7 @@
 #include <string>
 
 #include "fp8amp/fp8amp.h"
+#include "boundary.hpp"
 #include "context.hpp"
 #include "error.hpp"
 #include "handles.hpp"
@@ -21,9 +22,11 @@ using fp8amp::core::ScalingMeta;
 using fp8amp::core::Tensor;
 using fp8amp::core::lookup;
 
-namespace {
+namespace fp8amp::capi {
 
+namespace {
 thread_local std::string g_last_error;
+}
 
 void set_error(const char *function, const char *message) noexcept {
     try {
@@ -33,40 +36,11 @@ void set_error(const char *function, const char *message) noexcept {
     }
 }
 
-template <class F>
-fp8amp_status guarded(const char *function, F &&body) noexcept {
-    try {
-        body();
-        return FP8AMP_SUCCESS;
-    } catch (const Error &e) {
-        set_error(function, e.what());
-        return e.status();
-    } catch (const std::bad_alloc &) {
-        set_error(function, "out of host memory");
-        return FP8AMP_ERROR_OUT_OF_MEMORY;
-    } catch (const std::exception &e) {
-        set_error(function, e.what());
-        return FP8AMP_ERROR_INTERNAL;
-    } catch (...) {
-        set_error(function, "unknown internal error");
-        return FP8AMP_ERROR_INTERNAL;
-    }
-}
+const char *last_error() noexcept { return g_last_error.c_str(); }
 
-template <class T>
-void require(const T *pointer, const char *argument) {
-    if (!pointer) fail(FP8AMP_ERROR_INVALID_ARGUMENT, std::string(argument) + " is NULL");
-}
+}  // namespace fp8amp::capi
 
-// Registers a new object and writes its handle, or leaves *out untouched if registration fails.
-template <class Handle, class T>
-void publish(std::shared_ptr<T> object, Handle *out) {
-    *out = reinterpret_cast<Handle>(fp8amp::core::register_handle(std::move(object)));
-}
-
-}  // namespace
-
-#define FP8AMP_GUARD(body) return guarded(__func__, [&]() body)
+using namespace fp8amp::capi;
 
 extern "C" {
 
@@ -91,7 +65,7 @@ FP8AMP_API const char *fp8amp_status_name(fp8amp_status status) {
     return "FP8AMP_UNKNOWN_STATUS";
 }
 
-FP8AMP_API const char *fp8amp_last_error_message(void) { return g_last_error.c_str(); }
+FP8AMP_API const char *fp8amp_last_error_message(void) { return last_error(); }
 
 FP8AMP_API size_t fp8amp_dtype_size(fp8amp_dtype dtype) {
     switch (dtype) {

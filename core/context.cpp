@@ -93,4 +93,16 @@ void Context::synchronize() const {
     if (is_cuda()) kernels::cuda::synchronize(device_.index, stream_);
 }
 
+kernels::cuda::GemmEngine &Context::gemm_engine() const {
+    if (!gemm_engine_) gemm_engine_ = kernels::cuda::gemm_engine_create(device_.index);
+    return *gemm_engine_;
+}
+
+Storage &Context::gemm_workspace() const {
+    // 32 MiB: what cuBLASLt's Hopper kernels ask for at most (PyTorch and Transformer Engine use the same).
+    constexpr size_t kWorkspaceBytes = size_t{32} << 20;
+    if (!gemm_workspace_) gemm_workspace_ = allocate(kWorkspaceBytes);
+    return *gemm_workspace_;
+}
+
 }  // namespace fp8amp::core

@@ -9,6 +9,10 @@
 #include "fp8amp/fp8amp.h"
 #include "handles.hpp"
 
+namespace fp8amp::kernels::cuda {
+struct GemmEngine;
+}
+
 namespace fp8amp::core {
 
 bool same_device(const fp8amp_device &a, const fp8amp_device &b);
@@ -51,12 +55,20 @@ public:
     std::shared_ptr<Storage> allocate(size_t nbytes) const;
     void synchronize() const;
 
+    // cuBLASLt state of this context (CUDA only), made on first use: the engine with its plan cache,
+    // and the GEMM workspace, from the context's allocator. A context is used by one thread at a
+    // time, which makes the lazy creation safe.
+    kernels::cuda::GemmEngine &gemm_engine() const;
+    Storage &gemm_workspace() const;
+
 private:
     fp8amp_device device_;
     void *stream_ = nullptr;
     fp8amp_alloc_fn alloc_fn_ = nullptr;
     fp8amp_free_fn free_fn_ = nullptr;
     void *alloc_user_data_ = nullptr;
+    mutable std::shared_ptr<kernels::cuda::GemmEngine> gemm_engine_;
+    mutable std::shared_ptr<Storage> gemm_workspace_;
 };
 
 }  // namespace fp8amp::core

@@ -26,11 +26,13 @@ void check_wide(const Tensor &t, const char *argument) {
              std::string(argument) + " is " + t.describe() + ": it must be f32, f16 or bf16");
 }
 
-// Throws DTYPE_MISMATCH unless t is E4M3 or E5M2.
-void check_fp8(const Tensor &t, const char *argument) {
-    if (!is_fp8(t.dtype()))
+// Throws DTYPE_MISMATCH unless t is of a scaled dtype: E4M3, E5M2 or F16. (An F16 tensor is a
+// scaled tensor when it is the quantize destination or dequantize source; bound_meta then requires
+// its meta. As a quantize source or dequantize destination F16 is a plain wide dtype.)
+void check_scaled(const Tensor &t, const char *argument) {
+    if (!is_scaled_dtype(t.dtype()))
         fail(FP8AMP_ERROR_DTYPE_MISMATCH,
-             std::string(argument) + " is " + t.describe() + ": it must be e4m3 or e5m2");
+             std::string(argument) + " is " + t.describe() + ": it must be e4m3, e5m2 or f16 (scaled)");
 }
 
 // The meta t is bound to; INVALID_ARGUMENT if none.
@@ -66,11 +68,12 @@ void cast(const Context &ctx, const Tensor &src, Tensor &dst) {
         kernels::cuda::cast(ctx.device().index, ctx.stream(), src.data(), src.dtype(), dst.data(), dst.dtype(), n);
     else
         kernels::cpu::cast(src.data(), src.dtype(), dst.data(), dst.dtype(), n);
+    dst.mark_written();
 }
 
 void quantize(const Context &ctx, const Tensor &src, Tensor &dst) {
     check_wide(src, "src");
-    check_fp8(dst, "dst");
+    check_scaled(dst, "dst");
     ScalingMeta &meta = bound_meta(dst, "dst");
     check_on_device(ctx, src, "src");
     check_on_device(ctx, dst, "dst");
@@ -85,12 +88,13 @@ void quantize(const Context &ctx, const Tensor &src, Tensor &dst) {
                                 target);
     else
         kernels::cpu::quantize(src.data(), src.dtype(), dst.data(), dst.dtype(), n, target);
+    dst.mark_written();
 }
 
 void quantize_transpose(const Context &ctx, const Tensor &src, Tensor &dst, Tensor &dst_t) {
     check_wide(src, "src");
-    check_fp8(dst, "dst");
-    check_fp8(dst_t, "dst_t");
+    check_scaled(dst, "dst");
+    check_scaled(dst_t, "dst_t");
     if (dst.dtype() != dst_t.dtype())
         fail(FP8AMP_ERROR_DTYPE_MISMATCH, "dst is " + dst.describe() + " but dst_t is " + dst_t.describe());
     ScalingMeta &meta = bound_meta(dst, "dst");
@@ -123,10 +127,12 @@ void quantize_transpose(const Context &ctx, const Tensor &src, Tensor &dst, Tens
     else
         kernels::cpu::quantize_transpose(src.data(), src.dtype(), dst.data(), dst_t.data(), dst.dtype(), rows, cols,
                                          target);
+    dst.mark_written();
+    dst_t.mark_written();
 }
 
 void dequantize(const Context &ctx, const Tensor &src, Tensor &dst) {
-    check_fp8(src, "src");
+    check_scaled(src, "src");
     check_wide(dst, "dst");
     ScalingMeta &meta = bound_meta(src, "src");
     check_on_device(ctx, src, "src");
@@ -141,6 +147,7 @@ void dequantize(const Context &ctx, const Tensor &src, Tensor &dst) {
                                   n, src.scale_inv());
     else
         kernels::cpu::dequantize(src.data(), src.dtype(), dst.data(), dst.dtype(), n, src.scale_inv());
+    dst.mark_written();
 }
 
 float amax(const Context &ctx, const Tensor &t) {
@@ -159,6 +166,35 @@ float amax(const Context &ctx, const Tensor &t) {
     float out;
     std::memcpy(&out, &bits, sizeof out);
     return out;
+}
+
+void quantize_unchecked(const Context &ctx, const void *src, fp8amp_dtype src_dtype, size_t rows, size_t cols,
+                        Tensor &dst, Tensor *dst_t) {
+    ScalingMeta &meta = *dst.scaling();
+    const kernels::QuantizeTarget target{meta.state(), dst.scale_inv(), dst_t ? dst_t->scale_inv() : nullptr,
+                                         meta.current(), meta.stats_enabled()};
+    if (dst_t) {
+        if (ctx.is_cuda())
+            kernels::cuda::quantize_transpose(ctx.device().index, ctx.stream(), src, src_dtype, dst.data(),
+                                              dst_t->data(), dst.dtype(), rows, cols, target);
+        else
+            kernels::cpu::quantize_transpose(src, src_dtype, dst.data(), dst_t->data(), dst.dtype(), rows, cols, target);
+        dst_t->mark_written();
+    } else if (ctx.is_cuda()) {
+        kernels::cuda::quantize(ctx.device().index, ctx.stream(), src, src_dtype, dst.data(), dst.dtype(), rows * cols,
+                                target);
+    } else {
+        kernels::cpu::quantize(src, src_dtype, dst.data(), dst.dtype(), rows * cols, target);
+    }
+    dst.mark_written();
+}
+
+void cast_unchecked(const Context &ctx, const void *src, fp8amp_dtype src_dtype, void *dst, fp8amp_dtype dst_dtype,
+                    size_t n) {
+    if (ctx.is_cuda())
+        kernels::cuda::cast(ctx.device().index, ctx.stream(), src, src_dtype, dst, dst_dtype, n);
+    else
+        kernels::cpu::cast(src, src_dtype, dst, dst_dtype, n);
 }
 
 void update_scaling(const Context &ctx, const std::vector<std::shared_ptr<ScalingMeta>> &metas) {

@@ -120,16 +120,13 @@ void Optimizer::add_param(std::shared_ptr<Tensor> param, std::shared_ptr<Tensor>
     if (p.scaling() && !same_device(p.scaling()->device(), device()))
         fail(FP8AMP_ERROR_DEVICE_MISMATCH, "param's meta is an " + p.scaling()->describe() + ", the optimizer is on " +
                                                device_name(device()));
-    if (is_fp8(g.dtype()) && g.scaling() && !same_device(g.scaling()->device(), device()))
+    if (g.scaling() && !same_device(g.scaling()->device(), device()))
         fail(FP8AMP_ERROR_DEVICE_MISMATCH, "grad's meta is an " + g.scaling()->describe() + ", the optimizer is on " +
                                                device_name(device()));
     // scaling
     if (p.dtype() == FP8AMP_DTYPE_E4M3 && !p.scaling())
         fail(FP8AMP_ERROR_INVALID_ARGUMENT, "param (" + p.describe() +
                                                 ") is not bound to a scaling meta (fp8amp_tensor_set_scaling): an e4m3 parameter needs one");
-    if (p.dtype() == FP8AMP_DTYPE_F16 && p.scaling())
-        fail(FP8AMP_ERROR_NOT_SUPPORTED, "param (" + p.describe() +
-                                             ") is a scaled f16 tensor: scaled f16 parameters are not supported by this build yet");
     if (p.scaling() && p.scaling()->current())
         fail(FP8AMP_ERROR_INVALID_ARGUMENT,
              "param's meta uses current scaling: the optimizer writes parameters with delayed scaling (the meta's scale, "
@@ -207,7 +204,7 @@ void Optimizer::add_param(std::shared_ptr<Tensor> param, std::shared_ptr<Tensor>
         to_device(e.master_scale->data(), scale_inv.data(), scale_bytes);
     }
     e.param_meta = p.scaling();
-    e.grad_meta = is_fp8(g.dtype()) ? g.scaling() : nullptr;
+    e.grad_meta = g.scaling();
     e.param = std::move(param);
     e.grad = std::move(grad);
     entries_.push_back(std::move(e));
@@ -239,8 +236,10 @@ void Optimizer::rebuild_list() {
         q.master_scale_inv = e.master_scale ? static_cast<float *>(e.master_scale->data()) : nullptr;
         q.param_meta = p.scaling() ? p.scaling()->state() : nullptr;
         q.param_scale_inv = p.scaling() ? p.scale_inv() : nullptr;
-        q.grad_meta = is_fp8(g.dtype()) && g.scaling() ? g.scaling()->state() : nullptr;
-        q.grad_scale_inv = is_fp8(g.dtype()) ? g.scale_inv() : nullptr;
+        // A gradient's value is code * its scale_inv when it is scaled: FP8 (which always carries the
+        // scale it was quantized with, bound or not) or F16 bound to a meta (scaled F16).
+        q.grad_meta = g.scaling() ? g.scaling()->state() : nullptr;
+        q.grad_scale_inv = (g.scaling() || is_fp8(g.dtype())) ? g.scale_inv() : nullptr;
         q.numel = p.numel();
         q.unit_begin = unit;
         q.scale_begin = 0;
@@ -272,8 +271,7 @@ void Optimizer::step(float lr, const float *lr_device, float grad_scale_inv, Gra
     // would leave it pointing at another (possibly freed) meta.
     for (size_t i = 0; i < entries_.size(); ++i) {
         const Entry &e = entries_[i];
-        const ScalingMeta *gmeta = is_fp8(e.grad->dtype()) ? e.grad->scaling() : nullptr;
-        if (e.param->scaling() != e.param_meta || gmeta != e.grad_meta)
+        if (e.param->scaling() != e.param_meta || e.grad->scaling() != e.grad_meta)
             fail(FP8AMP_ERROR_INVALID_ARGUMENT, "the scaling meta of parameter #" + std::to_string(i) +
                                                     " or of its gradient changed since fp8amp_optimizer_add_param");
     }
@@ -306,6 +304,9 @@ void Optimizer::step(float lr, const float *lr_device, float grad_scale_inv, Gra
     else
         kernels::cpu::adam_step(c);
     stepped_ = true;
+    // The parameters were written (unless the step skips, which only the device knows): a Linear
+    // re-quantizes a weight whose version moved.
+    for (Entry &e : entries_) e.param->mark_written();
 }
 
 adam::Status Optimizer::status() const {
@@ -568,7 +569,7 @@ void Optimizer::load(const unsigned char *data, size_t size) {
             if (s.history_len != static_cast<uint32_t>(rec.amax_history_len) || s.interval != static_cast<uint32_t>(rec.interval) ||
                 s.margin != rec.margin || s.most_recent != (rec.amax_algo == FP8AMP_AMAX_MOST_RECENT ? 1u : 0u) ||
                 s.power_of_two != (rec.power_of_two_scales ? 1u : 0u) || s.current != 0u ||
-                s.fp8_max != (e.param_meta->dtype() == FP8AMP_DTYPE_E4M3 ? 448.0f : 57344.0f))
+                s.fp8_max != scaled_dtype_max(e.param_meta->dtype()))
                 fail(FP8AMP_ERROR_DTYPE_MISMATCH, "checkpoint " + who + "'s scaling meta has another recipe than the optimizer's");
             if (s.head >= s.history_len || !(s.scale >= FLT_MIN && s.scale <= FLT_MAX) || !(s.scale_inv > 0.0f) ||
                 !(plan.slot > 0.0f && plan.slot <= FLT_MAX))
@@ -610,6 +611,7 @@ void Optimizer::load(const unsigned char *data, size_t size) {
         }
     }
     to_device(status_->data(), &st, sizeof st);
+    for (Entry &e : entries_) e.param->mark_written();
     desc_ = d;
 }
 

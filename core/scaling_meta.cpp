@@ -15,6 +15,17 @@ using kernels::ScalingState;
 
 bool is_fp8(fp8amp_dtype dtype) { return dtype == FP8AMP_DTYPE_E4M3 || dtype == FP8AMP_DTYPE_E5M2; }
 
+bool is_scaled_dtype(fp8amp_dtype dtype) { return is_fp8(dtype) || dtype == FP8AMP_DTYPE_F16; }
+
+float scaled_dtype_max(fp8amp_dtype dtype) {
+    switch (dtype) {
+    case FP8AMP_DTYPE_E4M3: return 448.0f;
+    case FP8AMP_DTYPE_E5M2: return 57344.0f;
+    case FP8AMP_DTYPE_F16: return 65504.0f;
+    default: fail(FP8AMP_ERROR_INTERNAL, "scaled_dtype_max: not a scaled dtype");
+    }
+}
+
 fp8amp_recipe validate_recipe(const fp8amp_recipe &recipe) {
     // The fields known to this version end with power_of_two_scales; a caller built against a newer
     // header may pass a larger struct, whose extra fields this version does not read.
@@ -48,10 +59,10 @@ fp8amp_recipe validate_recipe(const fp8amp_recipe &recipe) {
 
 ScalingMeta::ScalingMeta(std::shared_ptr<const Context> ctx, const fp8amp_recipe &recipe, fp8amp_dtype fp8_dtype)
     : ctx_(std::move(ctx)), recipe_(validate_recipe(recipe)), dtype_(fp8_dtype) {
-    if (!is_fp8(fp8_dtype))
+    if (!is_scaled_dtype(fp8_dtype))
         fail(FP8AMP_ERROR_DTYPE_MISMATCH, std::string("fp8_dtype is ") + fp8amp_dtype_name(fp8_dtype) +
                                               " (" + std::to_string(static_cast<int>(fp8_dtype)) +
-                                              "): a scaling meta is for e4m3 or e5m2 tensors");
+                                              "): a scaling meta is for e4m3, e5m2 or f16 tensors");
     const auto len = static_cast<uint32_t>(recipe_.amax_history_len);
     const size_t nbytes = ScalingState::bytes(len);
 
@@ -70,7 +81,7 @@ ScalingMeta::ScalingMeta(std::shared_ptr<const Context> ctx, const fp8amp_recipe
     init.power_of_two = recipe_.power_of_two_scales ? 1u : 0u;
     init.current = recipe_.mode == FP8AMP_SCALING_CURRENT ? 1u : 0u;
     init.stats_enabled = 0;
-    init.fp8_max = fp8_dtype == FP8AMP_DTYPE_E4M3 ? 448.0f : 57344.0f;
+    init.fp8_max = scaled_dtype_max(fp8_dtype);
     std::memcpy(host.data(), &init, sizeof init);
 
     storage_ = ctx_->allocate(nbytes);

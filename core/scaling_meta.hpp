@@ -22,12 +22,17 @@ namespace fp8amp::core {
 fp8amp_recipe validate_recipe(const fp8amp_recipe &recipe);
 
 bool is_fp8(fp8amp_dtype dtype);
+// A dtype a scaling meta can be made for and a tensor bound to: E4M3, E5M2, or F16 (the scaled
+// 16-bit format of MS-AMP's O1/O2 weights and O2 Adam state).
+bool is_scaled_dtype(fp8amp_dtype dtype);
+// The largest finite value of a scaled dtype (448, 57344, 65504).
+float scaled_dtype_max(fp8amp_dtype dtype);
 
 class ScalingMeta {
 public:
     static constexpr HandleKind kKind = HandleKind::Scaling;
 
-    // A meta for tensors of fp8_dtype (E4M3 or E5M2, else DTYPE_MISMATCH) on ctx's device.
+    // A meta for tensors of fp8_dtype (E4M3, E5M2 or F16, else DTYPE_MISMATCH) on ctx's device.
     ScalingMeta(std::shared_ptr<const Context> ctx, const fp8amp_recipe &recipe, fp8amp_dtype fp8_dtype);
 
     const Context &context() const { return *ctx_; }

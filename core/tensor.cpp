@@ -228,6 +228,7 @@ void Tensor::copy_from_host(const void *src, size_t nbytes) {
         kernels::cuda::copy_to_device(device_.index, ctx_->stream(), data_, src, nbytes);
     else
         std::memcpy(data_, src, nbytes);
+    mark_written();
 }
 
 void Tensor::copy_to_host(void *dst, size_t nbytes) const {
@@ -246,9 +247,9 @@ void Tensor::set_scaling(std::shared_ptr<ScalingMeta> meta) {
         scaling_.reset();  // the scale_inv slot stays: the data keeps the scale it was quantized with
         return;
     }
-    if (!is_fp8(dtype_))
+    if (!is_scaled_dtype(dtype_))
         fail(FP8AMP_ERROR_DTYPE_MISMATCH,
-             "t is " + describe() + ": only an e4m3 or e5m2 tensor can be bound to a scaling meta");
+             "t is " + describe() + ": only an e4m3, e5m2 or f16 tensor can be bound to a scaling meta");
     if (meta->dtype() != dtype_)
         fail(FP8AMP_ERROR_DTYPE_MISMATCH, "t is " + describe() + " but s is an " + meta->describe());
     if (!same_device(meta->device(), device_))

@@ -47,13 +47,19 @@ public:
     void copy_from_host(const void *src, size_t nbytes);
     void copy_to_host(void *dst, size_t nbytes) const;
 
-    // fp8amp_tensor_set_scaling: binds this FP8 tensor to a meta of its dtype and device (null
+    // fp8amp_tensor_set_scaling: binds this scaled-dtype (E4M3, E5M2, F16) tensor to a meta of its dtype and device (null
     // unbinds) and sets the tensor's scale_inv slot to the meta's current scale_inv.
     void set_scaling(std::shared_ptr<ScalingMeta> meta);
     ScalingMeta *scaling() const { return scaling_.get(); }
     // The scale_inv this tensor was last quantized with (device memory; 4 bytes from the context's
     // allocator, made by the first binding), or null if it was never bound.
     float *scale_inv() const { return scale_inv_ ? static_cast<float *>(scale_inv_->data()) : nullptr; }
+
+    // A counter of the writes this library made to the tensor (host copies, casts, quantizes, the
+    // optimizer): a Linear re-quantizes its weight when it moved. Writes made outside the library
+    // (a DLPack producer, a raw pointer) are not seen.
+    uint64_t version() const { return version_; }
+    void mark_written() { ++version_; }
 
 private:
     Tensor() = default;
@@ -72,6 +78,7 @@ private:
     std::shared_ptr<Storage> storage_;  // keeps the memory alive; also held by exported DLPack views
     std::shared_ptr<ScalingMeta> scaling_;
     std::shared_ptr<Storage> scale_inv_;
+    uint64_t version_ = 0;
 };
 
 // Throws INVALID_ARGUMENT unless `dtype` is one of fp8amp_dtype's values.

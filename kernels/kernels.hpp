@@ -6,6 +6,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <string>
 
 #include "fp8amp/fp8amp.h"
@@ -31,6 +32,36 @@ struct QuantizeTarget {
     bool stats = false;    // count saturated / underflowed elements
 };
 
+// One GEMM, row-major: D[m, n] = scale_a * scale_b * sum_k A[m, k] * B[n, k] (+ D when accumulating)
+// (+ bias[n]), accumulated in FP32. Each operand is stored K-contiguous ([m, k] / [n, k]) or not
+// ([k, m] / [k, n]); FP8 operands must be K-contiguous (the "TN" layout of Hopper's FP8 GEMMs).
+struct GemmOperand {
+    const void *data;
+    fp8amp_dtype dtype;
+    const float *scale_inv = nullptr;  // device (CPU: host) pointer to the operand's scale_inv, or null (1)
+    bool k_contiguous = true;
+};
+struct GemmArgs {
+    int64_t m = 0, n = 0, k = 0;
+    GemmOperand a{}, b{};
+    void *d = nullptr;
+    fp8amp_dtype d_dtype = FP8AMP_DTYPE_F32;
+    bool accumulate = false;                      // D += ..., D F32 only
+    const void *bias = nullptr;                   // [n] or null
+    fp8amp_dtype bias_dtype = FP8AMP_DTYPE_BF16;  // see bias_dtype_for
+    bool fast_accum = false;                      // CUDA FP8: fast (not split) accumulation
+};
+
+// The dtype a GEMM's bias must have for an output dtype: cuBLASLt's FP8 kernels take a BF16 bias for
+// F32/BF16 outputs and an F16 bias for F16 outputs; its 16-bit kernels take the output's dtype. The
+// CPU backend follows the same rule so that both backends round the bias alike.
+inline fp8amp_dtype bias_dtype_for(bool fp8_operands, fp8amp_dtype d_dtype) {
+    if (d_dtype == FP8AMP_DTYPE_F16) return FP8AMP_DTYPE_F16;
+    return fp8_operands ? FP8AMP_DTYPE_BF16 : d_dtype;
+}
+
+constexpr size_t kColumnSumChunks = 64;
+
 // ---- CPU reference kernels (portable C++) -------------------------------------------------------
 // Same semantics as the CUDA functions below, bit for bit; memory is host memory.
 namespace cpu {
@@ -39,6 +70,7 @@ void cast(const void *src, fp8amp_dtype src_dtype, void *dst, fp8amp_dtype dst_d
 // max |src| (NaN counts as inf), as amax bits (see scaling.hpp).
 uint32_t amax(const void *src, fp8amp_dtype src_dtype, size_t n);
 // dst = fp8(src * scale); records amax and statistics; current scaling computes the scale first.
+// dst_dtype is a scaled dtype: E4M3, E5M2, or F16 (saturating like FP8); dequantize's src likewise.
 void quantize(const void *src, fp8amp_dtype src_dtype, void *dst, fp8amp_dtype dst_dtype, size_t n,
               const QuantizeTarget &target);
 // quantize of src [rows, cols] into dst [rows, cols] and dst_t [cols, rows].
@@ -49,6 +81,12 @@ void dequantize(const void *src, fp8amp_dtype src_dtype, void *dst, fp8amp_dtype
                 const float *scale_inv);
 // fp8amp_scaling_update of each meta.
 void update_scaling(ScalingState *const *metas, size_t n);
+// The GEMM above, FP32 accumulation.
+void gemm(const GemmArgs &args);
+// dst[c] (+)= sum over rows of src[r, c], in FP32 (bias gradients).
+void column_sum(const void *src, fp8amp_dtype src_dtype, size_t rows, size_t cols, float *dst, bool accumulate);
+// dst[c, r] = src[r, c] for 1-byte elements.
+void transpose_bytes(const void *src, void *dst, size_t rows, size_t cols);
 // One Adam/AdamW step over the parameter list of `config` (kernels/adam.hpp).
 void adam_step(const adam::StepConfig &config);
 // Loss-scaler update from a step's found_inf.
@@ -86,6 +124,20 @@ void dequantize(int device, void *stream, const void *src, fp8amp_dtype src_dtyp
                 size_t n, const float *scale_inv);
 // Updates n metas (device pointers) in one launch per 1024 metas.
 void update_scaling(int device, void *stream, ScalingState *const *metas, size_t n);
+
+// cuBLASLt for one context: the handle and the cache of plans (descriptors, layouts and the chosen
+// algorithm per shape/dtype/layout/alignment), so a warm GEMM asks no heuristic.
+struct GemmEngine;
+std::shared_ptr<GemmEngine> gemm_engine_create(int device);
+// Empty when the device can run FP8 GEMMs (compute capability >= 8.9), else the reason.
+std::string fp8_gemm_unsupported_reason(int device);
+// The GEMM above on `stream`, with `workspace` (workspace_bytes) for cuBLASLt. Throws CUBLAS.
+void gemm(GemmEngine &engine, int device, void *stream, const GemmArgs &args, void *workspace,
+          size_t workspace_bytes);
+// `partial`: device scratch of kColumnSumChunks * cols floats.
+void column_sum(int device, void *stream, const void *src, fp8amp_dtype src_dtype, size_t rows, size_t cols,
+                float *dst, bool accumulate, float *partial);
+void transpose_bytes(int device, void *stream, const void *src, void *dst, size_t rows, size_t cols);
 // One Adam/AdamW step: one cooperative launch on `stream`, no host synchronization. bit-identical to
 // cpu::adam_step when clipping is off. max_partials: how many Partial slots config.partials holds.
 void adam_step(int device, void *stream, const adam::StepConfig &config, int max_partials);

@@ -28,7 +28,7 @@ struct ScalingState {
     uint32_t power_of_two;
     uint32_t current;        // 1: current scaling (the scale comes from each quantize)
     uint32_t stats_enabled;  // count saturated / underflowed elements in quantize
-    float fp8_max;           // 448 (E4M3) or 57344 (E5M2)
+    float fp8_max;           // the format's largest finite value: 448 (E4M3), 57344 (E5M2), 65504 (F16)
     uint32_t pad_;
     unsigned long long quantized;
     unsigned long long saturated;
@@ -53,7 +53,7 @@ FP8AMP_HD uint32_t amax_bits_of(float x) {
 FP8AMP_HD float compute_scale(const ScalingState &s, float amax, float previous) {
     if (!(amax > 0.0f) || !(amax <= FLT_MAX)) return previous;  // 0, negative, NaN, inf
     // fp8_max / 2^margin, exactly: 2^-margin is built in two normal-float factors because 2^-127
-    // (margin 127) is not a normal float; fp8_max >= 448 keeps the product normal for any margin.
+    // (margin 127) is not a normal float; fp8_max >= 448 (every scaled format) keeps the product normal for any margin.
     const int first = s.margin < 64 ? s.margin : 64;
     const float target = s.fp8_max * codec::bits_f32(static_cast<uint32_t>(127 - first) << 23) *
                          codec::bits_f32(static_cast<uint32_t>(127 - (s.margin - first)) << 23);

@@ -12,6 +12,13 @@ if [ -n "${CMOCKA_PREFIX:-}" ]; then
   prefix_args=(-DCMAKE_PREFIX_PATH="$CMOCKA_PREFIX" -DCMAKE_LIBRARY_PATH="$CMOCKA_PREFIX/lib/x86_64-linux-gnu")
   export LD_LIBRARY_PATH="$CMOCKA_PREFIX/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}"
 fi
+# WHEELS: a folder of wheels to install first (bindings/python/fetch_wheels.sh: cffi for the
+# Python binding's tests, on a machine without a package index).
+if [ -n "${WHEELS:-}" ]; then
+  site=$(mktemp -d)
+  python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target "$site" "$WHEELS"/*.whl
+  export PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}"
+fi
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$out/gpu.txt"
 cmake -S . -B build-gpu -G Ninja -DFP8AMP_CUDA=ON "${prefix_args[@]}" "$@" >"$out/configure.log" 2>&1 \
   || { tail -30 "$out/configure.log"; exit 1; }

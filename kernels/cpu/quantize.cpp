@@ -1,5 +1,6 @@
 // CPU reference for the scaled casts and the scaling update: amax, quantize (with amax recording,
 // current scaling and statistics), quantize + transpose, dequantize, and the delayed-scaling update.
+// The scaled destinations are E4M3, E5M2 and F16 (scaled F16 saturates like FP8: satfinite).
 // The CUDA kernels (kernels/cuda/quantize.cu) follow the same steps and give the same bits:
 //   - every product is one float32 multiply, x * scale, rounded once into the destination by the codec;
 //   - the multiply is scaling.hpp's scaled(): a NaN element keeps its sign on both backends;
@@ -14,18 +15,20 @@
 namespace fp8amp::kernels::cpu {
 namespace {
 
-// dst[i] = fp8(src[i] * scale), counting saturated and underflowed elements when kCount.
-template <class F, bool kCount>
-void quantize_elements(const void *src, fp8amp_dtype src_dtype, uint8_t *dst, size_t n, float scale, float fp8_max,
+// dst[i] = encode<F, saturating>(src[i] * scale), counting saturated and underflowed elements when
+// kCount. Code is the storage of F: uint8_t for E4M3/E5M2, uint16_t for F16 (a scaled F16 tensor
+// saturates like FP8, so that a too-small scale clamps at 65504 instead of making an inf).
+template <class F, class Code, bool kCount>
+void quantize_elements(const void *src, fp8amp_dtype src_dtype, Code *dst, size_t n, float scale, float fp8_max,
                        unsigned long long *saturated, unsigned long long *underflowed) {
     unsigned long long sat = 0, under = 0;
     for_each_value(src, src_dtype, n, [&](size_t i, float x) {
         const float y = scaled(x, scale);
-        const auto code = static_cast<uint8_t>(codec::encode<F, true>(y));
+        const auto code = static_cast<Code>(codec::encode<F, true>(y));
         dst[i] = code;
         if (kCount) {
             if (!std::isnan(y) && std::fabs(y) > fp8_max) ++sat;  // inf included, NaN not
-            if (x != 0.0f && !std::isnan(x) && (code & 0x7Fu) == 0) ++under;
+            if (x != 0.0f && !std::isnan(x) && (code & F::kMagMask) == 0) ++under;
         }
     });
     if (kCount) {
@@ -34,14 +37,29 @@ void quantize_elements(const void *src, fp8amp_dtype src_dtype, uint8_t *dst, si
     }
 }
 
-template <class F>
-void quantize_as(const void *src, fp8amp_dtype src_dtype, uint8_t *dst, size_t n, float scale, ScalingState &m) {
+template <class F, class Code>
+void quantize_as(const void *src, fp8amp_dtype src_dtype, Code *dst, size_t n, float scale, ScalingState &m) {
     if (m.stats_enabled) {
-        quantize_elements<F, true>(src, src_dtype, dst, n, scale, m.fp8_max, &m.saturated, &m.underflowed);
+        quantize_elements<F, Code, true>(src, src_dtype, dst, n, scale, m.fp8_max, &m.saturated, &m.underflowed);
         m.quantized += n;
     } else {
-        quantize_elements<F, false>(src, src_dtype, dst, n, scale, m.fp8_max, nullptr, nullptr);
+        quantize_elements<F, Code, false>(src, src_dtype, dst, n, scale, m.fp8_max, nullptr, nullptr);
     }
+}
+
+// dst_t[c * rows + r] = dst[r * cols + c], blocked so that both sides are read and written in
+// cache-sized tiles.
+template <class Code>
+void transpose(const void *dst, void *dst_t, size_t rows, size_t cols) {
+    const auto *q = static_cast<const Code *>(dst);
+    auto *t = static_cast<Code *>(dst_t);
+    constexpr size_t kTile = 64;
+    for (size_t r0 = 0; r0 < rows; r0 += kTile)
+        for (size_t c0 = 0; c0 < cols; c0 += kTile) {
+            const size_t r1 = std::min(rows, r0 + kTile), c1 = std::min(cols, c0 + kTile);
+            for (size_t r = r0; r < r1; ++r)
+                for (size_t c = c0; c < c1; ++c) t[c * rows + r] = q[r * cols + c];
+        }
 }
 
 }  // namespace
@@ -67,11 +85,11 @@ void quantize(const void *src, fp8amp_dtype src_dtype, void *dst, fp8amp_dtype d
         scale = m.scale;
         m.amax_bits = std::max(m.amax_bits, bits);
     }
-    auto *out = static_cast<uint8_t *>(dst);
     switch (dst_dtype) {
-    case FP8AMP_DTYPE_E4M3: quantize_as<codec::E4M3>(src, src_dtype, out, n, scale, m); break;
-    case FP8AMP_DTYPE_E5M2: quantize_as<codec::E5M2>(src, src_dtype, out, n, scale, m); break;
-    default: fail(FP8AMP_ERROR_INTERNAL, "cpu::quantize: the destination is not an FP8 dtype");
+    case FP8AMP_DTYPE_E4M3: quantize_as<codec::E4M3>(src, src_dtype, static_cast<uint8_t *>(dst), n, scale, m); break;
+    case FP8AMP_DTYPE_E5M2: quantize_as<codec::E5M2>(src, src_dtype, static_cast<uint8_t *>(dst), n, scale, m); break;
+    case FP8AMP_DTYPE_F16: quantize_as<codec::F16>(src, src_dtype, static_cast<uint16_t *>(dst), n, scale, m); break;
+    default: fail(FP8AMP_ERROR_INTERNAL, "cpu::quantize: the destination is not a scaled dtype");
     }
     *target.scale_inv = m.scale_inv;
     if (target.scale_inv_t) *target.scale_inv_t = m.scale_inv;
@@ -80,16 +98,10 @@ void quantize(const void *src, fp8amp_dtype src_dtype, void *dst, fp8amp_dtype d
 void quantize_transpose(const void *src, fp8amp_dtype src_dtype, void *dst, void *dst_t, fp8amp_dtype dst_dtype,
                         size_t rows, size_t cols, const QuantizeTarget &target) {
     quantize(src, src_dtype, dst, dst_dtype, rows * cols, target);
-    const auto *q = static_cast<const uint8_t *>(dst);
-    auto *t = static_cast<uint8_t *>(dst_t);
-    // Blocked, so that both sides are read and written in cache-sized tiles.
-    constexpr size_t kTile = 64;
-    for (size_t r0 = 0; r0 < rows; r0 += kTile)
-        for (size_t c0 = 0; c0 < cols; c0 += kTile) {
-            const size_t r1 = std::min(rows, r0 + kTile), c1 = std::min(cols, c0 + kTile);
-            for (size_t r = r0; r < r1; ++r)
-                for (size_t c = c0; c < c1; ++c) t[c * rows + r] = q[r * cols + c];
-        }
+    if (dst_dtype == FP8AMP_DTYPE_F16)
+        transpose<uint16_t>(dst, dst_t, rows, cols);
+    else
+        transpose<uint8_t>(dst, dst_t, rows, cols);
 }
 
 void dequantize(const void *src, fp8amp_dtype src_dtype, void *dst, fp8amp_dtype dst_dtype, size_t n,

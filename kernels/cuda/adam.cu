@@ -244,8 +244,20 @@ __device__ __forceinline__ void store_chunk(const Param &p, int64_t i, const Lan
     case FP8AMP_DTYPE_F16: {
         uint16_t h[4];
 #pragma unroll
-        for (int k = 0; k < 4; ++k)
-            h[k] = p.param_dtype == FP8AMP_DTYPE_BF16 ? from_f32<FP8AMP_DTYPE_BF16>(l.w[k]) : from_f32<FP8AMP_DTYPE_F16>(l.w[k]);
+        for (int k = 0; k < 4; ++k) {
+            if (p.param_dtype == FP8AMP_DTYPE_BF16) {
+                h[k] = from_f32<FP8AMP_DTYPE_BF16>(l.w[k]);
+            } else if (p.param_meta) {
+                // Scaled F16 saturates at 65504, as the codec's saturating encode does on the CPU
+                // (values in (65504, 65520) round to 65504 anyway; NaN passes to from_f32's NaN rule).
+                float y = scaled(l.w[k], param_scale);
+                if (y > 65504.0f) y = 65504.0f;
+                if (y < -65504.0f) y = -65504.0f;
+                h[k] = from_f32<FP8AMP_DTYPE_F16>(y);
+            } else {
+                h[k] = from_f32<FP8AMP_DTYPE_F16>(l.w[k]);
+            }
+        }
         if (full && p.vec_ok)
             *reinterpret_cast<uint2 *>(static_cast<uint16_t *>(p.param) + i) =
                 make_uint2(h[0] | uint32_t(h[1]) << 16, h[2] | uint32_t(h[3]) << 16);

@@ -36,6 +36,12 @@ void dequantize(int, void *, const void *, fp8amp_dtype, void *, fp8amp_dtype, s
     unavailable();
 }
 void update_scaling(int, void *, ScalingState *const *, size_t) { unavailable(); }
+struct GemmEngine {};
+std::shared_ptr<GemmEngine> gemm_engine_create(int) { unavailable(); }
+std::string fp8_gemm_unsupported_reason(int) { unavailable(); }
+void gemm(GemmEngine &, int, void *, const GemmArgs &, void *, size_t) { unavailable(); }
+void column_sum(int, void *, const void *, fp8amp_dtype, size_t, size_t, float *, bool, float *) { unavailable(); }
+void transpose_bytes(int, void *, const void *, void *, size_t, size_t) { unavailable(); }
 void adam_step(int, void *, const adam::StepConfig &, int) { unavailable(); }
 int adam_grid_size(int) { unavailable(); }
 void scaler_update(int, void *, adam::ScalerState *, const adam::ScalerConfig &, const adam::Status *) {

@@ -7,11 +7,15 @@
 // multiprocessor), so the per-block epilogue is paid a few hundred times, not once per tile.
 // Numerics are kernels/cpu/quantize.cpp's, bit for bit: decode exactly, one float32 multiply by the
 // scale, one rounding into the destination.
+#include <map>
+#include <mutex>
+#include <utility>
 #include <cstdint>
 #include <type_traits>
 
 #include "cuda_common.cuh"
 #include "elementwise.cuh"
+#include "quantize_f16.cuh"
 #include "scaling.hpp"
 
 namespace fp8amp::kernels::cuda {
@@ -444,11 +448,24 @@ __global__ void __launch_bounds__(kThreads) update_scaling_kernel(const __grid_c
 
 // A persistent grid: as many blocks as can be resident at once (by the kernel's own occupancy, so a
 // register-heavy variant never runs in two waves), or fewer when there is less work.
-template <class Kernel>
-unsigned persistent_grid(int device, Kernel kernel, size_t work_items) {
+// The occupancy of each kernel is asked once (it costs microseconds of host time: a Linear's forward
+// would pay it per call).
+int resident_blocks_per_sm(const void *kernel, int device) {
+    static std::mutex mutex;
+    static std::map<std::pair<const void *, int>, int> cache;
+    std::lock_guard<std::mutex> lock(mutex);
+    auto it = cache.find({kernel, device});
+    if (it != cache.end()) return it->second;
     int per_sm = 0;
     check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, 0),
           "cudaOccupancyMaxActiveBlocksPerMultiprocessor");
+    cache.emplace(std::make_pair(kernel, device), per_sm);
+    return per_sm;
+}
+
+template <class Kernel>
+unsigned persistent_grid(int device, Kernel kernel, size_t work_items) {
+    const int per_sm = resident_blocks_per_sm(reinterpret_cast<const void *>(kernel), device);
     const size_t wanted = (work_items + kThreads - 1) / kThreads;
     const size_t cap = size_t(multiprocessor_count(device)) * size_t(per_sm > 0 ? per_sm : 1);
     return static_cast<unsigned>(wanted == 0 ? 1 : (wanted < cap ? wanted : cap));
@@ -521,6 +538,8 @@ void quantize(int device, void *stream_raw, const void *src, fp8amp_dtype src_dt
         check(cudaMemsetAsync(&target.meta->amax_bits, 0, sizeof(uint32_t), stream), "cudaMemsetAsync");
         amax(device, stream_raw, src, src_dtype, n, &target.meta->amax_bits);
     }
+    if (dst_dtype == FP8AMP_DTYPE_F16)  // scaled F16: its own kernels (quantize_f16.cu)
+        return scaled_f16::quantize(device, stream, src, src_dtype, dst, n, target);
     dispatch_src(src_dtype, [&](auto s) {
         constexpr fp8amp_dtype S = decltype(s)::value;
         using SrcT = typename Storage<S>::type;
@@ -548,6 +567,8 @@ void quantize_transpose(int device, void *stream_raw, const void *src, fp8amp_dt
         check(cudaMemsetAsync(&target.meta->amax_bits, 0, sizeof(uint32_t), stream), "cudaMemsetAsync");
         amax(device, stream_raw, src, src_dtype, rows * cols, &target.meta->amax_bits);
     }
+    if (dst_dtype == FP8AMP_DTYPE_F16)  // scaled F16: its own kernels (quantize_f16.cu)
+        return scaled_f16::quantize_transpose(device, stream, src, src_dtype, dst, dst_t, rows, cols, target);
     const size_t tiles = ((rows + kTile - 1) / kTile) * ((cols + kTile - 1) / kTile);
     dispatch_src(src_dtype, [&](auto s) {
         constexpr fp8amp_dtype S = decltype(s)::value;
@@ -574,6 +595,8 @@ void dequantize(int device, void *stream_raw, const void *src, fp8amp_dtype src_
                 size_t n, const float *scale_inv) {
     DeviceGuard guard(device);
     auto stream = static_cast<cudaStream_t>(stream_raw);
+    if (src_dtype == FP8AMP_DTYPE_F16)  // scaled F16: its own kernels (quantize_f16.cu)
+        return scaled_f16::dequantize(device, stream, src, dst, dst_dtype, n, scale_inv);
     dispatch_fp8(src_dtype, [&](auto s) {
         constexpr fp8amp_dtype S = decltype(s)::value;
         dispatch_src(dst_dtype, [&](auto d) {

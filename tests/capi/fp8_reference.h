@@ -4,6 +4,8 @@
  *   - encode_fp8_ref: brute force over all 256 codes (nearest value, ties to the even code,
  *     saturation to +-max, NaN to the canonical NaN with the input's sign);
  *   - round_ref: round-to-nearest-even into F16/BF16 by double arithmetic (overflow gives inf);
+ *   - encode_satfinite_ieee_ref: scaled F16's encode, round_ref then saturation to +-65504, the code
+ *     assembled from the value by double arithmetic (code_of_value_ref);
  *   - mul_f32_ref: x * s rounded once to float32 (the product of two float32 values is exact in
  *     double), a NaN x passing through unchanged (sign included) and a NaN made by the product
  *     itself (0 * inf, with a degenerate scale) positive;
@@ -126,6 +128,37 @@ static inline double round_ref(const format_t *f, double x) {
     double v = r * quantum;
     if (v > fp8_max_ref(f)) v = INFINITY;
     return x < 0 ? -v : v;
+}
+
+
+/* The code of a value v that format f (IEEE, exponent and mantissa fields) represents exactly (a
+ * result of round_ref), assembled from its sign, binade and quanta by double arithmetic. */
+static inline uint32_t code_of_value_ref(const format_t *f, double v) {
+    const uint32_t sign = (uint32_t)(signbit(v) ? 1 : 0) << (f->exp_bits + f->man_bits);
+    const uint32_t inf = ((1u << f->exp_bits) - 1) << f->man_bits;
+    const double a = fabs(v);
+    if (isinf(a)) return sign | inf;
+    if (a == 0.0) return sign;
+    const int emin = 1 - f->bias;
+    const int e = ilogb(a);
+    if (e < emin) return sign | (uint32_t)(a / ldexp(1.0, emin - f->man_bits)); /* subnormal: quanta */
+    const uint32_t man = (uint32_t)(a / ldexp(1.0, e - f->man_bits)) - (1u << f->man_bits);
+    return sign | ((uint32_t)(e + f->bias) << f->man_bits) | man;
+}
+
+/* Scaled F16 (and any IEEE format used as a scaled format): round to nearest even, then saturate:
+ * results beyond the largest finite value (inf included) become +-max, as FP8's satfinite does;
+ * NaN becomes the canonical quiet NaN with the input's sign. */
+static inline uint32_t encode_satfinite_ieee_ref(const format_t *f, double x) {
+    if (isnan(x)) return canonical_nan(f, signbit(x) ? 1 : 0);
+    double r = round_ref(f, x);
+    if (isinf(r)) r = r < 0 ? -fp8_max_ref(f) : fp8_max_ref(f);
+    return code_of_value_ref(f, r);
+}
+
+/* The code a quantize into scaled dtype f writes for the scaled value y. */
+static inline uint32_t encode_scaled_ref(const format_t *f, double y) {
+    return f->dtype == FP8AMP_DTYPE_F16 ? encode_satfinite_ieee_ref(f, y) : encode_fp8_ref(f, y);
 }
 
 /* x * s rounded once to float32 (x and s are float32 values, so the double product is exact); a

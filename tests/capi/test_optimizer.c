@@ -16,6 +16,10 @@
 #include "test_util.h"
 
 #define MAXP 4
+/* Test-only pseudo dtype: an F16 tensor bound to an F16 meta (scaled F16, MS-AMP's O1/O2 weights). */
+#define F16S ((fp8amp_dtype)100)
+static fp8amp_dtype real_dtype(fp8amp_dtype d) { return d == F16S ? FP8AMP_DTYPE_F16 : d; }
+static int is_scaled(fp8amp_dtype d) { return d == F16S || d == FP8AMP_DTYPE_E4M3 || d == FP8AMP_DTYPE_E5M2; }
 
 /* ---- a float64 Adam/AdamW (torch.optim semantics, amsgrad=False) ------------------------------ */
 
@@ -135,7 +139,7 @@ static void write_values(problem *pb, int k, fp8amp_tensor t, fp8amp_dtype dt, d
         return;
     }
     upload_f64(pb->stage[k], x, n);
-    if (dt == FP8AMP_DTYPE_E4M3 || dt == FP8AMP_DTYPE_E5M2) {
+    if (is_scaled(dt)) {
         EXPECT_OK(fp8amp_quantize(pb->ctx, pb->stage[k], t));
         EXPECT_OK(fp8amp_dequantize(pb->ctx, t, pb->stage[k]));
     } else {
@@ -150,7 +154,7 @@ static void read_param(problem *pb, int k, double *x) {
     if (pb->pdt[k] == FP8AMP_DTYPE_F32) {
         download_f64(pb->p[k], x, pb->numel[k]);
     } else {
-        if (pb->pdt[k] == FP8AMP_DTYPE_E4M3)
+        if (is_scaled(pb->pdt[k]))
             EXPECT_OK(fp8amp_dequantize(pb->ctx, pb->p[k], pb->stage[k]));
         else
             EXPECT_OK(fp8amp_cast(pb->ctx, pb->p[k], pb->stage[k]));
@@ -168,20 +172,22 @@ static void problem_init(problem *pb, fp8amp_device dev, const fp8amp_adam_desc 
         pb->numel[k] = numel[k];
         pb->pdt[k] = pdt[k];
         pb->gdt[k] = gdt[k];
-        pb->p[k] = make_tensor(pb->ctx, pdt[k], 1, &numel[k]);
-        pb->g[k] = make_tensor(pb->ctx, gdt[k], 1, &numel[k]);
+        pb->p[k] = make_tensor(pb->ctx, real_dtype(pdt[k]), 1, &numel[k]);
+        pb->g[k] = make_tensor(pb->ctx, real_dtype(gdt[k]), 1, &numel[k]);
         pb->stage[k] = make_tensor(pb->ctx, FP8AMP_DTYPE_F32, 1, &numel[k]);
-        if (pdt[k] == FP8AMP_DTYPE_E4M3) {
+        if (is_scaled(pdt[k])) {
             fp8amp_recipe r = recipe_of(FP8AMP_SCALING_DELAYED);
-            EXPECT_OK(fp8amp_scaling_create(pb->ctx, &r, FP8AMP_DTYPE_E4M3, &pb->pm[k]));
+            r.margin = 1;
+            EXPECT_OK(fp8amp_scaling_create(pb->ctx, &r, real_dtype(pdt[k]), &pb->pm[k]));
             double amax = 0;
             for (int64_t i = 0; i < numel[k]; ++i) amax = fmax(amax, fabs(p0[k][i]));
-            EXPECT_OK(fp8amp_scaling_set_scale(pb->pm[k], (float)(448.0 / amax)));
+            const double fmax_ = real_dtype(pdt[k]) == FP8AMP_DTYPE_F16 ? 65504.0 : 448.0;
+            EXPECT_OK(fp8amp_scaling_set_scale(pb->pm[k], (float)(fmax_ / 2 / amax)));
             EXPECT_OK(fp8amp_tensor_set_scaling(pb->p[k], pb->pm[k]));
         }
-        if (gdt[k] == FP8AMP_DTYPE_E4M3 || gdt[k] == FP8AMP_DTYPE_E5M2) {
+        if (is_scaled(gdt[k])) {
             fp8amp_recipe r = recipe_of(FP8AMP_SCALING_CURRENT);
-            EXPECT_OK(fp8amp_scaling_create(pb->ctx, &r, gdt[k], &pb->gm[k]));
+            EXPECT_OK(fp8amp_scaling_create(pb->ctx, &r, real_dtype(gdt[k]), &pb->gm[k]));
             EXPECT_OK(fp8amp_tensor_set_scaling(pb->g[k], pb->gm[k]));
         }
         write_values(pb, k, pb->p[k], pdt[k], p0[k]);
@@ -354,8 +360,9 @@ static void quadratic_run(void **state, fp8amp_opt_level level, int32_t block, f
         }
     }
     const double rel = sqrt(dev / travel);
-    print_message("O%d block %d param %s grad %s: deviation/travel %.4f, loss %.5f (float64 %.5f, start %.3f)\n",
-                  (int)level, block, fp8amp_dtype_name(pdt), fp8amp_dtype_name(gdt), rel, loss, ref_loss, loss0);
+    print_message("O%d block %d param %s%s grad %s%s: deviation/travel %.4f, loss %.5f (float64 %.5f, start %.3f)\n",
+                  (int)level, block, fp8amp_dtype_name(real_dtype(pdt)), pdt == F16S ? " (scaled)" : "",
+                  fp8amp_dtype_name(real_dtype(gdt)), gdt == F16S ? " (scaled)" : "", rel, loss, ref_loss, loss0);
     assert_true(rel <= bound);
     assert_true(loss <= ref_loss * 1.5 + 0.02 * loss0); /* it trains about as well */
     assert_true(loss < 0.1 * loss0);
@@ -371,6 +378,8 @@ static void test_o1_quadratic_low_precision_io(void **state) {
     quadratic_run(state, FP8AMP_OPT_LEVEL_O1, 128, FP8AMP_DTYPE_F16, FP8AMP_DTYPE_F16, 0.02);
     quadratic_run(state, FP8AMP_OPT_LEVEL_O1, 128, FP8AMP_DTYPE_F32, FP8AMP_DTYPE_E4M3, 0.05);
     quadratic_run(state, FP8AMP_OPT_LEVEL_O1, 128, FP8AMP_DTYPE_F32, FP8AMP_DTYPE_E5M2, 0.1);
+    quadratic_run(state, FP8AMP_OPT_LEVEL_O1, 128, F16S, FP8AMP_DTYPE_E4M3, 0.02); /* MS-AMP O1 */
+    quadratic_run(state, FP8AMP_OPT_LEVEL_O1, 128, F16S, F16S, 0.02);
 }
 
 static void test_o2_quadratic_within_bounds(void **state) {
@@ -379,6 +388,7 @@ static void test_o2_quadratic_within_bounds(void **state) {
     quadratic_run(state, FP8AMP_OPT_LEVEL_O2, 1024, FP8AMP_DTYPE_F32, FP8AMP_DTYPE_F32, 0.05);
     quadratic_run(state, FP8AMP_OPT_LEVEL_O2, 0, FP8AMP_DTYPE_F32, FP8AMP_DTYPE_F32, 0.08);
     quadratic_run(state, FP8AMP_OPT_LEVEL_O2, 128, FP8AMP_DTYPE_BF16, FP8AMP_DTYPE_E4M3, 0.08);
+    quadratic_run(state, FP8AMP_OPT_LEVEL_O2, 128, F16S, FP8AMP_DTYPE_E4M3, 0.05); /* MS-AMP O2 */
 }
 
 static void test_o3_quadratic_within_bounds(void **state) {
@@ -386,6 +396,7 @@ static void test_o3_quadratic_within_bounds(void **state) {
     quadratic_run(state, FP8AMP_OPT_LEVEL_O3, 128, FP8AMP_DTYPE_E4M3, FP8AMP_DTYPE_E4M3, 0.1);
     quadratic_run(state, FP8AMP_OPT_LEVEL_O3, 0, FP8AMP_DTYPE_E4M3, FP8AMP_DTYPE_F32, 0.1);
     quadratic_run(state, FP8AMP_OPT_LEVEL_O3, 256, FP8AMP_DTYPE_BF16, FP8AMP_DTYPE_BF16, 0.08);
+    quadratic_run(state, FP8AMP_OPT_LEVEL_O3, 128, F16S, FP8AMP_DTYPE_E4M3, 0.08);
 }
 
 /* ---- skip on overflow ------------------------------------------------------------------------ */
@@ -407,7 +418,7 @@ static void overflow_run(void **state, fp8amp_opt_level level, bad_kind kind) {
     EXPECT_OK(fp8amp_opt_level_adam_config(level, &d));
     const int64_t shapes[2] = {700, 333};
     const fp8amp_dtype p_low = level == FP8AMP_OPT_LEVEL_O3 ? FP8AMP_DTYPE_E4M3 : FP8AMP_DTYPE_F32;
-    const fp8amp_dtype pd[2] = {p_low, level == FP8AMP_OPT_LEVEL_O3 ? FP8AMP_DTYPE_BF16 : FP8AMP_DTYPE_F32};
+    const fp8amp_dtype pd[2] = {p_low, level == FP8AMP_OPT_LEVEL_O3 ? FP8AMP_DTYPE_BF16 : F16S};
     const fp8amp_dtype gd[2] = {FP8AMP_DTYPE_E4M3, FP8AMP_DTYPE_F32};
     double **p0 = alloc_arrays(2, shapes), **g = alloc_arrays(2, shapes);
     fill_uniform(p0, 2, shapes, -1, 1);
@@ -637,8 +648,9 @@ typedef struct {
     fp8amp_dtype pdt, gdt;
 } ckpt_case;
 
-static const ckpt_case kCkptCases[4] = {
+static const ckpt_case kCkptCases[5] = {
     {FP8AMP_OPT_LEVEL_O1, 128, FP8AMP_DTYPE_F32, FP8AMP_DTYPE_F32},
+    {FP8AMP_OPT_LEVEL_O2, 128, F16S, F16S},
     {FP8AMP_OPT_LEVEL_O2, 256, FP8AMP_DTYPE_BF16, FP8AMP_DTYPE_E4M3},
     {FP8AMP_OPT_LEVEL_O3, 128, FP8AMP_DTYPE_E4M3, FP8AMP_DTYPE_E4M3},
     {FP8AMP_OPT_LEVEL_O3, 0, FP8AMP_DTYPE_E4M3, FP8AMP_DTYPE_F32},
@@ -718,7 +730,7 @@ static void roundtrip_case(fp8amp_device from, fp8amp_device to, const ckpt_case
 static void test_checkpoint_roundtrip(void **state) {
     require_variant(state);
     const fp8amp_device dev = variant_device(state);
-    for (int c = 0; c < 4; ++c) roundtrip_case(dev, dev, &kCkptCases[c]);
+    for (int c = 0; c < 5; ++c) roundtrip_case(dev, dev, &kCkptCases[c]);
 }
 
 static void test_checkpoint_across_devices_and_cpu_cuda_bit_identical(void **state) {
@@ -727,7 +739,7 @@ static void test_checkpoint_across_devices_and_cpu_cuda_bit_identical(void **sta
         print_message("CPU variant: the cross-device case is the CUDA variant's\n");
         skip();
     }
-    for (int c = 0; c < 4; ++c) {
+    for (int c = 0; c < 5; ++c) {
         roundtrip_case(cuda_device(0), cpu_device(), &kCkptCases[c]);
         roundtrip_case(cpu_device(), cuda_device(0), &kCkptCases[c]);
     }
@@ -1003,6 +1015,96 @@ static void test_presets(void **state) {
     assert_int_equal(s.hysteresis, 1);
 }
 
+/* ---- with the FP8 Linear: the optimizer steps a Linear's scaled-F16 weight from its E4M3 gradient -- */
+
+static void test_trains_an_fp8_linear(void **state) {
+    require_variant(state);
+    enum { IN = 64, OUT = 16, B = 64 };
+    fp8amp_context ctx = make_context(variant_device(state));
+    fp8amp_linear_desc ld;
+    EXPECT_OK(fp8amp_linear_desc_init_default(&ld));
+    ld.in_features = IN;
+    ld.out_features = OUT;
+    ld.weight_dtype = FP8AMP_DTYPE_F16; /* scaled F16 (MS-AMP O2 weights) */
+    ld.wgrad_dtype = FP8AMP_DTYPE_E4M3;
+    fp8amp_linear lin;
+    EXPECT_OK(fp8amp_linear_create(ctx, &ld, &lin));
+    fp8amp_tensor w, b, gw, gb;
+    fp8amp_scaling wmeta;
+    EXPECT_OK(fp8amp_linear_weight(lin, &w));
+    EXPECT_OK(fp8amp_linear_bias(lin, &b));
+    EXPECT_OK(fp8amp_linear_weight_grad(lin, &gw));
+    EXPECT_OK(fp8amp_linear_bias_grad(lin, &gb));
+    EXPECT_OK(fp8amp_linear_scaling(lin, FP8AMP_ROLE_WEIGHT_STORAGE, &wmeta));
+    const int64_t wshape[2] = {OUT, IN}, xshape[2] = {B, IN}, yshape[2] = {B, OUT};
+    fp8amp_tensor w32 = make_tensor(ctx, FP8AMP_DTYPE_F32, 2, wshape);
+    fp8amp_tensor x = make_tensor(ctx, FP8AMP_DTYPE_F32, 2, xshape), y = make_tensor(ctx, FP8AMP_DTYPE_F32, 2, yshape);
+    fp8amp_tensor dy = make_tensor(ctx, FP8AMP_DTYPE_F32, 2, yshape);
+    float *hw = xmalloc(sizeof(float) * OUT * IN), *ht = xmalloc(sizeof(float) * OUT * IN);
+    float *hx = xmalloc(sizeof(float) * B * IN), *hy = xmalloc(sizeof(float) * B * OUT), *hdy = xmalloc(sizeof(float) * B * OUT);
+    float *hg = xmalloc(sizeof(float) * OUT * IN), *hw1 = xmalloc(sizeof(float) * OUT * IN);
+    for (int i = 0; i < OUT * IN; ++i) hw[i] = (float)test_rng_uniform(-0.1, 0.1), ht[i] = (float)test_rng_uniform(-0.3, 0.3);
+    for (int i = 0; i < B * IN; ++i) hx[i] = (float)test_rng_uniform(-1, 1);
+    EXPECT_OK(fp8amp_scaling_set_scale(wmeta, 65504.0f / 2 / 0.1f));
+    EXPECT_OK(fp8amp_tensor_copy_from_host(w32, hw, sizeof(float) * OUT * IN));
+    EXPECT_OK(fp8amp_quantize(ctx, w32, w));
+    EXPECT_OK(fp8amp_tensor_copy_from_host(x, hx, sizeof(float) * B * IN));
+    fp8amp_adam_desc d;
+    EXPECT_OK(fp8amp_opt_level_adam_config(FP8AMP_OPT_LEVEL_O2, &d));
+    d.lr = 1e-2f;
+    fp8amp_optimizer opt;
+    EXPECT_OK(fp8amp_optimizer_create(ctx, &d, &opt));
+    EXPECT_OK(fp8amp_optimizer_add_param(opt, w, gw));
+    EXPECT_OK(fp8amp_optimizer_add_param(opt, b, gb));
+    double first_loss = 0, loss = 0;
+    for (int step = 0; step < 150; ++step) {
+        EXPECT_OK(fp8amp_linear_forward(lin, x, y, 1));
+        EXPECT_OK(fp8amp_tensor_copy_to_host(y, hy, sizeof(float) * B * OUT));
+        loss = 0;
+        for (int r = 0; r < B; ++r)
+            for (int o = 0; o < OUT; ++o) {
+                double target = 0;
+                for (int i = 0; i < IN; ++i) target += (double)hx[r * IN + i] * ht[o * IN + i];
+                const double e = hy[r * OUT + o] - target;
+                loss += e * e / B;
+                hdy[r * OUT + o] = (float)(2 * e / B);
+            }
+        if (step == 0) first_loss = loss;
+        EXPECT_OK(fp8amp_tensor_copy_from_host(dy, hdy, sizeof(float) * B * OUT));
+        EXPECT_OK(fp8amp_linear_backward(lin, dy, NULL, 0));
+        if (step == 0) { /* the weight and the gradient as the optimizer reads them */
+            EXPECT_OK(fp8amp_dequantize(ctx, w, w32));
+            EXPECT_OK(fp8amp_tensor_copy_to_host(w32, hw, sizeof(float) * OUT * IN));
+            EXPECT_OK(fp8amp_dequantize(ctx, gw, w32));
+            EXPECT_OK(fp8amp_tensor_copy_to_host(w32, hg, sizeof(float) * OUT * IN));
+        }
+        EXPECT_OK(fp8amp_optimizer_step(opt, NULL));
+        if (step == 0) {
+            /* Adam's first step: m_hat = g, v_hat = g^2, so w1 = w0 (1 - lr wd) - lr g / (|g| + eps). */
+            EXPECT_OK(fp8amp_dequantize(ctx, w, w32));
+            EXPECT_OK(fp8amp_tensor_copy_to_host(w32, hw1, sizeof(float) * OUT * IN));
+            int moved = 0;
+            for (int i = 0; i < OUT * IN; ++i) {
+                const double g = hg[i];
+                const double ref = hw[i] * (1.0 - 1e-2 * 0.01) - 1e-2 * g / (fabs(g) + 1e-8);
+                assert_true(fabs(hw1[i] - ref) <= 1e-3 * fabs(ref) + 1e-6); /* scaled F16: 2^-11 relative */
+                moved += hw1[i] != hw[i];
+            }
+            assert_true(moved > OUT * IN / 2);
+        }
+    }
+    print_message("Linear (scaled F16 weight, E4M3 weight gradient) + O2 AdamW: loss %.4f -> %.5f in 150 steps\n",
+                  first_loss, loss);
+    assert_true(loss < 0.05 * first_loss);
+    EXPECT_OK(fp8amp_optimizer_destroy(opt));
+    EXPECT_OK(fp8amp_scaling_destroy(wmeta));
+    fp8amp_tensor all[] = {w, b, gw, gb, w32, x, y, dy};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; ++i) EXPECT_OK(fp8amp_tensor_destroy(all[i]));
+    EXPECT_OK(fp8amp_linear_destroy(lin));
+    EXPECT_OK(fp8amp_context_destroy(ctx));
+    free(hw), free(ht), free(hx), free(hy), free(hdy), free(hg), free(hw1);
+}
+
 static int setup_rng(void **state) {
     (void)state;
     test_rng_seed();
@@ -1027,6 +1129,7 @@ int main(void) {
         DEVICE_TESTS(test_checkpoint_refuses_bad_input),
         DEVICE_TESTS(test_bad_inputs),
         DEVICE_TESTS(test_state_bytes_per_parameter),
+        DEVICE_TESTS(test_trains_an_fp8_linear),
     };
     return cmocka_run_group_tests(tests, setup_rng, NULL);
 }

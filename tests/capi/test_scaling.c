@@ -100,7 +100,7 @@ static void expect_model(fp8amp_scaling s, const model_t *m, const char *where, 
 typedef struct {
     fp8amp_context ctx;
     fp8amp_tensor src;    /* f32 [DRV_N] */
-    fp8amp_tensor dst[2]; /* e4m3 and e5m2 [DRV_N], rebound to each meta before quantizing */
+    fp8amp_tensor dst[3]; /* e4m3, e5m2 and f16 [DRV_N], rebound to each meta before quantizing */
 } driver_t;
 
 static void driver_init(driver_t *d, fp8amp_context ctx) {
@@ -109,12 +109,14 @@ static void driver_init(driver_t *d, fp8amp_context ctx) {
     EXPECT_OK(fp8amp_tensor_create(ctx, FP8AMP_DTYPE_F32, 1, shape, &d->src));
     EXPECT_OK(fp8amp_tensor_create(ctx, FP8AMP_DTYPE_E4M3, 1, shape, &d->dst[0]));
     EXPECT_OK(fp8amp_tensor_create(ctx, FP8AMP_DTYPE_E5M2, 1, shape, &d->dst[1]));
+    EXPECT_OK(fp8amp_tensor_create(ctx, FP8AMP_DTYPE_F16, 1, shape, &d->dst[2]));
 }
 
 static void driver_free(driver_t *d) {
     EXPECT_OK(fp8amp_tensor_destroy(d->src));
     EXPECT_OK(fp8amp_tensor_destroy(d->dst[0]));
     EXPECT_OK(fp8amp_tensor_destroy(d->dst[1]));
+    EXPECT_OK(fp8amp_tensor_destroy(d->dst[2]));
 }
 
 static float random_sign(float x) { return (test_rng_u64() & 1) ? -x : x; }
@@ -139,7 +141,7 @@ static void driver_record(driver_t *d, float amax, int n, const fp8amp_scaling *
     values_with_amax(amax, v);
     EXPECT_OK(fp8amp_tensor_copy_from_host(d->src, v, sizeof v));
     for (int i = 0; i < n; ++i) {
-        fp8amp_tensor dst = d->dst[dtypes[i] == FP8AMP_DTYPE_E4M3 ? 0 : 1];
+        fp8amp_tensor dst = d->dst[dtypes[i] == FP8AMP_DTYPE_E4M3 ? 0 : (dtypes[i] == FP8AMP_DTYPE_E5M2 ? 1 : 2)];
         EXPECT_OK(fp8amp_tensor_set_scaling(dst, metas[i]));
         EXPECT_OK(fp8amp_quantize(d->ctx, d->src, dst));
     }
@@ -220,8 +222,8 @@ static void test_new_meta_state(void **state) {
     EXPECT_OK(fp8amp_context_create(variant_device(state), &ctx));
     fp8amp_recipe r;
     EXPECT_OK(fp8amp_recipe_init_default(&r));
-    const fp8amp_dtype dtypes[2] = {FP8AMP_DTYPE_E4M3, FP8AMP_DTYPE_E5M2};
-    for (int k = 0; k < 2; ++k) {
+    const fp8amp_dtype dtypes[3] = {FP8AMP_DTYPE_E4M3, FP8AMP_DTYPE_E5M2, FP8AMP_DTYPE_F16};
+    for (int k = 0; k < 3; ++k) {
         fp8amp_scaling s;
         EXPECT_OK(fp8amp_scaling_create(ctx, &r, dtypes[k], &s));
         float scale = -1, scale_inv = -1, amax = -1;
@@ -311,8 +313,8 @@ static void test_bad_recipes(void **state) {
     EXPECT_BAD_RECIPE(amax_algo, (fp8amp_amax_algo)-1);
 #undef EXPECT_BAD_RECIPE
 
-    /* not an FP8 dtype */
-    const fp8amp_dtype not_fp8[4] = {FP8AMP_DTYPE_F32, FP8AMP_DTYPE_F16, FP8AMP_DTYPE_BF16, (fp8amp_dtype)99};
+    /* not a scaled dtype (E4M3, E5M2, F16: test_scaled_f16.c covers F16) */
+    const fp8amp_dtype not_fp8[4] = {FP8AMP_DTYPE_F32, FP8AMP_DTYPE_BF16, (fp8amp_dtype)5, (fp8amp_dtype)99};
     for (int k = 0; k < 4; ++k) {
         EXPECT_STATUS(fp8amp_scaling_create(ctx, &good, not_fp8[k], &out), FP8AMP_ERROR_DTYPE_MISMATCH);
         assert_true(out == sentinel);
@@ -413,9 +415,10 @@ static void test_scales_match_float64_model(void **state) {
         {make_recipe(FP8AMP_SCALING_DELAYED, 127, 1, 4, FP8AMP_AMAX_MAX, 1), 100},
         {make_recipe(FP8AMP_SCALING_CURRENT, 127, 1, 2, FP8AMP_AMAX_MOST_RECENT, 0), 100},
     };
+    /* every scaled dtype: the two FP8 formats and scaled F16 (format max 65504) */
+    const fp8amp_dtype dtypes[3] = {FP8AMP_DTYPE_E4M3, FP8AMP_DTYPE_E5M2, FP8AMP_DTYPE_F16};
     for (size_t k = 0; k < sizeof cases / sizeof cases[0]; ++k)
-        for (int d = 0; d < 2; ++d)
-            run_against_model(device, &cases[k].r, d ? FP8AMP_DTYPE_E5M2 : FP8AMP_DTYPE_E4M3, cases[k].steps);
+        for (int d = 0; d < 3; ++d) run_against_model(device, &cases[k].r, dtypes[d], cases[k].steps);
 }
 
 /* The special cases, by hand (known answers) and against the model. */
@@ -646,7 +649,8 @@ static void test_update_many_equals_single_updates(void **state) {
                                             1 + (int)(test_rng_u64() % 40),
                                             (test_rng_u64() & 1) ? FP8AMP_AMAX_MOST_RECENT : FP8AMP_AMAX_MAX,
                                             (int)(test_rng_u64() & 1));
-        dtypes[i] = (test_rng_u64() & 1) ? FP8AMP_DTYPE_E5M2 : FP8AMP_DTYPE_E4M3;
+        const fp8amp_dtype scaled_dtypes[3] = {FP8AMP_DTYPE_E4M3, FP8AMP_DTYPE_E5M2, FP8AMP_DTYPE_F16};
+        dtypes[i] = scaled_dtypes[test_rng_u64() % 3];
         lens[i] = r.amax_history_len;
         EXPECT_OK(fp8amp_scaling_create(ctx, &r, dtypes[i], &a[i]));
         EXPECT_OK(fp8amp_scaling_create(ctx, &r, dtypes[i], &b[i]));

@@ -297,13 +297,15 @@ FP8AMP_API fp8amp_status fp8amp_recipe_init_default(fp8amp_recipe *recipe);
 
 typedef struct fp8amp_scaling_s *fp8amp_scaling;
 
-/** Creates a scaling meta for tensors of one FP8 dtype (E4M3 or E5M2) on the context's device:
- *  scale and scale_inv (both 1 at first), the amax recorded since the last update (0 at first), the
- *  amax history (zeros) and the diagnostic counters. All of it lives on the device; reading it is an
+/** Creates a scaling meta for tensors of one scaled dtype on the context's device: E4M3, E5M2 or F16
+ *  (a scaled 16-bit format: format max 65504, quantize saturates like FP8; MS-AMP's "FP16 with a
+ *  scaling factor" for weights and optimizer state). The meta holds scale and scale_inv (both 1
+ *  at first), the amax recorded since the last update (0 at first), the amax history (zeros) and
+ *  the diagnostic counters. All of it lives on the device; reading it is an
  *  explicit call (fp8amp_scaling_get and friends).
  *  Statuses: SUCCESS; INVALID_HANDLE; INVALID_ARGUMENT (NULL recipe/out, struct_size too small,
  *  a field out of range: margin, interval, amax_history_len 0 or > FP8AMP_MAX_AMAX_HISTORY, an
- *  unknown enum value); DTYPE_MISMATCH (fp8_dtype not E4M3/E5M2); OUT_OF_MEMORY; CUDA. */
+ *  unknown enum value); DTYPE_MISMATCH (fp8_dtype not E4M3/E5M2/F16); OUT_OF_MEMORY; CUDA. */
 FP8AMP_API fp8amp_status fp8amp_scaling_create(fp8amp_context ctx, const fp8amp_recipe *recipe,
                                                fp8amp_dtype fp8_dtype, fp8amp_scaling *out);
 
@@ -338,8 +340,9 @@ FP8AMP_API fp8amp_status fp8amp_scaling_get_history(fp8amp_scaling s, int32_t ca
 FP8AMP_API fp8amp_status fp8amp_scaling_set_scale(fp8amp_scaling s, float scale);
 
 /** Numerics diagnostics of the quantizations into tensors bound to a meta, counted since the last
- *  reset when enabled: elements whose scaled value exceeded the format's largest finite value (and
- *  saturated; inf included, NaN not), and nonzero elements that became zero (underflow). */
+ *  reset when enabled: elements whose scaled value exceeded the format's largest finite value (448,
+ *  57344, or 65504 for F16) and saturated (inf included, NaN not), and nonzero elements that became
+ *  zero (underflow). */
 typedef struct fp8amp_scaling_stats {
     uint64_t quantized; /**< elements quantized while counting was on */
     uint64_t saturated;
@@ -354,11 +357,11 @@ FP8AMP_API fp8amp_status fp8amp_scaling_get_stats(fp8amp_scaling s, fp8amp_scali
 /** Sets the counters to zero. Statuses: SUCCESS; INVALID_HANDLE; CUDA. */
 FP8AMP_API fp8amp_status fp8amp_scaling_reset_stats(fp8amp_scaling s);
 
-/** Binds an FP8 tensor to a scaling meta (of the same FP8 dtype and device): quantizing into it
- *  uses the meta's scale and records amax into the meta; the tensor keeps its own copy of the
+/** Binds an E4M3, E5M2 or F16 tensor to a scaling meta (of the same dtype and device): quantizing
+ *  into it uses the meta's scale and records amax into the meta; the tensor keeps its own copy of the
  *  scale_inv it was quantized with, which dequantize uses. Binding sets that copy to the meta's
  *  current scale_inv. NULL unbinds. Statuses: SUCCESS; INVALID_HANDLE; DTYPE_MISMATCH (tensor not
- *  FP8, or of the other FP8 dtype than the meta); DEVICE_MISMATCH; OUT_OF_MEMORY; CUDA. */
+ *  E4M3/E5M2/F16, or of another dtype than the meta); DEVICE_MISMATCH; OUT_OF_MEMORY; CUDA. */
 FP8AMP_API fp8amp_status fp8amp_tensor_set_scaling(fp8amp_tensor t, fp8amp_scaling s);
 
 /* ---------------------------------------------------------------------------------------------
@@ -366,11 +369,13 @@ FP8AMP_API fp8amp_status fp8amp_tensor_set_scaling(fp8amp_tensor t, fp8amp_scali
  * ------------------------------------------------------------------------------------------- */
 
 /** dst = fp8_rne_satfinite(src * scale) in one pass, recording max|src| into dst's meta (NaN counts as
- *  inf, so the next update keeps the previous scale). src is F32, F16 or BF16; dst is E4M3 or E5M2,
- *  bound to a meta, of the same shape. Delayed scaling uses the meta's scale; current scaling
+ *  inf, so the next update keeps the previous scale). src is F32, F16 or BF16 (its values as stored: a
+ *  binding of src is not applied); dst is E4M3, E5M2 or F16, bound to a meta, of the same shape. Into
+ *  a scaled F16 dst: round to nearest even, then saturate like FP8 (|y| > 65504 and inf give
+ *  +-65504; NaN stays NaN). Delayed scaling uses the meta's scale; current scaling
  *  computes src's amax first and the scale from it, on the device (no host round trip). dst's
  *  scale_inv copy is set to the scale_inv used. Asynchronous on CUDA.
- *  Statuses: SUCCESS; INVALID_HANDLE; DTYPE_MISMATCH (src not F32/F16/BF16, dst not FP8);
+ *  Statuses: SUCCESS; INVALID_HANDLE; DTYPE_MISMATCH (src not F32/F16/BF16, dst not E4M3/E5M2/F16);
  *  INVALID_ARGUMENT (dst has no meta, read-only dst, src and dst overlapping in memory);
  *  SHAPE_MISMATCH; DEVICE_MISMATCH (a tensor or the meta not on the context's device); CUDA. */
 FP8AMP_API fp8amp_status fp8amp_quantize(fp8amp_context ctx, fp8amp_tensor src, fp8amp_tensor dst);
@@ -385,8 +390,8 @@ FP8AMP_API fp8amp_status fp8amp_quantize_transpose(fp8amp_context ctx, fp8amp_te
                                                    fp8amp_tensor dst_t);
 
 /** dst = decode(src) * scale_inv, with src's own scale_inv copy (see fp8amp_tensor_set_scaling);
- *  src is E4M3/E5M2 bound to a meta, dst F32/F16/BF16 of the same shape. Asynchronous on CUDA.
- *  Statuses: SUCCESS; INVALID_HANDLE; DTYPE_MISMATCH (src not FP8, dst not F32/F16/BF16);
+ *  src is E4M3/E5M2/F16 bound to a meta, dst F32/F16/BF16 of the same shape. Asynchronous on CUDA.
+ *  Statuses: SUCCESS; INVALID_HANDLE; DTYPE_MISMATCH (src not E4M3/E5M2/F16, dst not F32/F16/BF16);
  *  INVALID_ARGUMENT (src has no meta, read-only dst, src and dst overlapping in memory);
  *  SHAPE_MISMATCH; DEVICE_MISMATCH; CUDA. */
 FP8AMP_API fp8amp_status fp8amp_dequantize(fp8amp_context ctx, fp8amp_tensor src, fp8amp_tensor dst);
@@ -395,6 +400,123 @@ FP8AMP_API fp8amp_status fp8amp_dequantize(fp8amp_context ctx, fp8amp_tensor src
  *  Statuses: SUCCESS; INVALID_HANDLE; INVALID_ARGUMENT (NULL amax); DEVICE_MISMATCH; OUT_OF_MEMORY
  *  (CUDA: the 4-byte result buffer could not be allocated); CUDA. */
 FP8AMP_API fp8amp_status fp8amp_amax(fp8amp_context ctx, fp8amp_tensor t, float *amax);
+
+/* ---------------------------------------------------------------------------------------------
+ * FP8 Linear: y = x W^T + b on FP8 GEMMs (cuBLASLt on CUDA), with FP8 weight gradients
+ * ------------------------------------------------------------------------------------------- */
+
+/** Whether a Linear runs its GEMMs in FP8 or in BF16 (FP8 GEMMs lose to BF16 on small shapes). */
+typedef enum fp8amp_gemm_policy {
+    FP8AMP_GEMM_AUTO = 0,       /**< FP8 where it pays and the shape allows it, BF16 otherwise (see docs) */
+    FP8AMP_GEMM_ALWAYS_FP8 = 1, /**< FP8 always; a shape or GPU FP8 GEMMs cannot take is NOT_SUPPORTED */
+    FP8AMP_GEMM_NEVER_FP8 = 2   /**< BF16 GEMMs with FP32 accumulation (CUDA); F32 GEMMs on the CPU */
+} fp8amp_gemm_policy;
+
+/** Which GEMM a Linear's last forward chose (its backward uses the same). */
+typedef enum fp8amp_gemm_kind {
+    FP8AMP_GEMM_KIND_NONE = 0, /**< no forward yet */
+    FP8AMP_GEMM_KIND_FP8 = 1,
+    FP8AMP_GEMM_KIND_BF16 = 2, /**< CUDA: BF16 operands, FP32 accumulation */
+    FP8AMP_GEMM_KIND_F32 = 3   /**< CPU with NEVER_FP8: F32 operands and accumulation */
+} fp8amp_gemm_kind;
+
+/** The scaling metas a Linear owns, by role. */
+typedef enum fp8amp_linear_role {
+    FP8AMP_ROLE_INPUT = 0,       /**< x, E4M3, the recipe's mode */
+    FP8AMP_ROLE_WEIGHT = 1,      /**< the FP8 copy of W, E4M3, current scaling; for E4M3 weights, W's own meta
+                                      (WEIGHT_STORAGE) */
+    FP8AMP_ROLE_GRAD_OUTPUT = 2, /**< dY: E5M2 (HYBRID) or E4M3 (E4M3 recipe), the recipe's mode */
+    FP8AMP_ROLE_WEIGHT_GRAD = 3, /**< the E4M3 weight gradient (wgrad_dtype E4M3), current scaling */
+    FP8AMP_ROLE_WEIGHT_STORAGE = 4 /**< the meta the weight itself is bound to, delayed scaling: F16
+                                        weights (scaled F16) and E4M3 weights (then also the WEIGHT meta) */
+} fp8amp_linear_role;
+
+/** A Linear layer's configuration. Initialize with fp8amp_linear_desc_init_default. */
+typedef struct fp8amp_linear_desc {
+    uint32_t struct_size;       /**< sizeof(fp8amp_linear_desc) */
+    int64_t in_features;        /**< K, >= 1 */
+    int64_t out_features;       /**< N, >= 1 */
+    int32_t has_bias;           /**< default 1; the bias is F32 */
+    fp8amp_dtype weight_dtype;  /**< F32, F16, BF16 (default) or E4M3 (O3); F16 (scaled F16) and E4M3
+                                     weights are bound to a meta (role WEIGHT_STORAGE) */
+    fp8amp_dtype wgrad_dtype;   /**< E4M3 (O1, default), F32 or BF16 */
+    fp8amp_recipe recipe;       /**< default: fp8amp_recipe_init_default */
+    fp8amp_gemm_policy policy;  /**< default AUTO */
+} fp8amp_linear_desc;
+
+/** Fills *desc with the defaults above and in_features = out_features = 0 (set them).
+ *  Statuses: SUCCESS; INVALID_ARGUMENT (NULL). */
+FP8AMP_API fp8amp_status fp8amp_linear_desc_init_default(fp8amp_linear_desc *desc);
+
+typedef struct fp8amp_linear_s *fp8amp_linear;
+
+/** Creates a Linear on the context's device: weight [out, in] (zeros: fill it), bias [out] (F32,
+ *  zeros), gradient tensors (zeros) and the role metas. Allocates nothing else until the first call.
+ *  Statuses: SUCCESS; INVALID_HANDLE; INVALID_ARGUMENT (NULL desc/out, struct_size too small,
+ *  features < 1, a bad recipe, an unknown policy); DTYPE_MISMATCH (weight_dtype or wgrad_dtype not
+ *  allowed); OUT_OF_MEMORY; CUDA. */
+FP8AMP_API fp8amp_status fp8amp_linear_create(fp8amp_context ctx, const fp8amp_linear_desc *desc,
+                                              fp8amp_linear *out);
+
+/** Destroys a Linear handle. Tensor and meta handles obtained from it stay valid (they share the
+ *  objects). NULL is a no-op success. */
+FP8AMP_API fp8amp_status fp8amp_linear_destroy(fp8amp_linear lin);
+
+/** New handles to the Linear's parameter and gradient tensors (the caller destroys each handle;
+ *  the tensor lives on while the Linear or a handle holds it): weight [out, in] of weight_dtype;
+ *  bias [out] F32 (INVALID_ARGUMENT without has_bias); weight_grad [out, in] of wgrad_dtype (E4M3:
+ *  bound to the WEIGHT_GRAD meta); bias_grad [out] F32. Write the weight through these handles
+ *  (fp8amp_tensor_copy_from_host, fp8amp_cast, fp8amp_quantize, the optimizer): the Linear notices
+ *  and re-quantizes its FP8 copy on the next forward. Memory written any other way (a DLPack
+ *  producer, a raw pointer) needs fp8amp_linear_weight_changed.
+ *  Statuses: SUCCESS; INVALID_HANDLE; INVALID_ARGUMENT (NULL out; bias without has_bias). */
+FP8AMP_API fp8amp_status fp8amp_linear_weight(fp8amp_linear lin, fp8amp_tensor *out);
+FP8AMP_API fp8amp_status fp8amp_linear_bias(fp8amp_linear lin, fp8amp_tensor *out);
+FP8AMP_API fp8amp_status fp8amp_linear_weight_grad(fp8amp_linear lin, fp8amp_tensor *out);
+FP8AMP_API fp8amp_status fp8amp_linear_bias_grad(fp8amp_linear lin, fp8amp_tensor *out);
+
+/** A new handle to one of the Linear's scaling metas (the caller destroys it). Delayed-scaling metas
+ *  (INPUT and GRAD_OUTPUT under a DELAYED recipe) need fp8amp_scaling_update (or _update_many over
+ *  all the model's metas) once per step, as for any meta. Statuses: SUCCESS; INVALID_HANDLE;
+ *  INVALID_ARGUMENT (NULL out, unknown role, WEIGHT_GRAD when wgrad_dtype is not E4M3,
+ *  WEIGHT_STORAGE when the weight is F32 or BF16). */
+FP8AMP_API fp8amp_status fp8amp_linear_scaling(fp8amp_linear lin, fp8amp_linear_role role, fp8amp_scaling *out);
+
+/** Tells the Linear that its weight was written behind its back (see fp8amp_linear_weight): the
+ *  next forward re-quantizes it. Statuses: SUCCESS; INVALID_HANDLE. */
+FP8AMP_API fp8amp_status fp8amp_linear_weight_changed(fp8amp_linear lin);
+
+/** y = x W^T + b. x is [..., in] (leading dims flattened to M rows), y is [..., out] with the same
+ *  leading dims; x and y are F32, F16 or BF16 (they may differ), on the Linear's device. FP8 path:
+ *  x is quantized to E4M3 with the INPUT meta, the weight's E4M3 copy (and its transpose when
+ *  training) is made from the weight when it has changed since the last forward, and the GEMM
+ *  accumulates in FP32 (fast accumulation on CUDA) with the bias added in the epilogue (the bias is
+ *  rounded to BF16 for F32/BF16 outputs and to F16 for F16 outputs first, on both backends). With
+ *  training nonzero, x is kept for backward in FP8 (its transposed E4M3 copy: 1 byte per element).
+ *  Asynchronous on CUDA (the Linear's context's stream).
+ *  Statuses: SUCCESS; INVALID_HANDLE; DTYPE_MISMATCH (x or y FP8); SHAPE_MISMATCH (x's last dim !=
+ *  in, y's shape != x's leading dims + [out]); DEVICE_MISMATCH; INVALID_ARGUMENT (read-only y, x and
+ *  y overlapping); NOT_SUPPORTED (ALWAYS_FP8 with a shape or GPU FP8 GEMMs cannot take: the message
+ *  says which); OUT_OF_MEMORY; CUBLAS; CUDA. */
+FP8AMP_API fp8amp_status fp8amp_linear_forward(fp8amp_linear lin, fp8amp_tensor x, fp8amp_tensor y,
+                                               int32_t training);
+
+/** Backward of the last training forward. dy has y's shape (F32, F16 or BF16). Writes dx (x's shape,
+ *  F32/F16/BF16; NULL skips the input gradient), the weight gradient and the bias gradient:
+ *  accumulate_wgrad = 0 overwrites them, nonzero adds to them (micro-batches). Accumulation runs in
+ *  FP32 (an FP32 buffer the Linear keeps for E4M3 and BF16 weight gradients), and the delivered
+ *  weight_grad tensor is re-made from that sum after every backward, so no precision is lost between
+ *  micro-batches. dY is quantized to GRAD_OUTPUT's dtype; dX = dY W and dW = dY^T X run in FP8 with
+ *  FP32 (split) accumulation; the bias gradient is summed in FP32 from dy itself.
+ *  Statuses: SUCCESS; INVALID_HANDLE; INVALID_ARGUMENT (no training forward since the last backward
+ *  or since creation; read-only dx; overlaps); DTYPE_MISMATCH; SHAPE_MISMATCH (dy or dx not matching
+ *  the forward's y and x); DEVICE_MISMATCH; OUT_OF_MEMORY; CUBLAS; CUDA. */
+FP8AMP_API fp8amp_status fp8amp_linear_backward(fp8amp_linear lin, fp8amp_tensor dy, fp8amp_tensor dx,
+                                                int32_t accumulate_wgrad);
+
+/** Which GEMM the last forward ran (FP8AMP_GEMM_KIND_NONE before any). Statuses: SUCCESS;
+ *  INVALID_HANDLE; INVALID_ARGUMENT (NULL). */
+FP8AMP_API fp8amp_status fp8amp_linear_gemm_kind(fp8amp_linear lin, fp8amp_gemm_kind *out);
 
 /* ---------------------------------------------------------------------------------------------
  * Adam / AdamW with low-precision state (O1/O2/O3), dynamic loss scaling, checkpoints
@@ -462,17 +584,18 @@ FP8AMP_API fp8amp_status fp8amp_optimizer_destroy(fp8amp_optimizer opt);
 
 /** Registers a parameter and its gradient (both kept alive by the optimizer) and allocates its state
  *  (zeros; an O3 master copy is initialized from the parameter's current value, synchronously).
- *  param: F32, BF16, F16 (unscaled; a scaled F16 tensor is refused with NOT_SUPPORTED until scaled
- *  F16 lands) or E4M3 bound to a scaling meta (value = code * the tensor's scale_inv). The optimizer
- *  owns a bound parameter's meta from now on: each step writes the parameter with the meta's scale
+ *  param: F32, BF16, F16 (unscaled, or scaled: bound to an F16 meta) or E4M3 bound to a meta;
+ *  a scaled parameter's value is code * the tensor's scale_inv, and its meta must use delayed
+ *  scaling (a Linear's WEIGHT_STORAGE meta does). The optimizer owns a bound parameter's meta from
+ *  now on: each step writes the parameter with the meta's scale
  *  and records its amax, then folds the meta (delayed scaling: the new scale applies next step).
- *  grad: F32, F16, BF16, or E4M3/E5M2 (value = code * its scale_inv when bound to a meta); same
- *  shape as param. Every parameter must be added before the first step.
+ *  grad: F32, F16, BF16, or E4M3/E5M2 (value = code * its scale_inv; likewise a scaled F16
+ *  gradient, bound to a meta); same shape as param. Every parameter must be added before the first step.
  *  Statuses: SUCCESS; INVALID_HANDLE; INVALID_ARGUMENT (param added twice, param read-only, param
- *  and grad overlapping, E4M3 param without a meta, a parameter added after the first step);
- *  SHAPE_MISMATCH (grad's shape differs); DTYPE_MISMATCH (param E5M2; F32 param with an F16 master;
- *  grad dtype); DEVICE_MISMATCH (param, grad or a meta not on the optimizer's device);
- *  NOT_SUPPORTED (scaled F16 param); OUT_OF_MEMORY; CUDA. */
+ *  and grad overlapping, E4M3 param without a meta, a param meta with current scaling, a parameter
+ *  added after the first step); SHAPE_MISMATCH (grad's shape differs); DTYPE_MISMATCH (param E5M2;
+ *  F32 param with an F16 master); DEVICE_MISMATCH (param, grad or a meta not on the optimizer's device);
+ *  OUT_OF_MEMORY; CUDA. Each step marks the parameters written (a Linear then re-quantizes them). */
 FP8AMP_API fp8amp_status fp8amp_optimizer_add_param(fp8amp_optimizer opt, fp8amp_tensor param, fp8amp_tensor grad);
 
 /** Per-step arguments. Initialize with fp8amp_adam_step_args_init_default. */

@@ -1,0 +1,51 @@
+"""The base of every class that owns a C handle (Context, Tensor, Scaling; later Linear, Optimizer,
+GradScaler, Communicator).
+
+A handle is destroyed exactly once: by ``close()``, by leaving a ``with`` block, or by a finalizer
+when the object is garbage collected (or at interpreter exit). After ``close()`` the object holds
+NULL, so any further call reaches the C library with a NULL handle and raises InvalidHandleError
+with the library's own message; ``close()`` again does nothing.
+"""
+from __future__ import annotations
+
+import weakref
+from typing import Any, Callable
+
+from ._ffi import NULL
+from .errors import check
+
+
+def _destroy_quietly(destroy: Callable[[Any], int], handle: Any) -> None:
+    # A finalizer cannot raise usefully; a destroy of a live handle does not fail in practice.
+    destroy(handle)
+
+
+class Handle:
+    """Owns one C handle; subclasses set ``_destroy`` to the C destroy function."""
+
+    _destroy: Callable[[Any], int]
+
+    def __init__(self, handle: Any) -> None:
+        self._h = handle
+        self._finalizer = weakref.finalize(self, _destroy_quietly, type(self)._destroy, handle)
+
+    @property
+    def handle(self) -> Any:
+        """The C handle (a cffi pointer), NULL once closed. Borrowed: do not destroy it."""
+        return self._h
+
+    @property
+    def closed(self) -> bool:
+        return self._h == NULL
+
+    def close(self) -> None:
+        """Destroys the C object now. Idempotent."""
+        if self._finalizer.detach() is not None:
+            handle, self._h = self._h, NULL
+            check(type(self)._destroy(handle))
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()

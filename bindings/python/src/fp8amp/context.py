@@ -1,0 +1,183 @@
+"""Devices and contexts."""
+from __future__ import annotations
+
+import dataclasses
+import sys
+import threading
+from typing import Any, Callable, Dict, Optional, Union
+
+from ._ffi import NULL, ffi, lib
+from ._handle import Handle
+from .errors import check
+
+
+@dataclasses.dataclass(frozen=True)
+class Device:
+    """A device: type "cpu" or "cuda", and the CUDA ordinal (0 for the CPU)."""
+
+    type: str
+    index: int = 0
+
+    def __str__(self) -> str:
+        return "cpu" if self.type == "cpu" else "cuda:%d" % self.index
+
+    def _c(self) -> Any:
+        d = ffi.new("fp8amp_device *")
+        d.type = lib.FP8AMP_DEVICE_CPU if self.type == "cpu" else lib.FP8AMP_DEVICE_CUDA
+        d.index = self.index
+        return d[0]
+
+    @staticmethod
+    def _from_c(d: Any) -> "Device":
+        return Device("cpu" if d.type == lib.FP8AMP_DEVICE_CPU else "cuda", int(d.index))
+
+
+DeviceLike = Union[Device, str, Any]
+
+
+def as_device(d: DeviceLike) -> Device:
+    """A Device from a Device, "cpu", "cuda", "cuda:1", or a torch.device."""
+    if isinstance(d, Device):
+        return d
+    text = str(d)
+    if text == "cpu":
+        return Device("cpu", 0)
+    if text == "cuda":
+        return Device("cuda", 0)
+    if text.startswith("cuda:") and text[5:].isdigit():
+        return Device("cuda", int(text[5:]))
+    raise ValueError("not a device: %r (use 'cpu', 'cuda' or 'cuda:N')" % (d,))
+
+
+def device_count(device_type: str = "cuda") -> int:
+    """How many devices of a type this process can use (0 GPUs without a GPU, driver or CUDA build)."""
+    n = ffi.new("int32_t *")
+    t = lib.FP8AMP_DEVICE_CPU if device_type == "cpu" else lib.FP8AMP_DEVICE_CUDA
+    check(lib.fp8amp_device_count(t, n))
+    return int(n[0])
+
+
+AllocFn = Callable[[int, "Device", int], int]
+FreeFn = Callable[[int, int, "Device", int], None]
+
+
+class _Allocator:
+    """A pair of Python allocation hooks and the cffi handle the C hooks get as user_data. It stays
+    alive while a Context uses it or any block it allocated is still live (the C library frees each
+    block through the hooks that allocated it, possibly after the context is gone)."""
+
+    def __init__(self, alloc: AllocFn, free: FreeFn) -> None:
+        self.alloc, self.free = alloc, free
+        self.live = 0
+        self.handle = ffi.new_handle(self)
+
+
+_LIVE: Dict[int, _Allocator] = {}  # allocators with blocks outstanding, by id
+_LIVE_LOCK = threading.Lock()
+
+
+def _alloc_failed(exc_type, exc, tb) -> None:
+    # An exception in the hook: report it and answer NULL, which the library turns into
+    # OUT_OF_MEMORY for the call that wanted memory.
+    sys.stderr.write("fp8amp: the allocation hook raised %s: %s\n" % (exc_type.__name__, exc))
+    return None
+
+
+@ffi.def_extern(onerror=_alloc_failed)
+def fp8amp_py_alloc(user_data, nbytes, device, stream):
+    a: _Allocator = ffi.from_handle(user_data)
+    ptr = a.alloc(int(nbytes), Device._from_c(device), int(ffi.cast("uintptr_t", stream)))
+    if not ptr:
+        return NULL
+    with _LIVE_LOCK:
+        a.live += 1
+        _LIVE[id(a)] = a
+    return ffi.cast("void *", int(ptr))
+
+
+@ffi.def_extern()
+def fp8amp_py_free(user_data, ptr, nbytes, device, stream):
+    a: _Allocator = ffi.from_handle(user_data)
+    try:
+        a.free(int(ffi.cast("uintptr_t", ptr)), int(nbytes), Device._from_c(device), int(ffi.cast("uintptr_t", stream)))
+    finally:
+        with _LIVE_LOCK:
+            a.live -= 1
+            if a.live == 0:
+                _LIVE.pop(id(a), None)
+
+
+class Context(Handle):
+    """A device, a stream and an allocator: every operation runs through one.
+
+    ``Context("cpu")``, ``Context("cuda")``, ``Context("cuda:1")``. A context is used by one thread at
+    a time; tensors and metas keep what they need of it alive, so closing it first is safe.
+    """
+
+    _destroy = lib.fp8amp_context_destroy
+
+    def __init__(self, device: DeviceLike = "cpu") -> None:
+        dev = as_device(device)
+        out = ffi.new("fp8amp_context *")
+        check(lib.fp8amp_context_create(dev._c(), out))
+        super().__init__(out[0])
+        self._device = dev
+
+    @property
+    def device(self) -> Device:
+        return self._device
+
+    @property
+    def is_cuda(self) -> bool:
+        return self._device.type == "cuda"
+
+    @property
+    def stream(self) -> int:
+        """The borrowed cudaStream_t as an int (0: the default stream, and always on the CPU)."""
+        out = ffi.new("void **")
+        check(lib.fp8amp_context_get_stream(self._h, out))
+        return int(ffi.cast("uintptr_t", out[0]))
+
+    def set_stream(self, stream: Optional[Any]) -> None:
+        """Runs later operations on a borrowed CUDA stream: an int handle, None (default stream), or
+        an object with ``cuda_stream`` (torch.cuda.Stream, cupy's Stream) or ``ptr``. The caller keeps
+        the stream alive while the context uses it."""
+        if stream is None:
+            raw = 0
+        elif isinstance(stream, int):
+            raw = stream
+        elif hasattr(stream, "cuda_stream"):
+            raw = int(stream.cuda_stream)
+        elif hasattr(stream, "ptr"):
+            raw = int(stream.ptr)
+        else:
+            raise TypeError("not a CUDA stream: %r" % (stream,))
+        check(lib.fp8amp_context_set_stream(self._h, ffi.cast("void *", raw)))
+
+    def set_allocator(self, alloc: Optional[AllocFn], free: Optional[FreeFn]) -> None:
+        """Routes every later allocation of this context (tensors, metas, workspaces) through Python
+        hooks, e.g. a framework's caching allocator; (None, None) restores the built-in allocator.
+
+        ``alloc(nbytes, device, stream) -> address`` returns memory on `device` aligned to 256
+        bytes, usable on `stream` (an int cudaStream_t), or 0 when it cannot (the call that wanted
+        memory then raises OutOfMemoryError; so does an exception in the hook).
+        ``free(address, nbytes, device, stream)`` releases a block. Each block is freed through the
+        hooks that allocated it, also after they were replaced or the context was closed. The hooks
+        must not call fp8amp."""
+        if (alloc is None) != (free is None):
+            check(lib.fp8amp_context_set_allocator(self._h, lib.fp8amp_py_alloc if alloc else NULL,
+                                                   lib.fp8amp_py_free if free else NULL, NULL))
+        if alloc is None:
+            check(lib.fp8amp_context_set_allocator(self._h, NULL, NULL, NULL))
+            self._allocator = None
+            return
+        a = _Allocator(alloc, free)  # type: ignore[arg-type]
+        check(lib.fp8amp_context_set_allocator(self._h, lib.fp8amp_py_alloc, lib.fp8amp_py_free, a.handle))
+        self._allocator = a  # blocks already allocated keep their own allocator alive through _LIVE
+
+    def synchronize(self) -> None:
+        """Waits for all work issued through the context."""
+        check(lib.fp8amp_context_synchronize(self._h))
+
+    def __repr__(self) -> str:
+        return "fp8amp.Context(%r%s)" % (str(self._device), ", closed" if self.closed else "")

@@ -1,0 +1,45 @@
+"""The cdef is generated from the header: every function and enum value the header declares is in
+the compiled module, and the generator refuses a header it does not understand."""
+import os
+import re
+import sys
+
+import pytest
+
+from fp8amp import _lib as lib
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))
+import build_ffi  # noqa: E402  (no ffibuilder is made on import)
+
+HEADER = os.environ.get("FP8AMP_HEADER", os.path.join(HERE, "..", "..", "..", "capi", "include", "fp8amp", "fp8amp.h"))
+
+
+@pytest.mark.skipif(not os.path.exists(HEADER), reason="the public header is not beside the package")
+def test_every_declaration_is_bound():
+    text = open(HEADER, encoding="utf-8").read()
+    functions = set(re.findall(r"FP8AMP_API\s+[\w\s\*]+?\b(fp8amp_\w+)\s*\(", text))
+    assert len(functions) > 40
+    missing = [f for f in functions if not hasattr(lib, f)]
+    assert not missing
+    for name in re.findall(r"\b(FP8AMP_[A-Z0-9_]+)\s*=\s*\d+", text):
+        assert hasattr(lib, name), name
+    assert lib.FP8AMP_MAX_NDIM == 8 and lib.FP8AMP_MAX_AMAX_HISTORY == 65536
+
+
+def test_generator_rejects_what_it_does_not_know():
+    good = "#ifndef G\n#define G\nint fp8amp_x(void);\n#endif\n"
+    assert "int fp8amp_x(void);" in build_ffi.cdef_from_header(good)
+    with pytest.raises(RuntimeError):
+        build_ffi.cdef_from_header("int f(void);\n")  # no include guard
+    with pytest.raises(RuntimeError):  # a declaration inside a conditional would be lost
+        build_ffi.cdef_from_header("#ifndef G\n#define G\n#ifdef X\nint fp8amp_y(void);\n#endif\n#endif\n")
+    with pytest.raises(RuntimeError):
+        build_ffi.cdef_from_header("#ifndef G\n#define G\n#pragma once\n#endif\n")
+
+
+def test_import_needs_no_torch():
+    import subprocess
+
+    code = "import sys, fp8amp; sys.exit(1 if 'torch' in sys.modules else 0)"
+    subprocess.run([sys.executable, "-c", code], check=True, env=dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path)))

@@ -1,0 +1,121 @@
+// The extern "C" functions of the FP8 Linear layer (see capi/api.cpp for the boundary's rules).
+#include "boundary.hpp"
+#include "context.hpp"
+#include "linear.hpp"
+#include "scaling_meta.hpp"
+#include "tensor.hpp"
+
+using fp8amp::fail;
+using fp8amp::core::Context;
+using fp8amp::core::Linear;
+using fp8amp::core::ScalingMeta;
+using fp8amp::core::Tensor;
+using fp8amp::core::lookup;
+using namespace fp8amp::capi;
+
+extern "C" {
+
+FP8AMP_API fp8amp_status fp8amp_linear_desc_init_default(fp8amp_linear_desc *desc) {
+    FP8AMP_GUARD({
+        require(desc, "desc");
+        fp8amp_linear_desc d{};
+        d.struct_size = sizeof d;
+        d.in_features = 0;
+        d.out_features = 0;
+        d.has_bias = 1;
+        d.weight_dtype = FP8AMP_DTYPE_BF16;
+        d.wgrad_dtype = FP8AMP_DTYPE_E4M3;
+        if (fp8amp_recipe_init_default(&d.recipe) != FP8AMP_SUCCESS)
+            fail(FP8AMP_ERROR_INTERNAL, "fp8amp_recipe_init_default failed");
+        d.policy = FP8AMP_GEMM_AUTO;
+        *desc = d;
+    });
+}
+
+FP8AMP_API fp8amp_status fp8amp_linear_create(fp8amp_context ctx, const fp8amp_linear_desc *desc, fp8amp_linear *out) {
+    FP8AMP_GUARD({
+        auto c = lookup<Context>(ctx, "ctx");
+        require(desc, "desc");
+        require(out, "out");
+        publish(Linear::create(c, *desc), out);
+    });
+}
+
+FP8AMP_API fp8amp_status fp8amp_linear_destroy(fp8amp_linear lin) {
+    FP8AMP_GUARD({
+        if (lin) fp8amp::core::unregister_object(lin, Linear::kKind, "lin");
+    });
+}
+
+FP8AMP_API fp8amp_status fp8amp_linear_weight(fp8amp_linear lin, fp8amp_tensor *out) {
+    FP8AMP_GUARD({
+        auto l = lookup<Linear>(lin, "lin");
+        require(out, "out");
+        publish(l->weight(), out);
+    });
+}
+
+FP8AMP_API fp8amp_status fp8amp_linear_bias(fp8amp_linear lin, fp8amp_tensor *out) {
+    FP8AMP_GUARD({
+        auto l = lookup<Linear>(lin, "lin");
+        require(out, "out");
+        publish(l->bias(), out);
+    });
+}
+
+FP8AMP_API fp8amp_status fp8amp_linear_weight_grad(fp8amp_linear lin, fp8amp_tensor *out) {
+    FP8AMP_GUARD({
+        auto l = lookup<Linear>(lin, "lin");
+        require(out, "out");
+        publish(l->weight_grad(), out);
+    });
+}
+
+FP8AMP_API fp8amp_status fp8amp_linear_bias_grad(fp8amp_linear lin, fp8amp_tensor *out) {
+    FP8AMP_GUARD({
+        auto l = lookup<Linear>(lin, "lin");
+        require(out, "out");
+        publish(l->bias_grad(), out);
+    });
+}
+
+FP8AMP_API fp8amp_status fp8amp_linear_scaling(fp8amp_linear lin, fp8amp_linear_role role, fp8amp_scaling *out) {
+    FP8AMP_GUARD({
+        auto l = lookup<Linear>(lin, "lin");
+        require(out, "out");
+        publish(l->scaling(role), out);
+    });
+}
+
+FP8AMP_API fp8amp_status fp8amp_linear_weight_changed(fp8amp_linear lin) {
+    FP8AMP_GUARD({ lookup<Linear>(lin, "lin")->weight_changed(); });
+}
+
+FP8AMP_API fp8amp_status fp8amp_linear_forward(fp8amp_linear lin, fp8amp_tensor x, fp8amp_tensor y, int32_t training) {
+    FP8AMP_GUARD({
+        auto l = lookup<Linear>(lin, "lin");
+        auto tx = lookup<Tensor>(x, "x");
+        auto ty = lookup<Tensor>(y, "y");
+        l->forward(*tx, *ty, training != 0);
+    });
+}
+
+FP8AMP_API fp8amp_status fp8amp_linear_backward(fp8amp_linear lin, fp8amp_tensor dy, fp8amp_tensor dx,
+                                                int32_t accumulate_wgrad) {
+    FP8AMP_GUARD({
+        auto l = lookup<Linear>(lin, "lin");
+        auto tdy = lookup<Tensor>(dy, "dy");
+        std::shared_ptr<Tensor> tdx = dx ? lookup<Tensor>(dx, "dx") : nullptr;
+        l->backward(*tdy, tdx.get(), accumulate_wgrad != 0);
+    });
+}
+
+FP8AMP_API fp8amp_status fp8amp_linear_gemm_kind(fp8amp_linear lin, fp8amp_gemm_kind *out) {
+    FP8AMP_GUARD({
+        auto l = lookup<Linear>(lin, "lin");
+        require(out, "out");
+        *out = l->gemm_kind();
+    });
+}
+
+}  // extern "C"

@@ -1,0 +1,426 @@
+#include "linear.hpp"
+
+#include <cstring>
+#include <string>
+
+#include "kernels.hpp"
+#include "ops.hpp"
+
+namespace fp8amp::core {
+
+namespace {
+
+// FP8 GEMMs (with their quantization) beat BF16 from about this many multiply-adds on an H100
+// (docs/performance.md, "FP8 or BF16": the crossover measured by bench/bench_linear.py).
+constexpr double kFp8MinMacs = 2048.0 * 2048.0 * 2048.0;
+
+// The rows/dims FP8 GEMMs on cuBLASLt can take: every leading dimension a multiple of 16 bytes.
+constexpr int64_t kFp8Multiple = 16;
+
+std::string shape_string(const std::vector<int64_t> &shape) {
+    std::string s = "[";
+    for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
+    return s + "]";
+}
+
+std::vector<int64_t> shape_of(const Tensor &t) { return std::vector<int64_t>(t.shape(), t.shape() + t.ndim()); }
+
+void check_wide_dtype(const Tensor &t, const char *argument) {
+    if (is_fp8(t.dtype()))
+        fail(FP8AMP_ERROR_DTYPE_MISMATCH, std::string(argument) + " is " + t.describe() + ": it must be f32, f16 or bf16");
+}
+
+bool overlap(const Tensor &a, const Tensor &b) {
+    const auto *a0 = static_cast<const char *>(a.data());
+    const auto *b0 = static_cast<const char *>(b.data());
+    return a0 < b0 + b.nbytes() && b0 < a0 + a.nbytes();
+}
+
+fp8amp_recipe with_mode(fp8amp_recipe r, fp8amp_scaling_mode mode) {
+    r.mode = mode;
+    return r;
+}
+
+}  // namespace
+
+// One GEMM of the layer, row-major D[m, n] = A[m, k] B[n, k]^T (see kernels::GemmArgs).
+struct GemmCall {
+    int64_t m, n, k;
+    const void *a;
+    fp8amp_dtype a_dtype;
+    bool a_k_contiguous;
+    const float *a_scale_inv;
+    const void *b;
+    fp8amp_dtype b_dtype;
+    bool b_k_contiguous;
+    const float *b_scale_inv;
+    void *d;
+    fp8amp_dtype d_dtype;
+    bool accumulate;
+    bool with_bias;
+    bool fast_accum;
+};
+
+std::shared_ptr<Linear> Linear::create(std::shared_ptr<const Context> ctx, const fp8amp_linear_desc &desc) {
+    if (desc.struct_size < sizeof(fp8amp_linear_desc))
+        fail(FP8AMP_ERROR_INVALID_ARGUMENT, "desc->struct_size " + std::to_string(desc.struct_size) +
+                                                " is smaller than this library's fp8amp_linear_desc (" +
+                                                std::to_string(sizeof(fp8amp_linear_desc)) +
+                                                "): use fp8amp_linear_desc_init_default");
+    // Beyond 2^31 - 1 features cuBLASLt's 32-bit dimensions give out; no real layer comes near.
+    constexpr int64_t kMaxFeatures = (int64_t{1} << 31) - 1;
+    if (desc.in_features < 1 || desc.in_features > kMaxFeatures)
+        fail(FP8AMP_ERROR_INVALID_ARGUMENT, "desc->in_features " + std::to_string(desc.in_features) + " is outside 1..2^31-1");
+    if (desc.out_features < 1 || desc.out_features > kMaxFeatures)
+        fail(FP8AMP_ERROR_INVALID_ARGUMENT,
+             "desc->out_features " + std::to_string(desc.out_features) + " is outside 1..2^31-1");
+    switch (desc.weight_dtype) {
+    case FP8AMP_DTYPE_F32: case FP8AMP_DTYPE_F16: case FP8AMP_DTYPE_BF16: case FP8AMP_DTYPE_E4M3: break;
+    default:
+        fail(FP8AMP_ERROR_DTYPE_MISMATCH, "desc->weight_dtype " + std::to_string(static_cast<int>(desc.weight_dtype)) +
+                                              " is not f32, f16, bf16 or e4m3");
+    }
+    switch (desc.wgrad_dtype) {
+    case FP8AMP_DTYPE_F32: case FP8AMP_DTYPE_BF16: case FP8AMP_DTYPE_E4M3: break;
+    default:
+        fail(FP8AMP_ERROR_DTYPE_MISMATCH, "desc->wgrad_dtype " + std::to_string(static_cast<int>(desc.wgrad_dtype)) +
+                                              " is not e4m3, f32 or bf16");
+    }
+    if (desc.policy != FP8AMP_GEMM_AUTO && desc.policy != FP8AMP_GEMM_ALWAYS_FP8 && desc.policy != FP8AMP_GEMM_NEVER_FP8)
+        fail(FP8AMP_ERROR_INVALID_ARGUMENT, "desc->policy " + std::to_string(static_cast<int>(desc.policy)) + " is unknown");
+    const fp8amp_recipe recipe = validate_recipe(desc.recipe);
+
+    std::shared_ptr<Linear> lin(new Linear());
+    lin->desc_ = desc;
+    lin->desc_.recipe = recipe;
+    lin->ctx_ = ctx;
+    lin->wide_dtype_ = ctx->is_cuda() ? FP8AMP_DTYPE_BF16 : FP8AMP_DTYPE_F32;
+    if (ctx->is_cuda()) lin->fp8_unsupported_ = kernels::cuda::fp8_gemm_unsupported_reason(ctx->device().index);
+    const fp8amp_dtype grad_dtype = recipe.format == FP8AMP_FORMAT_HYBRID ? FP8AMP_DTYPE_E5M2 : FP8AMP_DTYPE_E4M3;
+    // Inputs and output gradients follow the recipe; the weight and its gradient are quantized once
+    // per step from their exact values, so they use current scaling (no stale scale on a fresh weight).
+    lin->input_meta_ = std::make_shared<ScalingMeta>(ctx, recipe, FP8AMP_DTYPE_E4M3);
+    lin->weight_meta_ = std::make_shared<ScalingMeta>(ctx, with_mode(recipe, FP8AMP_SCALING_CURRENT), FP8AMP_DTYPE_E4M3);
+    lin->grad_output_meta_ = std::make_shared<ScalingMeta>(ctx, recipe, grad_dtype);
+    if (desc.wgrad_dtype == FP8AMP_DTYPE_E4M3)
+        lin->wgrad_meta_ =
+            std::make_shared<ScalingMeta>(ctx, with_mode(recipe, FP8AMP_SCALING_CURRENT), FP8AMP_DTYPE_E4M3);
+
+    const int64_t n = desc.out_features, k = desc.in_features;
+    const int64_t w_shape[2] = {n, k};
+    auto zeros = [&](const std::shared_ptr<Tensor> &t) {
+        std::vector<unsigned char> z(t->nbytes(), 0);
+        t->copy_from_host(z.data(), z.size());
+    };
+    lin->weight_ = Tensor::create(ctx, desc.weight_dtype, 2, w_shape);
+    zeros(lin->weight_);
+    // A weight stored scaled (E4M3 for O3, scaled F16 for MS-AMP's O1/O2 FP16 weights) is bound to a
+    // meta with delayed scaling: its writer -- the optimizer -- writes with the meta's scale and records
+    // the new amax, which gives the next step's scale (the optimizer refuses current-scaling metas).
+    // For an E4M3 weight that meta is also the WEIGHT meta: the weight is its own FP8 copy.
+    if (desc.weight_dtype == FP8AMP_DTYPE_E4M3 || desc.weight_dtype == FP8AMP_DTYPE_F16) {
+        lin->weight_storage_meta_ =
+            std::make_shared<ScalingMeta>(ctx, with_mode(recipe, FP8AMP_SCALING_DELAYED), desc.weight_dtype);
+        lin->weight_->set_scaling(lin->weight_storage_meta_);
+        if (desc.weight_dtype == FP8AMP_DTYPE_E4M3) lin->weight_meta_ = lin->weight_storage_meta_;
+    }
+    lin->weight_grad_ = Tensor::create(ctx, desc.wgrad_dtype, 2, w_shape);
+    zeros(lin->weight_grad_);
+    if (lin->wgrad_meta_) lin->weight_grad_->set_scaling(lin->wgrad_meta_);
+    if (desc.has_bias) {
+        lin->bias_ = Tensor::create(ctx, FP8AMP_DTYPE_F32, 1, &n);
+        zeros(lin->bias_);
+        lin->bias_grad_ = Tensor::create(ctx, FP8AMP_DTYPE_F32, 1, &n);
+        zeros(lin->bias_grad_);
+    }
+    return lin;
+}
+
+const std::shared_ptr<Tensor> &Linear::bias() const {
+    if (!bias_) fail(FP8AMP_ERROR_INVALID_ARGUMENT, "this Linear has no bias (desc.has_bias was 0)");
+    return bias_;
+}
+
+const std::shared_ptr<Tensor> &Linear::bias_grad() const {
+    if (!bias_grad_) fail(FP8AMP_ERROR_INVALID_ARGUMENT, "this Linear has no bias (desc.has_bias was 0)");
+    return bias_grad_;
+}
+
+std::shared_ptr<ScalingMeta> Linear::scaling(fp8amp_linear_role role) const {
+    switch (role) {
+    case FP8AMP_ROLE_INPUT: return input_meta_;
+    case FP8AMP_ROLE_WEIGHT: return weight_meta_;
+    case FP8AMP_ROLE_GRAD_OUTPUT: return grad_output_meta_;
+    case FP8AMP_ROLE_WEIGHT_GRAD:
+        if (!wgrad_meta_)
+            fail(FP8AMP_ERROR_INVALID_ARGUMENT, "this Linear's weight gradient is not e4m3, so it has no scaling meta");
+        return wgrad_meta_;
+    case FP8AMP_ROLE_WEIGHT_STORAGE:
+        if (!weight_storage_meta_)
+            fail(FP8AMP_ERROR_INVALID_ARGUMENT, "this Linear's weight is " + weight_->describe() +
+                                                    ": only f16 and e4m3 weights are bound to a scaling meta");
+        return weight_storage_meta_;
+    }
+    fail(FP8AMP_ERROR_INVALID_ARGUMENT, "role " + std::to_string(static_cast<int>(role)) + " is unknown");
+}
+
+Tensor &Linear::buffer(std::shared_ptr<Tensor> &slot, fp8amp_dtype dtype, int64_t rows, int64_t cols,
+                       const std::shared_ptr<ScalingMeta> &meta) {
+    if (!slot || slot->dtype() != dtype || slot->shape()[0] != rows || slot->shape()[1] != cols) {
+        slot.reset();  // give the old memory back before asking for the new
+        const int64_t shape[2] = {rows, cols};
+        slot = Tensor::create(ctx_, dtype, 2, shape);
+        if (meta) slot->set_scaling(meta);
+    }
+    return *slot;
+}
+
+fp8amp_gemm_kind Linear::choose_kind(int64_t m, bool training, const Tensor &y) const {
+    (void)y;
+    if (desc_.policy == FP8AMP_GEMM_NEVER_FP8) return ctx_->is_cuda() ? FP8AMP_GEMM_KIND_BF16 : FP8AMP_GEMM_KIND_F32;
+    // The CPU backend exists for FP8 numerics, not speed: AUTO runs FP8 there for any shape.
+    if (!ctx_->is_cuda()) return FP8AMP_GEMM_KIND_FP8;
+    const int64_t n = desc_.out_features, k = desc_.in_features;
+    std::string why = fp8_unsupported_;
+    if (why.empty() && (k % kFp8Multiple || n % kFp8Multiple))
+        why = "FP8 GEMMs on cuBLASLt need in_features and out_features to be multiples of 16; this Linear is " +
+              std::to_string(k) + " -> " + std::to_string(n);
+    if (why.empty() && training && m % kFp8Multiple)
+        why = "the FP8 weight-gradient GEMM sums over the " + std::to_string(m) +
+              " rows of x, which must then be a multiple of 16 (or run with training = 0)";
+    if (!why.empty()) {
+        if (desc_.policy == FP8AMP_GEMM_ALWAYS_FP8) fail(FP8AMP_ERROR_NOT_SUPPORTED, why + " (policy ALWAYS_FP8)");
+        return FP8AMP_GEMM_KIND_BF16;
+    }
+    if (desc_.policy == FP8AMP_GEMM_ALWAYS_FP8) return FP8AMP_GEMM_KIND_FP8;
+    const double macs = static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k);
+    return macs >= kFp8MinMacs ? FP8AMP_GEMM_KIND_FP8 : FP8AMP_GEMM_KIND_BF16;
+}
+
+// The weight's E4M3 copy (and its transpose), re-made only when the weight was written since.
+void Linear::refresh_weight_fp8(bool need_transpose) {
+    const int64_t n = desc_.out_features, k = desc_.in_features;
+    const uint64_t version = weight_->version();
+    if (desc_.weight_dtype == FP8AMP_DTYPE_E4M3) {  // the weight is its own FP8 copy; only the transpose
+        if (need_transpose && !(weight_fp8t_valid_ && weight_fp8_version_ == version)) {
+            Tensor &wt = buffer(w8t_, FP8AMP_DTYPE_E4M3, k, n);
+            if (ctx_->is_cuda())
+                kernels::cuda::transpose_bytes(ctx_->device().index, ctx_->stream(), weight_->data(), wt.data(),
+                                               static_cast<size_t>(n), static_cast<size_t>(k));
+            else
+                kernels::cpu::transpose_bytes(weight_->data(), wt.data(), static_cast<size_t>(n), static_cast<size_t>(k));
+            weight_fp8t_valid_ = true;
+            weight_fp8_version_ = version;
+        }
+        return;
+    }
+    if (weight_fp8_version_ == version && (weight_fp8t_valid_ || !need_transpose)) return;
+    const void *src = weight_->data();
+    fp8amp_dtype src_dtype = weight_->dtype();
+    if (weight_->scaling()) {  // a scaled 16-bit weight: its true value first
+        Tensor &w32 = buffer(w_f32_, FP8AMP_DTYPE_F32, n, k);
+        dequantize(*ctx_, *weight_, w32);
+        src = w32.data();
+        src_dtype = FP8AMP_DTYPE_F32;
+    }
+    Tensor &w8 = buffer(w8_, FP8AMP_DTYPE_E4M3, n, k, weight_meta_);
+    Tensor *w8t = need_transpose ? &buffer(w8t_, FP8AMP_DTYPE_E4M3, k, n, weight_meta_) : nullptr;
+    quantize_unchecked(*ctx_, src, src_dtype, static_cast<size_t>(n), static_cast<size_t>(k), w8, w8t);
+    weight_fp8_version_ = version;
+    weight_fp8t_valid_ = need_transpose;
+}
+
+// The weight in the non-FP8 GEMMs' operand dtype (the weight itself when it already is).
+void Linear::refresh_weight_wide() {
+    if (weight_->dtype() == wide_dtype_ && !weight_->scaling()) return;
+    const uint64_t version = weight_->version();
+    if (w_wide_ && weight_wide_version_ == version) return;
+    Tensor &ww = buffer(w_wide_, wide_dtype_, desc_.out_features, desc_.in_features);
+    if (weight_->scaling())
+        dequantize(*ctx_, *weight_, ww);
+    else
+        cast(*ctx_, *weight_, ww);
+    weight_wide_version_ = version;
+}
+
+const Tensor *Linear::bias_for(fp8amp_dtype bias_dtype) {
+    if (bias_dtype == FP8AMP_DTYPE_F32) return bias_.get();
+    const int64_t n = desc_.out_features;
+    if (!bias_cast_ || bias_cast_->dtype() != bias_dtype || bias_cast_version_ != bias_->version()) {
+        if (!bias_cast_ || bias_cast_->dtype() != bias_dtype) {
+            bias_cast_.reset();
+            bias_cast_ = Tensor::create(ctx_, bias_dtype, 1, &n);
+        }
+        cast(*ctx_, *bias_, *bias_cast_);
+        bias_cast_version_ = bias_->version();
+    }
+    return bias_cast_.get();
+}
+
+void Linear::run_gemm(const GemmCall &c) {
+    const bool fp8 = is_fp8(c.a_dtype);
+    kernels::GemmArgs g;
+    g.m = c.m;
+    g.n = c.n;
+    g.k = c.k;
+    g.a = {c.a, c.a_dtype, c.a_scale_inv, c.a_k_contiguous};
+    g.b = {c.b, c.b_dtype, c.b_scale_inv, c.b_k_contiguous};
+    g.accumulate = c.accumulate;
+    g.fast_accum = c.fast_accum;
+    // cuBLASLt's 16-bit GEMMs have no F16 output for BF16 operands, and its kernels want outputs
+    // aligned to 16 bytes: such outputs go through an F32 staging buffer and one conversion.
+    const bool misaligned = reinterpret_cast<uintptr_t>(c.d) % 16 != 0;
+    const bool stage = ctx_->is_cuda() && !c.accumulate &&
+                       ((!fp8 && c.d_dtype == FP8AMP_DTYPE_F16 && wide_dtype_ != FP8AMP_DTYPE_F16) || misaligned);
+    Tensor *staging = stage ? &buffer(out_f32_, FP8AMP_DTYPE_F32, c.m, c.n) : nullptr;
+    g.d = stage ? staging->data() : c.d;
+    g.d_dtype = stage ? FP8AMP_DTYPE_F32 : c.d_dtype;
+    if (c.with_bias && bias_) {
+        const Tensor *bias = bias_for(kernels::bias_dtype_for(fp8, g.d_dtype));
+        g.bias = bias->data();
+        g.bias_dtype = bias->dtype();
+    }
+    if (ctx_->is_cuda()) {
+        Storage &ws = ctx_->gemm_workspace();
+        kernels::cuda::gemm(ctx_->gemm_engine(), ctx_->device().index, ctx_->stream(), g, ws.data(), ws.nbytes());
+    } else {
+        kernels::cpu::gemm(g);
+    }
+    if (stage)
+        cast_unchecked(*ctx_, staging->data(), FP8AMP_DTYPE_F32, c.d, c.d_dtype, static_cast<size_t>(c.m * c.n));
+}
+
+void Linear::forward(const Tensor &x, Tensor &y, bool training) {
+    const int64_t n = desc_.out_features, k = desc_.in_features;
+    check_wide_dtype(x, "x");
+    check_wide_dtype(y, "y");
+    check_on_device(*ctx_, x, "x");
+    check_on_device(*ctx_, y, "y");
+    if (x.ndim() < 1 || x.shape()[x.ndim() - 1] != k)
+        fail(FP8AMP_ERROR_SHAPE_MISMATCH,
+             "x is " + x.describe() + " but this Linear takes [..., " + std::to_string(k) + "] (in_features)");
+    std::vector<int64_t> y_shape = shape_of(x);
+    y_shape.back() = n;
+    if (shape_of(y) != y_shape)
+        fail(FP8AMP_ERROR_SHAPE_MISMATCH, "y is " + y.describe() + " but x " + x.describe() + " gives y " +
+                                              shape_string(y_shape));
+    const int64_t m = x.numel() / k;
+    if (m == 0) fail(FP8AMP_ERROR_SHAPE_MISMATCH, "x is " + x.describe() + ": it holds no rows");
+    check_writable(y, "y");
+    if (overlap(x, y)) fail(FP8AMP_ERROR_INVALID_ARGUMENT, "x and y overlap in memory");
+
+    const fp8amp_gemm_kind kind = choose_kind(m, training, y);
+    saved_ = false;  // a failure below leaves nothing for a backward to use
+    if (kind == FP8AMP_GEMM_KIND_FP8) {
+        refresh_weight_fp8(training);
+        Tensor &x8 = buffer(x8_, FP8AMP_DTYPE_E4M3, m, k, input_meta_);
+        Tensor *x8t = training ? &buffer(x8t_, FP8AMP_DTYPE_E4M3, k, m, input_meta_) : nullptr;
+        quantize_unchecked(*ctx_, x.data(), x.dtype(), static_cast<size_t>(m), static_cast<size_t>(k), x8, x8t);
+        const Tensor &w8 = desc_.weight_dtype == FP8AMP_DTYPE_E4M3 ? *weight_ : *w8_;
+        run_gemm({m, n, k, x8.data(), FP8AMP_DTYPE_E4M3, true, x8.scale_inv(), w8.data(), FP8AMP_DTYPE_E4M3, true,
+                  w8.scale_inv(), y.data(), y.dtype(), false, true, true});
+    } else {
+        refresh_weight_wide();
+        const Tensor &ww = w_wide_ && (weight_->dtype() != wide_dtype_ || weight_->scaling()) ? *w_wide_ : *weight_;
+        const void *xw = x.data();
+        if (training || x.dtype() != wide_dtype_) {  // training keeps its own copy of x for backward
+            Tensor &copy = buffer(x_wide_, wide_dtype_, m, k);
+            cast_unchecked(*ctx_, x.data(), x.dtype(), copy.data(), wide_dtype_, static_cast<size_t>(m * k));
+            xw = copy.data();
+        }
+        run_gemm({m, n, k, xw, wide_dtype_, true, nullptr, ww.data(), wide_dtype_, true, nullptr, y.data(), y.dtype(),
+                  false, true, false});
+    }
+    y.mark_written();
+    kind_ = kind;
+    if (training) {
+        saved_ = true;
+        saved_m_ = m;
+        saved_x_shape_ = shape_of(x);
+        saved_y_shape_ = y_shape;
+    }
+}
+
+void Linear::backward(const Tensor &dy, Tensor *dx, bool accumulate) {
+    const int64_t n = desc_.out_features, k = desc_.in_features;
+    if (!saved_)
+        fail(FP8AMP_ERROR_INVALID_ARGUMENT,
+             "no training forward (fp8amp_linear_forward with training = 1) since the last backward");
+    check_wide_dtype(dy, "dy");
+    if (dx) check_wide_dtype(*dx, "dx");
+    check_on_device(*ctx_, dy, "dy");
+    if (dx) check_on_device(*ctx_, *dx, "dx");
+    if (shape_of(dy) != saved_y_shape_)
+        fail(FP8AMP_ERROR_SHAPE_MISMATCH,
+             "dy is " + dy.describe() + " but the forward's y was " + shape_string(saved_y_shape_));
+    if (dx && shape_of(*dx) != saved_x_shape_)
+        fail(FP8AMP_ERROR_SHAPE_MISMATCH,
+             "dx is " + dx->describe() + " but the forward's x was " + shape_string(saved_x_shape_));
+    if (dx) {
+        check_writable(*dx, "dx");
+        if (overlap(dy, *dx)) fail(FP8AMP_ERROR_INVALID_ARGUMENT, "dy and dx overlap in memory");
+    }
+    const int64_t m = saved_m_;
+    const bool e4m3_weight = desc_.weight_dtype == FP8AMP_DTYPE_E4M3;
+    // The weight gradient is summed in FP32: into weight_grad itself when it is F32, else into the
+    // Linear's FP32 buffer, from which the delivered E4M3/BF16 tensor is re-made below.
+    // A buffer made just now holds no sum yet: accumulating into it is overwriting it.
+    const bool direct_wgrad = desc_.wgrad_dtype == FP8AMP_DTYPE_F32;
+    const Tensor *previous_sum = wgrad_acc_.get();
+    Tensor &wsum = direct_wgrad ? *weight_grad_ : buffer(wgrad_acc_, FP8AMP_DTYPE_F32, n, k);
+    const bool add = accumulate && (direct_wgrad || wgrad_acc_.get() == previous_sum);
+
+    if (kind_ == FP8AMP_GEMM_KIND_FP8) {
+        const fp8amp_dtype gdtype = grad_output_meta_->dtype();
+        Tensor &dy8 = buffer(dy8_, gdtype, m, n, grad_output_meta_);
+        Tensor &dy8t = buffer(dy8t_, gdtype, n, m, grad_output_meta_);
+        quantize_unchecked(*ctx_, dy.data(), dy.dtype(), static_cast<size_t>(m), static_cast<size_t>(n), dy8, &dy8t);
+        if (dx) {
+            const float *wt_scale_inv = e4m3_weight ? weight_->scale_inv() : w8t_->scale_inv();
+            run_gemm({m, k, n, dy8.data(), gdtype, true, dy8.scale_inv(), w8t_->data(), FP8AMP_DTYPE_E4M3, true,
+                      wt_scale_inv, dx->data(), dx->dtype(), false, false, false});
+        }
+        run_gemm({n, k, m, dy8t.data(), gdtype, true, dy8t.scale_inv(), x8t_->data(), FP8AMP_DTYPE_E4M3, true,
+                  x8t_->scale_inv(), wsum.data(), FP8AMP_DTYPE_F32, add, false, false});
+    } else {
+        const Tensor &ww = w_wide_ && (weight_->dtype() != wide_dtype_ || weight_->scaling()) ? *w_wide_ : *weight_;
+        const void *dyw = dy.data();
+        if (dy.dtype() != wide_dtype_) {
+            Tensor &copy = buffer(dy_wide_, wide_dtype_, m, n);
+            cast_unchecked(*ctx_, dy.data(), dy.dtype(), copy.data(), wide_dtype_, static_cast<size_t>(m * n));
+            dyw = copy.data();
+        }
+        // dX[m, k] = dY[m, n] W[n, k]: W read as the [k, n] operand, stored [n, k] (not K-contiguous).
+        if (dx)
+            run_gemm({m, k, n, dyw, wide_dtype_, true, nullptr, ww.data(), wide_dtype_, false, nullptr, dx->data(),
+                      dx->dtype(), false, false, false});
+        // dW[n, k] = dY^T X: both operands stored with the summed dimension (m) leading.
+        run_gemm({n, k, m, dyw, wide_dtype_, false, nullptr, x_wide_->data(), wide_dtype_, false, nullptr, wsum.data(),
+                  FP8AMP_DTYPE_F32, add, false, false});
+    }
+    if (dx) dx->mark_written();
+    if (!direct_wgrad) {
+        if (desc_.wgrad_dtype == FP8AMP_DTYPE_E4M3)
+            quantize_unchecked(*ctx_, wsum.data(), FP8AMP_DTYPE_F32, static_cast<size_t>(n), static_cast<size_t>(k),
+                               *weight_grad_, nullptr);
+        else
+            cast_unchecked(*ctx_, wsum.data(), FP8AMP_DTYPE_F32, weight_grad_->data(), weight_grad_->dtype(),
+                           static_cast<size_t>(n * k));
+    }
+    weight_grad_->mark_written();
+    if (bias_grad_) {
+        if (ctx_->is_cuda()) {
+            Tensor &scratch = buffer(colsum_scratch_, FP8AMP_DTYPE_F32, static_cast<int64_t>(kernels::kColumnSumChunks), n);
+            kernels::cuda::column_sum(ctx_->device().index, ctx_->stream(), dy.data(), dy.dtype(), static_cast<size_t>(m),
+                                      static_cast<size_t>(n), static_cast<float *>(bias_grad_->data()), accumulate,
+                                      static_cast<float *>(scratch.data()));
+        } else {
+            kernels::cpu::column_sum(dy.data(), dy.dtype(), static_cast<size_t>(m), static_cast<size_t>(n),
+                                     static_cast<float *>(bias_grad_->data()), accumulate);
+        }
+        bias_grad_->mark_written();
+    }
+    saved_ = false;
+}
+
+}  // namespace fp8amp::core

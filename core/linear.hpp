@@ -1,0 +1,79 @@
+// The FP8 Linear layer: y = x W^T + b with FP8 GEMMs, its backward with FP8 weight gradients, and
+// the BF16 GEMMs it falls back to where FP8 does not pay or cannot run.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "context.hpp"
+#include "scaling_meta.hpp"
+#include "tensor.hpp"
+
+namespace fp8amp::core {
+
+struct GemmCall;  // linear.cpp
+
+class Linear {
+public:
+    static constexpr HandleKind kKind = HandleKind::Linear;
+
+    // Validates the descriptor (INVALID_ARGUMENT / DTYPE_MISMATCH) and allocates the parameters.
+    static std::shared_ptr<Linear> create(std::shared_ptr<const Context> ctx, const fp8amp_linear_desc &desc);
+
+    const std::shared_ptr<Tensor> &weight() const { return weight_; }
+    const std::shared_ptr<Tensor> &bias() const;  // INVALID_ARGUMENT without a bias
+    const std::shared_ptr<Tensor> &weight_grad() const { return weight_grad_; }
+    const std::shared_ptr<Tensor> &bias_grad() const;
+    std::shared_ptr<ScalingMeta> scaling(fp8amp_linear_role role) const;
+    fp8amp_gemm_kind gemm_kind() const { return kind_; }
+
+    void weight_changed() {
+        weight_fp8_version_ = kStale;
+        weight_wide_version_ = kStale;
+    }
+    void forward(const Tensor &x, Tensor &y, bool training);
+    void backward(const Tensor &dy, Tensor *dx, bool accumulate);
+
+private:
+    static constexpr uint64_t kStale = ~uint64_t{0};
+
+    Linear() = default;
+    fp8amp_gemm_kind choose_kind(int64_t m, bool training, const Tensor &y) const;
+    void refresh_weight_fp8(bool need_transpose);
+    void refresh_weight_wide();
+    const Tensor *bias_for(fp8amp_dtype bias_dtype);
+    // A [rows, cols] tensor of the context kept in `slot`, (re)made when its dtype or shape changes.
+    Tensor &buffer(std::shared_ptr<Tensor> &slot, fp8amp_dtype dtype, int64_t rows, int64_t cols,
+                   const std::shared_ptr<ScalingMeta> &meta = nullptr);
+    void run_gemm(const GemmCall &call);
+
+    std::shared_ptr<const Context> ctx_;
+    fp8amp_linear_desc desc_{};
+    fp8amp_dtype wide_dtype_ = FP8AMP_DTYPE_BF16;  // operand dtype of the non-FP8 GEMMs
+    std::shared_ptr<Tensor> weight_, bias_, weight_grad_, bias_grad_;
+    std::shared_ptr<ScalingMeta> input_meta_, weight_meta_, grad_output_meta_, wgrad_meta_, weight_storage_meta_;
+
+    // FP8 copies: the weight and its transpose (re-made when the weight's version moves), the input's
+    // transpose saved for the weight gradient, the output gradient and its transpose.
+    std::shared_ptr<Tensor> w8_, w8t_, x8_, x8t_, dy8_, dy8t_;
+    uint64_t weight_fp8_version_ = kStale;
+    bool weight_fp8t_valid_ = false;
+    // The non-FP8 path: the weight in wide_dtype_, the saved input, dY in wide_dtype_.
+    std::shared_ptr<Tensor> w_wide_, x_wide_, dy_wide_;
+    uint64_t weight_wide_version_ = kStale;
+    // Shared: a weight dequantized to F32 (F16-scaled weights), the bias in its epilogue dtype, the
+    // FP32 weight-gradient sum (E4M3/BF16 weight gradients), a F32 staging output, bias-grad scratch.
+    std::shared_ptr<Tensor> w_f32_, bias_cast_, wgrad_acc_, out_f32_, colsum_scratch_;
+    uint64_t bias_cast_version_ = kStale;
+
+    // What the last training forward left for backward.
+    bool saved_ = false;
+    int64_t saved_m_ = 0;
+    std::vector<int64_t> saved_x_shape_, saved_y_shape_;
+    fp8amp_gemm_kind kind_ = FP8AMP_GEMM_KIND_NONE;
+    // Why this device cannot run FP8 GEMMs ("" when it can), asked once.
+    std::string fp8_unsupported_;
+};
+
+}  // namespace fp8amp::core
