@@ -53,7 +53,39 @@ __device__ __forceinline__ float grad_factor(const StepConfig &c, const Param &p
 // Exact hardware decodes (every E4M3/E5M2/F16 value is a float32, see bits_value): the software
 // codec's values for every non-NaN code, at a fraction of its instructions. NaN codes decode to some
 // NaN, which is all the finiteness check needs.
-__device__ __forceinline__ float f16_to_float(uint16_t h) { return __half2float(__ushort_as_half(h)); }
+#ifndef FP8AMP_ADAM_FAST_CODEC  // 1: decodes by exponent re-biasing, paired hardware encodes (see below)
+#define FP8AMP_ADAM_FAST_CODEC 1
+#endif
+
+#if FP8AMP_ADAM_FAST_CODEC
+// Exact decodes on the FMA pipe instead of the conversion pipe (16 per SM and clock on Hopper): the
+// code's exponent and mantissa bits placed into a float32, then one multiply by 2^(127 - bias)
+// re-biases it -- exact for normal and subnormal codes alike (IEEE multiply, no flush to zero).
+// inf/NaN codes are mapped explicitly.
+__device__ __forceinline__ float f16_to_float(uint32_t h) {
+    const uint32_t sign = (h & 0x8000u) << 16, mag = h & 0x7FFFu;
+    if (mag >= 0x7C00u) return __uint_as_float(sign | 0x7F800000u | (mag & 0x3FFu) << 13);
+    return __fmul_rn(__uint_as_float(sign | mag << 13), 0x1p112f);
+}
+__device__ __forceinline__ float e4m3_to_float(uint32_t b) {
+    const uint32_t sign = (b & 0x80u) << 24, mag = b & 0x7Fu;
+    if (mag == 0x7Fu) return __uint_as_float(sign | 0x7FC00000u);
+    return __fmul_rn(__uint_as_float(sign | mag << 20), 0x1p120f);
+}
+__device__ __forceinline__ float e5m2_to_float(uint32_t b) {
+    const uint32_t sign = (b & 0x80u) << 24, mag = b & 0x7Fu;
+    if (mag >= 0x7Cu) return __uint_as_float(sign | 0x7F800000u | (mag & 3u) << 21);
+    return __fmul_rn(__uint_as_float(sign | mag << 21), 0x1p112f);
+}
+#else
+__device__ __forceinline__ float f16_to_float(uint32_t h) { return __half2float(__ushort_as_half(uint16_t(h))); }
+__device__ __forceinline__ float fp8_to_float(uint32_t b, bool e4m3) {
+    const __half_raw h = __nv_cvt_fp8_to_halfraw(static_cast<__nv_fp8_storage_t>(b), e4m3 ? __NV_E4M3 : __NV_E5M2);
+    return __half2float(*reinterpret_cast<const __half *>(&h));
+}
+__device__ __forceinline__ float e4m3_to_float(uint32_t b) { return fp8_to_float(b, true); }
+__device__ __forceinline__ float e5m2_to_float(uint32_t b) { return fp8_to_float(b, false); }
+#endif
 
 // The per-lane view of one chunk: new values of 4 elements.
 struct Lane {
@@ -99,13 +131,10 @@ __device__ __forceinline__ uint32_t word_of(const uint4 &r, int j) { return j ==
 __device__ __forceinline__ float bits_value(const uint4 &r, int32_t dtype, int k) {
     switch (dtype) {
     case FP8AMP_DTYPE_F32: return __uint_as_float(word_of(r, k));
-    case FP8AMP_DTYPE_F16: return f16_to_float(uint16_t(word_of(r, k / 2) >> (16 * (k % 2))));
+    case FP8AMP_DTYPE_F16: return f16_to_float((word_of(r, k / 2) >> (16 * (k % 2))) & 0xFFFFu);
     case FP8AMP_DTYPE_BF16: return __uint_as_float((word_of(r, k / 2) >> (16 * (k % 2))) << 16);
-    default: {
-        const __half_raw h = __nv_cvt_fp8_to_halfraw(static_cast<__nv_fp8_storage_t>((r.x >> (8 * k)) & 0xFFu),
-                                                     dtype == FP8AMP_DTYPE_E4M3 ? __NV_E4M3 : __NV_E5M2);
-        return __half2float(*reinterpret_cast<const __half *>(&h));
-    }
+    case FP8AMP_DTYPE_E4M3: return e4m3_to_float((r.x >> (8 * k)) & 0xFFu);
+    default: return e5m2_to_float((r.x >> (8 * k)) & 0xFFu);
     }
 }
 
@@ -185,96 +214,124 @@ __device__ __forceinline__ NewScales scales_of(const Amax &a) {
             pow2(pow2_exponent(__uint_as_float(a.w), kF16Max))};
 }
 
-__device__ __forceinline__ uint16_t f16_bits(float x) { return __half_as_ushort(__float2half_rn(x)); }
+// Encodes of 4 values at once. The fast path converts pairs in one hardware instruction
+// (cvt.rn.satfinite.e4m3x2.f32, cvt.rn.f16x2.f32, cvt.rn.bf16x2.f32: round to nearest even, as the
+// CPU codec); a quad holding a NaN takes from_f32's explicit NaN rule, so the bits match the CPU's.
+__device__ __forceinline__ bool any_nan4(const float x[4]) {
+    return x[0] != x[0] || x[1] != x[1] || x[2] != x[2] || x[3] != x[3];
+}
+
+__device__ __forceinline__ uint32_t pack_e4m3(const float x[4]) {
+#if FP8AMP_ADAM_FAST_CODEC
+    if (!any_nan4(x)) {
+        const uint32_t lo = __nv_cvt_float2_to_fp8x2(make_float2(x[0], x[1]), __NV_SATFINITE, __NV_E4M3);
+        const uint32_t hi = __nv_cvt_float2_to_fp8x2(make_float2(x[2], x[3]), __NV_SATFINITE, __NV_E4M3);
+        return (lo & 0xFFFFu) | (hi & 0xFFFFu) << 16;
+    }
+#endif
+    uint32_t q = 0;
+#pragma unroll
+    for (int k = 0; k < 4; ++k) q |= uint32_t(from_f32<FP8AMP_DTYPE_E4M3>(x[k])) << (8 * k);
+    return q;
+}
+
+template <bool kBF16>
+__device__ __forceinline__ uint2 pack_16(const float x[4]) {
+#if FP8AMP_ADAM_FAST_CODEC
+    if (!any_nan4(x)) {
+        if (kBF16) {
+            const __nv_bfloat162 a = __floats2bfloat162_rn(x[0], x[1]), b = __floats2bfloat162_rn(x[2], x[3]);
+            return make_uint2(*reinterpret_cast<const uint32_t *>(&a), *reinterpret_cast<const uint32_t *>(&b));
+        }
+        const __half2 a = __floats2half2_rn(x[0], x[1]), b = __floats2half2_rn(x[2], x[3]);
+        return make_uint2(*reinterpret_cast<const uint32_t *>(&a), *reinterpret_cast<const uint32_t *>(&b));
+    }
+#endif
+    uint32_t h[4];
+#pragma unroll
+    for (int k = 0; k < 4; ++k) h[k] = kBF16 ? from_f32<FP8AMP_DTYPE_BF16>(x[k]) : from_f32<FP8AMP_DTYPE_F16>(x[k]);
+    return make_uint2(h[0] | h[1] << 16, h[2] | h[3] << 16);
+}
+
+__device__ __forceinline__ void store_bytes(void *base, int64_t i, int n, bool vec, uint32_t q) {
+    if (vec && n == 4) {
+        *reinterpret_cast<uint32_t *>(static_cast<uint8_t *>(base) + i) = q;
+        return;
+    }
+#pragma unroll
+    for (int k = 0; k < 4; ++k)
+        if (k < n) static_cast<uint8_t *>(base)[i + k] = uint8_t(q >> (8 * k));
+}
+
+__device__ __forceinline__ void store_halves(void *base, int64_t i, int n, bool vec, uint2 h) {
+    if (vec && n == 4) {
+        *reinterpret_cast<uint2 *>(static_cast<uint16_t *>(base) + i) = h;
+        return;
+    }
+#pragma unroll
+    for (int k = 0; k < 4; ++k)
+        if (k < n) static_cast<uint16_t *>(base)[i + k] = uint16_t((k < 2 ? h.x : h.y) >> (16 * (k % 2)));
+}
+
+__device__ __forceinline__ void store_floats(void *base, int64_t i, int n, bool vec, const float x[4]) {
+    if (vec && n == 4) {
+        *reinterpret_cast<float4 *>(static_cast<float *>(base) + i) = make_float4(x[0], x[1], x[2], x[3]);
+        return;
+    }
+#pragma unroll
+    for (int k = 0; k < 4; ++k)
+        if (k < n) static_cast<float *>(base)[i + k] = x[k];
+}
 
 template <bool M8, bool V16, bool MASTER>
 __device__ __forceinline__ void store_chunk(const Param &p, int64_t i, const Lane &l, const NewScales &ns,
                                             float param_scale) {
     const int n = l.n;
-    const bool full = n == 4;
+    float y[4];
     if (M8) {
-        uint32_t q = 0;
 #pragma unroll
-        for (int k = 0; k < 4; ++k) q |= uint32_t(from_f32<FP8AMP_DTYPE_E4M3>(fmul(l.m[k], ns.m))) << (8 * k);
-        if (full) {
-            *reinterpret_cast<uint32_t *>(static_cast<uint8_t *>(p.m) + i) = q;
-        } else {
-            for (int k = 0; k < 4; ++k) if (k < n) static_cast<uint8_t *>(p.m)[i + k] = uint8_t(q >> (8 * k));
-        }
-    } else if (full) {
-        *reinterpret_cast<float4 *>(static_cast<float *>(p.m) + i) = make_float4(l.m[0], l.m[1], l.m[2], l.m[3]);
+        for (int k = 0; k < 4; ++k) y[k] = fmul(l.m[k], ns.m);
+        store_bytes(p.m, i, n, true, pack_e4m3(y));
     } else {
-        for (int k = 0; k < 4; ++k) if (k < n) static_cast<float *>(p.m)[i + k] = l.m[k];
+        store_floats(p.m, i, n, true, l.m);
     }
     if (V16) {
-        uint16_t h[4];
 #pragma unroll
-        for (int k = 0; k < 4; ++k) h[k] = f16_bits(fmul(l.v[k], ns.v));
-        if (full) {
-            *reinterpret_cast<uint2 *>(static_cast<uint16_t *>(p.v) + i) =
-                make_uint2(h[0] | uint32_t(h[1]) << 16, h[2] | uint32_t(h[3]) << 16);
-        } else {
-            for (int k = 0; k < 4; ++k) if (k < n) static_cast<uint16_t *>(p.v)[i + k] = h[k];
-        }
-    } else if (full) {
-        *reinterpret_cast<float4 *>(static_cast<float *>(p.v) + i) = make_float4(l.v[0], l.v[1], l.v[2], l.v[3]);
+        for (int k = 0; k < 4; ++k) y[k] = fmul(l.v[k], ns.v);
+        store_halves(p.v, i, n, true, pack_16<false>(y));
     } else {
-        for (int k = 0; k < 4; ++k) if (k < n) static_cast<float *>(p.v)[i + k] = l.v[k];
+        store_floats(p.v, i, n, true, l.v);
     }
     if (MASTER) {
-        uint16_t h[4];
 #pragma unroll
-        for (int k = 0; k < 4; ++k) h[k] = f16_bits(fmul(l.w[k], ns.w));
-        if (full) {
-            *reinterpret_cast<uint2 *>(static_cast<uint16_t *>(p.master) + i) =
-                make_uint2(h[0] | uint32_t(h[1]) << 16, h[2] | uint32_t(h[3]) << 16);
-        } else {
-            for (int k = 0; k < 4; ++k) if (k < n) static_cast<uint16_t *>(p.master)[i + k] = h[k];
-        }
+        for (int k = 0; k < 4; ++k) y[k] = fmul(l.w[k], ns.w);
+        store_halves(p.master, i, n, true, pack_16<false>(y));
     }
-    // The parameter, in its own dtype (the CPU's codec rules: BF16/F16 overflow to inf, FP8 saturates).
+    // The parameter, in its own dtype (the CPU's codec rules: BF16/F16 overflow to inf, scaled F16 and
+    // FP8 saturate).
+    const bool vec = p.vec_ok;
     switch (p.param_dtype) {
-    case FP8AMP_DTYPE_F32:
-        if (full && p.vec_ok)
-            *reinterpret_cast<float4 *>(static_cast<float *>(p.param) + i) = make_float4(l.w[0], l.w[1], l.w[2], l.w[3]);
-        else
-            for (int k = 0; k < 4; ++k) if (k < n) static_cast<float *>(p.param)[i + k] = l.w[k];
-        break;
-    case FP8AMP_DTYPE_BF16:
-    case FP8AMP_DTYPE_F16: {
-        uint16_t h[4];
+    case FP8AMP_DTYPE_F32: store_floats(p.param, i, n, vec, l.w); break;
+    case FP8AMP_DTYPE_BF16: store_halves(p.param, i, n, vec, pack_16<true>(l.w)); break;
+    case FP8AMP_DTYPE_F16:
+        if (p.param_meta) {
+            // Scaled F16 saturates at 65504 (values in (65504, 65520) round to it anyway); NaN stays.
 #pragma unroll
-        for (int k = 0; k < 4; ++k) {
-            if (p.param_dtype == FP8AMP_DTYPE_BF16) {
-                h[k] = from_f32<FP8AMP_DTYPE_BF16>(l.w[k]);
-            } else if (p.param_meta) {
-                // Scaled F16 saturates at 65504, as the codec's saturating encode does on the CPU
-                // (values in (65504, 65520) round to 65504 anyway; NaN passes to from_f32's NaN rule).
-                float y = scaled(l.w[k], param_scale);
-                if (y > 65504.0f) y = 65504.0f;
-                if (y < -65504.0f) y = -65504.0f;
-                h[k] = from_f32<FP8AMP_DTYPE_F16>(y);
-            } else {
-                h[k] = from_f32<FP8AMP_DTYPE_F16>(l.w[k]);
+            for (int k = 0; k < 4; ++k) {
+                y[k] = scaled(l.w[k], param_scale);
+                if (y[k] > 65504.0f) y[k] = 65504.0f;
+                if (y[k] < -65504.0f) y[k] = -65504.0f;
             }
+            store_halves(p.param, i, n, vec, pack_16<false>(y));
+        } else {
+            store_halves(p.param, i, n, vec, pack_16<false>(l.w));
         }
-        if (full && p.vec_ok)
-            *reinterpret_cast<uint2 *>(static_cast<uint16_t *>(p.param) + i) =
-                make_uint2(h[0] | uint32_t(h[1]) << 16, h[2] | uint32_t(h[3]) << 16);
-        else
-            for (int k = 0; k < 4; ++k) if (k < n) static_cast<uint16_t *>(p.param)[i + k] = h[k];
         break;
-    }
-    default: {  // E4M3 bound to its meta
-        uint32_t q = 0;
+    default:  // E4M3 bound to its meta
 #pragma unroll
-        for (int k = 0; k < 4; ++k) q |= uint32_t(from_f32<FP8AMP_DTYPE_E4M3>(scaled(l.w[k], param_scale))) << (8 * k);
-        if (full && p.vec_ok)
-            *reinterpret_cast<uint32_t *>(static_cast<uint8_t *>(p.param) + i) = q;
-        else
-            for (int k = 0; k < 4; ++k) if (k < n) static_cast<uint8_t *>(p.param)[i + k] = uint8_t(q >> (8 * k));
+        for (int k = 0; k < 4; ++k) y[k] = scaled(l.w[k], param_scale);
+        store_bytes(p.param, i, n, vec, pack_e4m3(y));
         break;
-    }
     }
 }
 
