@@ -411,10 +411,3 @@ FP8AMP_API fp8amp_status fp8amp_amax(fp8amp_context ctx, fp8amp_tensor t, float 
 }
 
 }  // extern "C"
-
-// ---- shared with the other capi/*.cpp files (capi/guard.hpp) -----------------------------------------
-namespace fp8amp::capi {
-// Records the thread's last error message; the boundaries of other translation units use it so that
-// fp8amp_last_error_message() sees every failure.
-void set_last_error(const char *function, const char *message) noexcept { set_error(function, message); }
-}  // namespace fp8amp::capi

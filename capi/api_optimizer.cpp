@@ -5,7 +5,7 @@
 #include "context.hpp"
 #include "fp8amp/fp8amp.h"
 #include "grad_scaler.hpp"
-#include "guard.hpp"
+#include "boundary.hpp"
 #include "kernels.hpp"
 #include "optimizer.hpp"
 #include "tensor.hpp"
@@ -22,7 +22,7 @@ using fp8amp::core::Tensor;
 extern "C" {
 
 FP8AMP_API fp8amp_status fp8amp_adam_desc_init_default(fp8amp_adam_desc *desc) {
-    FP8AMP_CAPI_GUARD({
+    FP8AMP_GUARD({
         require(desc, "desc");
         fp8amp_adam_desc d{};
         d.struct_size = sizeof d;
@@ -43,7 +43,7 @@ FP8AMP_API fp8amp_status fp8amp_adam_desc_init_default(fp8amp_adam_desc *desc) {
 }
 
 FP8AMP_API fp8amp_status fp8amp_opt_level_adam_config(fp8amp_opt_level level, fp8amp_adam_desc *desc) {
-    FP8AMP_CAPI_GUARD({
+    FP8AMP_GUARD({
         require(desc, "desc");
         if (level != FP8AMP_OPT_LEVEL_O1 && level != FP8AMP_OPT_LEVEL_O2 && level != FP8AMP_OPT_LEVEL_O3)
             fail(FP8AMP_ERROR_INVALID_ARGUMENT, "level " + std::to_string(static_cast<int>(level)) + " is not O1, O2 or O3");
@@ -59,7 +59,7 @@ FP8AMP_API fp8amp_status fp8amp_opt_level_adam_config(fp8amp_opt_level level, fp
 }
 
 FP8AMP_API fp8amp_status fp8amp_optimizer_create(fp8amp_context ctx, const fp8amp_adam_desc *desc, fp8amp_optimizer *out) {
-    FP8AMP_CAPI_GUARD({
+    FP8AMP_GUARD({
         auto c = lookup<Context>(ctx, "ctx");
         require(desc, "desc");
         require(out, "out");
@@ -68,13 +68,13 @@ FP8AMP_API fp8amp_status fp8amp_optimizer_create(fp8amp_context ctx, const fp8am
 }
 
 FP8AMP_API fp8amp_status fp8amp_optimizer_destroy(fp8amp_optimizer opt) {
-    FP8AMP_CAPI_GUARD({
+    FP8AMP_GUARD({
         if (opt) fp8amp::core::unregister_object(opt, Optimizer::kKind, "opt");
     });
 }
 
 FP8AMP_API fp8amp_status fp8amp_optimizer_add_param(fp8amp_optimizer opt, fp8amp_tensor param, fp8amp_tensor grad) {
-    FP8AMP_CAPI_GUARD({
+    FP8AMP_GUARD({
         auto o = lookup<Optimizer>(opt, "opt");
         auto p = lookup<Tensor>(param, "param");
         auto g = lookup<Tensor>(grad, "grad");
@@ -83,7 +83,7 @@ FP8AMP_API fp8amp_status fp8amp_optimizer_add_param(fp8amp_optimizer opt, fp8amp
 }
 
 FP8AMP_API fp8amp_status fp8amp_adam_step_args_init_default(fp8amp_adam_step_args *args) {
-    FP8AMP_CAPI_GUARD({
+    FP8AMP_GUARD({
         require(args, "args");
         fp8amp_adam_step_args a{};
         a.struct_size = sizeof a;
@@ -96,7 +96,7 @@ FP8AMP_API fp8amp_status fp8amp_adam_step_args_init_default(fp8amp_adam_step_arg
 }
 
 FP8AMP_API fp8amp_status fp8amp_optimizer_step(fp8amp_optimizer opt, const fp8amp_adam_step_args *args) {
-    FP8AMP_CAPI_GUARD({
+    FP8AMP_GUARD({
         auto o = lookup<Optimizer>(opt, "opt");
         fp8amp_adam_step_args a{};
         (void)fp8amp_adam_step_args_init_default(&a);
@@ -114,7 +114,7 @@ FP8AMP_API fp8amp_status fp8amp_optimizer_step(fp8amp_optimizer opt, const fp8am
 }
 
 FP8AMP_API fp8amp_status fp8amp_optimizer_get_found_inf(fp8amp_optimizer opt, int32_t *found_inf) {
-    FP8AMP_CAPI_GUARD({
+    FP8AMP_GUARD({
         auto o = lookup<Optimizer>(opt, "opt");
         require(found_inf, "found_inf");
         *found_inf = o->status().found_inf;
@@ -122,7 +122,7 @@ FP8AMP_API fp8amp_status fp8amp_optimizer_get_found_inf(fp8amp_optimizer opt, in
 }
 
 FP8AMP_API fp8amp_status fp8amp_optimizer_get_step(fp8amp_optimizer opt, int64_t *step) {
-    FP8AMP_CAPI_GUARD({
+    FP8AMP_GUARD({
         auto o = lookup<Optimizer>(opt, "opt");
         require(step, "step");
         *step = o->status().step;
@@ -130,7 +130,7 @@ FP8AMP_API fp8amp_status fp8amp_optimizer_get_step(fp8amp_optimizer opt, int64_t
 }
 
 FP8AMP_API fp8amp_status fp8amp_optimizer_get_grad_norm(fp8amp_optimizer opt, float *norm) {
-    FP8AMP_CAPI_GUARD({
+    FP8AMP_GUARD({
         auto o = lookup<Optimizer>(opt, "opt");
         require(norm, "norm");
         *norm = o->status().grad_norm;
@@ -138,7 +138,7 @@ FP8AMP_API fp8amp_status fp8amp_optimizer_get_grad_norm(fp8amp_optimizer opt, fl
 }
 
 FP8AMP_API fp8amp_status fp8amp_optimizer_num_params(fp8amp_optimizer opt, int32_t *count) {
-    FP8AMP_CAPI_GUARD({
+    FP8AMP_GUARD({
         auto o = lookup<Optimizer>(opt, "opt");
         require(count, "count");
         *count = o->num_params();
@@ -146,7 +146,7 @@ FP8AMP_API fp8amp_status fp8amp_optimizer_num_params(fp8amp_optimizer opt, int32
 }
 
 FP8AMP_API fp8amp_status fp8amp_optimizer_state_bytes(fp8amp_optimizer opt, size_t *bytes) {
-    FP8AMP_CAPI_GUARD({
+    FP8AMP_GUARD({
         auto o = lookup<Optimizer>(opt, "opt");
         require(bytes, "bytes");
         *bytes = o->state_bytes();
@@ -154,7 +154,7 @@ FP8AMP_API fp8amp_status fp8amp_optimizer_state_bytes(fp8amp_optimizer opt, size
 }
 
 FP8AMP_API fp8amp_status fp8amp_optimizer_save(fp8amp_optimizer opt, void *buffer, size_t capacity, size_t *size) {
-    FP8AMP_CAPI_GUARD({
+    FP8AMP_GUARD({
         auto o = lookup<Optimizer>(opt, "opt");
         require(size, "size");
         const size_t needed = o->save(nullptr);
@@ -170,7 +170,7 @@ FP8AMP_API fp8amp_status fp8amp_optimizer_save(fp8amp_optimizer opt, void *buffe
 }
 
 FP8AMP_API fp8amp_status fp8amp_optimizer_load(fp8amp_optimizer opt, const void *data, size_t size) {
-    FP8AMP_CAPI_GUARD({
+    FP8AMP_GUARD({
         auto o = lookup<Optimizer>(opt, "opt");
         require(data, "data");
         o->load(static_cast<const unsigned char *>(data), size);
@@ -180,7 +180,7 @@ FP8AMP_API fp8amp_status fp8amp_optimizer_load(fp8amp_optimizer opt, const void 
 /* ---- loss scaler ---- */
 
 FP8AMP_API fp8amp_status fp8amp_grad_scaler_desc_init_default(fp8amp_grad_scaler_desc *desc) {
-    FP8AMP_CAPI_GUARD({
+    FP8AMP_GUARD({
         require(desc, "desc");
         fp8amp_grad_scaler_desc d{};
         d.struct_size = sizeof d;
@@ -195,7 +195,7 @@ FP8AMP_API fp8amp_status fp8amp_grad_scaler_desc_init_default(fp8amp_grad_scaler
 
 FP8AMP_API fp8amp_status fp8amp_grad_scaler_create(fp8amp_context ctx, const fp8amp_grad_scaler_desc *desc,
                                                    fp8amp_grad_scaler *out) {
-    FP8AMP_CAPI_GUARD({
+    FP8AMP_GUARD({
         auto c = lookup<Context>(ctx, "ctx");
         require(desc, "desc");
         require(out, "out");
@@ -204,13 +204,13 @@ FP8AMP_API fp8amp_status fp8amp_grad_scaler_create(fp8amp_context ctx, const fp8
 }
 
 FP8AMP_API fp8amp_status fp8amp_grad_scaler_destroy(fp8amp_grad_scaler scaler) {
-    FP8AMP_CAPI_GUARD({
+    FP8AMP_GUARD({
         if (scaler) fp8amp::core::unregister_object(scaler, GradScaler::kKind, "scaler");
     });
 }
 
 FP8AMP_API fp8amp_status fp8amp_grad_scaler_get_scale(fp8amp_grad_scaler scaler, float *scale) {
-    FP8AMP_CAPI_GUARD({
+    FP8AMP_GUARD({
         auto s = lookup<GradScaler>(scaler, "scaler");
         require(scale, "scale");
         *scale = s->get_state().scale;
@@ -218,7 +218,7 @@ FP8AMP_API fp8amp_status fp8amp_grad_scaler_get_scale(fp8amp_grad_scaler scaler,
 }
 
 FP8AMP_API fp8amp_status fp8amp_grad_scaler_scale_device_ptr(fp8amp_grad_scaler scaler, const float **scale) {
-    FP8AMP_CAPI_GUARD({
+    FP8AMP_GUARD({
         auto s = lookup<GradScaler>(scaler, "scaler");
         require(scale, "scale");
         *scale = &s->state()->scale;
@@ -226,7 +226,7 @@ FP8AMP_API fp8amp_status fp8amp_grad_scaler_scale_device_ptr(fp8amp_grad_scaler 
 }
 
 FP8AMP_API fp8amp_status fp8amp_grad_scaler_get_state(fp8amp_grad_scaler scaler, fp8amp_grad_scaler_state *state) {
-    FP8AMP_CAPI_GUARD({
+    FP8AMP_GUARD({
         auto s = lookup<GradScaler>(scaler, "scaler");
         require(state, "state");
         *state = s->get_state();
@@ -234,7 +234,7 @@ FP8AMP_API fp8amp_status fp8amp_grad_scaler_get_state(fp8amp_grad_scaler scaler,
 }
 
 FP8AMP_API fp8amp_status fp8amp_grad_scaler_set_state(fp8amp_grad_scaler scaler, const fp8amp_grad_scaler_state *state) {
-    FP8AMP_CAPI_GUARD({
+    FP8AMP_GUARD({
         auto s = lookup<GradScaler>(scaler, "scaler");
         require(state, "state");
         s->set_state(*state);
@@ -242,7 +242,7 @@ FP8AMP_API fp8amp_status fp8amp_grad_scaler_set_state(fp8amp_grad_scaler scaler,
 }
 
 FP8AMP_API fp8amp_status fp8amp_grad_scaler_update(fp8amp_grad_scaler scaler, fp8amp_optimizer opt) {
-    FP8AMP_CAPI_GUARD({
+    FP8AMP_GUARD({
         auto s = lookup<GradScaler>(scaler, "scaler");
         auto o = lookup<Optimizer>(opt, "opt");
         if (!fp8amp::core::same_device(s->device(), o->device()))
