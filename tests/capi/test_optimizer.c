@@ -261,8 +261,14 @@ static void o1_run(void **state, int adamw, int maximize, float wd, float max_no
             for (int64_t i = 0; i < kShapes[k]; ++i)
                 g[k][i] = test_rng_uniform(-1, 1) * (i % 7 == 0 ? 1e-4 : 1.0) * (max_norm > 0 ? 3.0 : 1.0);
         for (int k = 0; k < 3; ++k) write_values(&pb, k, pb.g[k], FP8AMP_DTYPE_F32, g[k]);
-        EXPECT_OK(fp8amp_optimizer_step(pb.opt, NULL));
-        const double norm = ref_step(&ref, &rc, g);
+        /* an lr schedule: every step its own lr, nothing re-created */
+        fp8amp_adam_step_args args;
+        EXPECT_OK(fp8amp_adam_step_args_init_default(&args));
+        args.lr = d.lr * (float)(0.5 + (s % 10) / 10.0);
+        ref_cfg rs = rc;
+        rs.lr = args.lr;
+        EXPECT_OK(fp8amp_optimizer_step(pb.opt, &args));
+        const double norm = ref_step(&ref, &rs, g);
         float lib_norm = 0;
         EXPECT_OK(fp8amp_optimizer_get_grad_norm(pb.opt, &lib_norm));
         assert_true(fabs(lib_norm - norm) <= 1e-6 * norm);
@@ -475,6 +481,9 @@ static void overflow_run(void **state, fp8amp_opt_level level, bad_kind kind) {
     EXPECT_OK(fp8amp_optimizer_get_step(pb.opt, &step));
     assert_int_equal(found, 1);
     assert_int_equal(step, 3);
+    float norm = 0;
+    EXPECT_OK(fp8amp_optimizer_get_grad_norm(pb.opt, &norm));
+    assert_true(isnan(norm));
     EXPECT_OK(fp8amp_grad_scaler_get_scale(scaler, &scale_after));
     assert_true(scale_after == scale_before * 0.5f);
     unsigned char *after = save_all(pb.opt, &nb);
@@ -722,6 +731,43 @@ static void roundtrip_case(fp8amp_device from, fp8amp_device to, const ckpt_case
     train_both(&a, &b, 4, g);
     expect_same_checkpoint(&a, &b);
     free(ck);
+    problem_free(&a);
+    problem_free(&b);
+    free_arrays(p0), free_arrays(g);
+}
+
+/* lr read by the step from device memory (a schedule inside a captured graph) equals lr by value. */
+static void test_lr_from_device_memory(void **state) {
+    require_variant(state);
+    fp8amp_adam_desc d;
+    EXPECT_OK(fp8amp_opt_level_adam_config(FP8AMP_OPT_LEVEL_O2, &d));
+    const int64_t shape[1] = {777}, one[1] = {1};
+    const fp8amp_dtype f32[1] = {FP8AMP_DTYPE_F32};
+    double **p0 = alloc_arrays(1, shape), **g = alloc_arrays(1, shape);
+    fill_uniform(p0, 1, shape, -1, 1);
+    problem a, b;
+    problem_init(&a, variant_device(state), &d, 1, shape, f32, f32, p0);
+    problem_init(&b, variant_device(state), &d, 1, shape, f32, f32, p0);
+    fp8amp_tensor lr = make_tensor(b.ctx, FP8AMP_DTYPE_F32, 1, one);
+    void *lr_ptr = NULL;
+    EXPECT_OK(fp8amp_tensor_data(lr, &lr_ptr));
+    fp8amp_adam_step_args by_value, by_device;
+    EXPECT_OK(fp8amp_adam_step_args_init_default(&by_value));
+    EXPECT_OK(fp8amp_adam_step_args_init_default(&by_device));
+    by_device.lr = 123.0f; /* ignored: lr_device overrides it */
+    by_device.lr_device = (const float *)lr_ptr;
+    for (int s = 0; s < 6; ++s) {
+        const float value = 1e-3f * (float)(s + 1);
+        by_value.lr = value;
+        EXPECT_OK(fp8amp_tensor_copy_from_host(lr, &value, sizeof value));
+        fill_uniform(g, 1, shape, -1, 1);
+        upload_f64(a.g[0], g[0], shape[0]);
+        upload_f64(b.g[0], g[0], shape[0]);
+        EXPECT_OK(fp8amp_optimizer_step(a.opt, &by_value));
+        EXPECT_OK(fp8amp_optimizer_step(b.opt, &by_device));
+    }
+    expect_same_checkpoint(&a, &b);
+    EXPECT_OK(fp8amp_tensor_destroy(lr));
     problem_free(&a);
     problem_free(&b);
     free_arrays(p0), free_arrays(g);
@@ -1124,6 +1170,7 @@ int main(void) {
         DEVICE_TESTS(test_skip_on_overflow_changes_nothing),
         DEVICE_TESTS(test_grad_scaler_semantics),
         DEVICE_TESTS(test_scaler_unscales_exactly),
+        DEVICE_TESTS(test_lr_from_device_memory),
         DEVICE_TESTS(test_checkpoint_roundtrip),
         DEVICE_TESTS(test_checkpoint_across_devices_and_cpu_cuda_bit_identical),
         DEVICE_TESTS(test_checkpoint_refuses_bad_input),
