@@ -482,8 +482,9 @@ FP8AMP_API fp8amp_status fp8amp_linear_bias_grad(fp8amp_linear lin, fp8amp_tenso
  *  WEIGHT_STORAGE when the weight is F32 or BF16). */
 FP8AMP_API fp8amp_status fp8amp_linear_scaling(fp8amp_linear lin, fp8amp_linear_role role, fp8amp_scaling *out);
 
-/** Tells the Linear that its weight was written behind its back (see fp8amp_linear_weight): the
- *  next forward re-quantizes it. Statuses: SUCCESS; INVALID_HANDLE. */
+/** Tells the Linear that its weight or bias was written behind its back (see fp8amp_linear_weight):
+ *  the next forward re-makes its copies of them (FP8, BF16, the bias in the epilogue's dtype).
+ *  Statuses: SUCCESS; INVALID_HANDLE. */
 FP8AMP_API fp8amp_status fp8amp_linear_weight_changed(fp8amp_linear lin);
 
 /** y = x W^T + b. x is [..., in] (leading dims flattened to M rows), y is [..., out] with the same
