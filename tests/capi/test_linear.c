@@ -1307,6 +1307,47 @@ static void test_desc_defaults(void **state) {
     EXPECT_STATUS(fp8amp_linear_desc_init_default(NULL), FP8AMP_ERROR_INVALID_ARGUMENT);
 }
 
+/* The O1/O2/O3 presets: MS-AMP's table for the Linear and its optimizer together. */
+static void test_opt_level_config(void **state) {
+    (void)state;
+    const struct {
+        fp8amp_opt_level level;
+        fp8amp_dtype weight, m, v;
+        int32_t master;
+    } want[3] = {{FP8AMP_OPT_LEVEL_O1, FP8AMP_DTYPE_F16, FP8AMP_DTYPE_F32, FP8AMP_DTYPE_F32, FP8AMP_NO_MASTER},
+                 {FP8AMP_OPT_LEVEL_O2, FP8AMP_DTYPE_F16, FP8AMP_DTYPE_E4M3, FP8AMP_DTYPE_F16, FP8AMP_NO_MASTER},
+                 {FP8AMP_OPT_LEVEL_O3, FP8AMP_DTYPE_E4M3, FP8AMP_DTYPE_E4M3, FP8AMP_DTYPE_F16, FP8AMP_DTYPE_F16}};
+    for (int i = 0; i < 3; ++i) {
+        fp8amp_linear_desc ld, ld_only;
+        fp8amp_adam_desc ad, ad_only;
+        memset(&ld, 0xA5, sizeof ld);
+        memset(&ad, 0xA5, sizeof ad);
+        EXPECT_OK(fp8amp_opt_level_config(want[i].level, &ld, &ad));
+        assert_int_equal(ld.struct_size, sizeof ld);
+        assert_int_equal(ld.weight_dtype, want[i].weight);
+        assert_int_equal(ld.wgrad_dtype, FP8AMP_DTYPE_E4M3);
+        assert_int_equal(ld.policy, FP8AMP_GEMM_AUTO);
+        assert_true(ld.in_features == 0 && ld.out_features == 0);
+        assert_int_equal(ad.struct_size, sizeof ad);
+        assert_int_equal(ad.exp_avg_dtype, want[i].m);
+        assert_int_equal(ad.exp_avg_sq_dtype, want[i].v);
+        assert_int_equal(ad.master_dtype, want[i].master);
+        /* either half alone gives the same */
+        EXPECT_OK(fp8amp_opt_level_config(want[i].level, &ld_only, NULL));
+        EXPECT_OK(fp8amp_opt_level_config(want[i].level, NULL, &ad_only));
+        assert_memory_equal(&ld, &ld_only, sizeof ld);
+        assert_memory_equal(&ad, &ad_only, sizeof ad);
+    }
+    fp8amp_linear_desc ld;
+    fp8amp_adam_desc ad;
+    memset(&ld, 0x5A, sizeof ld);
+    const fp8amp_linear_desc before = ld;
+    EXPECT_STATUS(fp8amp_opt_level_config(FP8AMP_OPT_LEVEL_O1, NULL, NULL), FP8AMP_ERROR_INVALID_ARGUMENT);
+    EXPECT_STATUS(fp8amp_opt_level_config((fp8amp_opt_level)4, &ld, &ad), FP8AMP_ERROR_INVALID_ARGUMENT);
+    EXPECT_STATUS(fp8amp_opt_level_config((fp8amp_opt_level)0, &ld, NULL), FP8AMP_ERROR_INVALID_ARGUMENT);
+    assert_memory_equal(&ld, &before, sizeof ld);
+}
+
 /* Each bad descriptor gets its status and leaves *out alone. */
 static void test_bad_desc(void **state) {
     require_variant(state);
@@ -1642,6 +1683,7 @@ static int setup_rng(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_desc_defaults),
+        cmocka_unit_test(test_opt_level_config),
         DEVICE_TESTS(test_bad_desc),
         DEVICE_TESTS(test_handles),
         DEVICE_TESTS(test_bad_input),
