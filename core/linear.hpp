@@ -31,6 +31,7 @@ public:
     void weight_changed() {
         weight_fp8_version_ = kStale;
         weight_wide_version_ = kStale;
+        bias_cast_version_ = kStale;  // the bias may have been written the same way (a DLPack view)
     }
     void forward(const Tensor &x, Tensor &y, bool training);
     void backward(const Tensor &dy, Tensor *dx, bool accumulate);

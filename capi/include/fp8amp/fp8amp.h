@@ -482,7 +482,7 @@ FP8AMP_API fp8amp_status fp8amp_linear_bias_grad(fp8amp_linear lin, fp8amp_tenso
  *  WEIGHT_STORAGE when the weight is F32 or BF16). */
 FP8AMP_API fp8amp_status fp8amp_linear_scaling(fp8amp_linear lin, fp8amp_linear_role role, fp8amp_scaling *out);
 
-/** Tells the Linear that its weight was written behind its back (see fp8amp_linear_weight): the
+/** Tells the Linear that its weight (or bias) was written behind its back (see fp8amp_linear_weight): the
  *  next forward re-quantizes it. Statuses: SUCCESS; INVALID_HANDLE. */
 FP8AMP_API fp8amp_status fp8amp_linear_weight_changed(fp8amp_linear lin);
 
