@@ -1,4 +1,6 @@
 // The extern "C" functions of the FP8 Linear layer (see capi/api.cpp for the boundary's rules).
+#include <cstring>
+
 #include "boundary.hpp"
 #include "context.hpp"
 #include "linear.hpp"
@@ -83,7 +85,9 @@ FP8AMP_API fp8amp_status fp8amp_linear_scaling(fp8amp_linear lin, fp8amp_linear_
     FP8AMP_GUARD({
         auto l = lookup<Linear>(lin, "lin");
         require(out, "out");
-        publish(l->scaling(role), out);
+        int32_t r;  // read as an integer: an out-of-range value is no valid C++ enum value
+        std::memcpy(&r, &role, sizeof r);
+        publish(l->scaling(r), out);
     });
 }
 

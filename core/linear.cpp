@@ -74,20 +74,28 @@ std::shared_ptr<Linear> Linear::create(std::shared_ptr<const Context> ctx, const
     if (desc.out_features < 1 || desc.out_features > kMaxFeatures)
         fail(FP8AMP_ERROR_INVALID_ARGUMENT,
              "desc->out_features " + std::to_string(desc.out_features) + " is outside 1..2^31-1");
-    switch (desc.weight_dtype) {
+    // Enum fields are read as integers: a caller's out-of-range value is not a valid C++ enum value.
+    const auto as_int = [](const auto &field) {
+        int32_t v;
+        static_assert(sizeof field == sizeof v, "enums are 32-bit");
+        std::memcpy(&v, &field, sizeof v);
+        return v;
+    };
+    switch (as_int(desc.weight_dtype)) {
     case FP8AMP_DTYPE_F32: case FP8AMP_DTYPE_F16: case FP8AMP_DTYPE_BF16: case FP8AMP_DTYPE_E4M3: break;
     default:
-        fail(FP8AMP_ERROR_DTYPE_MISMATCH, "desc->weight_dtype " + std::to_string(static_cast<int>(desc.weight_dtype)) +
+        fail(FP8AMP_ERROR_DTYPE_MISMATCH, "desc->weight_dtype " + std::to_string(as_int(desc.weight_dtype)) +
                                               " is not f32, f16, bf16 or e4m3");
     }
-    switch (desc.wgrad_dtype) {
+    switch (as_int(desc.wgrad_dtype)) {
     case FP8AMP_DTYPE_F32: case FP8AMP_DTYPE_BF16: case FP8AMP_DTYPE_E4M3: break;
     default:
-        fail(FP8AMP_ERROR_DTYPE_MISMATCH, "desc->wgrad_dtype " + std::to_string(static_cast<int>(desc.wgrad_dtype)) +
+        fail(FP8AMP_ERROR_DTYPE_MISMATCH, "desc->wgrad_dtype " + std::to_string(as_int(desc.wgrad_dtype)) +
                                               " is not e4m3, f32 or bf16");
     }
-    if (desc.policy != FP8AMP_GEMM_AUTO && desc.policy != FP8AMP_GEMM_ALWAYS_FP8 && desc.policy != FP8AMP_GEMM_NEVER_FP8)
-        fail(FP8AMP_ERROR_INVALID_ARGUMENT, "desc->policy " + std::to_string(static_cast<int>(desc.policy)) + " is unknown");
+    const int32_t policy = as_int(desc.policy);
+    if (policy != FP8AMP_GEMM_AUTO && policy != FP8AMP_GEMM_ALWAYS_FP8 && policy != FP8AMP_GEMM_NEVER_FP8)
+        fail(FP8AMP_ERROR_INVALID_ARGUMENT, "desc->policy " + std::to_string(policy) + " is unknown");
     const fp8amp_recipe recipe = validate_recipe(desc.recipe);
 
     std::shared_ptr<Linear> lin(new Linear());
@@ -146,7 +154,7 @@ const std::shared_ptr<Tensor> &Linear::bias_grad() const {
     return bias_grad_;
 }
 
-std::shared_ptr<ScalingMeta> Linear::scaling(fp8amp_linear_role role) const {
+std::shared_ptr<ScalingMeta> Linear::scaling(int32_t role) const {
     switch (role) {
     case FP8AMP_ROLE_INPUT: return input_meta_;
     case FP8AMP_ROLE_WEIGHT: return weight_meta_;
@@ -161,7 +169,7 @@ std::shared_ptr<ScalingMeta> Linear::scaling(fp8amp_linear_role role) const {
                                                     ": only f16 and e4m3 weights are bound to a scaling meta");
         return weight_storage_meta_;
     }
-    fail(FP8AMP_ERROR_INVALID_ARGUMENT, "role " + std::to_string(static_cast<int>(role)) + " is unknown");
+    fail(FP8AMP_ERROR_INVALID_ARGUMENT, "role " + std::to_string(role) + " is unknown");
 }
 
 Tensor &Linear::buffer(std::shared_ptr<Tensor> &slot, fp8amp_dtype dtype, int64_t rows, int64_t cols,
@@ -270,13 +278,26 @@ void Linear::run_gemm(const GemmCall &c) {
     // cuBLASLt's 16-bit GEMMs have no F16 output for BF16 operands, and its kernels want outputs
     // aligned to 16 bytes: such outputs go through an F32 staging buffer and one conversion.
     const bool misaligned = reinterpret_cast<uintptr_t>(c.d) % 16 != 0;
-    const bool stage = ctx_->is_cuda() && !c.accumulate &&
-                       ((!fp8 && c.d_dtype == FP8AMP_DTYPE_F16 && wide_dtype_ != FP8AMP_DTYPE_F16) || misaligned);
-    Tensor *staging = stage ? &buffer(out_f32_, FP8AMP_DTYPE_F32, c.m, c.n) : nullptr;
+    // cuBLASLt's kernels want 16-byte aligned outputs: a misaligned output is made in an aligned
+    // buffer of its own dtype (same numerics, bias included) and copied. Its 16-bit GEMMs have no F16
+    // output for BF16 operands: that output is made in F32 and rounded once to F16, with the bias
+    // rounded to F16 first, as on the CPU.
+    const bool f16_from_bf16 = ctx_->is_cuda() && !fp8 && c.d_dtype == FP8AMP_DTYPE_F16 &&
+                               wide_dtype_ != FP8AMP_DTYPE_F16;
+    const bool stage = ctx_->is_cuda() && !c.accumulate && (f16_from_bf16 || misaligned);
+    const fp8amp_dtype stage_dtype = f16_from_bf16 ? FP8AMP_DTYPE_F32 : c.d_dtype;
+    Tensor *staging = stage ? &buffer(out_stage_, stage_dtype, c.m, c.n) : nullptr;
     g.d = stage ? staging->data() : c.d;
-    g.d_dtype = stage ? FP8AMP_DTYPE_F32 : c.d_dtype;
+    g.d_dtype = stage ? stage_dtype : c.d_dtype;
     if (c.with_bias && bias_) {
-        const Tensor *bias = bias_for(kernels::bias_dtype_for(fp8, g.d_dtype));
+        const fp8amp_dtype bias_dtype = kernels::bias_dtype_for(fp8, c.d_dtype);
+        const Tensor *bias = bias_for(bias_dtype);
+        if (f16_from_bf16) {  // the F16-rounded bias, held in F32 for the F32 epilogue
+            Tensor &b32 = buffer(bias_f32_, FP8AMP_DTYPE_F32, 1, desc_.out_features);
+            cast_unchecked(*ctx_, bias->data(), bias->dtype(), b32.data(), FP8AMP_DTYPE_F32,
+                           static_cast<size_t>(desc_.out_features));
+            bias = &b32;
+        }
         g.bias = bias->data();
         g.bias_dtype = bias->dtype();
     }
@@ -287,7 +308,7 @@ void Linear::run_gemm(const GemmCall &c) {
         kernels::cpu::gemm(g);
     }
     if (stage)
-        cast_unchecked(*ctx_, staging->data(), FP8AMP_DTYPE_F32, c.d, c.d_dtype, static_cast<size_t>(c.m * c.n));
+        cast_unchecked(*ctx_, staging->data(), stage_dtype, c.d, c.d_dtype, static_cast<size_t>(c.m * c.n));
 }
 
 void Linear::forward(const Tensor &x, Tensor &y, bool training) {

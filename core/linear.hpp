@@ -25,13 +25,13 @@ public:
     const std::shared_ptr<Tensor> &bias() const;  // INVALID_ARGUMENT without a bias
     const std::shared_ptr<Tensor> &weight_grad() const { return weight_grad_; }
     const std::shared_ptr<Tensor> &bias_grad() const;
-    std::shared_ptr<ScalingMeta> scaling(fp8amp_linear_role role) const;
+    std::shared_ptr<ScalingMeta> scaling(int32_t role) const;  // an fp8amp_linear_role, read as an integer
     fp8amp_gemm_kind gemm_kind() const { return kind_; }
 
     void weight_changed() {
         weight_fp8_version_ = kStale;
         weight_wide_version_ = kStale;
-        bias_cast_version_ = kStale;  // the bias may have been written the same way (a DLPack view)
+        bias_cast_version_ = kStale;  // the bias may have been written behind the Linear's back too
     }
     void forward(const Tensor &x, Tensor &y, bool training);
     void backward(const Tensor &dy, Tensor *dx, bool accumulate);
@@ -65,7 +65,7 @@ private:
     uint64_t weight_wide_version_ = kStale;
     // Shared: a weight dequantized to F32 (F16-scaled weights), the bias in its epilogue dtype, the
     // FP32 weight-gradient sum (E4M3/BF16 weight gradients), a F32 staging output, bias-grad scratch.
-    std::shared_ptr<Tensor> w_f32_, bias_cast_, wgrad_acc_, out_f32_, colsum_scratch_;
+    std::shared_ptr<Tensor> w_f32_, bias_cast_, bias_f32_, wgrad_acc_, out_stage_, colsum_scratch_;
     uint64_t bias_cast_version_ = kStale;
 
     // What the last training forward left for backward.

@@ -37,12 +37,20 @@ fp8amp_recipe validate_recipe(const fp8amp_recipe &recipe) {
     fp8amp_recipe r{};
     std::memcpy(&r, &recipe, sizeof r);
     r.struct_size = sizeof r;
-    if (r.format != FP8AMP_FORMAT_E4M3 && r.format != FP8AMP_FORMAT_HYBRID)
+    // Enum fields are read as integers: a caller's out-of-range value is no valid C++ enum value.
+    const auto as_int = [](const auto &field) {
+        int32_t v;
+        static_assert(sizeof field == sizeof v, "enums are 32-bit");
+        std::memcpy(&v, &field, sizeof v);
+        return v;
+    };
+    const int32_t format = as_int(r.format), mode = as_int(r.mode), algo = as_int(r.amax_algo);
+    if (format != FP8AMP_FORMAT_E4M3 && format != FP8AMP_FORMAT_HYBRID)
         fail(FP8AMP_ERROR_INVALID_ARGUMENT,
-             "recipe->format " + std::to_string(static_cast<int>(r.format)) + " is not an fp8amp_format");
-    if (r.mode != FP8AMP_SCALING_DELAYED && r.mode != FP8AMP_SCALING_CURRENT)
+             "recipe->format " + std::to_string(format) + " is not an fp8amp_format");
+    if (mode != FP8AMP_SCALING_DELAYED && mode != FP8AMP_SCALING_CURRENT)
         fail(FP8AMP_ERROR_INVALID_ARGUMENT,
-             "recipe->mode " + std::to_string(static_cast<int>(r.mode)) + " is not an fp8amp_scaling_mode");
+             "recipe->mode " + std::to_string(mode) + " is not an fp8amp_scaling_mode");
     if (r.margin < 0 || r.margin > 127)
         fail(FP8AMP_ERROR_INVALID_ARGUMENT, "recipe->margin " + std::to_string(r.margin) + " is outside 0..127");
     if (r.interval < 1)
@@ -50,9 +58,9 @@ fp8amp_recipe validate_recipe(const fp8amp_recipe &recipe) {
     if (r.amax_history_len < 1 || r.amax_history_len > FP8AMP_MAX_AMAX_HISTORY)
         fail(FP8AMP_ERROR_INVALID_ARGUMENT, "recipe->amax_history_len " + std::to_string(r.amax_history_len) +
                                                 " is outside 1.." + std::to_string(FP8AMP_MAX_AMAX_HISTORY));
-    if (r.amax_algo != FP8AMP_AMAX_MAX && r.amax_algo != FP8AMP_AMAX_MOST_RECENT)
+    if (algo != FP8AMP_AMAX_MAX && algo != FP8AMP_AMAX_MOST_RECENT)
         fail(FP8AMP_ERROR_INVALID_ARGUMENT,
-             "recipe->amax_algo " + std::to_string(static_cast<int>(r.amax_algo)) + " is not an fp8amp_amax_algo");
+             "recipe->amax_algo " + std::to_string(algo) + " is not an fp8amp_amax_algo");
     r.power_of_two_scales = r.power_of_two_scales ? 1 : 0;
     return r;
 }

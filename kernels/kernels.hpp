@@ -14,6 +14,12 @@
 namespace fp8amp::kernels {
 
 struct ScalingState;  // kernels/scaling.hpp
+namespace adam {
+struct StepConfig;    // kernels/adam.hpp
+struct ScalerState;
+struct ScalerConfig;
+struct Status;
+}  // namespace adam
 
 // What a quantize writes besides the FP8 data: the meta it records into (amax, statistics; its scale,
 // under current scaling) and the tensor's own scale_inv copy.
@@ -81,6 +87,10 @@ void gemm(const GemmArgs &args);
 void column_sum(const void *src, fp8amp_dtype src_dtype, size_t rows, size_t cols, float *dst, bool accumulate);
 // dst[c, r] = src[r, c] for 1-byte elements.
 void transpose_bytes(const void *src, void *dst, size_t rows, size_t cols);
+// One Adam/AdamW step over the parameter list of `config` (kernels/adam.hpp).
+void adam_step(const adam::StepConfig &config);
+// Loss-scaler update from a step's found_inf.
+void scaler_update(adam::ScalerState *scaler, const adam::ScalerConfig &config, const adam::Status *status);
 }  // namespace cpu
 
 // ---- CUDA runtime and kernels -------------------------------------------------------------------
@@ -101,6 +111,7 @@ void copy_to_device(int device, void *stream, void *dst, const void *src, size_t
 void copy_to_host(int device, void *stream, void *dst, const void *src, size_t nbytes);
 void synchronize(int device, void *stream);
 void copy_device_to_device(int device, void *stream, void *dst, const void *src, size_t nbytes);  // async
+void memset(int device, void *stream, void *dst, int value, size_t nbytes);                        // async
 // Asynchronous on `stream`, bit-identical to their cpu:: counterparts (device memory throughout).
 void cast(int device, void *stream, const void *src, fp8amp_dtype src_dtype, void *dst,
           fp8amp_dtype dst_dtype, size_t n);
@@ -127,6 +138,14 @@ void gemm(GemmEngine &engine, int device, void *stream, const GemmArgs &args, vo
 void column_sum(int device, void *stream, const void *src, fp8amp_dtype src_dtype, size_t rows, size_t cols,
                 float *dst, bool accumulate, float *partial);
 void transpose_bytes(int device, void *stream, const void *src, void *dst, size_t rows, size_t cols);
+// One Adam/AdamW step: one cooperative launch on `stream`, no host synchronization. bit-identical to
+// cpu::adam_step when clipping is off. max_partials: how many Partial slots config.partials holds.
+void adam_step(int device, void *stream, const adam::StepConfig &config, int max_partials);
+// The number of Partial slots adam_step needs on this device (its persistent grid size).
+int adam_grid_size(int device);
+// Loss-scaler update from a step's found_inf, on the device (one tiny kernel).
+void scaler_update(int device, void *stream, adam::ScalerState *scaler, const adam::ScalerConfig &config,
+                   const adam::Status *status);
 }  // namespace cuda
 
 }  // namespace fp8amp::kernels

@@ -23,6 +23,7 @@ void copy_to_host(int, void *, void *, const void *, size_t) { unavailable(); }
 void synchronize(int, void *) { unavailable(); }
 void cast(int, void *, const void *, fp8amp_dtype, void *, fp8amp_dtype, size_t) { unavailable(); }
 void copy_device_to_device(int, void *, void *, const void *, size_t) { unavailable(); }
+void memset(int, void *, void *, int, size_t) { unavailable(); }
 void amax(int, void *, const void *, fp8amp_dtype, size_t, uint32_t *) { unavailable(); }
 void quantize(int, void *, const void *, fp8amp_dtype, void *, fp8amp_dtype, size_t, const QuantizeTarget &) {
     unavailable();
@@ -41,5 +42,10 @@ std::string fp8_gemm_unsupported_reason(int) { unavailable(); }
 void gemm(GemmEngine &, int, void *, const GemmArgs &, void *, size_t) { unavailable(); }
 void column_sum(int, void *, const void *, fp8amp_dtype, size_t, size_t, float *, bool, float *) { unavailable(); }
 void transpose_bytes(int, void *, const void *, void *, size_t, size_t) { unavailable(); }
+void adam_step(int, void *, const adam::StepConfig &, int) { unavailable(); }
+int adam_grid_size(int) { unavailable(); }
+void scaler_update(int, void *, adam::ScalerState *, const adam::ScalerConfig &, const adam::Status *) {
+    unavailable();
+}
 
 }  // namespace fp8amp::kernels::cuda

@@ -43,7 +43,27 @@ constexpr int kUnroll = FP8AMP_QUANTIZE_UNROLL;  // packs in flight per thread
 #ifndef FP8AMP_DEQUANTIZE_UNROLL
 #define FP8AMP_DEQUANTIZE_UNROLL 4
 #endif
+#ifndef FP8AMP_DEQUANTIZE_TABLE  // 1: dequantize looks its results up in a per-block shared-memory table
+#define FP8AMP_DEQUANTIZE_TABLE 1
+#endif
+#ifndef FP8AMP_DEQUANTIZE_COPIES  // replicas of that table (32: no bank conflicts; 16: at most 2-way)
+#define FP8AMP_DEQUANTIZE_COPIES 16
+#endif
+#ifndef FP8AMP_DEQUANTIZE_VEC  // FP8 codes per pack of the table kernel (8 or 16)
+#define FP8AMP_DEQUANTIZE_VEC 8
+#endif
+#ifndef FP8AMP_DEQUANTIZE_STREAMING_STORES  // 1: the table kernel stores with the evict-first hint
+#define FP8AMP_DEQUANTIZE_STREAMING_STORES 1
+#endif
+#ifndef FP8AMP_DEQUANTIZE_STREAMING_LOADS  // 1: the table kernel loads its codes with the evict-first hint
+#define FP8AMP_DEQUANTIZE_STREAMING_LOADS 1
+#endif
+#ifndef FP8AMP_DEQUANTIZE_MIN_BLOCKS  // > 0: __launch_bounds__ minimum of resident blocks of the table kernel
+#define FP8AMP_DEQUANTIZE_MIN_BLOCKS 8
+#endif
 constexpr int kDequantizeUnroll = FP8AMP_DEQUANTIZE_UNROLL;
+constexpr int kDequantizeCopies = FP8AMP_DEQUANTIZE_COPIES;
+constexpr int kDequantizeVec = FP8AMP_DEQUANTIZE_VEC;
 constexpr int kTransposeMinBlocks = FP8AMP_TRANSPOSE_MIN_BLOCKS;
 
 template <class T, int N>
@@ -179,9 +199,11 @@ __device__ __forceinline__ PackN<uint8_t, kVec> quantize_pack(const SrcPack &a, 
     return b;
 }
 
-// Dequantize uses the shared software codec: on an H100 it measured faster (74% of copy) than the
-// hardware FP8x2 -> F16x2 conversion (62%), an exponent-rebias decode (61%) and a shared-memory
-// table (63%), each of those followed by paired F32 -> BF16 conversions (docs/performance.md).
+// The per-element dequantize with the shared software codec. The result table below computes its
+// 256 entries with the same functions. As a kernel of its own (FP8AMP_DEQUANTIZE_TABLE=0) it reached
+// 75% of copy on an H100, faster than the hardware FP8x2 -> F16x2 conversion (62%), an
+// exponent-rebias decode (61%) and a shared-memory decode table (63%), but issue-bound
+// (docs/performance.md).
 template <fp8amp_dtype S, fp8amp_dtype D>
 __device__ __forceinline__ Pack<typename Storage<D>::type> dequantize_pack(const Pack<uint8_t> &a, float scale_inv) {
     Pack<typename Storage<D>::type> b;
@@ -309,6 +331,150 @@ __global__ void __launch_bounds__(kThreads) dequantize_kernel(const uint8_t *__r
     for_each_pack<kDequantizeUnroll, kVectorized>(
         src, n, [&](size_t i, const Pack<uint8_t> &a) { store_pack(out + i, dequantize_pack<S, D>(a, scale_inv)); },
         [&](size_t i) { dst[i] = from_f32<D>(scaled(to_f32<S>(src[i]), scale_inv)); });
+}
+
+// ---- dequantize through a result table -----------------------------------------------------------
+//
+// A dequantized element depends only on its 8-bit code (the launch has one scale_inv), so each block
+// computes the 256 results once, with the very functions dequantize_pack uses (bit-identical, NaN
+// codes included), and then every element is a byte extract and one shared-memory load instead of a
+// decode, a multiply and a rounding: the per-element decode made the kernel issue-bound (Nsight
+// Compute: 61% of issue slots at 33% of DRAM throughput; docs/performance.md).
+// The table is replicated against bank conflicts: lane l reads copy l % kCopies of entry q, at word
+// q * kCopies + l % kCopies. With 32 copies that is always bank l (no conflict, 32 KB per block);
+// with 16 (the default) lanes l and l + 16 can meet in one bank (at most 2-way), and the 16 KB table
+// with a 32-register bound lets 8 blocks share a multiprocessor instead of 6. The kernel is now
+// memory-bound (Nsight Compute: 26% of SM throughput, 76% of DRAM peak), so the rare 2-way conflict
+// costs nothing measurable, and the two extra blocks (more loads in flight) gained 0.3-1.1% of copy.
+// Loads and stores carry the evict-first hint: each byte is touched once, and the hint kept L2 from
+// holding dead lines (+1.6% for the stores, +0.3-0.9% for the loads). Measurements in
+// docs/performance.md.
+constexpr int kTableCopies = kDequantizeCopies;
+static_assert(kTableCopies == 32 || kTableCopies == 16 || kTableCopies == 8, "copies: 8, 16 or 32");
+static_assert(kThreads == 256, "the table fill gives each thread one code");
+static_assert(kDequantizeVec == 8 || kDequantizeVec == 16, "dequantize packs: 8 or 16 codes");
+
+// The table word of code q: the destination's bits (a 16-bit result in the low half).
+template <fp8amp_dtype S, fp8amp_dtype D>
+__device__ __forceinline__ uint32_t table_word(uint8_t q, float scale_inv) {
+    const auto y = from_f32<D>(scaled(to_f32<S>(q), scale_inv));
+    if constexpr (D == FP8AMP_DTYPE_F32) return __float_as_uint(y);
+    else return static_cast<uint32_t>(y);
+}
+
+// Fills the block's table (each thread one code, kCopies stores rotated across banks) and waits for it.
+template <fp8amp_dtype S, fp8amp_dtype D>
+__device__ __forceinline__ void fill_table(uint32_t *table, float scale_inv) {
+    const uint32_t q = threadIdx.x;
+    const uint32_t w = table_word<S, D>(static_cast<uint8_t>(q), scale_inv);
+#pragma unroll
+    for (int c = 0; c < kTableCopies; ++c) table[q * kTableCopies + (c + q) % kTableCopies] = w;
+    __syncthreads();
+}
+
+// The result of code byte k of word w, from this lane's copy: `slot` is the byte offset of that copy
+// ((lane % kCopies) * 4); the entry's byte offset q * kCopies * 4 has no bit in common with it.
+template <int k>
+__device__ __forceinline__ uint32_t lookup(const uint32_t *table, uint32_t w, uint32_t slot) {
+    constexpr int kShift = kTableCopies == 32 ? 7 : kTableCopies == 16 ? 6 : 5;  // log2(kCopies * 4)
+    const uint32_t offset = ((w >> (8 * k)) & 0xFFu) << kShift;
+    return *reinterpret_cast<const uint32_t *>(reinterpret_cast<const char *>(table) + (offset | slot));
+}
+
+// Four results of the codes in w, as destination words: two per word for 16-bit destinations.
+template <fp8amp_dtype D>
+__device__ __forceinline__ void lookup4(const uint32_t *table, uint32_t w, uint32_t slot, uint32_t *out) {
+    const uint32_t r0 = lookup<0>(table, w, slot), r1 = lookup<1>(table, w, slot);
+    const uint32_t r2 = lookup<2>(table, w, slot), r3 = lookup<3>(table, w, slot);
+    if constexpr (D == FP8AMP_DTYPE_F32) {
+        out[0] = r0, out[1] = r1, out[2] = r2, out[3] = r3;
+    } else {
+        out[0] = __byte_perm(r0, r1, 0x5410);
+        out[1] = __byte_perm(r2, r3, 0x5410);
+    }
+}
+
+template <class P>
+__device__ __forceinline__ P load_codes(const P *p) {
+    static_assert(sizeof(P) == 8 || sizeof(P) == 16, "code packs are 8 or 16 bytes");
+    if constexpr (FP8AMP_DEQUANTIZE_STREAMING_LOADS && sizeof(P) == 8) {
+        const uint2 v = __ldcs(reinterpret_cast<const uint2 *>(p));
+        return *reinterpret_cast<const P *>(&v);
+    } else if constexpr (FP8AMP_DEQUANTIZE_STREAMING_LOADS) {
+        const uint4 v = __ldcs(reinterpret_cast<const uint4 *>(p));
+        return *reinterpret_cast<const P *>(&v);
+    } else {
+        return *p;
+    }
+}
+
+__device__ __forceinline__ void store_results(uint4 *p, uint4 v) {
+    if constexpr (FP8AMP_DEQUANTIZE_STREAMING_STORES) __stcs(p, v);
+    else *p = v;
+}
+
+// The resident-block bound of the table kernel: F32 destinations (twice the results per pack) would
+// spill under the 32 registers that 8 blocks leave, so they keep the compiler's own choice.
+template <fp8amp_dtype D>
+constexpr int dequantize_min_blocks() {
+    return sizeof(typename Storage<D>::type) == 2 ? FP8AMP_DEQUANTIZE_MIN_BLOCKS : 0;
+}
+
+template <fp8amp_dtype S, fp8amp_dtype D, bool kVectorized>
+__global__ void __launch_bounds__(kThreads, dequantize_min_blocks<D>())
+    dequantize_table_kernel(const uint8_t *__restrict__ src, typename Storage<D>::type *__restrict__ dst, size_t n,
+                            const float *scale_inv_ptr) {
+    using DstT = typename Storage<D>::type;
+    constexpr int kV = kDequantizeVec, kU = kDequantizeUnroll;
+    constexpr int kWordsIn = kV / 4, kWordsOut = kV * int(sizeof(DstT)) / 4;
+    using InPack = PackN<uint32_t, kWordsIn>;
+    __shared__ uint32_t table[256 * kTableCopies];
+    const uint32_t slot = (threadIdx.x % kTableCopies) * 4;
+    const size_t stride = size_t(gridDim.x) * kThreads;
+    size_t i = blockIdx.x * size_t(kThreads) + threadIdx.x;
+    size_t done = 0;
+    if (kVectorized) {
+        // The first packs are requested before the table is built, so that the fill overlaps their
+        // latency; afterwards each round requests the next packs before storing this one's.
+        const size_t packs = n / kV;
+        const auto *in = reinterpret_cast<const InPack *>(src);
+        auto *out = reinterpret_cast<uint4 *>(dst);
+        InPack a[kU];
+#pragma unroll
+        for (int u = 0; u < kU; ++u)
+            if (i + u * stride < packs) a[u] = load_codes(in + i + u * stride);
+        fill_table<S, D>(table, *scale_inv_ptr);
+        for (; i < packs; i += kU * stride) {
+            InPack b[kU];
+#pragma unroll
+            for (int u = 0; u < kU; ++u) b[u] = a[u];
+#pragma unroll
+            for (int u = 0; u < kU; ++u)
+                if (i + (kU + u) * stride < packs) a[u] = load_codes(in + i + (kU + u) * stride);
+#pragma unroll
+            for (int u = 0; u < kU; ++u) {
+                if (i + u * stride < packs) {
+                    uint32_t r[kWordsOut];
+#pragma unroll
+                    for (int j = 0; j < kWordsIn; ++j) lookup4<D>(table, b[u].v[j], slot, r + j * (kWordsOut / kWordsIn));
+#pragma unroll
+                    for (int j = 0; j < kWordsOut / 4; ++j)
+                        store_results(out + (i + u * stride) * (kWordsOut / 4) + j,
+                                      make_uint4(r[4 * j], r[4 * j + 1], r[4 * j + 2], r[4 * j + 3]));
+                }
+            }
+        }
+        done = packs * kV;
+    } else {
+        fill_table<S, D>(table, *scale_inv_ptr);
+    }
+    // The scalar tail (and the whole of an unaligned tensor), through the same table.
+    for (size_t e = done + blockIdx.x * size_t(kThreads) + threadIdx.x; e < n; e += stride) {
+        const uint32_t r = *reinterpret_cast<const uint32_t *>(reinterpret_cast<const char *>(table) +
+                                                               ((uint32_t(src[e]) * kTableCopies * 4) | slot));
+        if constexpr (D == FP8AMP_DTYPE_F32) dst[e] = __uint_as_float(r);
+        else dst[e] = static_cast<DstT>(r);
+    }
 }
 
 // ---- quantize + transpose: 128 x 128 tiles through shared memory --------------------------------
@@ -450,12 +616,19 @@ __global__ void __launch_bounds__(kThreads) update_scaling_kernel(const __grid_c
 // register-heavy variant never runs in two waves), or fewer when there is less work.
 // The occupancy of each kernel is asked once (it costs microseconds of host time: a Linear's forward
 // would pay it per call).
-int resident_blocks_per_sm(const void *kernel, int device) {
+// max_shared: ask for the largest shared-memory carveout first (kernels whose static shared memory,
+// not their registers, limits how many blocks fit: the dequantize table), so that the occupancy asked
+// here is the one the launch gets.
+int resident_blocks_per_sm(const void *kernel, int device, bool max_shared = false) {
     static std::mutex mutex;
     static std::map<std::pair<const void *, int>, int> cache;
     std::lock_guard<std::mutex> lock(mutex);
     auto it = cache.find({kernel, device});
     if (it != cache.end()) return it->second;
+    if (max_shared)
+        check(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                   int(cudaSharedmemCarveoutMaxShared)),
+              "cudaFuncSetAttribute (shared-memory carveout)");
     int per_sm = 0;
     check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, 0),
           "cudaOccupancyMaxActiveBlocksPerMultiprocessor");
@@ -464,8 +637,8 @@ int resident_blocks_per_sm(const void *kernel, int device) {
 }
 
 template <class Kernel>
-unsigned persistent_grid(int device, Kernel kernel, size_t work_items) {
-    const int per_sm = resident_blocks_per_sm(reinterpret_cast<const void *>(kernel), device);
+unsigned persistent_grid(int device, Kernel kernel, size_t work_items, bool max_shared = false) {
+    const int per_sm = resident_blocks_per_sm(reinterpret_cast<const void *>(kernel), device, max_shared);
     const size_t wanted = (work_items + kThreads - 1) / kThreads;
     const size_t cap = size_t(multiprocessor_count(device)) * size_t(per_sm > 0 ? per_sm : 1);
     return static_cast<unsigned>(wanted == 0 ? 1 : (wanted < cap ? wanted : cap));
@@ -602,11 +775,22 @@ void dequantize(int device, void *stream_raw, const void *src, fp8amp_dtype src_
         dispatch_src(dst_dtype, [&](auto d) {
             constexpr fp8amp_dtype D = decltype(d)::value;
             using DstT = typename Storage<D>::type;
-            dispatch_bool(pack_aligned<uint8_t>(src) && pack_aligned<DstT>(dst), [&](auto v) {
-                const auto kernel = dequantize_kernel<S, D, decltype(v)::value>;
-                kernel<<<persistent_grid(device, kernel, n / kVec + 1), kThreads, 0, stream>>>(
-                        static_cast<const uint8_t *>(src), static_cast<DstT *>(dst), n, scale_inv);
-            });
+            if constexpr (FP8AMP_DEQUANTIZE_TABLE) {
+                // Packs of kDequantizeVec codes in, 16-byte stores out.
+                const bool vec = reinterpret_cast<uintptr_t>(src) % kDequantizeVec == 0 &&
+                                 reinterpret_cast<uintptr_t>(dst) % 16 == 0;
+                dispatch_bool(vec, [&](auto v) {
+                    const auto kernel = dequantize_table_kernel<S, D, decltype(v)::value>;
+                    kernel<<<persistent_grid(device, kernel, n / kDequantizeVec + 1, true), kThreads, 0, stream>>>(
+                            static_cast<const uint8_t *>(src), static_cast<DstT *>(dst), n, scale_inv);
+                });
+            } else {
+                dispatch_bool(pack_aligned<uint8_t>(src) && pack_aligned<DstT>(dst), [&](auto v) {
+                    const auto kernel = dequantize_kernel<S, D, decltype(v)::value>;
+                    kernel<<<persistent_grid(device, kernel, n / kVec + 1), kThreads, 0, stream>>>(
+                            static_cast<const uint8_t *>(src), static_cast<DstT *>(dst), n, scale_inv);
+                });
+            }
         });
     });
     check_launch("dequantize_kernel");

@@ -106,6 +106,18 @@ static uint32_t dequant_f32_ref(const format_t *f, uint32_t c, float si) {
     return f32_bits((float)p);
 }
 
+/* Whether `got` (the bits of a dd value) is the dequantize of code c from sd with scale_inv si: for
+ * F32 the float32 product; otherwise that product rounded again into dd (rounded twice, as
+ * specified), NaN as dd's canonical NaN with the product's sign. */
+static int dequant_matches(fp8amp_dtype sd, fp8amp_dtype dd, uint8_t c, float si, uint32_t got) {
+    const format_t *sf = format_of(sd), *df = format_of(dd);
+    if (dd == FP8AMP_DTYPE_F32) return got == dequant_f32_ref(sf, c, si);
+    const double p = mul_f32_ref(decode_ref(sf, c), si);
+    if (isnan(p)) return got == canonical_nan(df, signbit(p) ? 1 : 0);
+    const double want = round_ref(df, p), got_v = decode_ref(df, got);
+    return got_v == want && signbit(got_v) == signbit(want);
+}
+
 /* Checks a run against the references: codes, amax, scale and scale_inv, dequantized values and
  * statistics. `scale` is the scale the data must have been quantized with. */
 static void check_run(fp8amp_dtype sd, const void *src, size_t n, fp8amp_dtype dd, float scale, const qresult_t *res,
@@ -326,7 +338,6 @@ static void test_dequantize_random(void **state) {
         for (size_t k = 0; k < sizeof scales / sizeof scales[0]; ++k)
             for (int wi = 0; wi < 3; ++wi) {
                 const fp8amp_dtype sd = FP8[di], dd = WIDE[wi];
-                const format_t *sf = format_of(sd), *df = format_of(dd);
                 for (int pass = 0; pass < (device.type == FP8AMP_DEVICE_CUDA ? 2 : 1); ++pass) {
                     fp8amp_context c = ctx;
                     if (pass == 1) EXPECT_OK(fp8amp_context_create(cpu_device(), &c));
@@ -351,27 +362,10 @@ static void test_dequantize_random(void **state) {
                 const float si = reciprocal_ref(scales[k]);
                 size_t bad = 0;
                 for (size_t i = 0; i < n; ++i) {
-                    const double v = decode_ref(sf, codes[i]);
-                    if (dd == FP8AMP_DTYPE_F32) {
-                        const uint32_t want = dequant_f32_ref(sf, codes[i], si);
-                        if (out[i] != want && ++bad <= 8)
-                            print_error("%s 0x%02x * %a -> f32: got 0x%08x, want 0x%08x\n", fp8amp_dtype_name(sd),
-                                        codes[i], (double)si, out[i], want);
-                        continue;
-                    }
-                    const uint32_t got = ((const uint16_t *)out)[i];
-                    /* rounded twice, as specified: to float32 by the multiply, then into dd */
-                    const double p = mul_f32_ref(v, si);
-                    if (isnan(p)) {
-                        if (got != canonical_nan(df, signbit(p) ? 1 : 0) && ++bad <= 8)
-                            print_error("NaN from 0x%02x -> %s: got 0x%04x\n", codes[i], fp8amp_dtype_name(dd), got);
-                        continue;
-                    }
-                    const double want = round_ref(df, p);
-                    const double got_v = decode_ref(df, got);
-                    if ((got_v != want || signbit(got_v) != signbit(want)) && ++bad <= 8)
-                        print_error("%s 0x%02x * %a -> %s: got 0x%04x (%a), want %a\n", fp8amp_dtype_name(sd),
-                                    codes[i], (double)si, fp8amp_dtype_name(dd), got, got_v, want);
+                    const uint32_t got = dd == FP8AMP_DTYPE_F32 ? out[i] : ((const uint16_t *)out)[i];
+                    if (!dequant_matches(sd, dd, codes[i], si, got) && ++bad <= 8)
+                        print_error("%s 0x%02x * %a -> %s: got 0x%08x\n", fp8amp_dtype_name(sd), codes[i], (double)si,
+                                    fp8amp_dtype_name(dd), got);
                 }
                 assert_int_equal(bad, 0);
             }
@@ -379,6 +373,87 @@ static void test_dequantize_random(void **state) {
     free(out);
     free(cpu_out);
     EXPECT_OK(fp8amp_context_destroy(ctx));
+}
+
+/* Dequantize of one view: `len` codes at byte `src_off` of q_all into `len` dd values at element
+ * `dst_off` of y_all (both on ctx's device); reads the result back into out. */
+static void dequantize_view(fp8amp_context ctx, fp8amp_scaling s, fp8amp_tensor q_all, fp8amp_tensor y_all,
+                            fp8amp_dtype sd, fp8amp_dtype dd, size_t src_off, size_t dst_off, size_t len, void *out) {
+    void *pq, *py;
+    fp8amp_tensor q, y;
+    const int64_t shape[1] = {(int64_t)len};
+    EXPECT_OK(fp8amp_tensor_data(q_all, &pq));
+    EXPECT_OK(fp8amp_tensor_data(y_all, &py));
+    EXPECT_OK(fp8amp_tensor_wrap(ctx, sd, 1, shape, (uint8_t *)pq + src_off, &q));
+    EXPECT_OK(fp8amp_tensor_wrap(ctx, dd, 1, shape, (char *)py + dst_off * fp8amp_dtype_size(dd), &y));
+    EXPECT_OK(fp8amp_tensor_set_scaling(q, s));
+    EXPECT_OK(fp8amp_dequantize(ctx, q, y));
+    EXPECT_OK(fp8amp_tensor_copy_to_host(y, out, len * fp8amp_dtype_size(dd)));
+    EXPECT_OK(fp8amp_tensor_destroy(q));
+    EXPECT_OK(fp8amp_tensor_destroy(y));
+}
+
+/* Dequantize of a large tensor (the GPU kernel's grid-stride loop goes round several times and ends
+ * in a partial round and a scalar tail) and of views at every alignment of source and destination
+ * (the GPU's scalar path): random codes, NaN and inf included, every FP8 -> F32/F16/BF16 pair, against
+ * the reference and, on CUDA, byte for byte against the CPU. */
+static void test_dequantize_large_and_views(void **state) {
+    require_variant(state);
+    const fp8amp_device device = variant_device(state);
+    const int cuda = device.type == FP8AMP_DEVICE_CUDA;
+    const size_t n = ((size_t)9 << 20) + 13, small = 100003;
+    const size_t cases[][3] = {/* src byte offset, dst element offset, length */
+                               {0, 0, n}, {1, 0, small}, {8, 0, small}, {0, 1, small}, {3, 5, small}, {16, 8, small}};
+    uint8_t *codes = malloc(n + 32);
+    uint32_t *out = malloc(n * 4), *cpu_out = malloc(n * 4);
+    assert_true(codes && out && cpu_out);
+    for (size_t i = 0; i < n + 32; ++i) codes[i] = (uint8_t)test_rng_u64();
+    fp8amp_context ctx[2];
+    EXPECT_OK(fp8amp_context_create(device, &ctx[0]));
+    EXPECT_OK(fp8amp_context_create(cpu_device(), &ctx[1]));
+    const int64_t all_shape[1] = {(int64_t)(n + 32)};
+    for (int di = 0; di < 2; ++di)
+        for (int wi = 0; wi < 3; ++wi) {
+            const fp8amp_dtype sd = FP8[di], dd = WIDE[wi];
+            const float scale = random_scale(-10, 10), si = reciprocal_ref(scale);
+            fp8amp_scaling s[2];
+            fp8amp_tensor q_all[2], y_all[2];
+            for (int c = 0; c < 1 + cuda; ++c) {
+                fp8amp_recipe r;
+                EXPECT_OK(fp8amp_recipe_init_default(&r));
+                EXPECT_OK(fp8amp_scaling_create(ctx[c], &r, sd, &s[c]));
+                EXPECT_OK(fp8amp_scaling_set_scale(s[c], scale));
+                EXPECT_OK(fp8amp_tensor_create(ctx[c], sd, 1, all_shape, &q_all[c]));
+                EXPECT_OK(fp8amp_tensor_create(ctx[c], dd, 1, all_shape, &y_all[c]));
+                EXPECT_OK(fp8amp_tensor_copy_from_host(q_all[c], codes, n + 32));
+            }
+            for (size_t k = 0; k < sizeof cases / sizeof cases[0]; ++k) {
+                const size_t so = cases[k][0], dof = cases[k][1], len = cases[k][2];
+                dequantize_view(ctx[0], s[0], q_all[0], y_all[0], sd, dd, so, dof, len, out);
+                if (cuda) {
+                    dequantize_view(ctx[1], s[1], q_all[1], y_all[1], sd, dd, so, dof, len, cpu_out);
+                    assert_memory_equal(out, cpu_out, len * fp8amp_dtype_size(dd));
+                }
+                size_t bad = 0;
+                for (size_t i = 0; i < len; ++i) {
+                    const uint32_t got = dd == FP8AMP_DTYPE_F32 ? out[i] : ((const uint16_t *)out)[i];
+                    if (!dequant_matches(sd, dd, codes[so + i], si, got) && ++bad <= 8)
+                        print_error("%s -> %s, offsets %zu/%zu, element %zu (0x%02x): got 0x%08x\n",
+                                    fp8amp_dtype_name(sd), fp8amp_dtype_name(dd), so, dof, i, codes[so + i], got);
+                }
+                assert_int_equal(bad, 0);
+            }
+            for (int c = 0; c < 1 + cuda; ++c) {
+                EXPECT_OK(fp8amp_tensor_destroy(q_all[c]));
+                EXPECT_OK(fp8amp_tensor_destroy(y_all[c]));
+                EXPECT_OK(fp8amp_scaling_destroy(s[c]));
+            }
+        }
+    EXPECT_OK(fp8amp_context_destroy(ctx[0]));
+    EXPECT_OK(fp8amp_context_destroy(ctx[1]));
+    free(codes);
+    free(out);
+    free(cpu_out);
 }
 
 /* The scale_inv a tensor dequantizes with is its own copy: set when it is bound and when it is
@@ -864,6 +939,7 @@ int main(void) {
         DEVICE_TESTS(test_quantize_current_scaling),
         DEVICE_TESTS(test_quantize_transpose_shapes),
         DEVICE_TESTS(test_dequantize_random),
+        DEVICE_TESTS(test_dequantize_large_and_views),
         DEVICE_TESTS(test_scale_inv_copy),
         DEVICE_TESTS(test_nan_and_inf),
         DEVICE_TESTS(test_statistics),

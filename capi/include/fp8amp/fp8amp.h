@@ -482,8 +482,9 @@ FP8AMP_API fp8amp_status fp8amp_linear_bias_grad(fp8amp_linear lin, fp8amp_tenso
  *  WEIGHT_STORAGE when the weight is F32 or BF16). */
 FP8AMP_API fp8amp_status fp8amp_linear_scaling(fp8amp_linear lin, fp8amp_linear_role role, fp8amp_scaling *out);
 
-/** Tells the Linear that its weight (or bias) was written behind its back (see fp8amp_linear_weight): the
- *  next forward re-quantizes it. Statuses: SUCCESS; INVALID_HANDLE. */
+/** Tells the Linear that its weight or bias was written behind its back (see fp8amp_linear_weight):
+ *  the next forward re-makes its copies of them (FP8, BF16, the bias in the epilogue's dtype).
+ *  Statuses: SUCCESS; INVALID_HANDLE. */
 FP8AMP_API fp8amp_status fp8amp_linear_weight_changed(fp8amp_linear lin);
 
 /** y = x W^T + b. x is [..., in] (leading dims flattened to M rows), y is [..., out] with the same
@@ -517,6 +518,198 @@ FP8AMP_API fp8amp_status fp8amp_linear_backward(fp8amp_linear lin, fp8amp_tensor
 /** Which GEMM the last forward ran (FP8AMP_GEMM_KIND_NONE before any). Statuses: SUCCESS;
  *  INVALID_HANDLE; INVALID_ARGUMENT (NULL). */
 FP8AMP_API fp8amp_status fp8amp_linear_gemm_kind(fp8amp_linear lin, fp8amp_gemm_kind *out);
+
+/* ---------------------------------------------------------------------------------------------
+ * Adam / AdamW with low-precision state (O1/O2/O3), dynamic loss scaling, checkpoints
+ * (DESIGN.md section 3; docs/api.md section 12; numerics in docs/numerics.md)
+ * ------------------------------------------------------------------------------------------- */
+
+typedef struct fp8amp_optimizer_s *fp8amp_optimizer;
+typedef struct fp8amp_grad_scaler_s *fp8amp_grad_scaler;
+
+/** Optimization levels (MS-AMP's meaning, DESIGN.md section 1). */
+typedef enum fp8amp_opt_level {
+    FP8AMP_OPT_LEVEL_O1 = 1, /**< Adam m and v in F32 */
+    FP8AMP_OPT_LEVEL_O2 = 2, /**< m in E4M3, v in F16, each with per-block power-of-two scales */
+    FP8AMP_OPT_LEVEL_O3 = 3  /**< O2, plus an F16 master copy of the (E4M3) weights, block-scaled */
+} fp8amp_opt_level;
+
+/** master_dtype value: no master copy (O1, O2). */
+#define FP8AMP_NO_MASTER (-1)
+/** Largest state_block_size. */
+#define FP8AMP_MAX_STATE_BLOCK 8192
+
+/** Adam/AdamW configuration. Initialize with fp8amp_adam_desc_init_default (or
+ *  fp8amp_opt_level_adam_config), then change fields. The math is torch.optim.Adam / AdamW's
+ *  (amsgrad=False): bias corrections 1 - beta^step, denom = sqrt(v) / sqrt(1 - beta2^step) + eps,
+ *  param -= lr / (1 - beta1^step) * m / denom; AdamW decays first (param *= 1 - lr * weight_decay),
+ *  Adam adds weight_decay * param to the gradient. */
+typedef struct fp8amp_adam_desc {
+    uint32_t struct_size;         /**< sizeof(fp8amp_adam_desc), set by the init functions */
+    int32_t adamw;                /**< 1: AdamW (decoupled decay), 0: Adam (L2 in the gradient); default 1 */
+    float lr;                     /**< default 1e-3; >= 0, finite; a step may override it */
+    float beta1;                  /**< default 0.9; in [0, 1) */
+    float beta2;                  /**< default 0.999; in [0, 1) */
+    float eps;                    /**< default 1e-8; >= 0, finite */
+    float weight_decay;           /**< default 0.01 (AdamW's); >= 0, finite */
+    int32_t maximize;             /**< default 0 */
+    fp8amp_dtype exp_avg_dtype;   /**< m: F32 (default) or E4M3 */
+    fp8amp_dtype exp_avg_sq_dtype;/**< v: F32 (default) or F16 */
+    int32_t master_dtype;         /**< FP8AMP_NO_MASTER (default) or FP8AMP_DTYPE_F16 (O3) */
+    int32_t state_block_size;     /**< elements per state scale: a power of two in
+                                       128..FP8AMP_MAX_STATE_BLOCK (default 128), or 0 for one scale
+                                       per tensor (costs an extra read pass over the state) */
+    float max_grad_norm;          /**< global L2 gradient-norm clipping; 0 (default) = off; >= 0 */
+} fp8amp_adam_desc;
+
+/** Fills *desc with the defaults above (O1 AdamW). Statuses: SUCCESS; INVALID_ARGUMENT (NULL). */
+FP8AMP_API fp8amp_status fp8amp_adam_desc_init_default(fp8amp_adam_desc *desc);
+
+/** Fills *desc with the defaults, then the state dtypes of `level`: O1 (F32 m, F32 v), O2 (E4M3 m,
+ *  F16 v), O3 (E4M3 m, F16 v, F16 master). Statuses: SUCCESS; INVALID_ARGUMENT (NULL desc, unknown
+ *  level). */
+FP8AMP_API fp8amp_status fp8amp_opt_level_adam_config(fp8amp_opt_level level, fp8amp_adam_desc *desc);
+
+/** Creates an optimizer on ctx's device (its steps run on ctx's stream). It holds no parameters yet.
+ *  Statuses: SUCCESS; INVALID_HANDLE; INVALID_ARGUMENT (NULL desc/out, struct_size too small, a
+ *  field out of range: lr, betas, eps, weight_decay, max_grad_norm negative, non-finite or beta
+ *  >= 1; state_block_size not 0 nor a power of two in 128..FP8AMP_MAX_STATE_BLOCK; master_dtype
+ *  not FP8AMP_NO_MASTER or F16); DTYPE_MISMATCH (exp_avg_dtype not F32/E4M3, exp_avg_sq_dtype not
+ *  F32/F16); OUT_OF_MEMORY; CUDA. */
+FP8AMP_API fp8amp_status fp8amp_optimizer_create(fp8amp_context ctx, const fp8amp_adam_desc *desc,
+                                                 fp8amp_optimizer *out);
+
+/** Destroys an optimizer (its state; the parameter and gradient tensors stay the caller's).
+ *  NULL is a no-op success. Statuses: SUCCESS; INVALID_HANDLE. */
+FP8AMP_API fp8amp_status fp8amp_optimizer_destroy(fp8amp_optimizer opt);
+
+/** Registers a parameter and its gradient (both kept alive by the optimizer) and allocates its state
+ *  (zeros; an O3 master copy is initialized from the parameter's current value, synchronously).
+ *  param: F32, BF16, F16 (unscaled, or scaled: bound to an F16 meta) or E4M3 bound to a meta;
+ *  a scaled parameter's value is code * the tensor's scale_inv, and its meta must use delayed
+ *  scaling (a Linear's WEIGHT_STORAGE meta does). The optimizer owns a bound parameter's meta from
+ *  now on: each step writes the parameter with the meta's scale
+ *  and records its amax, then folds the meta (delayed scaling: the new scale applies next step).
+ *  grad: F32, F16, BF16, or E4M3/E5M2 (value = code * its scale_inv; likewise a scaled F16
+ *  gradient, bound to a meta); same shape as param. Every parameter must be added before the first step.
+ *  Statuses: SUCCESS; INVALID_HANDLE; INVALID_ARGUMENT (param added twice, param read-only, param
+ *  and grad overlapping, E4M3 param without a meta, a param meta with current scaling, a parameter
+ *  added after the first step); SHAPE_MISMATCH (grad's shape differs); DTYPE_MISMATCH (param E5M2;
+ *  F32 param with an F16 master); DEVICE_MISMATCH (param, grad or a meta not on the optimizer's device);
+ *  OUT_OF_MEMORY; CUDA. Each step marks the parameters written (a Linear then re-quantizes them). */
+FP8AMP_API fp8amp_status fp8amp_optimizer_add_param(fp8amp_optimizer opt, fp8amp_tensor param, fp8amp_tensor grad);
+
+/** Per-step arguments. Initialize with fp8amp_adam_step_args_init_default. */
+typedef struct fp8amp_adam_step_args {
+    uint32_t struct_size;   /**< sizeof(fp8amp_adam_step_args) */
+    float lr;               /**< this step's learning rate; negative (the default) = the desc's lr */
+    const float *lr_device; /**< optional: a float in the optimizer device's memory read by the step
+                                 itself (for a schedule inside a captured CUDA graph); overrides lr */
+    float grad_scale_inv;   /**< every gradient is multiplied by this (e.g. 1/world_size); default 1 */
+    fp8amp_grad_scaler scaler; /**< optional: gradients are also divided by the scaler's loss scale
+                                    (read on the device) and the scaler is updated from this step's
+                                    found_inf on the device, in the same launch */
+} fp8amp_adam_step_args;
+
+/** Defaults: lr -1 (use desc.lr), lr_device NULL, grad_scale_inv 1, scaler NULL.
+ *  Statuses: SUCCESS; INVALID_ARGUMENT (NULL). */
+FP8AMP_API fp8amp_status fp8amp_adam_step_args_init_default(fp8amp_adam_step_args *args);
+
+/** One Adam/AdamW step over every parameter: one kernel launch on CUDA, no allocation and no host
+ *  synchronization (capturable in a CUDA graph). It first checks every gradient for inf/NaN (after
+ *  unscaling; for FP8 gradients also NaN/inf codes and an inf amax recorded in the gradient's meta)
+ *  and computes the global gradient norm; if any gradient is not finite it changes nothing --
+ *  parameters, states, scales, metas and the step count stay bit-identical -- and records found_inf.
+ *  Otherwise it clips (max_grad_norm), updates, and advances the step count. found_inf, the step
+ *  count and the norm live on the device: read them with the getters below. args may be NULL (the
+ *  defaults). Statuses: SUCCESS; INVALID_HANDLE (opt, args->scaler); INVALID_ARGUMENT (struct_size
+ *  too small, grad_scale_inv or lr non-finite); DEVICE_MISMATCH (a scaler of another device);
+ *  CUDA. A step with no parameters records found_inf 0 and advances the step count. */
+FP8AMP_API fp8amp_status fp8amp_optimizer_step(fp8amp_optimizer opt, const fp8amp_adam_step_args *args);
+
+/** Synchronizing getters of the device-side results of the last step: found_inf (1 if it was
+ *  skipped), the number of steps taken (skipped ones not counted), and the global L2 norm of the
+ *  unscaled gradients before clipping (inf/NaN when found_inf). Each: SUCCESS; INVALID_HANDLE;
+ *  INVALID_ARGUMENT (NULL out); CUDA. */
+FP8AMP_API fp8amp_status fp8amp_optimizer_get_found_inf(fp8amp_optimizer opt, int32_t *found_inf);
+FP8AMP_API fp8amp_status fp8amp_optimizer_get_step(fp8amp_optimizer opt, int64_t *step);
+FP8AMP_API fp8amp_status fp8amp_optimizer_get_grad_norm(fp8amp_optimizer opt, float *norm);
+
+/** Number of registered parameters. Statuses: SUCCESS; INVALID_HANDLE; INVALID_ARGUMENT. */
+FP8AMP_API fp8amp_status fp8amp_optimizer_num_params(fp8amp_optimizer opt, int32_t *count);
+
+/** Bytes of device (CPU backend: host) memory the optimizer holds: m, v, the master copy, their
+ *  per-block scales, and its bookkeeping (parameter list, per-step scratch). Parameters and gradients
+ *  are the caller's and not counted. Statuses: SUCCESS; INVALID_HANDLE; INVALID_ARGUMENT (NULL). */
+FP8AMP_API fp8amp_status fp8amp_optimizer_state_bytes(fp8amp_optimizer opt, size_t *bytes);
+
+/** Serializes the optimizer (hyperparameters, step count, and per parameter: its shape and dtype,
+ *  its data and scale_inv, its meta's full state with the amax history, m, v, the master copy and
+ *  every block scale) into the versioned, little-endian, CRC-32-checked format of docs/api.md
+ *  section 12.6. buffer NULL: *size receives the byte count. Otherwise capacity must be at least
+ *  that, and *size receives the bytes written. Synchronizes (reads device memory).
+ *  Statuses: SUCCESS; INVALID_HANDLE; INVALID_ARGUMENT (NULL size, capacity too small); CUDA. */
+FP8AMP_API fp8amp_status fp8amp_optimizer_save(fp8amp_optimizer opt, void *buffer, size_t capacity, size_t *size);
+
+/** Restores what fp8amp_optimizer_save wrote into an optimizer with the same state dtypes, block
+ *  size and parameters (count, order, shapes, dtypes), on any device (a CPU checkpoint loads into a
+ *  CUDA optimizer and back). Hyperparameters (lr, betas, eps, weight decay, maximize, adamw,
+ *  max_grad_norm) are taken from the checkpoint. Everything is validated before anything changes: a
+ *  failure leaves the optimizer, its parameters and metas untouched.
+ *  Statuses: SUCCESS; INVALID_HANDLE; INVALID_ARGUMENT (NULL data); CORRUPT_DATA (truncated, bad
+ *  magic or endianness marker, checksum mismatch, inconsistent sizes or values); NOT_SUPPORTED (a
+ *  format version this library does not read); SHAPE_MISMATCH (parameter count or a shape differs);
+ *  DTYPE_MISMATCH (state dtypes, block size, master, or a parameter/gradient dtype or meta differs);
+ *  CUDA. */
+FP8AMP_API fp8amp_status fp8amp_optimizer_load(fp8amp_optimizer opt, const void *data, size_t size);
+
+/** Dynamic loss scaler: torch.cuda.amp.GradScaler's growth/backoff/interval semantics plus
+ *  hysteresis (Megatron's): after a step with found_inf, the growth count resets and the hysteresis
+ *  count drops by one; when it reaches 0 the scale is multiplied by backoff_factor. After
+ *  growth_interval consecutive good steps the scale is multiplied by growth_factor (if the result is
+ *  finite) and the hysteresis count is refilled. hysteresis 1 is exactly torch's GradScaler. */
+typedef struct fp8amp_grad_scaler_desc {
+    uint32_t struct_size;  /**< sizeof(fp8amp_grad_scaler_desc) */
+    float init_scale;      /**< default 65536; a normal float > 0 */
+    float growth_factor;   /**< default 2; > 1, finite */
+    float backoff_factor;  /**< default 0.5; in (0, 1) */
+    int32_t growth_interval; /**< default 2000; >= 1 */
+    int32_t hysteresis;    /**< default 1; >= 1 */
+} fp8amp_grad_scaler_desc;
+
+/** Fills *desc with the defaults. Statuses: SUCCESS; INVALID_ARGUMENT (NULL). */
+FP8AMP_API fp8amp_status fp8amp_grad_scaler_desc_init_default(fp8amp_grad_scaler_desc *desc);
+
+/** Creates a scaler on ctx's device (its state lives there). Statuses: SUCCESS; INVALID_HANDLE;
+ *  INVALID_ARGUMENT (NULL, struct_size too small, a field out of range); OUT_OF_MEMORY; CUDA. */
+FP8AMP_API fp8amp_status fp8amp_grad_scaler_create(fp8amp_context ctx, const fp8amp_grad_scaler_desc *desc,
+                                                   fp8amp_grad_scaler *out);
+/** NULL is a no-op success. Statuses: SUCCESS; INVALID_HANDLE. */
+FP8AMP_API fp8amp_status fp8amp_grad_scaler_destroy(fp8amp_grad_scaler scaler);
+
+/** The current loss scale (synchronizes). Statuses: SUCCESS; INVALID_HANDLE; INVALID_ARGUMENT; CUDA. */
+FP8AMP_API fp8amp_status fp8amp_grad_scaler_get_scale(fp8amp_grad_scaler scaler, float *scale);
+
+/** The address of the scale (a float in the scaler device's memory), for multiplying the loss on
+ *  the device without a host round trip. Valid while the scaler lives.
+ *  Statuses: SUCCESS; INVALID_HANDLE; INVALID_ARGUMENT. */
+FP8AMP_API fp8amp_status fp8amp_grad_scaler_scale_device_ptr(fp8amp_grad_scaler scaler, const float **scale);
+
+/** The scaler's full state, for checkpoints: scale, good steps since the last growth or overflow,
+ *  and hysteresis count left. get synchronizes; set validates (scale a normal float > 0, counts in
+ *  range) and writes. Statuses: SUCCESS; INVALID_HANDLE; INVALID_ARGUMENT; CUDA. */
+typedef struct fp8amp_grad_scaler_state {
+    float scale;
+    int32_t growth_tracker;
+    int32_t hysteresis_left;
+} fp8amp_grad_scaler_state;
+FP8AMP_API fp8amp_status fp8amp_grad_scaler_get_state(fp8amp_grad_scaler scaler, fp8amp_grad_scaler_state *state);
+FP8AMP_API fp8amp_status fp8amp_grad_scaler_set_state(fp8amp_grad_scaler scaler, const fp8amp_grad_scaler_state *state);
+
+/** Updates the scaler from the found_inf of opt's last step, on the device (no host sync), for steps
+ *  that were not given the scaler in their step args (a step that was given it already updated it:
+ *  do not update twice). Statuses: SUCCESS; INVALID_HANDLE; DEVICE_MISMATCH; CUDA. */
+FP8AMP_API fp8amp_status fp8amp_grad_scaler_update(fp8amp_grad_scaler scaler, fp8amp_optimizer opt);
 
 #ifdef __cplusplus
 } /* extern "C" */

@@ -1,0 +1,297 @@
+"""The fused Adam/AdamW step: fp8amp O1/O2/O3 vs torch.optim.AdamW(fused=True), in the same run.
+
+Measures, with CUDA events after warm-up (median of many steps), over --params parameters split into
+--tensors tensors:
+  - the device copy bandwidth (torch copy_, bytes read + written): the hardware ceiling;
+  - torch.optim.AdamW(fused=True), F32 params/grads/state (28 B/param);
+  - fp8amp_optimizer_step at O1 (F32 everything), O2 (BF16 params, E4M3 gradients with their scale,
+    E4M3 m + F16 v, per-block scales of 128) and O3 (E4M3 params, F16 master, E4M3 gradients), and
+    O2 with F32 params and gradients. "bytes" counts what each step must move: every state read and
+    written, parameters read (O3: only written -- the master is the value of record) and written,
+    gradients read twice (the finiteness/norm pass must finish before anything is written), the block
+    scales;
+  - optimizer state memory: torch's exp_avg + exp_avg_sq vs fp8amp_optimizer_state_bytes;
+  - a CUDA-graph capture of the O2 step, replayed, checked bit-identical to the eager step.
+Writes bench/results/adam-<device>-<date>.json (or --out) and prints a table.
+
+Usage: python3 bench/bench_adam.py --lib build/libfp8amp.so [--params 268435456] [--out FILE]
+"""
+import argparse
+import ctypes
+import datetime
+import json
+import os
+import statistics
+
+import torch
+
+F32, F16, BF16, E4M3, E5M2 = 0, 1, 2, 3, 4
+CUDA = 2
+NO_MASTER = -1
+
+
+class Device(ctypes.Structure):
+    _fields_ = [("type", ctypes.c_int), ("index", ctypes.c_int32)]
+
+
+class Recipe(ctypes.Structure):
+    _fields_ = [("struct_size", ctypes.c_uint32), ("format", ctypes.c_int), ("mode", ctypes.c_int),
+                ("margin", ctypes.c_int32), ("interval", ctypes.c_int32), ("amax_history_len", ctypes.c_int32),
+                ("amax_algo", ctypes.c_int), ("power_of_two_scales", ctypes.c_int32)]
+
+
+class AdamDesc(ctypes.Structure):
+    _fields_ = [("struct_size", ctypes.c_uint32), ("adamw", ctypes.c_int32), ("lr", ctypes.c_float),
+                ("beta1", ctypes.c_float), ("beta2", ctypes.c_float), ("eps", ctypes.c_float),
+                ("weight_decay", ctypes.c_float), ("maximize", ctypes.c_int32), ("exp_avg_dtype", ctypes.c_int),
+                ("exp_avg_sq_dtype", ctypes.c_int), ("master_dtype", ctypes.c_int32),
+                ("state_block_size", ctypes.c_int32), ("max_grad_norm", ctypes.c_float)]
+
+
+class StepArgs(ctypes.Structure):
+    _fields_ = [("struct_size", ctypes.c_uint32), ("lr", ctypes.c_float), ("lr_device", ctypes.c_void_p),
+                ("grad_scale_inv", ctypes.c_float), ("scaler", ctypes.c_void_p)]
+
+
+class Lib:
+    def __init__(self, path):
+        self.lib = ctypes.CDLL(path)
+        self.lib.fp8amp_last_error_message.restype = ctypes.c_char_p
+        self.lib.fp8amp_context_create.argtypes = [Device, ctypes.POINTER(ctypes.c_void_p)]
+        self.lib.fp8amp_scaling_set_scale.argtypes = [ctypes.c_void_p, ctypes.c_float]
+        self.lib.fp8amp_opt_level_adam_config.argtypes = [ctypes.c_int, ctypes.POINTER(AdamDesc)]
+
+    def __call__(self, name, *args):
+        status = getattr(self.lib, name)(*args)
+        if status != 0:
+            raise RuntimeError(f"{name}: status {status}: {self.lib.fp8amp_last_error_message().decode()}")
+
+    def context(self, stream):
+        ctx = ctypes.c_void_p()
+        self("fp8amp_context_create", Device(CUDA, torch.cuda.current_device()), ctypes.byref(ctx))
+        self.set_stream(ctx, stream)
+        return ctx
+
+    def set_stream(self, ctx, stream):
+        self("fp8amp_context_set_stream", ctx, ctypes.c_void_p(stream.cuda_stream))
+
+    def wrap(self, ctx, t, dtype):
+        shape = (ctypes.c_int64 * t.dim())(*t.shape)
+        h = ctypes.c_void_p()
+        self("fp8amp_tensor_wrap", ctx, dtype, t.dim(), shape, ctypes.c_void_p(t.data_ptr()), ctypes.byref(h))
+        return h
+
+    def scaling(self, ctx, scale):
+        r = Recipe()
+        self("fp8amp_recipe_init_default", ctypes.byref(r))
+        r.amax_history_len = 16
+        s = ctypes.c_void_p()
+        self("fp8amp_scaling_create", ctx, ctypes.byref(r), E4M3, ctypes.byref(s))
+        self("fp8amp_scaling_set_scale", s, ctypes.c_float(scale))
+        return s
+
+
+def bench(fn, warmup=3, reps=15):
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        torch.cuda._sleep(1_000_000)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
+def torch_dtype(d):
+    return {F32: torch.float32, F16: torch.float16, BF16: torch.bfloat16, E4M3: torch.float8_e4m3fn}[d]
+
+
+class Problem:
+    """Parameters and gradients (torch memory, wrapped) registered with an fp8amp optimizer."""
+
+    def __init__(self, lib, ctx, level, pdt, gdt, sizes, block=128):
+        self.lib, self.ctx, self.handles, self.metas = lib, ctx, [], []
+        desc = AdamDesc()
+        lib("fp8amp_opt_level_adam_config", level, ctypes.byref(desc))
+        desc.state_block_size = block
+        self.opt = ctypes.c_void_p()
+        lib("fp8amp_optimizer_create", ctx, ctypes.byref(desc), ctypes.byref(self.opt))
+        self.params, self.grads = [], []
+        for n in sizes:
+            p32 = torch.randn(n, device="cuda") * 0.02
+            g32 = torch.randn(n, device="cuda") * 1e-3
+            if pdt == E4M3:
+                p = (p32 * (448.0 / 0.1)).clamp(-448, 448).to(torch.float8_e4m3fn)
+            else:
+                p = p32.to(torch_dtype(pdt))
+            g = (g32 * (448.0 / 5e-3)).clamp(-448, 448).to(torch.float8_e4m3fn) if gdt == E4M3 else g32.to(torch_dtype(gdt))
+            del p32, g32
+            hp, hg = lib.wrap(ctx, p, pdt), lib.wrap(ctx, g, gdt)
+            if pdt == E4M3:
+                m = lib.scaling(ctx, 448.0 / 0.1)
+                lib("fp8amp_tensor_set_scaling", hp, m)
+                self.metas.append(m)
+            if gdt == E4M3:
+                m = lib.scaling(ctx, 448.0 / 5e-3)
+                lib("fp8amp_tensor_set_scaling", hg, m)
+                self.metas.append(m)
+            lib("fp8amp_optimizer_add_param", self.opt, hp, hg)
+            self.params.append(p)
+            self.grads.append(g)
+            self.handles += [hp, hg]
+        self.args = StepArgs()
+        lib("fp8amp_adam_step_args_init_default", ctypes.byref(self.args))
+
+    def step(self):
+        self.lib("fp8amp_optimizer_step", self.opt, ctypes.byref(self.args))
+
+    def state_bytes(self):
+        b = ctypes.c_size_t()
+        self.lib("fp8amp_optimizer_state_bytes", self.opt, ctypes.byref(b))
+        return b.value
+
+    def save(self):
+        size = ctypes.c_size_t()
+        self.lib("fp8amp_optimizer_save", self.opt, None, ctypes.c_size_t(0), ctypes.byref(size))
+        buf = (ctypes.c_ubyte * size.value)()
+        self.lib("fp8amp_optimizer_save", self.opt, buf, size, ctypes.byref(size))
+        return bytes(buf)
+
+    def load(self, data):
+        buf = (ctypes.c_ubyte * len(data)).from_buffer_copy(data)
+        self.lib("fp8amp_optimizer_load", self.opt, buf, ctypes.c_size_t(len(data)))
+
+    def close(self):
+        self.lib("fp8amp_optimizer_destroy", self.opt)
+        for h in self.handles:
+            self.lib("fp8amp_tensor_destroy", h)
+        for m in self.metas:
+            self.lib("fp8amp_scaling_destroy", m)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--lib", required=True)
+    ap.add_argument("--params", type=int, default=256 * 1024 * 1024)
+    ap.add_argument("--tensors", type=int, default=16)
+    ap.add_argument("--out")
+    ap.add_argument("--commit", default=os.environ.get("FP8AMP_COMMIT", "unknown"))
+    ap.add_argument("--only", help="comma-separated fp8amp case names to run (tuning runs: no torch baseline)")
+    args = ap.parse_args()
+    lib = Lib(args.lib)
+    stream = torch.cuda.current_stream()
+    ctx = lib.context(stream)
+    props = torch.cuda.get_device_properties(0)
+    n = args.params
+    sizes = [n // args.tensors] * args.tensors
+    sizes[-1] += n - sum(sizes)
+    results = {"device": props.name, "date": datetime.date.today().isoformat(), "commit": args.commit,
+               "torch": torch.__version__, "params": n, "tensors": args.tensors, "cases": {}}
+
+    def record(name, ms, bytes_per_param=None, note="", **extra):
+        entry = {"ms": ms}
+        if bytes_per_param is not None:
+            entry["bytes_per_param"] = bytes_per_param
+            entry["GB_per_s"] = bytes_per_param * n / (ms * 1e-3) / 1e9
+        if note:
+            entry["note"] = note
+        entry.update(extra)
+        results["cases"][name] = entry
+        print(f"{name:34s} {ms:8.3f} ms  {entry.get('GB_per_s', 0):7.0f} GB/s  {note}", flush=True)
+
+    # ---- the ceiling
+    src = torch.empty(2 * 1024 ** 3, dtype=torch.uint8, device="cuda").random_()
+    dst = torch.empty_like(src)
+    ms = bench(lambda: dst.copy_(src))
+    copy_bw = 2 * src.numel() / (ms * 1e-3) / 1e9
+    results["copy_GB_per_s"] = copy_bw
+    print(f"copy: {copy_bw:.0f} GB/s")
+    del src, dst
+
+    # ---- PyTorch fused AdamW, F32
+    torch_ms = float("nan")
+    ps = [] if args.only else [torch.nn.Parameter(torch.randn(s, device="cuda") * 0.02) for s in sizes]
+    for p in ps:
+        p.grad = torch.randn_like(p) * 1e-3
+    if ps:
+        topt = torch.optim.AdamW(ps, lr=1e-3, fused=True)
+        torch_ms = bench(topt.step)
+        torch_state = sum(t.numel() * t.element_size() for st in topt.state.values() for k, t in st.items()
+                          if torch.is_tensor(t) and t.numel() > 1)
+        record("torch.AdamW(fused).f32", torch_ms, 28, "params, grads, m, v in F32", state_bytes=torch_state,
+               state_bytes_per_param=torch_state / n)
+        del topt
+    del ps
+    torch.cuda.empty_cache()
+
+    # ---- fp8amp
+    scale_bytes = 4 * 2 / 128  # per state: scale read + written per block of 128
+    cases = [
+        ("fp8amp.O1.f32", 1, F32, F32, 4 + 4 + 2 * 4 + 8 + 8, "F32 p/g; m, v F32"),
+        ("fp8amp.O2.bf16_p.e4m3_g", 2, BF16, E4M3, 2 + 2 + 2 * 1 + 2 + 4 + 2 * scale_bytes,
+         "BF16 p, E4M3 g; m E4M3 + v F16, block 128"),
+        ("fp8amp.O2.f32_p.f32_g", 2, F32, F32, 4 + 4 + 2 * 4 + 2 + 4 + 2 * scale_bytes, "F32 p/g; m E4M3 + v F16"),
+        ("fp8amp.O3.e4m3_p.e4m3_g", 3, E4M3, E4M3, 1 + 2 * 1 + 2 + 4 + 4 + 3 * scale_bytes,
+         "E4M3 p (written), F16 master, E4M3 g"),
+    ]
+    for name, level, pdt, gdt, bpp, note in cases:
+        if args.only and name not in args.only.split(","):
+            continue
+        pb = Problem(lib, ctx, level, pdt, gdt, sizes)
+        ms = bench(pb.step)
+        found = ctypes.c_int32(1)
+        lib("fp8amp_optimizer_get_found_inf", pb.opt, ctypes.byref(found))
+        assert found.value == 0, f"{name}: the timed steps were skipped (found_inf): the benchmark data is broken"
+        sb = pb.state_bytes()
+        record(name, ms, bpp, note, state_bytes=sb, state_bytes_per_param=sb / n,
+               fraction_of_copy=bpp * n / (ms * 1e-3) / 1e9 / copy_bw, speedup_vs_torch=torch_ms / ms)
+        if level == 2 and pdt == BF16:
+            # CUDA graph: capture one step, replay it, compare with the eager step bit for bit.
+            snap = pb.save()
+            pb.args.lr = 1e-3  # a different lr than the timed steps: the graph replays this captured value
+            pb.step()
+            torch.cuda.synchronize()
+            eager = pb.save()
+            pb.load(snap)
+            torch.cuda.synchronize()
+            graph = torch.cuda.CUDAGraph()
+            try:
+                side = torch.cuda.Stream()
+                with torch.cuda.stream(side):
+                    with torch.cuda.graph(graph, stream=side):
+                        lib.set_stream(ctx, torch.cuda.current_stream())
+                        pb.step()
+                lib.set_stream(ctx, stream)
+                graph.replay()
+                torch.cuda.synchronize()
+                replayed = pb.save()
+                same = replayed == eager and replayed != snap
+                gms = bench(graph.replay)
+                results["cuda_graph"] = {"captured": True, "replay_bit_identical_to_eager": same, "replay_ms": gms}
+                print(f"CUDA graph: replay identical to eager: {same}; replay {gms:.3f} ms", flush=True)
+            except Exception as e:  # report, do not hide
+                lib.set_stream(ctx, stream)
+                results["cuda_graph"] = {"captured": False, "error": str(e)}
+                print("CUDA graph capture failed:", e, flush=True)
+        pb.close()
+        torch.cuda.empty_cache()
+
+    out_path = args.out or os.path.join(os.path.dirname(__file__), "results",
+                                        f"adam-{props.name.replace(' ', '_')}-{results['date']}.json")
+    with open(out_path, "w") as f:
+        json.dump(results, f, indent=2)
+    print(f"{'case':34s} {'ms':>8s} {'B/param':>8s} {'GB/s':>7s} {'of copy':>8s} {'vs torch':>8s} {'state B/p':>9s}")
+    for name, e in results["cases"].items():
+        print(f"{name:34s} {e['ms']:8.3f} {e.get('bytes_per_param', 0):8.2f} {e.get('GB_per_s', 0):7.0f} "
+              f"{100 * e.get('fraction_of_copy', e.get('GB_per_s', 0) / copy_bw):7.1f}% "
+              f"{e.get('speedup_vs_torch', 1.0):7.2f}x {e.get('state_bytes_per_param', 0):9.3f}")
+    print("wrote", out_path)
+
+
+if __name__ == "__main__":
+    main()

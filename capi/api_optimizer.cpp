@@ -1,0 +1,259 @@
+// The boundary of the optimizer and the loss scaler (fp8amp.h "Adam / AdamW ..."): argument checks,
+// handle lookups, and core calls; no engine logic.
+#include <cstring>
+
+#include "context.hpp"
+#include "fp8amp/fp8amp.h"
+#include "grad_scaler.hpp"
+#include "boundary.hpp"
+#include "kernels.hpp"
+#include "optimizer.hpp"
+#include "tensor.hpp"
+
+using fp8amp::fail;
+using fp8amp::capi::publish;
+using fp8amp::capi::require;
+using fp8amp::core::Context;
+using fp8amp::core::GradScaler;
+using fp8amp::core::lookup;
+using fp8amp::core::Optimizer;
+using fp8amp::core::Tensor;
+
+extern "C" {
+
+FP8AMP_API fp8amp_status fp8amp_adam_desc_init_default(fp8amp_adam_desc *desc) {
+    FP8AMP_GUARD({
+        require(desc, "desc");
+        fp8amp_adam_desc d{};
+        d.struct_size = sizeof d;
+        d.adamw = 1;
+        d.lr = 1e-3f;
+        d.beta1 = 0.9f;
+        d.beta2 = 0.999f;
+        d.eps = 1e-8f;
+        d.weight_decay = 0.01f;
+        d.maximize = 0;
+        d.exp_avg_dtype = FP8AMP_DTYPE_F32;
+        d.exp_avg_sq_dtype = FP8AMP_DTYPE_F32;
+        d.master_dtype = FP8AMP_NO_MASTER;
+        d.state_block_size = 128;
+        d.max_grad_norm = 0.0f;
+        *desc = d;
+    });
+}
+
+FP8AMP_API fp8amp_status fp8amp_opt_level_adam_config(fp8amp_opt_level level, fp8amp_adam_desc *desc) {
+    FP8AMP_GUARD({
+        require(desc, "desc");
+        if (level != FP8AMP_OPT_LEVEL_O1 && level != FP8AMP_OPT_LEVEL_O2 && level != FP8AMP_OPT_LEVEL_O3)
+            fail(FP8AMP_ERROR_INVALID_ARGUMENT, "level " + std::to_string(static_cast<int>(level)) + " is not O1, O2 or O3");
+        fp8amp_adam_desc d{};
+        (void)fp8amp_adam_desc_init_default(&d);
+        if (level != FP8AMP_OPT_LEVEL_O1) {
+            d.exp_avg_dtype = FP8AMP_DTYPE_E4M3;
+            d.exp_avg_sq_dtype = FP8AMP_DTYPE_F16;
+        }
+        if (level == FP8AMP_OPT_LEVEL_O3) d.master_dtype = FP8AMP_DTYPE_F16;
+        *desc = d;
+    });
+}
+
+FP8AMP_API fp8amp_status fp8amp_optimizer_create(fp8amp_context ctx, const fp8amp_adam_desc *desc, fp8amp_optimizer *out) {
+    FP8AMP_GUARD({
+        auto c = lookup<Context>(ctx, "ctx");
+        require(desc, "desc");
+        require(out, "out");
+        publish(std::make_shared<Optimizer>(std::move(c), *desc), out);
+    });
+}
+
+FP8AMP_API fp8amp_status fp8amp_optimizer_destroy(fp8amp_optimizer opt) {
+    FP8AMP_GUARD({
+        if (opt) fp8amp::core::unregister_object(opt, Optimizer::kKind, "opt");
+    });
+}
+
+FP8AMP_API fp8amp_status fp8amp_optimizer_add_param(fp8amp_optimizer opt, fp8amp_tensor param, fp8amp_tensor grad) {
+    FP8AMP_GUARD({
+        auto o = lookup<Optimizer>(opt, "opt");
+        auto p = lookup<Tensor>(param, "param");
+        auto g = lookup<Tensor>(grad, "grad");
+        o->add_param(std::move(p), std::move(g));
+    });
+}
+
+FP8AMP_API fp8amp_status fp8amp_adam_step_args_init_default(fp8amp_adam_step_args *args) {
+    FP8AMP_GUARD({
+        require(args, "args");
+        fp8amp_adam_step_args a{};
+        a.struct_size = sizeof a;
+        a.lr = -1.0f;
+        a.lr_device = nullptr;
+        a.grad_scale_inv = 1.0f;
+        a.scaler = nullptr;
+        *args = a;
+    });
+}
+
+FP8AMP_API fp8amp_status fp8amp_optimizer_step(fp8amp_optimizer opt, const fp8amp_adam_step_args *args) {
+    FP8AMP_GUARD({
+        auto o = lookup<Optimizer>(opt, "opt");
+        fp8amp_adam_step_args a{};
+        (void)fp8amp_adam_step_args_init_default(&a);
+        if (args) {
+            constexpr size_t kKnown = offsetof(fp8amp_adam_step_args, scaler) + sizeof(args->scaler);
+            if (args->struct_size < kKnown)
+                fail(FP8AMP_ERROR_INVALID_ARGUMENT, "args->struct_size is " + std::to_string(args->struct_size) +
+                                                        ", less than the " + std::to_string(kKnown) +
+                                                        " bytes of fp8amp_adam_step_args (use fp8amp_adam_step_args_init_default)");
+            std::memcpy(&a, args, sizeof a);
+        }
+        std::shared_ptr<GradScaler> scaler = a.scaler ? lookup<GradScaler>(a.scaler, "args->scaler") : nullptr;
+        o->step(a.lr, a.lr_device, a.grad_scale_inv, scaler.get());
+    });
+}
+
+FP8AMP_API fp8amp_status fp8amp_optimizer_get_found_inf(fp8amp_optimizer opt, int32_t *found_inf) {
+    FP8AMP_GUARD({
+        auto o = lookup<Optimizer>(opt, "opt");
+        require(found_inf, "found_inf");
+        *found_inf = o->status().found_inf;
+    });
+}
+
+FP8AMP_API fp8amp_status fp8amp_optimizer_get_step(fp8amp_optimizer opt, int64_t *step) {
+    FP8AMP_GUARD({
+        auto o = lookup<Optimizer>(opt, "opt");
+        require(step, "step");
+        *step = o->status().step;
+    });
+}
+
+FP8AMP_API fp8amp_status fp8amp_optimizer_get_grad_norm(fp8amp_optimizer opt, float *norm) {
+    FP8AMP_GUARD({
+        auto o = lookup<Optimizer>(opt, "opt");
+        require(norm, "norm");
+        *norm = o->status().grad_norm;
+    });
+}
+
+FP8AMP_API fp8amp_status fp8amp_optimizer_num_params(fp8amp_optimizer opt, int32_t *count) {
+    FP8AMP_GUARD({
+        auto o = lookup<Optimizer>(opt, "opt");
+        require(count, "count");
+        *count = o->num_params();
+    });
+}
+
+FP8AMP_API fp8amp_status fp8amp_optimizer_state_bytes(fp8amp_optimizer opt, size_t *bytes) {
+    FP8AMP_GUARD({
+        auto o = lookup<Optimizer>(opt, "opt");
+        require(bytes, "bytes");
+        *bytes = o->state_bytes();
+    });
+}
+
+FP8AMP_API fp8amp_status fp8amp_optimizer_save(fp8amp_optimizer opt, void *buffer, size_t capacity, size_t *size) {
+    FP8AMP_GUARD({
+        auto o = lookup<Optimizer>(opt, "opt");
+        require(size, "size");
+        const size_t needed = o->save(nullptr);
+        if (!buffer) {
+            *size = needed;
+            return;
+        }
+        if (capacity < needed)
+            fail(FP8AMP_ERROR_INVALID_ARGUMENT, "capacity " + std::to_string(capacity) + " is less than the " +
+                                                    std::to_string(needed) + " bytes of the checkpoint");
+        *size = o->save(static_cast<unsigned char *>(buffer));
+    });
+}
+
+FP8AMP_API fp8amp_status fp8amp_optimizer_load(fp8amp_optimizer opt, const void *data, size_t size) {
+    FP8AMP_GUARD({
+        auto o = lookup<Optimizer>(opt, "opt");
+        require(data, "data");
+        o->load(static_cast<const unsigned char *>(data), size);
+    });
+}
+
+/* ---- loss scaler ---- */
+
+FP8AMP_API fp8amp_status fp8amp_grad_scaler_desc_init_default(fp8amp_grad_scaler_desc *desc) {
+    FP8AMP_GUARD({
+        require(desc, "desc");
+        fp8amp_grad_scaler_desc d{};
+        d.struct_size = sizeof d;
+        d.init_scale = 65536.0f;
+        d.growth_factor = 2.0f;
+        d.backoff_factor = 0.5f;
+        d.growth_interval = 2000;
+        d.hysteresis = 1;
+        *desc = d;
+    });
+}
+
+FP8AMP_API fp8amp_status fp8amp_grad_scaler_create(fp8amp_context ctx, const fp8amp_grad_scaler_desc *desc,
+                                                   fp8amp_grad_scaler *out) {
+    FP8AMP_GUARD({
+        auto c = lookup<Context>(ctx, "ctx");
+        require(desc, "desc");
+        require(out, "out");
+        publish(std::make_shared<GradScaler>(std::move(c), *desc), out);
+    });
+}
+
+FP8AMP_API fp8amp_status fp8amp_grad_scaler_destroy(fp8amp_grad_scaler scaler) {
+    FP8AMP_GUARD({
+        if (scaler) fp8amp::core::unregister_object(scaler, GradScaler::kKind, "scaler");
+    });
+}
+
+FP8AMP_API fp8amp_status fp8amp_grad_scaler_get_scale(fp8amp_grad_scaler scaler, float *scale) {
+    FP8AMP_GUARD({
+        auto s = lookup<GradScaler>(scaler, "scaler");
+        require(scale, "scale");
+        *scale = s->get_state().scale;
+    });
+}
+
+FP8AMP_API fp8amp_status fp8amp_grad_scaler_scale_device_ptr(fp8amp_grad_scaler scaler, const float **scale) {
+    FP8AMP_GUARD({
+        auto s = lookup<GradScaler>(scaler, "scaler");
+        require(scale, "scale");
+        *scale = &s->state()->scale;
+    });
+}
+
+FP8AMP_API fp8amp_status fp8amp_grad_scaler_get_state(fp8amp_grad_scaler scaler, fp8amp_grad_scaler_state *state) {
+    FP8AMP_GUARD({
+        auto s = lookup<GradScaler>(scaler, "scaler");
+        require(state, "state");
+        *state = s->get_state();
+    });
+}
+
+FP8AMP_API fp8amp_status fp8amp_grad_scaler_set_state(fp8amp_grad_scaler scaler, const fp8amp_grad_scaler_state *state) {
+    FP8AMP_GUARD({
+        auto s = lookup<GradScaler>(scaler, "scaler");
+        require(state, "state");
+        s->set_state(*state);
+    });
+}
+
+FP8AMP_API fp8amp_status fp8amp_grad_scaler_update(fp8amp_grad_scaler scaler, fp8amp_optimizer opt) {
+    FP8AMP_GUARD({
+        auto s = lookup<GradScaler>(scaler, "scaler");
+        auto o = lookup<Optimizer>(opt, "opt");
+        if (!fp8amp::core::same_device(s->device(), o->device()))
+            fail(FP8AMP_ERROR_DEVICE_MISMATCH, "scaler is on " + fp8amp::core::device_name(s->device()) + ", opt on " +
+                                                   fp8amp::core::device_name(o->device()));
+        const auto &ctx = o->context();
+        if (ctx.is_cuda())
+            fp8amp::kernels::cuda::scaler_update(ctx.device().index, ctx.stream(), s->state(), s->config(), o->status_device());
+        else
+            fp8amp::kernels::cpu::scaler_update(s->state(), s->config(), o->status_device());
+    });
+}
+
+}  // extern "C"

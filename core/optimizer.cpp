@@ -1,0 +1,618 @@
+#include "optimizer.hpp"
+
+#include <cfloat>
+#include <cmath>
+#include <cstring>
+#include <string>
+
+#include "checkpoint.hpp"
+#include "codec.hpp"
+#include "kernels.hpp"
+#include "scaling.hpp"     // kernels/scaling.hpp: ScalingState
+#include "scaling_meta.hpp"
+
+namespace fp8amp::core {
+
+namespace adam = kernels::adam;
+using kernels::ScalingState;
+
+namespace {
+
+bool finite_nonneg(float x) { return x >= 0.0f && x <= FLT_MAX; }
+
+std::string num(double x) { return std::to_string(x); }
+
+bool overlap(const Tensor &a, const Tensor &b) {
+    const auto *a0 = static_cast<const char *>(a.data());
+    const auto *b0 = static_cast<const char *>(b.data());
+    return a0 < b0 + b.nbytes() && b0 < a0 + a.nbytes();
+}
+
+constexpr char kMagic[8] = {'F', 'P', '8', 'A', 'M', 'P', 'O', 'P'};
+constexpr uint32_t kFormatVersion = 1;
+constexpr uint32_t kEndianMarker = 0x01020304u;
+
+}  // namespace
+
+fp8amp_adam_desc validate_adam_desc(const fp8amp_adam_desc &desc) {
+    constexpr size_t kKnown = offsetof(fp8amp_adam_desc, max_grad_norm) + sizeof(desc.max_grad_norm);
+    if (desc.struct_size < kKnown)
+        fail(FP8AMP_ERROR_INVALID_ARGUMENT, "desc->struct_size is " + std::to_string(desc.struct_size) +
+                                                ", less than the " + std::to_string(kKnown) +
+                                                " bytes of fp8amp_adam_desc (initialize it with fp8amp_adam_desc_init_default)");
+    fp8amp_adam_desc d{};
+    std::memcpy(&d, &desc, sizeof d);
+    d.struct_size = sizeof d;
+    d.adamw = d.adamw ? 1 : 0;
+    d.maximize = d.maximize ? 1 : 0;
+    if (!finite_nonneg(d.lr)) fail(FP8AMP_ERROR_INVALID_ARGUMENT, "desc->lr " + num(d.lr) + " is not a finite value >= 0");
+    if (!(d.beta1 >= 0.0f && d.beta1 < 1.0f))
+        fail(FP8AMP_ERROR_INVALID_ARGUMENT, "desc->beta1 " + num(d.beta1) + " is not in [0, 1)");
+    if (!(d.beta2 >= 0.0f && d.beta2 < 1.0f))
+        fail(FP8AMP_ERROR_INVALID_ARGUMENT, "desc->beta2 " + num(d.beta2) + " is not in [0, 1)");
+    if (!finite_nonneg(d.eps)) fail(FP8AMP_ERROR_INVALID_ARGUMENT, "desc->eps " + num(d.eps) + " is not a finite value >= 0");
+    if (!finite_nonneg(d.weight_decay))
+        fail(FP8AMP_ERROR_INVALID_ARGUMENT, "desc->weight_decay " + num(d.weight_decay) + " is not a finite value >= 0");
+    if (!finite_nonneg(d.max_grad_norm))
+        fail(FP8AMP_ERROR_INVALID_ARGUMENT, "desc->max_grad_norm " + num(d.max_grad_norm) + " is not a finite value >= 0");
+    if (d.exp_avg_dtype != FP8AMP_DTYPE_F32 && d.exp_avg_dtype != FP8AMP_DTYPE_E4M3)
+        fail(FP8AMP_ERROR_DTYPE_MISMATCH, std::string("desc->exp_avg_dtype is ") + fp8amp_dtype_name(d.exp_avg_dtype) +
+                                              ": m is stored as f32 (O1) or e4m3 (O2/O3)");
+    if (d.exp_avg_sq_dtype != FP8AMP_DTYPE_F32 && d.exp_avg_sq_dtype != FP8AMP_DTYPE_F16)
+        fail(FP8AMP_ERROR_DTYPE_MISMATCH, std::string("desc->exp_avg_sq_dtype is ") +
+                                              fp8amp_dtype_name(d.exp_avg_sq_dtype) + ": v is stored as f32 (O1) or f16 (O2/O3)");
+    if (d.master_dtype != FP8AMP_NO_MASTER && d.master_dtype != FP8AMP_DTYPE_F16)
+        fail(FP8AMP_ERROR_INVALID_ARGUMENT, "desc->master_dtype " + std::to_string(d.master_dtype) +
+                                                " is neither FP8AMP_NO_MASTER nor FP8AMP_DTYPE_F16");
+    const int32_t bs = d.state_block_size;
+    if (bs != 0 && (bs < adam::kChunk || bs > FP8AMP_MAX_STATE_BLOCK || (bs & (bs - 1)) != 0))
+        fail(FP8AMP_ERROR_INVALID_ARGUMENT, "desc->state_block_size " + std::to_string(bs) + " is neither 0 nor a power of two in " +
+                                                std::to_string(adam::kChunk) + ".." + std::to_string(FP8AMP_MAX_STATE_BLOCK));
+    return d;
+}
+
+Optimizer::Optimizer(std::shared_ptr<const Context> ctx, const fp8amp_adam_desc &desc)
+    : ctx_(std::move(ctx)), desc_(validate_adam_desc(desc)) {
+    status_ = ctx_->allocate(sizeof(adam::Status));
+    const adam::Status zero{0, 0, 0.0f};
+    to_device(status_->data(), &zero, sizeof zero);
+    if (ctx_->is_cuda()) {
+        max_partials_ = kernels::cuda::adam_grid_size(device().index);
+        partials_ = ctx_->allocate(sizeof(adam::Partial) * static_cast<size_t>(max_partials_));
+    }
+}
+
+void Optimizer::to_host(void *dst, const void *src, size_t n) const {
+    if (n == 0) return;
+    if (ctx_->is_cuda())
+        kernels::cuda::copy_to_host(device().index, ctx_->stream(), dst, src, n);
+    else
+        std::memcpy(dst, src, n);
+}
+
+void Optimizer::to_device(void *dst, const void *src, size_t n) const {
+    if (n == 0) return;
+    if (ctx_->is_cuda())
+        kernels::cuda::copy_to_device(device().index, ctx_->stream(), dst, src, n);
+    else
+        std::memcpy(dst, src, n);
+}
+
+int64_t Optimizer::scales_of(int64_t numel) const {
+    return desc_.state_block_size > 0 ? (numel + desc_.state_block_size - 1) / desc_.state_block_size : 1;
+}
+
+void Optimizer::add_param(std::shared_ptr<Tensor> param, std::shared_ptr<Tensor> grad) {
+    const Tensor &p = *param;
+    const Tensor &g = *grad;
+    const bool master = desc_.master_dtype == FP8AMP_DTYPE_F16;
+    if (stepped_)
+        fail(FP8AMP_ERROR_INVALID_ARGUMENT, "the optimizer has already taken a step: add every parameter before the first step");
+    // dtypes
+    if (p.dtype() == FP8AMP_DTYPE_E5M2)
+        fail(FP8AMP_ERROR_DTYPE_MISMATCH, "param is " + p.describe() + ": parameters are f32, bf16, f16 or e4m3");
+    if (master && p.dtype() == FP8AMP_DTYPE_F32)
+        fail(FP8AMP_ERROR_DTYPE_MISMATCH, "param is " + p.describe() +
+                                              ": an f16 master copy (O3) is for low-precision parameters, not f32 ones");
+    // devices
+    check_on_device(*ctx_, p, "param");
+    check_on_device(*ctx_, g, "grad");
+    if (p.scaling() && !same_device(p.scaling()->device(), device()))
+        fail(FP8AMP_ERROR_DEVICE_MISMATCH, "param's meta is an " + p.scaling()->describe() + ", the optimizer is on " +
+                                               device_name(device()));
+    if (g.scaling() && !same_device(g.scaling()->device(), device()))
+        fail(FP8AMP_ERROR_DEVICE_MISMATCH, "grad's meta is an " + g.scaling()->describe() + ", the optimizer is on " +
+                                               device_name(device()));
+    // scaling
+    if (p.dtype() == FP8AMP_DTYPE_E4M3 && !p.scaling())
+        fail(FP8AMP_ERROR_INVALID_ARGUMENT, "param (" + p.describe() +
+                                                ") is not bound to a scaling meta (fp8amp_tensor_set_scaling): an e4m3 parameter needs one");
+    if (p.scaling() && p.scaling()->current())
+        fail(FP8AMP_ERROR_INVALID_ARGUMENT,
+             "param's meta uses current scaling: the optimizer writes parameters with delayed scaling (the meta's scale, "
+             "updated from the amax of each step); create the meta with FP8AMP_SCALING_DELAYED");
+    check_writable(p, "param");
+    if (!p.same_shape(g))
+        fail(FP8AMP_ERROR_SHAPE_MISMATCH, "param is " + p.describe() + " but grad is " + g.describe());
+    if (overlap(p, g)) fail(FP8AMP_ERROR_INVALID_ARGUMENT, "param and grad overlap in memory");
+    for (size_t i = 0; i < entries_.size(); ++i) {
+        const Entry &e = entries_[i];
+        if (e.param.get() == &p || overlap(*e.param, p))
+            fail(FP8AMP_ERROR_INVALID_ARGUMENT, "param is already registered (it is, or overlaps, parameter #" + std::to_string(i) + ")");
+        if (overlap(*e.param, g))
+            fail(FP8AMP_ERROR_INVALID_ARGUMENT, "grad overlaps parameter #" + std::to_string(i));
+        if (overlap(*e.grad, p))
+            fail(FP8AMP_ERROR_INVALID_ARGUMENT, "param overlaps the gradient of parameter #" + std::to_string(i));
+        if (p.scaling() && e.param->scaling() == p.scaling())
+            fail(FP8AMP_ERROR_INVALID_ARGUMENT, "param's meta is already the meta of parameter #" + std::to_string(i) +
+                                                    " (the optimizer folds each parameter's meta once per step)");
+    }
+
+    // The state: zeros, block scales 1.
+    Entry e;
+    const int64_t n = p.numel();
+    const size_t nn = static_cast<size_t>(n);
+    e.nscales = scales_of(n);
+    e.units = desc_.state_block_size > 0 ? e.nscales : (n + adam::kChunk - 1) / adam::kChunk;
+    const bool m8 = desc_.exp_avg_dtype == FP8AMP_DTYPE_E4M3, v16 = desc_.exp_avg_sq_dtype == FP8AMP_DTYPE_F16;
+    e.m = ctx_->allocate(nn * (m8 ? 1 : 4));
+    e.v = ctx_->allocate(nn * (v16 ? 2 : 4));
+    const std::vector<float> ones(static_cast<size_t>(e.nscales), 1.0f);
+    const size_t scale_bytes = ones.size() * sizeof(float);
+    if (m8) e.m_scale = ctx_->allocate(scale_bytes);
+    if (v16) e.v_scale = ctx_->allocate(scale_bytes);
+    if (master) {
+        e.master = ctx_->allocate(nn * 2);
+        e.master_scale = ctx_->allocate(scale_bytes);
+    }
+    if (ctx_->is_cuda()) {
+        kernels::cuda::memset(device().index, ctx_->stream(), e.m->data(), 0, e.m->nbytes());
+        kernels::cuda::memset(device().index, ctx_->stream(), e.v->data(), 0, e.v->nbytes());
+    } else {
+        std::memset(e.m->data(), 0, e.m->nbytes());
+        std::memset(e.v->data(), 0, e.v->nbytes());
+    }
+    if (e.m_scale) to_device(e.m_scale->data(), ones.data(), scale_bytes);
+    if (e.v_scale) to_device(e.v_scale->data(), ones.data(), scale_bytes);
+    if (master) {
+        // The master copy starts as the parameter's value, block-scaled like the state (kernels/adam.hpp).
+        std::vector<unsigned char> raw(p.nbytes());
+        to_host(raw.data(), p.data(), raw.size());
+        float inv = 1.0f;
+        if (p.scale_inv()) to_host(&inv, p.scale_inv(), sizeof inv);
+        std::vector<float> w(nn);
+        for (size_t i = 0; i < nn; ++i) {
+            const float x = adam::load_value(raw.data(), p.dtype(), static_cast<int64_t>(i));
+            w[i] = p.scale_inv() ? adam::fmul(x, inv) : x;
+            if (!std::isfinite(w[i]))
+                fail(FP8AMP_ERROR_INVALID_ARGUMENT, "param element " + std::to_string(i) + " is not finite: the master copy cannot start from it");
+        }
+        std::vector<uint16_t> codes(nn);
+        std::vector<float> scale_inv(static_cast<size_t>(e.nscales));
+        const int64_t bs = desc_.state_block_size > 0 ? desc_.state_block_size : n;
+        for (int64_t b = 0; b < e.nscales; ++b) {
+            const int64_t lo = b * bs, hi = std::min<int64_t>(n, lo + bs);
+            uint32_t amax = 0;
+            for (int64_t i = lo; i < hi; ++i) amax = std::max(amax, kernels::amax_bits_of(w[static_cast<size_t>(i)]));
+            const float s = adam::pow2(adam::pow2_exponent(codec::bits_f32(amax), adam::kF16Max));
+            scale_inv[static_cast<size_t>(b)] = adam::fdiv(1.0f, s);
+            for (int64_t i = lo; i < hi; ++i)
+                codes[static_cast<size_t>(i)] =
+                    static_cast<uint16_t>(codec::encode<codec::F16, true>(adam::fmul(w[static_cast<size_t>(i)], s)));
+        }
+        to_device(e.master->data(), codes.data(), nn * 2);
+        to_device(e.master_scale->data(), scale_inv.data(), scale_bytes);
+    }
+    e.param_meta = p.scaling();
+    e.grad_meta = g.scaling();
+    e.param = std::move(param);
+    e.grad = std::move(grad);
+    entries_.push_back(std::move(e));
+    try {
+        rebuild_list();
+    } catch (...) {
+        entries_.pop_back();
+        rebuild_list();
+        throw;
+    }
+    ctx_->synchronize();
+}
+
+void Optimizer::rebuild_list() {
+    std::vector<adam::Param> list;
+    list.reserve(entries_.size());
+    int64_t unit = 0;
+    int metas = 0;
+    for (const Entry &e : entries_) {
+        adam::Param q{};
+        const Tensor &p = *e.param, &g = *e.grad;
+        q.param = p.data();
+        q.grad = g.data();
+        q.m = e.m->data();
+        q.m_scale_inv = e.m_scale ? static_cast<float *>(e.m_scale->data()) : nullptr;
+        q.v = e.v->data();
+        q.v_scale_inv = e.v_scale ? static_cast<float *>(e.v_scale->data()) : nullptr;
+        q.master = e.master ? e.master->data() : nullptr;
+        q.master_scale_inv = e.master_scale ? static_cast<float *>(e.master_scale->data()) : nullptr;
+        q.param_meta = p.scaling() ? p.scaling()->state() : nullptr;
+        q.param_scale_inv = p.scaling() ? p.scale_inv() : nullptr;
+        // A gradient's value is code * its scale_inv when it is scaled: FP8 (which always carries the
+        // scale it was quantized with, bound or not) or F16 bound to a meta (scaled F16).
+        q.grad_meta = g.scaling() ? g.scaling()->state() : nullptr;
+        q.grad_scale_inv = (g.scaling() || is_fp8(g.dtype())) ? g.scale_inv() : nullptr;
+        q.numel = p.numel();
+        q.unit_begin = unit;
+        q.scale_begin = 0;
+        q.param_dtype = p.dtype();
+        q.grad_dtype = g.dtype();
+        q.vec_ok = (reinterpret_cast<uintptr_t>(p.data()) % 16 == 0 && reinterpret_cast<uintptr_t>(g.data()) % 16 == 0) ? 1 : 0;
+        unit += e.units;
+        metas |= q.param_meta ? 1 : 0;
+        list.push_back(q);
+    }
+    auto storage = ctx_->allocate(std::max<size_t>(1, list.size()) * sizeof(adam::Param));
+    to_device(storage->data(), list.data(), list.size() * sizeof(adam::Param));
+    std::shared_ptr<Storage> amax;
+    if (desc_.state_block_size == 0) amax = ctx_->allocate(std::max<size_t>(1, 3 * list.size()) * sizeof(uint32_t));
+    list_ = std::move(storage);
+    tensor_amax_ = std::move(amax);
+    total_units_ = unit;
+    has_param_metas_ = metas;
+}
+
+void Optimizer::step(float lr, const float *lr_device, float grad_scale_inv, GradScaler *scaler) {
+    if (!(std::isfinite(grad_scale_inv)))
+        fail(FP8AMP_ERROR_INVALID_ARGUMENT, "args->grad_scale_inv " + num(grad_scale_inv) + " is not finite");
+    if (!(lr <= FLT_MAX)) fail(FP8AMP_ERROR_INVALID_ARGUMENT, "args->lr " + num(lr) + " is not finite");
+    if (scaler && !same_device(scaler->device(), device()))
+        fail(FP8AMP_ERROR_DEVICE_MISMATCH, "args->scaler is on " + device_name(scaler->device()) + ", the optimizer on " +
+                                               device_name(device()));
+    // The device list holds the metas the tensors were bound to at add_param: a re-binding since then
+    // would leave it pointing at another (possibly freed) meta.
+    for (size_t i = 0; i < entries_.size(); ++i) {
+        const Entry &e = entries_[i];
+        if (e.param->scaling() != e.param_meta || e.grad->scaling() != e.grad_meta)
+            fail(FP8AMP_ERROR_INVALID_ARGUMENT, "the scaling meta of parameter #" + std::to_string(i) +
+                                                    " or of its gradient changed since fp8amp_optimizer_add_param");
+    }
+    adam::StepConfig c{};
+    c.params = static_cast<const adam::Param *>(list_ ? list_->data() : nullptr);
+    c.nparams = num_params();
+    c.block_size = desc_.state_block_size;
+    c.total_units = total_units_;
+    c.m_fp8 = desc_.exp_avg_dtype == FP8AMP_DTYPE_E4M3;
+    c.v_f16 = desc_.exp_avg_sq_dtype == FP8AMP_DTYPE_F16;
+    c.has_master = desc_.master_dtype == FP8AMP_DTYPE_F16;
+    c.adamw = desc_.adamw;
+    c.maximize = desc_.maximize;
+    c.has_param_metas = has_param_metas_;
+    c.lr = lr < 0.0f ? desc_.lr : lr;
+    c.lr_device = lr_device;
+    c.beta1 = desc_.beta1;
+    c.beta2 = desc_.beta2;
+    c.eps = desc_.eps;
+    c.weight_decay = desc_.weight_decay;
+    c.max_grad_norm = desc_.max_grad_norm;
+    c.grad_scale_inv = grad_scale_inv;
+    c.status = static_cast<adam::Status *>(status_->data());
+    c.scaler = scaler ? scaler->state() : nullptr;
+    if (scaler) c.scaler_config = scaler->config();
+    c.partials = partials_ ? static_cast<adam::Partial *>(partials_->data()) : nullptr;
+    c.tensor_amax = tensor_amax_ ? static_cast<uint32_t *>(tensor_amax_->data()) : nullptr;
+    if (ctx_->is_cuda())
+        kernels::cuda::adam_step(device().index, ctx_->stream(), c, max_partials_);
+    else
+        kernels::cpu::adam_step(c);
+    stepped_ = true;
+    // The parameters were written (unless the step skips, which only the device knows): a Linear
+    // re-quantizes a weight whose version moved.
+    for (Entry &e : entries_) e.param->mark_written();
+}
+
+adam::Status Optimizer::status() const {
+    adam::Status s{};
+    to_host(&s, status_->data(), sizeof s);
+    return s;
+}
+
+const adam::Status *Optimizer::status_device() const { return static_cast<const adam::Status *>(status_->data()); }
+
+size_t Optimizer::state_bytes() const {
+    size_t total = status_->nbytes();
+    for (const auto *s : {&list_, &partials_, &tensor_amax_})
+        if (*s) total += (*s)->nbytes();
+    for (const Entry &e : entries_)
+        for (const auto *s : {&e.m, &e.v, &e.master, &e.m_scale, &e.v_scale, &e.master_scale})
+            if (*s) total += (*s)->nbytes();
+    return total;
+}
+
+// ---- checkpoints (format: docs/api.md section 12.6) -------------------------------------------------
+
+namespace {
+
+bool host_little_endian() {
+    const uint32_t x = 1;
+    unsigned char b;
+    std::memcpy(&b, &x, 1);
+    return b == 1;
+}
+
+void require_little_endian() {
+    if (!host_little_endian())
+        fail(FP8AMP_ERROR_NOT_SUPPORTED, "checkpoints are written and read on little-endian hosts only");
+}
+
+// The scaling state of a meta as the checkpoint stores it (field by field, little-endian).
+void write_meta(checkpoint::Writer &w, const ScalingState &s, const float *history) {
+    w.f32(s.scale);
+    w.f32(s.scale_inv);
+    w.u32(s.amax_bits);
+    w.u32(s.head);
+    w.u32(s.updates);
+    w.u32(s.history_len);
+    w.u32(s.interval);
+    w.i32(s.margin);
+    w.u32(s.most_recent);
+    w.u32(s.power_of_two);
+    w.u32(s.current);
+    w.u32(s.stats_enabled);
+    w.f32(s.fp8_max);
+    w.u64(s.quantized);
+    w.u64(s.saturated);
+    w.u64(s.underflowed);
+    for (uint32_t k = 0; k < s.history_len; ++k) w.f32(history[k]);
+}
+
+bool pow2_normal(float x) {  // a block scale_inv: a power of two within the normal floats
+    const uint32_t b = codec::f32_bits(x);
+    return (b & 0x807FFFFFu) == 0 && (b >> 23) >= 1 && (b >> 23) <= 254;
+}
+
+}  // namespace
+
+void Optimizer::serialize(checkpoint::Writer &w) const {
+    const bool m8 = desc_.exp_avg_dtype == FP8AMP_DTYPE_E4M3, v16 = desc_.exp_avg_sq_dtype == FP8AMP_DTYPE_F16;
+    const adam::Status st = status();
+    w.bytes(kMagic, sizeof kMagic);
+    w.u32(kFormatVersion);
+    w.u32(kEndianMarker);
+    unsigned char *size_field = w.reserve(8);  // the total size, filled in by save()
+    (void)size_field;
+    w.i32(desc_.adamw);
+    w.f32(desc_.lr);
+    w.f32(desc_.beta1);
+    w.f32(desc_.beta2);
+    w.f32(desc_.eps);
+    w.f32(desc_.weight_decay);
+    w.i32(desc_.maximize);
+    w.i32(desc_.exp_avg_dtype);
+    w.i32(desc_.exp_avg_sq_dtype);
+    w.i32(desc_.master_dtype);
+    w.i32(desc_.state_block_size);
+    w.f32(desc_.max_grad_norm);
+    w.i64(st.step);
+    w.i32(st.found_inf);
+    w.f32(st.grad_norm);
+    w.u32(static_cast<uint32_t>(entries_.size()));
+    auto array = [&](const void *device_src, size_t n) {
+        if (unsigned char *dst = w.reserve(n)) to_host(dst, device_src, n);
+    };
+    for (const Entry &e : entries_) {
+        const Tensor &p = *e.param;
+        w.i32(p.dtype());
+        w.i32(e.grad->dtype());
+        w.i32(p.ndim());
+        for (int32_t d = 0; d < p.ndim(); ++d) w.i64(p.shape()[d]);
+        w.u8(e.param_meta ? 1 : 0);
+        w.u64(static_cast<uint64_t>(e.nscales));
+        array(p.data(), p.nbytes());
+        if (e.param_meta) {
+            float slot = 1.0f;
+            to_host(&slot, p.scale_inv(), sizeof slot);
+            w.f32(slot);
+            const uint32_t len = static_cast<uint32_t>(e.param_meta->recipe().amax_history_len);
+            std::vector<unsigned char> raw(ScalingState::bytes(len));
+            to_host(raw.data(), e.param_meta->state(), raw.size());
+            ScalingState s;
+            std::memcpy(&s, raw.data(), sizeof s);
+            write_meta(w, s, reinterpret_cast<const float *>(raw.data() + sizeof s));
+        }
+        const size_t scale_bytes = static_cast<size_t>(e.nscales) * 4;
+        array(e.m->data(), e.m->nbytes());
+        if (m8) array(e.m_scale->data(), scale_bytes);
+        array(e.v->data(), e.v->nbytes());
+        if (v16) array(e.v_scale->data(), scale_bytes);
+        if (e.master) {
+            array(e.master->data(), e.master->nbytes());
+            array(e.master_scale->data(), scale_bytes);
+        }
+    }
+}
+
+size_t Optimizer::save(unsigned char *buffer) const {
+    require_little_endian();
+    checkpoint::Writer counter(nullptr);
+    serialize(counter);
+    const size_t total = counter.size() + 4;  // + CRC-32
+    if (!buffer) return total;
+    checkpoint::Writer w(buffer);
+    serialize(w);
+    const uint64_t size = total;
+    for (int k = 0; k < 8; ++k) buffer[16 + k] = static_cast<unsigned char>(size >> (8 * k));
+    w.u32(checkpoint::crc32(buffer, total - 4));
+    return total;
+}
+
+void Optimizer::load(const unsigned char *data, size_t size) {
+    require_little_endian();
+    using checkpoint::Reader;
+    // 1. The envelope: magic, size, checksum, version, endianness.
+    if (size < 28 + 4)
+        fail(FP8AMP_ERROR_CORRUPT_DATA, "checkpoint truncated: " + std::to_string(size) + " bytes is less than its header");
+    if (std::memcmp(data, kMagic, sizeof kMagic) != 0)
+        fail(FP8AMP_ERROR_CORRUPT_DATA, "not an fp8amp optimizer checkpoint (bad magic)");
+    Reader head(data + 8, size - 8);
+    const uint32_t version = head.u32("version");
+    const uint32_t marker = head.u32("endianness marker");
+    const uint64_t declared = head.u64("size");
+    if (declared != size)
+        fail(FP8AMP_ERROR_CORRUPT_DATA, "checkpoint truncated or padded: it declares " + std::to_string(declared) +
+                                            " bytes, " + std::to_string(size) + " were given");
+    Reader tail(data + size - 4, 4);
+    const uint32_t crc = tail.u32("checksum");
+    if (checkpoint::crc32(data, size - 4) != crc)
+        fail(FP8AMP_ERROR_CORRUPT_DATA, "checkpoint checksum mismatch (corrupted data)");
+    if (version != kFormatVersion)
+        fail(FP8AMP_ERROR_NOT_SUPPORTED, "checkpoint format version " + std::to_string(version) +
+                                             " is not supported (this library reads version " + std::to_string(kFormatVersion) + ")");
+    if (marker != kEndianMarker) fail(FP8AMP_ERROR_CORRUPT_DATA, "checkpoint endianness marker is wrong");
+
+    // 2. Parse and validate everything; nothing is written before all of it passed.
+    Reader r(data + 24, size - 24 - 4);
+    fp8amp_adam_desc d = desc_;
+    d.adamw = r.i32("desc");
+    d.lr = r.f32("desc");
+    d.beta1 = r.f32("desc");
+    d.beta2 = r.f32("desc");
+    d.eps = r.f32("desc");
+    d.weight_decay = r.f32("desc");
+    d.maximize = r.i32("desc");
+    d.exp_avg_dtype = static_cast<fp8amp_dtype>(r.i32("desc"));
+    d.exp_avg_sq_dtype = static_cast<fp8amp_dtype>(r.i32("desc"));
+    d.master_dtype = r.i32("desc");
+    d.state_block_size = r.i32("desc");
+    d.max_grad_norm = r.f32("desc");
+    try {
+        d = validate_adam_desc(d);
+    } catch (const Error &e) {
+        fail(FP8AMP_ERROR_CORRUPT_DATA, std::string("checkpoint holds an invalid configuration: ") + e.what());
+    }
+    if (d.exp_avg_dtype != desc_.exp_avg_dtype || d.exp_avg_sq_dtype != desc_.exp_avg_sq_dtype ||
+        d.master_dtype != desc_.master_dtype || d.state_block_size != desc_.state_block_size)
+        fail(FP8AMP_ERROR_DTYPE_MISMATCH,
+             std::string("checkpoint state layout (m ") + fp8amp_dtype_name(d.exp_avg_dtype) + ", v " +
+                 fp8amp_dtype_name(d.exp_avg_sq_dtype) + ", master " + std::to_string(d.master_dtype) + ", block " +
+                 std::to_string(d.state_block_size) + ") differs from this optimizer's (m " +
+                 fp8amp_dtype_name(desc_.exp_avg_dtype) + ", v " + fp8amp_dtype_name(desc_.exp_avg_sq_dtype) + ", master " +
+                 std::to_string(desc_.master_dtype) + ", block " + std::to_string(desc_.state_block_size) + ")");
+    adam::Status st{};
+    st.step = r.i64("step");
+    st.found_inf = r.i32("found_inf");
+    st.grad_norm = r.f32("grad_norm");
+    if (st.step < 0 || (st.found_inf != 0 && st.found_inf != 1))
+        fail(FP8AMP_ERROR_CORRUPT_DATA, "checkpoint holds an invalid step count or found_inf");
+    const uint32_t count = r.u32("parameter count");
+    if (count != entries_.size())
+        fail(FP8AMP_ERROR_SHAPE_MISMATCH, "checkpoint holds " + std::to_string(count) + " parameters, the optimizer " +
+                                              std::to_string(entries_.size()));
+    const bool m8 = desc_.exp_avg_dtype == FP8AMP_DTYPE_E4M3, v16 = desc_.exp_avg_sq_dtype == FP8AMP_DTYPE_F16;
+    struct Plan {
+        const unsigned char *param = nullptr, *m = nullptr, *m_scale = nullptr, *v = nullptr, *v_scale = nullptr,
+                            *master = nullptr, *master_scale = nullptr;
+        float slot = 1.0f;
+        std::vector<unsigned char> meta;  // ScalingState + history, ready to copy
+    };
+    std::vector<Plan> plans(count);
+    auto check_scales = [](const unsigned char *p, int64_t n, size_t i) {
+        for (int64_t k = 0; k < n; ++k) {
+            float x;
+            std::memcpy(&x, p + 4 * k, 4);
+            if (!pow2_normal(x))
+                fail(FP8AMP_ERROR_CORRUPT_DATA, "checkpoint parameter #" + std::to_string(i) + " holds an invalid block scale");
+        }
+    };
+    for (size_t i = 0; i < count; ++i) {
+        const Entry &e = entries_[i];
+        const Tensor &p = *e.param;
+        const std::string who = "parameter #" + std::to_string(i);
+        const int32_t pd = r.i32("parameter dtype"), gd = r.i32("gradient dtype"), ndim = r.i32("ndim");
+        if (pd != p.dtype() || gd != e.grad->dtype())
+            fail(FP8AMP_ERROR_DTYPE_MISMATCH, "checkpoint " + who + " has dtypes (" + fp8amp_dtype_name(static_cast<fp8amp_dtype>(pd)) +
+                                                  ", grad " + fp8amp_dtype_name(static_cast<fp8amp_dtype>(gd)) + "), the optimizer's is " +
+                                                  p.describe() + " with a " + fp8amp_dtype_name(e.grad->dtype()) + " gradient");
+        if (ndim < 0 || ndim > FP8AMP_MAX_NDIM) fail(FP8AMP_ERROR_CORRUPT_DATA, "checkpoint " + who + " has an invalid ndim");
+        bool same = ndim == p.ndim();
+        for (int32_t k = 0; k < ndim; ++k) {
+            const int64_t extent = r.i64("shape");
+            same = same && k < p.ndim() && extent == p.shape()[k];
+        }
+        if (!same) fail(FP8AMP_ERROR_SHAPE_MISMATCH, "checkpoint " + who + " has another shape than " + p.describe());
+        const bool has_meta = r.u8("meta flag") != 0;
+        if (has_meta != (e.param_meta != nullptr))
+            fail(FP8AMP_ERROR_DTYPE_MISMATCH, "checkpoint " + who + (has_meta ? " is" : " is not") +
+                                                  " bound to a scaling meta, the optimizer's parameter" + (has_meta ? " is not" : " is"));
+        if (r.u64("scale count") != static_cast<uint64_t>(e.nscales))
+            fail(FP8AMP_ERROR_CORRUPT_DATA, "checkpoint " + who + " has an inconsistent number of block scales");
+        Plan &plan = plans[i];
+        plan.param = r.take(p.nbytes(), "parameter data");
+        if (has_meta) {
+            plan.slot = r.f32("scale_inv");
+            ScalingState s{};
+            s.scale = r.f32("meta");
+            s.scale_inv = r.f32("meta");
+            s.amax_bits = r.u32("meta");
+            s.head = r.u32("meta");
+            s.updates = r.u32("meta");
+            s.history_len = r.u32("meta");
+            s.interval = r.u32("meta");
+            s.margin = r.i32("meta");
+            s.most_recent = r.u32("meta");
+            s.power_of_two = r.u32("meta");
+            s.current = r.u32("meta");
+            s.stats_enabled = r.u32("meta");
+            s.fp8_max = r.f32("meta");
+            s.quantized = r.u64("meta");
+            s.saturated = r.u64("meta");
+            s.underflowed = r.u64("meta");
+            const fp8amp_recipe &rec = e.param_meta->recipe();
+            if (s.history_len != static_cast<uint32_t>(rec.amax_history_len) || s.interval != static_cast<uint32_t>(rec.interval) ||
+                s.margin != rec.margin || s.most_recent != (rec.amax_algo == FP8AMP_AMAX_MOST_RECENT ? 1u : 0u) ||
+                s.power_of_two != (rec.power_of_two_scales ? 1u : 0u) || s.current != 0u ||
+                s.fp8_max != scaled_dtype_max(e.param_meta->dtype()))
+                fail(FP8AMP_ERROR_DTYPE_MISMATCH, "checkpoint " + who + "'s scaling meta has another recipe than the optimizer's");
+            if (s.head >= s.history_len || !(s.scale >= FLT_MIN && s.scale <= FLT_MAX) || !(s.scale_inv > 0.0f) ||
+                !(plan.slot > 0.0f && plan.slot <= FLT_MAX))
+                fail(FP8AMP_ERROR_CORRUPT_DATA, "checkpoint " + who + "'s scaling meta holds invalid values");
+            s.stats_enabled = e.param_meta->stats_enabled() ? 1u : 0u;  // the live meta's setting (host mirror) stays
+            plan.meta.resize(ScalingState::bytes(s.history_len));
+            std::memcpy(plan.meta.data(), &s, sizeof s);
+            std::memcpy(plan.meta.data() + sizeof s, r.take(4u * s.history_len, "amax history"), 4u * s.history_len);
+        }
+        const size_t scale_bytes = static_cast<size_t>(e.nscales) * 4;
+        plan.m = r.take(e.m->nbytes(), "m");
+        if (m8) check_scales(plan.m_scale = r.take(scale_bytes, "m scales"), e.nscales, i);
+        plan.v = r.take(e.v->nbytes(), "v");
+        if (v16) check_scales(plan.v_scale = r.take(scale_bytes, "v scales"), e.nscales, i);
+        if (e.master) {
+            plan.master = r.take(e.master->nbytes(), "master");
+            check_scales(plan.master_scale = r.take(scale_bytes, "master scales"), e.nscales, i);
+        }
+    }
+    if (r.remaining() != 0) fail(FP8AMP_ERROR_CORRUPT_DATA, "checkpoint has trailing bytes before its checksum");
+
+    // 3. Apply.
+    for (size_t i = 0; i < count; ++i) {
+        const Entry &e = entries_[i];
+        const Plan &plan = plans[i];
+        const size_t scale_bytes = static_cast<size_t>(e.nscales) * 4;
+        to_device(e.param->data(), plan.param, e.param->nbytes());
+        if (e.param_meta) {
+            to_device(e.param->scale_inv(), &plan.slot, sizeof plan.slot);
+            to_device(e.param_meta->state(), plan.meta.data(), plan.meta.size());
+        }
+        to_device(e.m->data(), plan.m, e.m->nbytes());
+        if (m8) to_device(e.m_scale->data(), plan.m_scale, scale_bytes);
+        to_device(e.v->data(), plan.v, e.v->nbytes());
+        if (v16) to_device(e.v_scale->data(), plan.v_scale, scale_bytes);
+        if (e.master) {
+            to_device(e.master->data(), plan.master, e.master->nbytes());
+            to_device(e.master_scale->data(), plan.master_scale, scale_bytes);
+        }
+    }
+    to_device(status_->data(), &st, sizeof st);
+    for (Entry &e : entries_) e.param->mark_written();
+    desc_ = d;
+}
+
+}  // namespace fp8amp::core

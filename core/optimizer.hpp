@@ -1,0 +1,71 @@
+// Adam/AdamW with low-precision state (O1/O2/O3). The optimizer keeps, per parameter, its state in
+// memory of the context's device (m, v, an optional master copy, and one scale_inv per state block)
+// and a device-side list of all parameters (kernels/adam.hpp Param), rebuilt only when a parameter is
+// added, so that a step is one kernel launch with no allocation and no host synchronization. The step
+// count, found_inf and the gradient norm live on the device (kernels/adam.hpp Status).
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "adam.hpp"  // kernels/adam.hpp
+#include "context.hpp"
+#include "checkpoint.hpp"
+#include "grad_scaler.hpp"
+#include "scaling_meta.hpp"
+#include "tensor.hpp"
+
+namespace fp8amp::core {
+
+// The desc fields this library knows, checked (INVALID_ARGUMENT / DTYPE_MISMATCH otherwise).
+fp8amp_adam_desc validate_adam_desc(const fp8amp_adam_desc &desc);
+
+class Optimizer {
+public:
+    static constexpr HandleKind kKind = HandleKind::Optimizer;
+
+    Optimizer(std::shared_ptr<const Context> ctx, const fp8amp_adam_desc &desc);
+
+    const Context &context() const { return *ctx_; }
+    const fp8amp_device &device() const { return ctx_->device(); }
+    const fp8amp_adam_desc &desc() const { return desc_; }
+    int32_t num_params() const { return static_cast<int32_t>(entries_.size()); }
+
+    void add_param(std::shared_ptr<Tensor> param, std::shared_ptr<Tensor> grad);
+    // scaler may be null. lr < 0: the desc's.
+    void step(float lr, const float *lr_device, float grad_scale_inv, GradScaler *scaler);
+
+    // Synchronous reads of the device-side status.
+    kernels::adam::Status status() const;
+    const kernels::adam::Status *status_device() const;
+
+    size_t state_bytes() const;
+    // Writes the checkpoint into buffer (null: only measures); returns its size.
+    size_t save(unsigned char *buffer) const;
+    void load(const unsigned char *data, size_t size);
+
+private:
+    struct Entry {
+        std::shared_ptr<Tensor> param, grad;
+        std::shared_ptr<Storage> m, v, master, m_scale, v_scale, master_scale;
+        const ScalingMeta *param_meta = nullptr, *grad_meta = nullptr;  // as bound at add_param
+        int64_t nscales = 0;
+        int64_t units = 0;
+    };
+    int64_t scales_of(int64_t numel) const;
+    void rebuild_list();
+    void to_host(void *dst, const void *src, size_t n) const;
+    void to_device(void *dst, const void *src, size_t n) const;
+    void serialize(checkpoint::Writer &w) const;
+
+    std::shared_ptr<const Context> ctx_;
+    fp8amp_adam_desc desc_;
+    std::vector<Entry> entries_;
+    bool stepped_ = false;  // a step was issued: no more parameters
+    int has_param_metas_ = 0;
+    int64_t total_units_ = 0;
+    int max_partials_ = 1;
+    std::shared_ptr<Storage> status_, list_, partials_, tensor_amax_;
+};
+
+}  // namespace fp8amp::core
