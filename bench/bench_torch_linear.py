@@ -1,0 +1,96 @@
+#!/usr/bin/env python3
+"""Host time per call of fp8amp.torch.Linear (the PyTorch front) beside torch.nn.Linear, measured as
+bench_linear.py's host section does: the GPU is kept busy by a sleep kernel, so the time is what the
+calling thread spends per call (Python, autograd, the C API), never waiting for the GPU. Also the
+fwd+bwd GPU time at one GPT-sized shape. Writes a JSON to bench/results/.
+
+    python3 bench/bench_torch_linear.py [--out bench/results/torch-linear-DEVICE-DATE.json]
+"""
+import argparse
+import datetime
+import json
+import os
+import time
+
+import torch
+
+import fp8amp.torch as ft
+
+
+def host_us(fn, calls=200):
+    for _ in range(20):
+        fn()
+    torch.cuda.synchronize()
+    done = torch.cuda.Event()
+    torch.cuda._sleep(200_000_000)
+    done.record()
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    us = (time.perf_counter() - t0) / calls * 1e6
+    if done.query():
+        raise RuntimeError("the GPU went idle during the host timing: lengthen the sleep")
+    torch.cuda.synchronize()
+    return us
+
+
+def gpu_ms(fn, iters=50):
+    for _ in range(5):
+        fn()
+    torch.cuda.synchronize()
+    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    a.record()
+    for _ in range(iters):
+        fn()
+    b.record()
+    torch.cuda.synchronize()
+    return a.elapsed_time(b) / iters
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args()
+    props = torch.cuda.get_device_properties(0)
+    res = {"device": props.name, "date": datetime.date.today().isoformat(), "torch": torch.__version__,
+           "host_us": {}, "gpu_ms": {}}
+    m, k, n = 16, 1024, 1024
+    x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    ref = torch.nn.Linear(k, n, device="cuda", dtype=torch.bfloat16)
+    shape = "%dx%d->%d" % (m, k, n)
+    for pol in ("fp8", "bf16"):
+        lin = ft.Linear(k, n, device="cuda", policy=pol)
+        with torch.no_grad():
+            res["host_us"]["fp8amp.torch.Linear_forward_nograd_%s_%s" % (pol, shape)] = host_us(lambda: lin(x))
+        xg = x.clone().requires_grad_()
+        res["host_us"]["fp8amp.torch.Linear_forward_autograd_%s_%s" % (pol, shape)] = host_us(lambda: lin(xg))
+
+        def fwd_bwd():
+            lin(xg).backward(gy)
+        gy = torch.randn(m, n, device="cuda", dtype=torch.bfloat16)
+        res["host_us"]["fp8amp.torch.Linear_fwd+bwd_%s_%s" % (pol, shape)] = host_us(fwd_bwd)
+    with torch.no_grad():
+        res["host_us"]["torch.nn.Linear_forward_nograd_bf16_%s" % shape] = host_us(lambda: ref(x))
+    xg = x.clone().requires_grad_()
+    res["host_us"]["torch.nn.Linear_forward_autograd_bf16_%s" % shape] = host_us(lambda: ref(xg))
+    gy = torch.randn(m, n, device="cuda", dtype=torch.bfloat16)
+    res["host_us"]["torch.nn.Linear_fwd+bwd_bf16_%s" % shape] = host_us(lambda: ref(xg).backward(gy))
+
+    # GPU time fwd+bwd at a GPT-sized MLP shape (4096 tokens, 768 -> 3072), bf16 activations.
+    m, k, n = 4096, 768, 3072
+    x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    gy = torch.randn(m, n, device="cuda", dtype=torch.bfloat16)
+    ref = torch.nn.Linear(k, n, device="cuda", dtype=torch.bfloat16)
+    lin = ft.Linear(k, n, device="cuda", policy="fp8")
+    res["gpu_ms"]["fp8amp.torch.Linear_fwd+bwd_fp8_%dx%d->%d" % (m, k, n)] = gpu_ms(lambda: lin(x).backward(gy))
+    res["gpu_ms"]["torch.nn.Linear_fwd+bwd_bf16_%dx%d->%d" % (m, k, n)] = gpu_ms(lambda: ref(x).backward(gy))
+    for key, v in list(res["host_us"].items()) + list(res["gpu_ms"].items()):
+        print("%-60s %8.2f" % (key, v))
+    out = args.out or "bench/results/torch-linear-%s-%s.json" % (props.name.replace(" ", "_"), res["date"])
+    os.makedirs(os.path.dirname(out), exist_ok=True)
+    with open(out, "w") as f:
+        json.dump(res, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
