@@ -3,7 +3,8 @@
 standard library's own source files, three ways with the same seed, initial weights and batches:
 
   bf16 : torch.autocast(bfloat16) + torch.optim.AdamW(fused=True), gradient clipping 1.0
-  O1   : fp8amp.torch.initialize(..., "O1"): every nn.Linear on fp8amp's FP8 GEMMs with E4M3 weight
+  O1   : fp8amp.torch.initialize(..., "O1"): every nn.Linear of the blocks on fp8amp's FP8 GEMMs
+         (the output head stays bf16, as is usual; --keep-bf16 '' puts it in FP8 too) with E4M3 weight
          gradients, Adam states in F32 (fp8amp's optimizer); attention, LayerNorm, embeddings in
          bf16 autocast as in the baseline
   O2   : the same with O2 (m in E4M3, v in F16, per-block scales)
@@ -112,7 +113,8 @@ def run(mode, args, train, held_out, device):
     else:
         model, opt = ft.initialize(model, torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.95),
                                                             weight_decay=0.1),
-                                   opt_level=mode, policy=args.policy, max_grad_norm=1.0)
+                                   opt_level=mode, policy=args.policy, max_grad_norm=1.0,
+                                   exclude=tuple(x for x in args.keep_bf16.split(",") if x))
     warm = max(1, args.steps // 10)
     sched = torch.optim.lr_scheduler.LambdaLR(
         opt, lambda s: min(1.0, (s + 1) / warm) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, s / args.steps)))))
@@ -197,6 +199,8 @@ def main():
     ap.add_argument("--seed", type=int, default=1234)
     ap.add_argument("--policy", default="fp8", help="fp8amp GEMM policy: fp8 (always), auto, bf16")
     ap.add_argument("--modes", default="bf16,O1,O2")
+    ap.add_argument("--keep-bf16", default="head",
+                    help="comma-separated nn.Linear names left to bf16 autocast in the fp8amp runs ('' for none)")
     ap.add_argument("--device", default="cuda", help="cuda; cpu for a small smoke run")
     ap.add_argument("--corpus-mb", type=float, default=24)
     ap.add_argument("--eval-batches", type=int, default=16)

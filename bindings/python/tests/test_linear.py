@@ -66,10 +66,13 @@ def test_forward_backward_match_quantized_reference(ctx, rng):
     g8 = q(dy2, s_g, fp8amp.E5M2)
     inv_g = np.float64(np.float32(1 / s_g))
     dx_ref = (g8 @ w8) * inv_g * np.float64(np.float32(1 / s_w))
-    tight = (np.abs(g8) @ np.abs(w8)) * inv_g * np.float64(np.float32(1 / s_w)) * 2.0 ** -18
+    # CPU: FP32 sums (2^-18 covers them); CUDA: FP8 tensor-core partial sums promoted to FP32 at
+    # intervals ("split" accumulation), measured within 2^-14 of sum |a*b|
+    acc = 2.0 ** -11 if ctx.is_cuda else 2.0 ** -18
+    tight = (np.abs(g8) @ np.abs(w8)) * inv_g * np.float64(np.float32(1 / s_w)) * acc
     np.testing.assert_array_less(np.abs(dx.numpy().reshape(m, k) - dx_ref), tight + 1e-30)
     dw_ref = (g8.T @ x8) * inv_g * np.float64(np.float32(1 / s_x))
-    tight = (np.abs(g8.T) @ np.abs(x8)) * inv_g * np.float64(np.float32(1 / s_x)) * 2.0 ** -18
+    tight = (np.abs(g8.T) @ np.abs(x8)) * inv_g * np.float64(np.float32(1 / s_x)) * acc
     np.testing.assert_array_less(np.abs(lin.weight_grad.numpy() - dw_ref), tight + 1e-30)
     db = lin.bias_grad.numpy()
     np.testing.assert_allclose(db, dy2.astype(np.float64).sum(0), rtol=1e-5, atol=1e-9)

@@ -459,13 +459,15 @@ class Optimizer(torch.optim.Optimizer):
 def initialize(model: nn.Module, optimizer: Optional[torch.optim.Optimizer] = None, opt_level: Any = "O1",
                *, policy: Any = "auto", recipe: Optional[fp8amp.Recipe] = None,
                weight_dtype: torch.dtype = torch.float32, wgrad_dtype: Optional[torch.dtype] = None,
-               max_grad_norm: float = 0.0) -> Any:
+               max_grad_norm: float = 0.0, exclude: Any = ()) -> Any:
     """Replaces every nn.Linear of `model` by an fp8amp.torch.Linear (parameters copied) and, with
     an optimizer (torch.optim.Adam or AdamW), returns ``(model, Optimizer)`` running fp8amp's Adam at
     `opt_level` ("O1": F32 m and v; "O2": E4M3 m, F16 v) over all its parameters; without one,
     returns the model. Linear weights stay float32 (weight_dtype), their gradients are E4M3
     (wgrad_dtype, default float8_e4m3fn with an optimizer, the weight dtype without), the GEMM policy
-    is `policy` ("auto", "fp8", "bf16") and the recipe current scaling unless given."""
+    is `policy` ("auto", "fp8", "bf16") and the recipe current scaling unless given. `exclude`: the
+    qualified names of nn.Linear modules to keep as they are (e.g. ``("lm_head",)``: output layers
+    are commonly kept in 16 bits), or a callable ``(name, module) -> bool``."""
     level = as_opt_level(opt_level)
     if level == fp8amp.OptLevel.O3:
         raise NotImplementedError("O3 (E4M3 weights with an F16 master) is not in the torch front yet")
@@ -482,9 +484,12 @@ def initialize(model: nn.Module, optimizer: Optional[torch.optim.Optimizer] = No
             if p is not None:
                 holders[id(p)] = holders.get(id(p), 0) + 1
 
-    def swap(mod: nn.Module) -> None:
+    skip = exclude if callable(exclude) else (lambda name, m, names=frozenset(exclude): name in names)
+
+    def swap(mod: nn.Module, prefix: str = "") -> None:
         for name, child in list(mod.named_children()):
-            if type(child) is nn.Linear and holders.get(id(child.weight), 0) == 1:
+            qual = prefix + name
+            if type(child) is nn.Linear and holders.get(id(child.weight), 0) == 1 and not skip(qual, child):
                 new = Linear.from_linear(child, weight_dtype=weight_dtype, wgrad_dtype=wgrad_dtype, policy=policy,
                                          recipe=recipe)
                 new.train(child.training)
@@ -493,7 +498,7 @@ def initialize(model: nn.Module, optimizer: Optional[torch.optim.Optimizer] = No
                     replaced[id(child.bias)] = (new, "bias")
                 setattr(mod, name, new)
             else:
-                swap(child)
+                swap(child, qual + ".")
 
     if type(model) is nn.Linear:
         raise TypeError("pass a model containing nn.Linear layers, or use fp8amp.torch.Linear.from_linear")
