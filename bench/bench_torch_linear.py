@@ -95,6 +95,45 @@ def main():
     lin = ft.Linear(k, n, device="cuda", policy="fp8")
     res["gpu_ms"]["fp8amp.torch.Linear_fwd+bwd_fp8_%dx%d->%d" % (m, k, n)] = gpu_ms(lambda: lin(x).backward(gy))
     res["gpu_ms"]["torch.nn.Linear_fwd+bwd_bf16_%dx%d->%d" % (m, k, n)] = gpu_ms(lambda: ref(x).backward(gy))
+    # Breakdown of the module's host path, and which C call of a training step waits for the GPU.
+    from fp8amp._ffi import lib
+    from fp8amp.torch import _raw_stream, _wrap
+    m, k, n = 16, 1024, 1024
+    x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    ctx_h = ft.context("cuda").handle
+
+    def wrap_destroy():
+        lib.fp8amp_tensor_destroy(_wrap(ctx_h, x))
+    measure("part: fp8amp_tensor_wrap+destroy of a torch tensor", wrap_destroy)
+    measure("part: torch.empty(16x1024 bf16)", lambda: torch.empty(m, n, device="cuda", dtype=torch.bfloat16))
+    measure("part: current raw stream", lambda: _raw_stream(0))
+    for wg in (torch.float32, torch.float8_e4m3fn):
+        lin = ft.Linear(k, n, device="cuda", policy="fp8", wgrad_dtype=wg)
+        y = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
+        dy = torch.randn(m, n, device="cuda", dtype=torch.bfloat16)
+        dx = torch.empty(m, k, device="cuda", dtype=torch.bfloat16)
+        hx, hy, hdy, hdx = (_wrap(ctx_h, t) for t in (x, y, dy, dx))
+        lib.fp8amp_linear_forward(lin._h, hx, hy, 1)
+        lib.fp8amp_linear_backward(lin._h, hdy, hdx, 0)
+        torch.cuda.synchronize()
+        torch.cuda._sleep(2_000_000_000)
+        done = torch.cuda.Event()
+        done.record()
+        t0 = time.perf_counter()
+        rc1 = lib.fp8amp_linear_forward(lin._h, hx, hy, 1)
+        t1 = time.perf_counter()
+        idle_f = done.query()
+        rc2 = lib.fp8amp_linear_backward(lin._h, hdy, hdx, 1)
+        t2 = time.perf_counter()
+        idle_b = done.query()
+        torch.cuda.synchronize()
+        res["host_us"]["C forward(training) wgrad %s" % wg] = (t1 - t0) * 1e6
+        res["host_us"]["C backward wgrad %s" % wg] = (t2 - t1) * 1e6
+        res.setdefault("waits", {})[str(wg)] = {"forward_waited": idle_f, "backward_waited": idle_b, "rc": [rc1, rc2]}
+        print("wgrad %s: C forward %.1f us (GPU idle after: %s), C backward %.1f us (GPU idle after: %s)" % (
+            wg, (t1 - t0) * 1e6, idle_f, (t2 - t1) * 1e6, idle_b), flush=True)
+        for h in (hx, hy, hdy, hdx):
+            lib.fp8amp_tensor_destroy(h)
     res["gpu_went_idle_during"] = IDLE  # these host times include waiting for the GPU
     # Which torch calls synchronize inside one fp8amp fwd+bwd (fp8amp's own would not show here).
     torch.cuda.set_sync_debug_mode("warn")
