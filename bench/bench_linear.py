@@ -259,18 +259,19 @@ def main():
     # calls are few enough (200, a handful of launches each) that the launch queue never fills: then
     # the wall time is the host path alone. The sleep must outlast the loop (checked). PyTorch's own
     # calls are timed the same way, as the peer baseline of a launch's host cost.
-    def host_us(fn, calls=200):
+    def host_us(fn, calls=200, busy=True):
         for _ in range(20):
             fn()
         torch.cuda.synchronize()
         done = torch.cuda.Event()
-        torch.cuda._sleep(100_000_000)
+        if busy:
+            torch.cuda._sleep(100_000_000)
         done.record()
         t0 = time.perf_counter()
         for _ in range(calls):
             fn()
         us = (time.perf_counter() - t0) / calls * 1e6
-        if done.query():
+        if busy and done.query():
             raise RuntimeError("the GPU went idle during the host timing: lengthen the sleep")
         torch.cuda.synchronize()
         return us
@@ -285,6 +286,10 @@ def main():
         for pname, policy in (("fp8", ALWAYS_FP8), ("bf16", NEVER_FP8)):
             lin = lib.linear(ctx, k, n, policy, w, torch.zeros(n, device="cuda"))
             res["host"][f"fp8amp_linear_forward_{pname}_{shape}"] = host_us(lambda: lib.forward(lin, hx, hy, 0))
+            # The same with an idle GPU: the calls never synchronize, and each one's GPU work (a few
+            # microseconds) is shorter than its host time, so the launch queue never fills either.
+            res["host"][f"fp8amp_linear_forward_{pname}_{shape}_idle_gpu"] = host_us(
+                lambda: lib.forward(lin, hx, hy, 0), busy=False)
             lib("fp8amp_linear_destroy", lin)
         q = torch.empty(m, k, device="cuda", dtype=torch.uint8)
         hq = lib.wrap(ctx, q, E4M3)
@@ -300,6 +305,8 @@ def main():
         bias16 = torch.zeros(n, device="cuda", dtype=torch.bfloat16)
         x8, w8 = x.to(fp8), w.to(fp8)
         res["host"][f"torch_linear_bf16_{shape}"] = host_us(lambda: torch.nn.functional.linear(x, w, bias16))
+        res["host"][f"torch_linear_bf16_{shape}_idle_gpu"] = host_us(
+            lambda: torch.nn.functional.linear(x, w, bias16), busy=False)
         res["host"][f"torch_scaled_mm_{shape}"] = host_us(
             lambda: torch._scaled_mm(x8, w8.t(), one, one, bias=bias16, out_dtype=torch.bfloat16, use_fast_accum=True))
         res["host"][f"torch_cast_to_fp8_{m}x{k}"] = host_us(lambda: x.to(fp8))

@@ -122,4 +122,23 @@ FP8AMP_API fp8amp_status fp8amp_linear_gemm_kind(fp8amp_linear lin, fp8amp_gemm_
     });
 }
 
+FP8AMP_API fp8amp_status fp8amp_opt_level_config(fp8amp_opt_level level, fp8amp_linear_desc *linear_desc,
+                                                 fp8amp_adam_desc *adam_desc) {
+    FP8AMP_GUARD({
+        if (!linear_desc && !adam_desc) fail(FP8AMP_ERROR_INVALID_ARGUMENT, "linear_desc and adam_desc are both NULL");
+        int32_t l;  // read as an integer: an out-of-range value is no valid C++ enum value
+        std::memcpy(&l, &level, sizeof l);
+        if (l != FP8AMP_OPT_LEVEL_O1 && l != FP8AMP_OPT_LEVEL_O2 && l != FP8AMP_OPT_LEVEL_O3)
+            fail(FP8AMP_ERROR_INVALID_ARGUMENT, "level " + std::to_string(l) + " is not O1, O2 or O3");
+        fp8amp_linear_desc ld{};
+        fp8amp_adam_desc ad{};
+        if (fp8amp_linear_desc_init_default(&ld) != FP8AMP_SUCCESS || fp8amp_opt_level_adam_config(level, &ad) != FP8AMP_SUCCESS)
+            fail(FP8AMP_ERROR_INTERNAL, "filling the defaults failed");
+        ld.weight_dtype = l == FP8AMP_OPT_LEVEL_O3 ? FP8AMP_DTYPE_E4M3 : FP8AMP_DTYPE_F16;
+        ld.wgrad_dtype = FP8AMP_DTYPE_E4M3;
+        if (linear_desc) *linear_desc = ld;
+        if (adam_desc) *adam_desc = ad;
+    });
+}
+
 }  // extern "C"

@@ -2,11 +2,13 @@
  *
  * Loads a real dataset (the UCI handwritten digits, exported by data/export_digits.py), shows what
  * E4M3 and E5M2 do to its features, then trains a small MLP classifier (64 -> 128 -> ReLU -> 16
- * logits, of which the 10 classes are used) with fp8amp Linear layers: FP8 GEMMs forward and
- * backward, E4M3 weight gradients (O1), delayed scaling with an amax history -- on the chosen device.
- * Beside it, the same network from the same initial weights and batches is trained with F32 GEMMs
- * on the CPU (policy NEVER_FP8), and the two test accuracies are printed side by side. The optimizer
- * is SGD with momentum on F32 master weights kept on the host.
+ * logits, of which the 10 classes are used) three ways from the same initial weights and batches:
+ *   F32     on the CPU: F32 GEMMs (policy NEVER_FP8), F32 weights and gradients, AdamW with F32 state;
+ *   FP8 O1  on the chosen device: FP8 GEMMs forward and backward (E4M3 x and W, E5M2 dY, delayed
+ *           scaling with an amax history), scaled-F16 weights, E4M3 weight gradients, F32 AdamW state;
+ *   FP8 O2  the same with AdamW state in E4M3 + F16 (fp8amp_opt_level_config).
+ * It prints loss and accuracy per epoch, then each network's test accuracy and optimizer memory.
+ * Everything goes through the public C API; the ReLU and the softmax loss run on the host.
  *
  * Usage: fp8amp_main_job --data FILE [--device auto|cpu|cuda] [--epochs N]
  *   auto (the default) uses CUDA when a GPU is present and the CPU otherwise.
@@ -140,17 +142,16 @@ static void report(fp8amp_context ctx, const char *label, const float *host_x, u
 enum { HIDDEN = 128, LOGITS = 16, BATCH = 64 }; /* LOGITS: 10 classes padded to FP8's multiple of 16 */
 
 typedef struct {
-    fp8amp_context ctx;
     fp8amp_linear lin;
-    fp8amp_tensor w, b, gw, gb, gw_f32; /* gw_f32: an E4M3/BF16 weight gradient made F32, for the host */
+    fp8amp_tensor w, b, gw, gb;
     int in, out;
-    float *w_host, *b_host, *vw, *vb, *gw_host, *gb_host; /* F32 master weights, momenta, gradients */
 } layer;
 
 typedef struct {
     const char *name;
     fp8amp_context ctx;
     layer l1, l2;
+    fp8amp_optimizer opt;
     fp8amp_scaling metas[4]; /* the delayed-scaling metas (inputs, output gradients), updated per step */
     fp8amp_tensor x, y1, a1, logits, dlogits, da1, dy1; /* one training batch */
 } net;
@@ -176,35 +177,34 @@ static fp8amp_tensor new_tensor(fp8amp_context ctx, int64_t rows, int64_t cols) 
     return t;
 }
 
-static void layer_init(layer *l, fp8amp_context ctx, int in, int out, fp8amp_gemm_policy policy,
-                       fp8amp_dtype wgrad_dtype, const float *w0, const float *b0) {
-    fp8amp_linear_desc d;
-    CHECK(fp8amp_linear_desc_init_default(&d));
+/* A Linear from a descriptor, its weight written from F32 host values: a scaled (F16, E4M3) weight
+ * through fp8amp_quantize with its WEIGHT_STORAGE meta, a plain one by copy; the bias by copy. */
+static void layer_init(layer *l, fp8amp_context ctx, fp8amp_linear_desc d, int in, int out, const float *w0,
+                       const float *b0) {
     d.in_features = in;
     d.out_features = out;
-    d.weight_dtype = FP8AMP_DTYPE_F32; /* the device copy of the host's F32 master weights */
-    d.wgrad_dtype = wgrad_dtype;
-    d.policy = policy;
-    l->ctx = ctx;
     CHECK(fp8amp_linear_create(ctx, &d, &l->lin));
     CHECK(fp8amp_linear_weight(l->lin, &l->w));
     CHECK(fp8amp_linear_bias(l->lin, &l->b));
     CHECK(fp8amp_linear_weight_grad(l->lin, &l->gw));
     CHECK(fp8amp_linear_bias_grad(l->lin, &l->gb));
-    l->gw_f32 = wgrad_dtype == FP8AMP_DTYPE_F32 ? NULL : new_tensor(ctx, out, in);
     l->in = in;
     l->out = out;
     const size_t nw = (size_t)in * out;
-    l->w_host = xcalloc(nw);
-    l->vw = xcalloc(nw);
-    l->gw_host = xcalloc(nw);
-    l->b_host = xcalloc((size_t)out);
-    l->vb = xcalloc((size_t)out);
-    l->gb_host = xcalloc((size_t)out);
-    memcpy(l->w_host, w0, nw * sizeof(float));
-    memcpy(l->b_host, b0, (size_t)out * sizeof(float));
-    CHECK(fp8amp_tensor_copy_from_host(l->w, l->w_host, nw * sizeof(float)));
-    CHECK(fp8amp_tensor_copy_from_host(l->b, l->b_host, (size_t)out * sizeof(float)));
+    fp8amp_tensor w32 = new_tensor(ctx, out, in);
+    CHECK(fp8amp_tensor_copy_from_host(w32, w0, nw * sizeof(float)));
+    if (d.weight_dtype == FP8AMP_DTYPE_F16 || d.weight_dtype == FP8AMP_DTYPE_E4M3) {
+        fp8amp_scaling storage;
+        CHECK(fp8amp_linear_scaling(l->lin, FP8AMP_ROLE_WEIGHT_STORAGE, &storage));
+        CHECK(fp8amp_quantize(ctx, w32, l->w)); /* records the weight's amax ... */
+        CHECK(fp8amp_scaling_update(storage));  /* ... which sets a scale that fits it ... */
+        CHECK(fp8amp_quantize(ctx, w32, l->w)); /* ... for the weight's first real write */
+        CHECK(fp8amp_scaling_destroy(storage));
+    } else {
+        CHECK(fp8amp_cast(ctx, w32, l->w));
+    }
+    CHECK(fp8amp_tensor_destroy(w32));
+    CHECK(fp8amp_tensor_copy_from_host(l->b, b0, (size_t)out * sizeof(float)));
 }
 
 static void layer_free(layer *l) {
@@ -212,48 +212,22 @@ static void layer_free(layer *l) {
     CHECK(fp8amp_tensor_destroy(l->b));
     CHECK(fp8amp_tensor_destroy(l->gw));
     CHECK(fp8amp_tensor_destroy(l->gb));
-    CHECK(fp8amp_tensor_destroy(l->gw_f32));
     CHECK(fp8amp_linear_destroy(l->lin));
-    free(l->w_host);
-    free(l->vw);
-    free(l->gw_host);
-    free(l->b_host);
-    free(l->vb);
-    free(l->gb_host);
 }
 
-/* SGD with momentum on the host's master weights. Re-writing the device weight tells the Linear to
- * re-quantize its FP8 copy on the next forward. */
-static void layer_sgd(layer *l, float lr, float momentum) {
-    const size_t nw = (size_t)l->in * l->out;
-    if (l->gw_f32) {
-        fp8amp_dtype g;
-        CHECK(fp8amp_tensor_dtype(l->gw, &g));
-        if (g == FP8AMP_DTYPE_E4M3) CHECK(fp8amp_dequantize(l->ctx, l->gw, l->gw_f32));
-        else CHECK(fp8amp_cast(l->ctx, l->gw, l->gw_f32));
-        CHECK(fp8amp_tensor_copy_to_host(l->gw_f32, l->gw_host, nw * sizeof(float)));
-    } else {
-        CHECK(fp8amp_tensor_copy_to_host(l->gw, l->gw_host, nw * sizeof(float)));
-    }
-    CHECK(fp8amp_tensor_copy_to_host(l->gb, l->gb_host, (size_t)l->out * sizeof(float)));
-    for (size_t i = 0; i < nw; ++i) {
-        l->vw[i] = momentum * l->vw[i] + l->gw_host[i];
-        l->w_host[i] -= lr * l->vw[i];
-    }
-    for (int i = 0; i < l->out; ++i) {
-        l->vb[i] = momentum * l->vb[i] + l->gb_host[i];
-        l->b_host[i] -= lr * l->vb[i];
-    }
-    CHECK(fp8amp_tensor_copy_from_host(l->w, l->w_host, nw * sizeof(float)));
-    CHECK(fp8amp_tensor_copy_from_host(l->b, l->b_host, (size_t)l->out * sizeof(float)));
-}
-
-static void net_init(net *m, const char *name, fp8amp_device device, fp8amp_gemm_policy policy, fp8amp_dtype wgrad,
-                     int in, const float *w1, const float *b1, const float *w2, const float *b2) {
+static void net_init(net *m, const char *name, fp8amp_device device, const fp8amp_linear_desc *ld,
+                     const fp8amp_adam_desc *ad, int in, const float *w1, const float *b1, const float *w2,
+                     const float *b2) {
     m->name = name;
     CHECK(fp8amp_context_create(device, &m->ctx));
-    layer_init(&m->l1, m->ctx, in, HIDDEN, policy, wgrad, w1, b1);
-    layer_init(&m->l2, m->ctx, HIDDEN, LOGITS, policy, wgrad, w2, b2);
+    layer_init(&m->l1, m->ctx, *ld, in, HIDDEN, w1, b1);
+    layer_init(&m->l2, m->ctx, *ld, HIDDEN, LOGITS, w2, b2);
+    CHECK(fp8amp_optimizer_create(m->ctx, ad, &m->opt));
+    layer *ls[2] = {&m->l1, &m->l2};
+    for (int i = 0; i < 2; ++i) {
+        CHECK(fp8amp_optimizer_add_param(m->opt, ls[i]->w, ls[i]->gw));
+        CHECK(fp8amp_optimizer_add_param(m->opt, ls[i]->b, ls[i]->gb));
+    }
     CHECK(fp8amp_linear_scaling(m->l1.lin, FP8AMP_ROLE_INPUT, &m->metas[0]));
     CHECK(fp8amp_linear_scaling(m->l1.lin, FP8AMP_ROLE_GRAD_OUTPUT, &m->metas[1]));
     CHECK(fp8amp_linear_scaling(m->l2.lin, FP8AMP_ROLE_INPUT, &m->metas[2]));
@@ -271,6 +245,7 @@ static void net_free(net *m) {
     fp8amp_tensor ts[7] = {m->x, m->y1, m->a1, m->logits, m->dlogits, m->da1, m->dy1};
     for (int i = 0; i < 7; ++i) CHECK(fp8amp_tensor_destroy(ts[i]));
     for (int i = 0; i < 4; ++i) CHECK(fp8amp_scaling_destroy(m->metas[i]));
+    CHECK(fp8amp_optimizer_destroy(m->opt));
     layer_free(&m->l1);
     layer_free(&m->l2);
     CHECK(fp8amp_context_destroy(m->ctx));
@@ -300,7 +275,7 @@ static double softmax_xent(const float *logits, const int32_t *labels, int rows,
 }
 
 /* One training step on a batch (host arrays), forward and backward through the public API. */
-static double net_step(net *m, const float *xb, const int32_t *yb, int classes, float lr, int *correct) {
+static double net_step(net *m, const float *xb, const int32_t *yb, int classes, int *correct) {
     static float y1[BATCH * HIDDEN], g[BATCH * HIDDEN], logits[BATCH * LOGITS], dl[BATCH * LOGITS];
     CHECK(fp8amp_tensor_copy_from_host(m->x, xb, sizeof(float) * BATCH * m->l1.in));
     CHECK(fp8amp_linear_forward(m->l1.lin, m->x, m->y1, 1));
@@ -317,8 +292,7 @@ static double net_step(net *m, const float *xb, const int32_t *yb, int classes, 
     CHECK(fp8amp_tensor_copy_from_host(m->dy1, g, sizeof g));
     CHECK(fp8amp_linear_backward(m->l1.lin, m->dy1, NULL, 0));
     CHECK(fp8amp_scaling_update_many(m->ctx, 4, m->metas)); /* delayed scaling: fold this step's amaxes */
-    layer_sgd(&m->l1, lr, 0.9f);
-    layer_sgd(&m->l2, lr, 0.9f);
+    CHECK(fp8amp_optimizer_step(m->opt, NULL)); /* one fused launch for all parameters */
     return loss;
 }
 
@@ -420,7 +394,7 @@ int main(int argc, char **argv) {
         ys[i] = d.y[order[i]];
     }
 
-    /* One initialization (PyTorch's nn.Linear default: U(-1/sqrt(in), 1/sqrt(in))) for both networks. */
+    /* One initialization (PyTorch's nn.Linear default: U(-1/sqrt(in), 1/sqrt(in))) for all networks. */
     float *w1 = xcalloc((size_t)HIDDEN * cols), *b1 = xcalloc(HIDDEN), *w2 = xcalloc((size_t)LOGITS * HIDDEN),
           *b2 = xcalloc(LOGITS);
     for (size_t i = 0; i < (size_t)HIDDEN * cols; ++i) w1[i] = (float)((2 * rng_uniform() - 1) / sqrt(cols));
@@ -428,16 +402,38 @@ int main(int argc, char **argv) {
     for (size_t i = 0; i < (size_t)LOGITS * HIDDEN; ++i) w2[i] = (float)((2 * rng_uniform() - 1) / sqrt(HIDDEN));
     for (int i = 0; i < LOGITS; ++i) b2[i] = (float)((2 * rng_uniform() - 1) / sqrt(HIDDEN));
 
-    net fp8, ref;
-    net_init(&fp8, "FP8", device, FP8AMP_GEMM_ALWAYS_FP8, FP8AMP_DTYPE_E4M3, cols, w1, b1, w2, b2);
-    net_init(&ref, "F32", (fp8amp_device){FP8AMP_DEVICE_CPU, 0}, FP8AMP_GEMM_NEVER_FP8, FP8AMP_DTYPE_F32, cols, w1, b1,
-             w2, b2);
-    printf("\ntraining a %d-%d-%d MLP (10 of %d logits used), batch %d, SGD lr 0.05 momentum 0.9, %d epochs\n",
-           cols, HIDDEN, LOGITS, LOGITS, BATCH, epochs);
-    printf("  FP8 network on %s: E4M3 activations and weights, %s output gradients, E4M3 weight gradients,\n"
-           "  delayed scaling (amax history 1024); F32 network on the CPU: the same steps with F32 GEMMs.\n",
-           device.type == FP8AMP_DEVICE_CUDA ? "cuda:0" : "cpu", "E5M2");
-    printf("%6s  %10s %9s  %10s %9s\n", "epoch", "FP8 loss", "FP8 acc", "F32 loss", "F32 acc");
+    /* Three networks from the same initial weights, fed the same batches: F32 GEMMs and F32 Adam state
+     * on the CPU (the reference), and FP8 training at O1 and O2 on the chosen device. */
+    enum { NETS = 3 };
+    fp8amp_linear_desc ld[NETS];
+    fp8amp_adam_desc ad[NETS];
+    CHECK(fp8amp_opt_level_config(FP8AMP_OPT_LEVEL_O1, &ld[0], &ad[0]));
+    ld[0].weight_dtype = FP8AMP_DTYPE_F32; /* the reference: F32 weights, gradients and GEMMs */
+    ld[0].wgrad_dtype = FP8AMP_DTYPE_F32;
+    ld[0].policy = FP8AMP_GEMM_NEVER_FP8;
+    CHECK(fp8amp_opt_level_config(FP8AMP_OPT_LEVEL_O1, &ld[1], &ad[1]));
+    CHECK(fp8amp_opt_level_config(FP8AMP_OPT_LEVEL_O2, &ld[2], &ad[2]));
+    for (int i = 0; i < NETS; ++i) {
+        ad[i].lr = 3e-3f;
+        ad[i].weight_decay = 1e-4f;
+        if (i > 0) ld[i].policy = FP8AMP_GEMM_ALWAYS_FP8; /* FP8 even at this size (AUTO would pick BF16 on a GPU) */
+    }
+    const fp8amp_device cpu = {FP8AMP_DEVICE_CPU, 0};
+    const char *names[NETS] = {"F32", "FP8 O1", "FP8 O2"};
+    net nets[NETS];
+    for (int i = 0; i < NETS; ++i)
+        net_init(&nets[i], names[i], i == 0 ? cpu : device, &ld[i], &ad[i], cols, w1, b1, w2, b2);
+    const char *dev_name = device.type == FP8AMP_DEVICE_CUDA ? "cuda:0" : "cpu";
+    printf("\ntraining a %d-%d-%d MLP (10 of %d logits used), batch %d, AdamW lr 3e-3, %d epochs:\n", cols, HIDDEN,
+           LOGITS, LOGITS, BATCH, epochs);
+    printf("  F32     CPU, F32 GEMMs, F32 weights and gradients, Adam state F32 + F32\n"
+           "  FP8 O1  %s, FP8 GEMMs (E4M3 x and W, E5M2 dY, delayed scaling), scaled-F16 weights,\n"
+           "          E4M3 weight gradients, Adam state F32 + F32\n"
+           "  FP8 O2  the same, Adam state E4M3 + F16 (per-block scales)\n",
+           dev_name);
+    printf("%6s", "epoch");
+    for (int i = 0; i < NETS; ++i) printf("  %8s loss %7s acc", names[i], "");
+    printf("\n");
     int *perm = malloc(sizeof(int) * n_train);
     if (!perm) die("out of memory", NULL);
     for (int i = 0; i < n_train; ++i) perm[i] = i;
@@ -448,32 +444,36 @@ int main(int argc, char **argv) {
             perm[i] = perm[j];
             perm[j] = t;
         }
-        double loss[2] = {0, 0};
-        int correct[2] = {0, 0};
+        double loss[NETS] = {0};
+        int correct[NETS] = {0};
         for (int bi = 0; bi < batches; ++bi) {
             for (int r = 0; r < BATCH; ++r) {
                 const int s = perm[bi * BATCH + r];
                 memcpy(xb + (size_t)r * cols, xs + (size_t)s * cols, sizeof(float) * cols);
                 yb[r] = ys[s];
             }
-            loss[0] += net_step(&fp8, xb, yb, classes, 0.05f, &correct[0]);
-            loss[1] += net_step(&ref, xb, yb, classes, 0.05f, &correct[1]);
+            for (int i = 0; i < NETS; ++i) loss[i] += net_step(&nets[i], xb, yb, classes, &correct[i]);
         }
         const double seen = (double)batches * BATCH;
-        printf("%6d  %10.4f %8.2f%%  %10.4f %8.2f%%\n", epoch, loss[0] / seen, 100 * correct[0] / seen, loss[1] / seen,
-               100 * correct[1] / seen);
+        printf("%6d", epoch);
+        for (int i = 0; i < NETS; ++i) printf("  %13.4f %10.2f%%", loss[i] / seen, 100 * correct[i] / seen);
+        printf("\n");
         fflush(stdout);
     }
-    double test_loss[2];
-    const double acc_fp8 = net_accuracy(&fp8, xs + (size_t)n_train * cols, ys + n_train, n_test, classes, &test_loss[0]);
-    const double acc_ref = net_accuracy(&ref, xs + (size_t)n_train * cols, ys + n_train, n_test, classes, &test_loss[1]);
-    printf("\ntest set (%d samples):  FP8 (%s GEMMs on %s): accuracy %.2f%%, loss %.4f   |   F32 (CPU): accuracy %.2f%%, "
-           "loss %.4f\n",
-           n_test, kind_name(fp8.l1.lin), device.type == FP8AMP_DEVICE_CUDA ? "cuda:0" : "cpu", 100 * acc_fp8,
-           test_loss[0], 100 * acc_ref, test_loss[1]);
-
-    net_free(&fp8);
-    net_free(&ref);
+    printf("\ntest set (%d samples):\n", n_test);
+    printf("  %-7s %-8s %-6s %9s %8s %18s %16s\n", "network", "device", "GEMMs", "accuracy", "loss", "optimizer state",
+           "per parameter");
+    for (int i = 0; i < NETS; ++i) {
+        double test_loss;
+        const double acc = net_accuracy(&nets[i], xs + (size_t)n_train * cols, ys + n_train, n_test, classes, &test_loss);
+        size_t bytes;
+        CHECK(fp8amp_optimizer_state_bytes(nets[i].opt, &bytes));
+        const double params = (double)HIDDEN * cols + HIDDEN + (double)LOGITS * HIDDEN + LOGITS;
+        printf("  %-7s %-8s %-6s %8.2f%% %8.4f %12zu bytes %11.2f B\n", names[i], i == 0 ? "cpu" : dev_name,
+               kind_name(nets[i].l1.lin), 100 * acc, test_loss, bytes, bytes / params);
+    }
+    printf("(optimizer state includes small fixed bookkeeping; at this size it is a visible part of O2's bytes)\n");
+    for (int i = 0; i < NETS; ++i) net_free(&nets[i]);
     free(w1);
     free(b1);
     free(w2);

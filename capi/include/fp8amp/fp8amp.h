@@ -711,6 +711,18 @@ FP8AMP_API fp8amp_status fp8amp_grad_scaler_set_state(fp8amp_grad_scaler scaler,
  *  do not update twice). Statuses: SUCCESS; INVALID_HANDLE; DEVICE_MISMATCH; CUDA. */
 FP8AMP_API fp8amp_status fp8amp_grad_scaler_update(fp8amp_grad_scaler scaler, fp8amp_optimizer opt);
 
+/* ---------------------------------------------------------------------------------------------
+ * Presets: the O1/O2/O3 optimization levels for a Linear and its optimizer together
+ * ------------------------------------------------------------------------------------------- */
+
+/** Fills both descriptors (either may be NULL) with the defaults, then the level's choices
+ *  (MS-AMP's table, DESIGN.md section 1): FP8 GEMMs and E4M3 weight gradients at every level;
+ *  weights in scaled F16 (O1, O2) or E4M3 (O3); Adam state F32 + F32 (O1), E4M3 + F16 (O2, O3);
+ *  an F16 master copy (O3). in_features and out_features stay 0: set them.
+ *  Statuses: SUCCESS; INVALID_ARGUMENT (both NULL, unknown level). */
+FP8AMP_API fp8amp_status fp8amp_opt_level_config(fp8amp_opt_level level, fp8amp_linear_desc *linear_desc,
+                                                 fp8amp_adam_desc *adam_desc);
+
 #ifdef __cplusplus
 } /* extern "C" */
 #endif
