@@ -3,7 +3,8 @@
 A CFFI module generated from the public C header (``fp8amp.h``) and a Pythonic layer over it:
 ``Context``, ``Tensor`` (NumPy via ml_dtypes, DLPack zero copy with PyTorch, CuPy, JAX), ``Recipe``
 and ``Scaling``, the casts (``cast``, ``quantize``, ``quantize_transpose``, ``dequantize``,
-``amax``), and the ``Error`` hierarchy. Needs no PyTorch.
+``amax``), the FP8 ``Linear``, the ``Optimizer`` (Adam/AdamW at O1/O2/O3) and ``GradScaler``, and
+the ``Error`` hierarchy. The PyTorch front is ``fp8amp.torch`` (imported only when asked for). Needs no PyTorch.
 
     import numpy as np, fp8amp
     with fp8amp.Context("cpu") as ctx:
@@ -24,6 +25,8 @@ from .errors import (CorruptDataError, CublasError, CudaError, DeviceMismatchErr
 from .ops import amax, cast, dequantize, quantize, quantize_transpose
 from .scaling import AmaxAlgo, Format, Recipe, ScaleState, Scaling, ScalingMode, Stats, update_many
 from .tensor import Tensor, from_dlpack
+from .linear import GemmKind, GemmPolicy, Linear, Role
+from .optim import AdamConfig, GradScaler, OptLevel, Optimizer
 
 #: The version of the header the module was compiled against (major * 10000 + minor * 100 + patch).
 HEADER_VERSION: int = int(_lib.FP8AMP_VERSION)
@@ -50,5 +53,6 @@ __all__ = [
     "cast", "quantize", "quantize_transpose", "dequantize", "amax", "Error", "InvalidArgumentError",
     "InvalidHandleError", "ShapeMismatchError", "DtypeMismatchError", "DeviceMismatchError", "OutOfMemoryError",
     "NotSupportedError", "CudaError", "CublasError", "NcclError", "CorruptDataError", "InternalError", "check",
-    "error_class", "HEADER_VERSION", "library_version",
+    "error_class", "HEADER_VERSION", "library_version", "Linear", "GemmPolicy", "GemmKind", "Role", "Optimizer",
+    "GradScaler", "AdamConfig", "OptLevel",
 ]

@@ -90,6 +90,17 @@ class Scaling(Handle):
         super().__init__(out[0])
         self._context = ctx
 
+    @classmethod
+    def _wrap(cls, handle: Any, ctx: Context, recipe: Recipe, dtype: DType) -> "Scaling":
+        """Owns a meta handle the library made (e.g. fp8amp_linear_scaling's), described by
+        `recipe` and `dtype` (the library has no getter for them)."""
+        s = cls.__new__(cls)
+        s._recipe = dataclasses.replace(recipe)
+        s._dtype = dtype
+        Handle.__init__(s, handle)
+        s._context = ctx
+        return s
+
     @property
     def recipe(self) -> Recipe:
         return dataclasses.replace(self._recipe)

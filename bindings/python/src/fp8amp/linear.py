@@ -1,0 +1,164 @@
+"""The FP8 Linear layer: y = x W^T + b on FP8 GEMMs, with FP8 weight gradients (docs/linear.md)."""
+from __future__ import annotations
+
+import dataclasses
+import enum
+from typing import Any, Optional
+
+from ._ffi import NULL, ffi, lib
+from ._handle import Handle
+from .context import Context
+from .dtypes import DType, as_dtype
+from .errors import check
+from .scaling import Recipe, Scaling
+from .tensor import Tensor
+
+
+class GemmPolicy(enum.IntEnum):
+    """Whether a Linear runs FP8 or BF16 GEMMs (docs/linear.md section 4)."""
+
+    AUTO = lib.FP8AMP_GEMM_AUTO
+    ALWAYS_FP8 = lib.FP8AMP_GEMM_ALWAYS_FP8
+    NEVER_FP8 = lib.FP8AMP_GEMM_NEVER_FP8
+
+
+class GemmKind(enum.IntEnum):
+    """Which GEMM the last forward ran."""
+
+    NONE = lib.FP8AMP_GEMM_KIND_NONE
+    FP8 = lib.FP8AMP_GEMM_KIND_FP8
+    BF16 = lib.FP8AMP_GEMM_KIND_BF16
+    F32 = lib.FP8AMP_GEMM_KIND_F32
+
+
+class Role(enum.IntEnum):
+    """The scaling metas of a Linear."""
+
+    INPUT = lib.FP8AMP_ROLE_INPUT
+    WEIGHT = lib.FP8AMP_ROLE_WEIGHT
+    GRAD_OUTPUT = lib.FP8AMP_ROLE_GRAD_OUTPUT
+    WEIGHT_GRAD = lib.FP8AMP_ROLE_WEIGHT_GRAD
+    WEIGHT_STORAGE = lib.FP8AMP_ROLE_WEIGHT_STORAGE
+
+
+def _as_policy(policy: Any) -> GemmPolicy:
+    if isinstance(policy, str):
+        names = {"auto": GemmPolicy.AUTO, "fp8": GemmPolicy.ALWAYS_FP8, "always_fp8": GemmPolicy.ALWAYS_FP8,
+                 "bf16": GemmPolicy.NEVER_FP8, "never_fp8": GemmPolicy.NEVER_FP8}
+        if policy.lower() not in names:
+            raise ValueError("unknown GEMM policy %r (auto, fp8, bf16)" % (policy,))
+        return names[policy.lower()]
+    return GemmPolicy(policy)
+
+
+class Linear(Handle):
+    """``Linear(ctx, in_features, out_features, bias=True, weight_dtype=BF16, wgrad_dtype=E4M3,
+    recipe=None, policy=GemmPolicy.AUTO)``: an fp8amp_linear on ctx's device.
+
+    ``weight``, ``bias``, ``weight_grad`` and ``bias_grad`` are Tensors sharing the Linear's memory
+    (export them with DLPack for zero-copy views). ``forward(x, y, training)`` and
+    ``backward(dy, dx, accumulate)`` take Tensors. The weight starts as zeros: fill it through
+    ``weight`` (copy_from_numpy, cast, quantize, the optimizer); memory written any other way needs
+    ``weight_changed()``. The new Linear's tensors are the library's; they stay valid after close()
+    for as long as their Tensor objects live.
+    """
+
+    _destroy = lib.fp8amp_linear_destroy
+
+    def __init__(self, ctx: Context, in_features: int, out_features: int, bias: bool = True,
+                 weight_dtype: Any = DType.BF16, wgrad_dtype: Any = DType.E4M3, recipe: Optional[Recipe] = None,
+                 policy: Any = GemmPolicy.AUTO) -> None:
+        d = ffi.new("fp8amp_linear_desc *")
+        check(lib.fp8amp_linear_desc_init_default(d))
+        d.in_features = int(in_features)
+        d.out_features = int(out_features)
+        d.has_bias = 1 if bias else 0
+        d.weight_dtype = as_dtype(weight_dtype)
+        d.wgrad_dtype = as_dtype(wgrad_dtype)
+        self._recipe = dataclasses.replace(recipe) if recipe is not None else Recipe()
+        d.recipe = self._recipe._c()[0]
+        d.policy = int(_as_policy(policy))
+        out = ffi.new("fp8amp_linear *")
+        check(lib.fp8amp_linear_create(ctx.handle, d, out))
+        super().__init__(out[0])
+        self._context = ctx
+        self.in_features, self.out_features, self.has_bias = int(in_features), int(out_features), bool(bias)
+        self._tensors = {}  # name -> Tensor, made once: the handles are cheap but calls are not
+        # Reused out-parameter for the hot path (one fewer allocation per call).
+        self._kind = ffi.new("fp8amp_gemm_kind *")
+
+    @property
+    def context(self) -> Context:
+        return self._context
+
+    @property
+    def recipe(self) -> Recipe:
+        return dataclasses.replace(self._recipe)
+
+    def _tensor(self, name: str, getter: Any) -> Tensor:
+        t = self._tensors.get(name)
+        if t is None:
+            out = ffi.new("fp8amp_tensor *")
+            check(getter(self._h, out))
+            t = Tensor._new(out[0], self._context)
+            self._tensors[name] = t
+        return t
+
+    @property
+    def weight(self) -> Tensor:
+        """The weight [out, in] of weight_dtype."""
+        return self._tensor("weight", lib.fp8amp_linear_weight)
+
+    @property
+    def bias(self) -> Optional[Tensor]:
+        """The F32 bias [out], or None without one."""
+        return self._tensor("bias", lib.fp8amp_linear_bias) if self.has_bias else None
+
+    @property
+    def weight_grad(self) -> Tensor:
+        """The weight gradient [out, in] of wgrad_dtype (E4M3: bound to the WEIGHT_GRAD meta)."""
+        return self._tensor("weight_grad", lib.fp8amp_linear_weight_grad)
+
+    @property
+    def bias_grad(self) -> Tensor:
+        """The F32 bias gradient [out]."""
+        return self._tensor("bias_grad", lib.fp8amp_linear_bias_grad)
+
+    def scaling(self, role: Any) -> Scaling:
+        """A Scaling object for one of the Linear's metas (a new handle sharing the meta)."""
+        role = Role(role)
+        out = ffi.new("fp8amp_scaling *")
+        check(lib.fp8amp_linear_scaling(self._h, int(role), out))
+        if role in (Role.INPUT, Role.WEIGHT, Role.WEIGHT_GRAD):
+            dtype = DType.E4M3
+        elif role == Role.GRAD_OUTPUT:
+            dtype = DType.E5M2 if self._recipe.format.name == "HYBRID" else DType.E4M3
+        else:
+            dtype = self.weight.dtype
+        return Scaling._wrap(out[0], self._context, self._recipe, dtype)
+
+    def weight_changed(self) -> None:
+        """The weight was written behind the library's back (e.g. through a DLPack view): the next
+        forward re-quantizes it."""
+        check(lib.fp8amp_linear_weight_changed(self._h))
+
+    def forward(self, x: Tensor, y: Tensor, training: bool = False) -> None:
+        """y = x W^T + b (x [..., in], y [..., out]; F32, F16 or BF16). With training, x is kept (in
+        FP8 on the FP8 path) for the next backward."""
+        check(lib.fp8amp_linear_forward(self._h, x.handle, y.handle, 1 if training else 0))
+
+    def backward(self, dy: Tensor, dx: Optional[Tensor] = None, accumulate: bool = False) -> None:
+        """The backward of the last training forward: dx (None skips it), and the weight and bias
+        gradients, overwritten (accumulate False) or added to (micro-batches; the sum is FP32)."""
+        check(lib.fp8amp_linear_backward(self._h, dy.handle, dx.handle if dx is not None else NULL,
+                                         1 if accumulate else 0))
+
+    @property
+    def gemm_kind(self) -> GemmKind:
+        """The GEMM the last forward ran (NONE before any)."""
+        check(lib.fp8amp_linear_gemm_kind(self._h, self._kind))
+        return GemmKind(self._kind[0])
+
+    def __repr__(self) -> str:
+        return "fp8amp.Linear(%d, %d, bias=%s%s)" % (self.in_features, self.out_features, self.has_bias,
+                                                    ", closed" if self.closed else "")

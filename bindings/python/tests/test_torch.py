@@ -1,0 +1,355 @@
+"""The PyTorch front (fp8amp.torch) on the CPU and, with a GPU, on CUDA: Linear against references
+computed with PyTorch's own float8 dtypes (a second implementation of the E4M3/E5M2 rounding) and
+float64 matmuls; autograd, gradient accumulation and zero_grad; memory shared with fp8amp; torch
+writes noticed; initialize + the Optimizer against torch.optim.AdamW (exact on the F32 path), O1/O2
+on the FP8 path; LR schedulers; checkpoints; torch.amp.GradScaler and fp8amp's GradScaler;
+all_reduce_grads on a one-process gloo group."""
+import os
+import sys
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+import fp8amp  # noqa: E402
+from fp8amp import optim  # noqa: E402
+from refs import scale_for  # noqa: E402
+
+need_opt = pytest.mark.skipif(not optim._available(), reason="libfp8amp has no optimizer")
+
+
+@pytest.fixture(params=["cpu", "cuda"])
+def tdev(request):
+    if request.param == "cuda" and not (torch.cuda.is_available() and fp8amp.device_count("cuda") > 0):
+        pytest.skip("no CUDA device for PyTorch")
+    return torch.device(request.param)
+
+
+@pytest.fixture
+def gen(rng):
+    g = torch.Generator().manual_seed(int(rng.integers(2**62)))
+    return g
+
+
+def randn(gen, *shape, device, scale=1.0, dtype=torch.float32):
+    return (torch.randn(*shape, generator=gen) * scale).to(device=device, dtype=dtype)
+
+
+def q(t, scale, dtype, fmax):
+    """float64 values of t * scale (float32) rounded into a torch float8 dtype, saturating."""
+    return (t.float() * torch.tensor(scale, dtype=torch.float32, device=t.device)).clamp(-fmax, fmax).to(dtype).double()
+
+
+def test_import_patches_nothing():
+    linear_before = torch.nn.Linear
+    import fp8amp.torch as ft
+
+    assert torch.nn.Linear is linear_before and torch.nn.functional.linear.__module__ != ft.__name__
+
+
+def test_linear_forward_backward_against_torch_float8(tdev, gen):
+    import fp8amp.torch as ft
+
+    m, k, n = 64, 96, 48
+    lin = ft.Linear(k, n, device=tdev, policy="fp8")
+    assert lin.weight.data_ptr() == lin.fp8amp_linear.weight.data_ptr  # shared, not copied
+    x = randn(gen, 4, m // 4, k, device=tdev, scale=2.0).requires_grad_()
+    y = lin(x)
+    assert y.shape == (4, m // 4, n) and y.dtype == torch.float32 and lin.gemm_kind == fp8amp.GemmKind.FP8
+    w, b = lin.weight.detach(), lin.bias.detach()
+    s_x, s_w = scale_for(float(x.abs().max()), 448.0), scale_for(float(w.abs().max()), 448.0)
+    x8 = q(x.detach().reshape(m, k), s_x, torch.float8_e4m3fn, 448.0)
+    w8 = q(w, s_w, torch.float8_e4m3fn, 448.0)
+    inv = float(np.float32(1 / s_x)) * float(np.float32(1 / s_w))
+    ref = x8 @ w8.T * inv + b.to(torch.bfloat16).double()
+    bound = (x8.abs() @ w8.abs().T) * inv * (2.0 ** -9 if tdev.type == "cuda" else 2.0 ** -18)
+    assert bool(((y.detach().reshape(m, n).double() - ref).abs() <= bound + ref.abs() * 2e-7).all())
+
+    dy = randn(gen, 4, m // 4, n, device=tdev, scale=1e-2)
+    y.backward(dy)
+    s_g = scale_for(float(dy.abs().max()), 57344.0)
+    g8 = q(dy.reshape(m, n), s_g, torch.float8_e5m2, 57344.0)
+    inv_g = float(np.float32(1 / s_g))
+    dx_ref = g8 @ w8 * inv_g * float(np.float32(1 / s_w))
+    acc = 2.0 ** -11 if tdev.type == "cuda" else 2.0 ** -18  # CUDA: split FP8 accumulation
+    bound = (g8.abs() @ w8.abs()) * inv_g * float(np.float32(1 / s_w)) * acc + 1e-30
+    assert bool(((x.grad.reshape(m, k).double() - dx_ref).abs() <= bound).all())
+    dw_ref = g8.T @ x8 * inv_g * float(np.float32(1 / s_x))
+    bound = (g8.abs().T @ x8.abs()) * inv_g * float(np.float32(1 / s_x)) * acc + 1e-30
+    assert lin.weight.grad is not None and lin.weight.grad.data_ptr() == lin.fp8amp_linear.weight_grad.data_ptr
+    assert bool(((lin.weight.grad.double() - dw_ref).abs() <= bound).all())
+    torch.testing.assert_close(lin.bias.grad.double(), dy.reshape(m, n).double().sum(0), rtol=1e-5, atol=1e-7)
+
+
+def test_accumulation_zero_grad_and_torch_writes(tdev, gen):
+    import fp8amp.torch as ft
+
+    lin = ft.Linear(32, 16, device=tdev, policy="bf16")
+    ref = torch.nn.Linear(32, 16, device=tdev, dtype=torch.float64)
+    with torch.no_grad():
+        ref.weight.copy_(lin.weight)
+        ref.bias.copy_(lin.bias)
+    xs = [randn(gen, 16, 32, device=tdev) for _ in range(2)]
+    for x in xs:  # two micro-batches: the gradients add up
+        lin(x).square().sum().backward()
+        ref(x.double()).square().sum().backward()
+    tol = dict(rtol=2e-2, atol=2e-2) if tdev.type == "cuda" else dict(rtol=1e-5, atol=1e-4)
+
+    def close(a, b):  # CUDA's path rounds x, W and dY to BF16: compare normwise there
+        if tdev.type == "cuda":
+            assert float((a - b).norm() / b.norm()) < 1e-2
+        else:
+            torch.testing.assert_close(a, b, **tol)
+    close(lin.weight.grad.double(), ref.weight.grad)
+    close(lin.bias.grad.double(), ref.bias.grad)
+    lin.zero_grad()  # set_to_none: the next backward overwrites
+    ref.zero_grad()
+    assert lin.weight.grad is None
+    lin(xs[0]).sum().backward()
+    ref(xs[0].double()).sum().backward()
+    close(lin.weight.grad.double(), ref.weight.grad)
+    # torch writes the parameters in place: the next forward sees them (weight and bias caches)
+    with torch.no_grad():
+        lin.weight.mul_(-0.5)
+        lin.bias.add_(1.0)
+        ref.weight.mul_(-0.5)
+        ref.bias.add_(1.0)
+    with torch.no_grad():
+        close(lin(xs[1]).double(), ref(xs[1].double()))
+    sd = {k: v.clone() * 2 for k, v in lin.state_dict().items()}
+    lin.load_state_dict(sd)
+    ref.load_state_dict({k: v.double() for k, v in sd.items()})
+    with torch.no_grad():
+        close(lin(xs[1]).double(), ref(xs[1].double()))
+    # The FP8 path caches the weight's FP8 copy and the bias's BF16 copy: torch writes must reach them.
+    f8 = ft.Linear(32, 16, device=tdev, policy="fp8")
+    x = xs[1]
+    with torch.no_grad():
+        f8(x)
+        f8.weight.mul_(-0.5)
+        f8.bias.add_(1.0)
+        exact = x.double() @ f8.weight.double().T + f8.bias.double()
+        got = f8(x).double()
+    assert float((got - exact).norm() / exact.norm()) < 0.08
+    with pytest.raises(RuntimeError, match="not of the layer's last training forward"):
+        y1 = lin(xs[0]).sum()
+        y2 = lin(xs[1]).sum()
+        (y1 + y2).backward()
+
+
+def make_model(device, seed=0):
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.LayerNorm(64), torch.nn.GELU(),
+                               torch.nn.Linear(64, 16)).to(device)
+
+
+def groups(model, lr):
+    decay = [p for p in model.parameters() if p.dim() == 2]
+    rest = [p for p in model.parameters() if p.dim() != 2]
+    return [{"params": decay, "weight_decay": 0.1}, {"params": rest, "weight_decay": 0.0}]
+
+
+def train(model, opt, data, steps, sched=None, scaler=None):
+    losses = []
+    for i in range(steps):
+        x, t = data[i % len(data)]
+        loss = (model(x) - t).square().mean()
+        losses.append(float(loss))
+        (scaler.scale(loss) if scaler is not None else loss).backward()
+        if scaler is not None:
+            scaler.step(opt)
+            scaler.update()
+        else:
+            opt.step()
+        opt.zero_grad()
+        if sched is not None:
+            sched.step()
+    return losses
+
+
+def dataset(gen, device, n=4):
+    w = randn(gen, 16, 32, device=device, scale=0.3)
+    xs = [randn(gen, 64, 32, device=device) for _ in range(n)]
+    return [(x, torch.tanh(x @ w.T)) for x in xs]
+
+
+@need_opt
+def test_initialize_o1_f32_path_matches_torch_adamw(tdev, gen):
+    """policy bf16 on the CPU is the F32 GEMM path, with F32 gradients and O1's F32 states: the same
+    math as torch's F32 model and AdamW, so the trajectories agree to rounding."""
+    import fp8amp.torch as ft
+
+    if tdev.type == "cuda":
+        pytest.skip("the CUDA 'bf16' path rounds operands to BF16")
+    data = dataset(gen, tdev)
+    ref = make_model(tdev)
+    ropt = torch.optim.AdamW(groups(ref, 1e-2), lr=1e-2, betas=(0.8, 0.99), eps=1e-7)
+    rs = torch.optim.lr_scheduler.StepLR(ropt, 5, 0.5)
+    model = make_model(tdev)
+    model, opt = ft.initialize(model, torch.optim.AdamW(groups(model, 1e-2), lr=1e-2, betas=(0.8, 0.99), eps=1e-7),
+                               "O1", policy="bf16", wgrad_dtype=torch.float32)
+    assert isinstance(model[0], ft.Linear) and isinstance(opt, torch.optim.Optimizer)
+    sched = torch.optim.lr_scheduler.StepLR(opt, 5, 0.5)
+    l1 = train(ref, ropt, data, 20, rs)
+    l2 = train(model, opt, data, 20, sched)
+    np.testing.assert_allclose(l2, l1, rtol=1e-4)
+    for (n1, p1), (n2, p2) in zip(ref.named_parameters(), model.named_parameters()):
+        assert n1 == n2
+        torch.testing.assert_close(p2, p1, rtol=1e-4, atol=1e-5)
+    assert opt.fp8amp_optimizers[0].step_count == 20 and opt.param_groups[0]["lr"] == pytest.approx(1e-2 / 16)
+
+
+@need_opt
+@pytest.mark.parametrize("level", ["O1", "O2"])
+def test_initialize_fp8_training_tracks_torch(tdev, gen, level):
+    import fp8amp.torch as ft
+
+    data = dataset(gen, tdev)
+    ref = make_model(tdev)
+    ropt = torch.optim.AdamW(ref.parameters(), lr=3e-3)
+    model = make_model(tdev)
+    model, opt = ft.initialize(model, torch.optim.AdamW(model.parameters(), lr=3e-3), level, policy="fp8")
+    assert model[0].fp8amp_linear.weight_grad.dtype == fp8amp.E4M3 and model[0].weight.grad is None
+    l1 = train(ref, ropt, data, 60)
+    l2 = train(model, opt, data, 60)
+    assert model[0].gemm_kind == fp8amp.GemmKind.FP8
+    assert l2[-1] < 0.3 * l2[0]
+    assert abs(np.mean(l2[-8:]) - np.mean(l1[-8:])) < 0.1 * np.mean(l1[-8:]) + 1e-3
+    want = fp8amp.E4M3 if level == "O2" else fp8amp.F32
+    assert all(o.config.exp_avg_dtype == want for o in opt.fp8amp_optimizers)
+
+
+@need_opt
+def test_state_dict_round_trip_continues_identically(tdev, gen):
+    import fp8amp.torch as ft
+
+    data = dataset(gen, tdev)
+
+    def fresh():
+        m = make_model(tdev)
+        return ft.initialize(m, torch.optim.AdamW(groups(m, 3e-3), lr=3e-3), "O2", policy="fp8")
+
+    m1, o1 = fresh()
+    train(m1, o1, data, 5)
+    msd, osd = {k: v.clone() for k, v in m1.state_dict().items()}, o1.state_dict()
+    train(m1, o1, data[1:], 4)
+    m2, o2 = fresh()
+    m2.load_state_dict(msd)
+    o2.load_state_dict(osd)
+    assert o2.fp8amp_optimizers[0].step_count == 5
+    train(m2, o2, data[1:], 4)
+    for p1, p2 in zip(m1.parameters(), m2.parameters()):
+        torch.testing.assert_close(p2, p1, rtol=0, atol=0)
+    with pytest.raises(ValueError):
+        m3 = make_model(tdev)
+        ft.initialize(m3, torch.optim.AdamW(m3.parameters()), "O2")[1].load_state_dict(osd)
+
+
+@need_opt
+def test_grad_scalers_skip_overflowing_steps(tdev, gen):
+    import fp8amp.torch as ft
+
+    data = dataset(gen, tdev)
+    for kind in ("torch", "fp8amp"):
+        model = make_model(tdev)
+        model, opt = ft.initialize(model, torch.optim.Adam(model.parameters(), lr=1e-3), "O1", policy="fp8")
+        if kind == "torch":
+            scaler = torch.amp.GradScaler(tdev.type, init_scale=256.0)
+        else:
+            scaler = ft.GradScaler(tdev, init_scale=256.0)
+        losses = train(model, opt, data, 6, scaler=scaler)
+        assert losses[-1] < losses[0]
+        assert scaler.get_scale() == 256.0
+        before = [p.detach().clone() for p in model.parameters()]
+        x, t = data[0]
+        loss = (model(x) - t).square().mean() * float("inf")
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
+        opt.zero_grad()
+        assert scaler.get_scale() == 128.0, kind
+        for b, p in zip(before, model.parameters()):
+            assert torch.equal(b, p.detach()), kind
+        train(model, opt, data, 2, scaler=scaler)
+        assert all(bool(torch.isfinite(p).all()) for p in model.parameters())
+
+
+@need_opt
+def test_all_reduce_grads_one_process_gloo(gen, tmp_path):
+    import torch.distributed as dist
+
+    import fp8amp.torch as ft
+
+    dist.init_process_group("gloo", init_method="file://%s" % (tmp_path / "pg"), rank=0, world_size=1)
+    try:
+        model = make_model("cpu")
+        model, opt = ft.initialize(model, torch.optim.AdamW(model.parameters()), "O1", policy="fp8")
+        x, t = dataset(gen, "cpu")[0]
+        (model(x) - t).square().mean().backward()
+        before = [model[0].dequantized_weight_grad()] + [p.grad.clone() for p in model.parameters()
+                                                         if p.grad is not None]
+        ft.all_reduce_grads(model)
+        after = [model[0].dequantized_weight_grad()] + [p.grad for p in model.parameters() if p.grad is not None]
+        torch.testing.assert_close(after[0], before[0], rtol=2.0 ** -4, atol=float(before[0].abs().max()) * 2.0 ** -9)
+        for b, a in zip(before[1:], after[1:]):
+            torch.testing.assert_close(a, b, rtol=0, atol=0)
+    finally:
+        dist.destroy_process_group()
+
+
+def test_bad_uses(tdev):
+    import fp8amp.torch as ft
+
+    with pytest.raises(NotImplementedError):
+        ft.Linear(16, 16, device=tdev, weight_dtype=torch.float16)
+    lin = ft.Linear(16, 16, device=tdev)
+    with pytest.raises(fp8amp.ShapeMismatchError, match="fp8amp_linear_forward"):
+        lin(torch.zeros(4, 15, device=tdev))
+    with pytest.raises(TypeError):
+        lin(torch.zeros(4, 16, device=tdev, dtype=torch.float64))
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8))
+    with pytest.raises(TypeError):
+        ft.initialize(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    # tied weights stay an nn.Linear
+    emb = torch.nn.Embedding(10, 8)
+    head = torch.nn.Linear(8, 10, bias=False)
+    head.weight = emb.weight
+    tied = ft.initialize(torch.nn.Sequential(emb, head))
+    assert type(tied[1]) is torch.nn.Linear
+    kept = ft.initialize(torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Sequential(torch.nn.Linear(8, 8))),
+                         exclude=("1.0",))
+    assert isinstance(kept[0], ft.Linear) and type(kept[1][0]) is torch.nn.Linear
+
+
+def test_modules_and_optimizers_free_their_handles(tdev):
+    """ft.Linear modules, their Optimizer and the shared parameter views are freed with the Python
+    objects: 300 model + optimizer cycles grow the process (CPU) or torch's allocated memory (CUDA)
+    by almost nothing."""
+    import gc
+
+    import fp8amp.torch as ft
+
+    def cycle():
+        model = make_model(tdev)
+        model, opt = ft.initialize(model, torch.optim.AdamW(model.parameters()), "O2", policy="fp8") \
+            if optim._available() else (ft.initialize(model), None)
+        x = torch.randn(16, 32, device=tdev)
+        model(x).sum().backward()
+        if opt is not None:
+            opt.step()
+
+    def used():
+        gc.collect()
+        if tdev.type == "cuda":
+            torch.cuda.synchronize()
+            return torch.cuda.memory_allocated(tdev)
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+    for _ in range(20):
+        cycle()
+    before = used()
+    for _ in range(300):
+        cycle()
+    grown = used() - before
+    assert grown < (4 << 20), grown
