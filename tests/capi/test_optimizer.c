@@ -780,11 +780,7 @@ static void test_checkpoint_roundtrip(void **state) {
 }
 
 static void test_checkpoint_across_devices_and_cpu_cuda_bit_identical(void **state) {
-    require_variant(state);
-    if (variant_device(state).type != FP8AMP_DEVICE_CUDA) {
-        print_message("CPU variant: the cross-device case is the CUDA variant's\n");
-        skip();
-    }
+    require_variant(state); /* registered for CUDA only: it moves checkpoints between the two devices */
     for (int c = 0; c < 5; ++c) {
         roundtrip_case(cuda_device(0), cpu_device(), &kCkptCases[c]);
         roundtrip_case(cpu_device(), cuda_device(0), &kCkptCases[c]);
@@ -1172,7 +1168,8 @@ int main(void) {
         DEVICE_TESTS(test_scaler_unscales_exactly),
         DEVICE_TESTS(test_lr_from_device_memory),
         DEVICE_TESTS(test_checkpoint_roundtrip),
-        DEVICE_TESTS(test_checkpoint_across_devices_and_cpu_cuda_bit_identical),
+        {"test_checkpoint_across_devices_and_cpu_cuda_bit_identical[cuda]",
+         test_checkpoint_across_devices_and_cpu_cuda_bit_identical, NULL, NULL, (void *)&VARIANT_CUDA},
         DEVICE_TESTS(test_checkpoint_refuses_bad_input),
         DEVICE_TESTS(test_bad_inputs),
         DEVICE_TESTS(test_state_bytes_per_parameter),
