@@ -85,9 +85,7 @@ FP8AMP_API fp8amp_status fp8amp_linear_scaling(fp8amp_linear lin, fp8amp_linear_
     FP8AMP_GUARD({
         auto l = lookup<Linear>(lin, "lin");
         require(out, "out");
-        int32_t r;  // read as an integer: an out-of-range value is no valid C++ enum value
-        std::memcpy(&r, &role, sizeof r);
-        publish(l->scaling(r), out);
+        publish(l->scaling(fp8amp::core::enum_value(role)), out);
     });
 }
 
@@ -126,8 +124,7 @@ FP8AMP_API fp8amp_status fp8amp_opt_level_config(fp8amp_opt_level level, fp8amp_
                                                  fp8amp_adam_desc *adam_desc) {
     FP8AMP_GUARD({
         if (!linear_desc && !adam_desc) fail(FP8AMP_ERROR_INVALID_ARGUMENT, "linear_desc and adam_desc are both NULL");
-        int32_t l;  // read as an integer: an out-of-range value is no valid C++ enum value
-        std::memcpy(&l, &level, sizeof l);
+        const int32_t l = fp8amp::core::enum_value(level);
         if (l != FP8AMP_OPT_LEVEL_O1 && l != FP8AMP_OPT_LEVEL_O2 && l != FP8AMP_OPT_LEVEL_O3)
             fail(FP8AMP_ERROR_INVALID_ARGUMENT, "level " + std::to_string(l) + " is not O1, O2 or O3");
         fp8amp_linear_desc ld{};

@@ -25,17 +25,6 @@ std::string shape_string(const std::vector<int64_t> &shape) {
 
 std::vector<int64_t> shape_of(const Tensor &t) { return std::vector<int64_t>(t.shape(), t.shape() + t.ndim()); }
 
-void check_wide_dtype(const Tensor &t, const char *argument) {
-    if (is_fp8(t.dtype()))
-        fail(FP8AMP_ERROR_DTYPE_MISMATCH, std::string(argument) + " is " + t.describe() + ": it must be f32, f16 or bf16");
-}
-
-bool overlap(const Tensor &a, const Tensor &b) {
-    const auto *a0 = static_cast<const char *>(a.data());
-    const auto *b0 = static_cast<const char *>(b.data());
-    return a0 < b0 + b.nbytes() && b0 < a0 + a.nbytes();
-}
-
 fp8amp_recipe with_mode(fp8amp_recipe r, fp8amp_scaling_mode mode) {
     r.mode = mode;
     return r;
@@ -74,26 +63,19 @@ std::shared_ptr<Linear> Linear::create(std::shared_ptr<const Context> ctx, const
     if (desc.out_features < 1 || desc.out_features > kMaxFeatures)
         fail(FP8AMP_ERROR_INVALID_ARGUMENT,
              "desc->out_features " + std::to_string(desc.out_features) + " is outside 1..2^31-1");
-    // Enum fields are read as integers: a caller's out-of-range value is not a valid C++ enum value.
-    const auto as_int = [](const auto &field) {
-        int32_t v;
-        static_assert(sizeof field == sizeof v, "enums are 32-bit");
-        std::memcpy(&v, &field, sizeof v);
-        return v;
-    };
-    switch (as_int(desc.weight_dtype)) {
+    switch (enum_value(desc.weight_dtype)) {
     case FP8AMP_DTYPE_F32: case FP8AMP_DTYPE_F16: case FP8AMP_DTYPE_BF16: case FP8AMP_DTYPE_E4M3: break;
     default:
-        fail(FP8AMP_ERROR_DTYPE_MISMATCH, "desc->weight_dtype " + std::to_string(as_int(desc.weight_dtype)) +
+        fail(FP8AMP_ERROR_DTYPE_MISMATCH, "desc->weight_dtype " + std::to_string(enum_value(desc.weight_dtype)) +
                                               " is not f32, f16, bf16 or e4m3");
     }
-    switch (as_int(desc.wgrad_dtype)) {
+    switch (enum_value(desc.wgrad_dtype)) {
     case FP8AMP_DTYPE_F32: case FP8AMP_DTYPE_BF16: case FP8AMP_DTYPE_E4M3: break;
     default:
-        fail(FP8AMP_ERROR_DTYPE_MISMATCH, "desc->wgrad_dtype " + std::to_string(as_int(desc.wgrad_dtype)) +
+        fail(FP8AMP_ERROR_DTYPE_MISMATCH, "desc->wgrad_dtype " + std::to_string(enum_value(desc.wgrad_dtype)) +
                                               " is not e4m3, f32 or bf16");
     }
-    const int32_t policy = as_int(desc.policy);
+    const int32_t policy = enum_value(desc.policy);
     if (policy != FP8AMP_GEMM_AUTO && policy != FP8AMP_GEMM_ALWAYS_FP8 && policy != FP8AMP_GEMM_NEVER_FP8)
         fail(FP8AMP_ERROR_INVALID_ARGUMENT, "desc->policy " + std::to_string(policy) + " is unknown");
     const fp8amp_recipe recipe = validate_recipe(desc.recipe);
@@ -313,8 +295,8 @@ void Linear::run_gemm(const GemmCall &c) {
 
 void Linear::forward(const Tensor &x, Tensor &y, bool training) {
     const int64_t n = desc_.out_features, k = desc_.in_features;
-    check_wide_dtype(x, "x");
-    check_wide_dtype(y, "y");
+    check_wide(x, "x");
+    check_wide(y, "y");
     check_on_device(*ctx_, x, "x");
     check_on_device(*ctx_, y, "y");
     if (x.ndim() < 1 || x.shape()[x.ndim() - 1] != k)
@@ -328,7 +310,7 @@ void Linear::forward(const Tensor &x, Tensor &y, bool training) {
     const int64_t m = x.numel() / k;
     if (m == 0) fail(FP8AMP_ERROR_SHAPE_MISMATCH, "x is " + x.describe() + ": it holds no rows");
     check_writable(y, "y");
-    if (overlap(x, y)) fail(FP8AMP_ERROR_INVALID_ARGUMENT, "x and y overlap in memory");
+    if (x.overlaps(y)) fail(FP8AMP_ERROR_INVALID_ARGUMENT, "x and y overlap in memory");
 
     const fp8amp_gemm_kind kind = choose_kind(m, training, y);
     saved_ = false;  // a failure below leaves nothing for a backward to use
@@ -367,8 +349,8 @@ void Linear::backward(const Tensor &dy, Tensor *dx, bool accumulate) {
     if (!saved_)
         fail(FP8AMP_ERROR_INVALID_ARGUMENT,
              "no training forward (fp8amp_linear_forward with training = 1) since the last backward");
-    check_wide_dtype(dy, "dy");
-    if (dx) check_wide_dtype(*dx, "dx");
+    check_wide(dy, "dy");
+    if (dx) check_wide(*dx, "dx");
     check_on_device(*ctx_, dy, "dy");
     if (dx) check_on_device(*ctx_, *dx, "dx");
     if (shape_of(dy) != saved_y_shape_)
@@ -379,7 +361,7 @@ void Linear::backward(const Tensor &dy, Tensor *dx, bool accumulate) {
              "dx is " + dx->describe() + " but the forward's x was " + shape_string(saved_x_shape_));
     if (dx) {
         check_writable(*dx, "dx");
-        if (overlap(dy, *dx)) fail(FP8AMP_ERROR_INVALID_ARGUMENT, "dy and dx overlap in memory");
+        if (dy.overlaps(*dx)) fail(FP8AMP_ERROR_INVALID_ARGUMENT, "dy and dx overlap in memory");
     }
     const int64_t m = saved_m_;
     const bool e4m3_weight = desc_.weight_dtype == FP8AMP_DTYPE_E4M3;

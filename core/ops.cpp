@@ -8,22 +8,9 @@
 namespace fp8amp::core {
 
 namespace {
-bool overlap(const Tensor &a, const Tensor &b) {
-    const auto *a0 = static_cast<const char *>(a.data());
-    const auto *b0 = static_cast<const char *>(b.data());
-    return a0 < b0 + b.nbytes() && b0 < a0 + a.nbytes();
-}
-
 void check_no_overlap(const Tensor &a, const char *a_name, const Tensor &b, const char *b_name) {
-    if (overlap(a, b))
+    if (a.overlaps(b))
         fail(FP8AMP_ERROR_INVALID_ARGUMENT, std::string(a_name) + " and " + b_name + " overlap in memory");
-}
-
-// Throws DTYPE_MISMATCH unless t is F32, F16 or BF16.
-void check_wide(const Tensor &t, const char *argument) {
-    if (is_fp8(t.dtype()))
-        fail(FP8AMP_ERROR_DTYPE_MISMATCH,
-             std::string(argument) + " is " + t.describe() + ": it must be f32, f16 or bf16");
 }
 
 // Throws DTYPE_MISMATCH unless t is of a scaled dtype: E4M3, E5M2 or F16. (An F16 tensor is a
@@ -63,11 +50,7 @@ void cast(const Context &ctx, const Tensor &src, Tensor &dst) {
     check_same_shape(src, "src", dst, "dst");
     if (src.data() == dst.data() && src.dtype() == dst.dtype()) return;  // the same memory: nothing to do
     check_no_overlap(src, "src", dst, "dst");
-    const auto n = static_cast<size_t>(src.numel());
-    if (ctx.is_cuda())
-        kernels::cuda::cast(ctx.device().index, ctx.stream(), src.data(), src.dtype(), dst.data(), dst.dtype(), n);
-    else
-        kernels::cpu::cast(src.data(), src.dtype(), dst.data(), dst.dtype(), n);
+    cast_unchecked(ctx, src.data(), src.dtype(), dst.data(), dst.dtype(), static_cast<size_t>(src.numel()));
     dst.mark_written();
 }
 
@@ -81,14 +64,7 @@ void quantize(const Context &ctx, const Tensor &src, Tensor &dst) {
     check_writable(dst, "dst");
     check_same_shape(src, "src", dst, "dst");
     check_no_overlap(src, "src", dst, "dst");
-    const auto n = static_cast<size_t>(src.numel());
-    const kernels::QuantizeTarget target{meta.state(), dst.scale_inv(), nullptr, meta.current(), meta.stats_enabled()};
-    if (ctx.is_cuda())
-        kernels::cuda::quantize(ctx.device().index, ctx.stream(), src.data(), src.dtype(), dst.data(), dst.dtype(), n,
-                                target);
-    else
-        kernels::cpu::quantize(src.data(), src.dtype(), dst.data(), dst.dtype(), n, target);
-    dst.mark_written();
+    quantize_unchecked(ctx, src.data(), src.dtype(), static_cast<size_t>(src.numel()), 1, dst, nullptr);
 }
 
 void quantize_transpose(const Context &ctx, const Tensor &src, Tensor &dst, Tensor &dst_t) {
@@ -119,16 +95,7 @@ void quantize_transpose(const Context &ctx, const Tensor &src, Tensor &dst, Tens
     check_no_overlap(src, "src", dst, "dst");
     check_no_overlap(src, "src", dst_t, "dst_t");
     check_no_overlap(dst, "dst", dst_t, "dst_t");
-    const kernels::QuantizeTarget target{meta.state(), dst.scale_inv(), dst_t.scale_inv(), meta.current(),
-                                         meta.stats_enabled()};
-    if (ctx.is_cuda())
-        kernels::cuda::quantize_transpose(ctx.device().index, ctx.stream(), src.data(), src.dtype(), dst.data(),
-                                          dst_t.data(), dst.dtype(), rows, cols, target);
-    else
-        kernels::cpu::quantize_transpose(src.data(), src.dtype(), dst.data(), dst_t.data(), dst.dtype(), rows, cols,
-                                         target);
-    dst.mark_written();
-    dst_t.mark_written();
+    quantize_unchecked(ctx, src.data(), src.dtype(), rows, cols, dst, &dst_t);
 }
 
 void dequantize(const Context &ctx, const Tensor &src, Tensor &dst) {

@@ -22,11 +22,6 @@ bool finite_nonneg(float x) { return x >= 0.0f && x <= FLT_MAX; }
 
 std::string num(double x) { return std::to_string(x); }
 
-bool overlap(const Tensor &a, const Tensor &b) {
-    const auto *a0 = static_cast<const char *>(a.data());
-    const auto *b0 = static_cast<const char *>(b.data());
-    return a0 < b0 + b.nbytes() && b0 < a0 + a.nbytes();
-}
 
 constexpr char kMagic[8] = {'F', 'P', '8', 'A', 'M', 'P', 'O', 'P'};
 constexpr uint32_t kFormatVersion = 1;
@@ -134,14 +129,14 @@ void Optimizer::add_param(std::shared_ptr<Tensor> param, std::shared_ptr<Tensor>
     check_writable(p, "param");
     if (!p.same_shape(g))
         fail(FP8AMP_ERROR_SHAPE_MISMATCH, "param is " + p.describe() + " but grad is " + g.describe());
-    if (overlap(p, g)) fail(FP8AMP_ERROR_INVALID_ARGUMENT, "param and grad overlap in memory");
+    if (p.overlaps(g)) fail(FP8AMP_ERROR_INVALID_ARGUMENT, "param and grad overlap in memory");
     for (size_t i = 0; i < entries_.size(); ++i) {
         const Entry &e = entries_[i];
-        if (e.param.get() == &p || overlap(*e.param, p))
+        if (e.param.get() == &p || e.param->overlaps(p))
             fail(FP8AMP_ERROR_INVALID_ARGUMENT, "param is already registered (it is, or overlaps, parameter #" + std::to_string(i) + ")");
-        if (overlap(*e.param, g))
+        if (e.param->overlaps(g))
             fail(FP8AMP_ERROR_INVALID_ARGUMENT, "grad overlaps parameter #" + std::to_string(i));
-        if (overlap(*e.grad, p))
+        if (e.grad->overlaps(p))
             fail(FP8AMP_ERROR_INVALID_ARGUMENT, "param overlaps the gradient of parameter #" + std::to_string(i));
         if (p.scaling() && e.param->scaling() == p.scaling())
             fail(FP8AMP_ERROR_INVALID_ARGUMENT, "param's meta is already the meta of parameter #" + std::to_string(i) +

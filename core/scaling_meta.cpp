@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "kernels.hpp"
+#include "tensor.hpp"
 #include "scaling.hpp"  // kernels/scaling.hpp: ScalingState (core has scaling_meta.hpp, not scaling.hpp)
 
 namespace fp8amp::core {
@@ -37,14 +38,8 @@ fp8amp_recipe validate_recipe(const fp8amp_recipe &recipe) {
     fp8amp_recipe r{};
     std::memcpy(&r, &recipe, sizeof r);
     r.struct_size = sizeof r;
-    // Enum fields are read as integers: a caller's out-of-range value is no valid C++ enum value.
-    const auto as_int = [](const auto &field) {
-        int32_t v;
-        static_assert(sizeof field == sizeof v, "enums are 32-bit");
-        std::memcpy(&v, &field, sizeof v);
-        return v;
-    };
-    const int32_t format = as_int(r.format), mode = as_int(r.mode), algo = as_int(r.amax_algo);
+    // Enum fields read as integers (enum_value): an out-of-range value is no valid C++ enum value.
+    const int32_t format = enum_value(r.format), mode = enum_value(r.mode), algo = enum_value(r.amax_algo);
     if (format != FP8AMP_FORMAT_E4M3 && format != FP8AMP_FORMAT_HYBRID)
         fail(FP8AMP_ERROR_INVALID_ARGUMENT,
              "recipe->format " + std::to_string(format) + " is not an fp8amp_format");

@@ -27,6 +27,17 @@ void check_writable(const Tensor &t, const char *argument) {
         fail(FP8AMP_ERROR_INVALID_ARGUMENT, std::string(argument) + " is read-only (imported with DLPack's read-only flag)");
 }
 
+void check_wide(const Tensor &t, const char *argument) {
+    if (is_fp8(t.dtype()))
+        fail(FP8AMP_ERROR_DTYPE_MISMATCH, std::string(argument) + " is " + t.describe() + ": it must be f32, f16 or bf16");
+}
+
+bool Tensor::overlaps(const Tensor &other) const {
+    const auto *a0 = static_cast<const char *>(data_);
+    const auto *b0 = static_cast<const char *>(other.data_);
+    return a0 < b0 + other.nbytes_ && b0 < a0 + nbytes_;
+}
+
 void Tensor::set_shape(fp8amp_dtype dtype, int32_t ndim, const int64_t *shape) {
     check_dtype(dtype, "dtype");
     if (ndim < 0 || ndim > FP8AMP_MAX_NDIM)

@@ -3,6 +3,7 @@
 
 #include <array>
 #include <cstdint>
+#include <cstring>
 #include <memory>
 
 #include "context.hpp"
@@ -41,6 +42,7 @@ public:
     const fp8amp_device &device() const { return device_; }
     bool read_only() const { return read_only_; }
     bool same_shape(const Tensor &other) const;
+    bool overlaps(const Tensor &other) const;  // do the two tensors' bytes share any address?
     std::string describe() const;  // "e4m3[4, 8] on cuda:0", for messages
 
     // Host copies (synchronous), in the stream order of the tensor's context.
@@ -87,5 +89,17 @@ void check_dtype(fp8amp_dtype dtype, const char *argument);
 void check_on_device(const Context &ctx, const Tensor &t, const char *argument);
 // Throws INVALID_ARGUMENT if the tensor may not be written.
 void check_writable(const Tensor &t, const char *argument);
+// Throws DTYPE_MISMATCH unless t is F32, F16 or BF16 (a plain, unscaled dtype).
+void check_wide(const Tensor &t, const char *argument);
+
+// The value of an enum field a caller passed, read as the integer it holds: an out-of-range value is
+// no valid C++ enum value (reading it as the enum type is undefined), so validation reads this.
+template <class Enum>
+int32_t enum_value(const Enum &field) {
+    static_assert(sizeof(Enum) == sizeof(int32_t), "fp8amp's enums are 32-bit");
+    int32_t v;
+    std::memcpy(&v, &field, sizeof v);
+    return v;
+}
 
 }  // namespace fp8amp::core
