@@ -1,5 +1,6 @@
 #include "linear.hpp"
 
+#include <algorithm>
 #include <cstring>
 #include <string>
 
@@ -23,7 +24,16 @@ std::string shape_string(const std::vector<int64_t> &shape) {
     return s + "]";
 }
 
-std::vector<int64_t> shape_of(const Tensor &t) { return std::vector<int64_t>(t.shape(), t.shape() + t.ndim()); }
+// t's shape equals `shape` (compared in place: the per-call checks allocate nothing).
+bool has_shape(const Tensor &t, const std::vector<int64_t> &shape) {
+    return static_cast<size_t>(t.ndim()) == shape.size() && std::equal(shape.begin(), shape.end(), t.shape());
+}
+
+// y's shape is x's with the last extent replaced by n.
+bool is_output_shape(const Tensor &x, const Tensor &y, int64_t n) {
+    const int32_t d = x.ndim();
+    return y.ndim() == d && std::equal(x.shape(), x.shape() + d - 1, y.shape()) && y.shape()[d - 1] == n;
+}
 
 fp8amp_recipe with_mode(fp8amp_recipe r, fp8amp_scaling_mode mode) {
     r.mode = mode;
@@ -274,10 +284,13 @@ void Linear::run_gemm(const GemmCall &c) {
     if (c.with_bias && bias_) {
         const fp8amp_dtype bias_dtype = kernels::bias_dtype_for(fp8, c.d_dtype);
         const Tensor *bias = bias_for(bias_dtype);
-        if (f16_from_bf16) {  // the F16-rounded bias, held in F32 for the F32 epilogue
+        if (f16_from_bf16) {  // the F16-rounded bias, held in F32 for the F32 epilogue (made once per bias)
             Tensor &b32 = buffer(bias_f32_, FP8AMP_DTYPE_F32, 1, desc_.out_features);
-            cast_unchecked(*ctx_, bias->data(), bias->dtype(), b32.data(), FP8AMP_DTYPE_F32,
-                           static_cast<size_t>(desc_.out_features));
+            if (bias_f32_version_ != bias_->version()) {
+                cast_unchecked(*ctx_, bias->data(), bias->dtype(), b32.data(), FP8AMP_DTYPE_F32,
+                               static_cast<size_t>(desc_.out_features));
+                bias_f32_version_ = bias_->version();
+            }
             bias = &b32;
         }
         g.bias = bias->data();
@@ -302,11 +315,12 @@ void Linear::forward(const Tensor &x, Tensor &y, bool training) {
     if (x.ndim() < 1 || x.shape()[x.ndim() - 1] != k)
         fail(FP8AMP_ERROR_SHAPE_MISMATCH,
              "x is " + x.describe() + " but this Linear takes [..., " + std::to_string(k) + "] (in_features)");
-    std::vector<int64_t> y_shape = shape_of(x);
-    y_shape.back() = n;
-    if (shape_of(y) != y_shape)
+    if (!is_output_shape(x, y, n)) {
+        std::vector<int64_t> y_shape(x.shape(), x.shape() + x.ndim());
+        y_shape.back() = n;
         fail(FP8AMP_ERROR_SHAPE_MISMATCH, "y is " + y.describe() + " but x " + x.describe() + " gives y " +
                                               shape_string(y_shape));
+    }
     const int64_t m = x.numel() / k;
     if (m == 0) fail(FP8AMP_ERROR_SHAPE_MISMATCH, "x is " + x.describe() + ": it holds no rows");
     check_writable(y, "y");
@@ -339,8 +353,8 @@ void Linear::forward(const Tensor &x, Tensor &y, bool training) {
     if (training) {
         saved_ = true;
         saved_m_ = m;
-        saved_x_shape_ = shape_of(x);
-        saved_y_shape_ = y_shape;
+        saved_x_shape_.assign(x.shape(), x.shape() + x.ndim());  // reuses the vectors' memory
+        saved_y_shape_.assign(y.shape(), y.shape() + y.ndim());
     }
 }
 
@@ -353,10 +367,10 @@ void Linear::backward(const Tensor &dy, Tensor *dx, bool accumulate) {
     if (dx) check_wide(*dx, "dx");
     check_on_device(*ctx_, dy, "dy");
     if (dx) check_on_device(*ctx_, *dx, "dx");
-    if (shape_of(dy) != saved_y_shape_)
+    if (!has_shape(dy, saved_y_shape_))
         fail(FP8AMP_ERROR_SHAPE_MISMATCH,
              "dy is " + dy.describe() + " but the forward's y was " + shape_string(saved_y_shape_));
-    if (dx && shape_of(*dx) != saved_x_shape_)
+    if (dx && !has_shape(*dx, saved_x_shape_))
         fail(FP8AMP_ERROR_SHAPE_MISMATCH,
              "dx is " + dx->describe() + " but the forward's x was " + shape_string(saved_x_shape_));
     if (dx) {

@@ -32,6 +32,7 @@ public:
         weight_fp8_version_ = kStale;
         weight_wide_version_ = kStale;
         bias_cast_version_ = kStale;  // the bias may have been written behind the Linear's back too
+        bias_f32_version_ = kStale;
     }
     void forward(const Tensor &x, Tensor &y, bool training);
     void backward(const Tensor &dy, Tensor *dx, bool accumulate);
@@ -66,7 +67,7 @@ private:
     // Shared: a weight dequantized to F32 (F16-scaled weights), the bias in its epilogue dtype, the
     // FP32 weight-gradient sum (E4M3/BF16 weight gradients), a F32 staging output, bias-grad scratch.
     std::shared_ptr<Tensor> w_f32_, bias_cast_, bias_f32_, wgrad_acc_, out_stage_, colsum_scratch_;
-    uint64_t bias_cast_version_ = kStale;
+    uint64_t bias_cast_version_ = kStale, bias_f32_version_ = kStale;
 
     // What the last training forward left for backward.
     bool saved_ = false;
