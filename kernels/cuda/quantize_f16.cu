@@ -15,6 +15,7 @@
 #include <cstring>
 #include <type_traits>
 
+#include "casting_common.cuh"
 #include "cuda_common.cuh"
 #include "elementwise.cuh"
 #include "quantize_f16.cuh"
@@ -23,14 +24,10 @@
 namespace fp8amp::kernels::cuda::scaled_f16 {
 namespace {
 
-constexpr int kThreads = 256;
+using namespace casting;  // the pack, the reduction, the tally, the epilogue, the launch helpers
+
 constexpr int kVec = 8;  // elements per vector access
 constexpr float kF16Max = 65504.0f;
-
-template <class T, int N>
-struct alignas(sizeof(T) * N) Vec {
-    T v[N];
-};
 
 __device__ __forceinline__ uint32_t nan_code(float y) { return ((codec::f32_bits(y) >> 31) << 15) | codec::F16::kQuietNaN; }
 
@@ -52,13 +49,6 @@ __device__ __forceinline__ uint32_t f16x2_satfinite(float a, float b) {
     return w;
 }
 
-// Per-thread accumulators of a quantize pass.
-struct Tally {
-    uint32_t amax = 0;
-    uint32_t saturated = 0;
-    uint32_t underflowed = 0;
-};
-
 template <bool kStats>
 __device__ __forceinline__ void count(float x, float y, uint32_t code, Tally &t) {
     t.amax = max(t.amax, amax_bits_of(x));
@@ -76,59 +66,6 @@ __device__ __forceinline__ uint16_t quantize_one(float x, float scale, Tally &t)
     return q;
 }
 
-// Block-wide reduction; the result is valid in thread 0.
-template <bool kMax>
-__device__ __forceinline__ uint32_t block_reduce(uint32_t v) {
-    __shared__ uint32_t warp_values[kThreads / 32];
-    auto op = [](uint32_t a, uint32_t b) { return kMax ? (a > b ? a : b) : a + b; };
-    for (int offset = 16; offset > 0; offset /= 2) v = op(v, __shfl_down_sync(0xFFFFFFFFu, v, offset));
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    __syncthreads();  // warp_values may still be read by a previous reduction
-    if (lane == 0) warp_values[warp] = v;
-    __syncthreads();
-    if (warp == 0) {
-        v = lane < kThreads / 32 ? warp_values[lane] : 0u;
-        for (int offset = 16; offset > 0; offset /= 2) v = op(v, __shfl_down_sync(0xFFFFFFFFu, v, offset));
-    }
-    return v;
-}
-
-// The scale of this quantize: the meta's, or under current scaling the one the amax just recorded
-// (this tensor's own) gives.
-__device__ __forceinline__ float quantize_scale(const ScalingState &m) {
-    return m.current ? compute_scale(m, codec::bits_f32(m.amax_bits), m.scale) : m.scale;
-}
-
-// Folds a block's tally into the meta and, once per launch, publishes the scale_inv used (the same
-// protocol as quantize.cu's FP8 kernels).
-template <bool kStats>
-__device__ __forceinline__ void finish_block(const Tally &t, ScalingState *meta, float scale, float *scale_inv,
-                                             float *scale_inv_t, size_t n) {
-    const uint32_t amax = block_reduce<true>(t.amax);
-    uint32_t saturated = 0, underflowed = 0;
-    if (kStats) {
-        saturated = block_reduce<false>(t.saturated);
-        underflowed = block_reduce<false>(t.underflowed);
-    }
-    if (threadIdx.x != 0) return;
-    if (!meta->current) atomicMax(&meta->amax_bits, amax);
-    if (kStats) {
-        if (saturated) atomicAdd(&meta->saturated, static_cast<unsigned long long>(saturated));
-        if (underflowed) atomicAdd(&meta->underflowed, static_cast<unsigned long long>(underflowed));
-    }
-    if (blockIdx.x == 0) {
-        const float inv = meta->current ? 1.0f / scale : meta->scale_inv;
-        if (meta->current) {
-            // Every block computed this same scale from the same amax; only the value matters.
-            meta->scale = scale;
-            meta->scale_inv = inv;
-        }
-        if (kStats) atomicAdd(&meta->quantized, static_cast<unsigned long long>(n));
-        *scale_inv = inv;
-        if (scale_inv_t) *scale_inv_t = inv;
-    }
-}
-
 template <fp8amp_dtype S, bool kVectorized, bool kStats>
 __global__ void __launch_bounds__(kThreads) quantize_kernel(const typename Storage<S>::type *__restrict__ src,
                                                             uint16_t *__restrict__ dst, size_t n, ScalingState *meta,
@@ -141,17 +78,17 @@ __global__ void __launch_bounds__(kThreads) quantize_kernel(const typename Stora
     size_t done = 0;
     if (kVectorized) {
         const size_t packs = n / kVec;
-        const auto *in = reinterpret_cast<const Vec<SrcT, kVec> *>(src);
-        auto *out = reinterpret_cast<Vec<uint32_t, kVec / 2> *>(dst);
+        const auto *in = reinterpret_cast<const PackN<SrcT, kVec> *>(src);
+        auto *out = reinterpret_cast<PackN<uint32_t, kVec / 2> *>(dst);
         for (size_t i = first; i < packs; i += stride) {
-            const Vec<SrcT, kVec> a = in[i];
+            const PackN<SrcT, kVec> a = in[i];
             float x[kVec], y[kVec];
 #pragma unroll
             for (int k = 0; k < kVec; ++k) {
                 x[k] = to_f32<S>(a.v[k]);
                 y[k] = scaled(x[k], scale);
             }
-            Vec<uint32_t, kVec / 2> b;
+            PackN<uint32_t, kVec / 2> b;
 #pragma unroll
             for (int k = 0; k < kVec / 2; ++k) {
                 b.v[k] = f16x2_satfinite(y[2 * k], y[2 * k + 1]);
@@ -213,11 +150,11 @@ __global__ void __launch_bounds__(kThreads) dequantize_kernel(const uint16_t *__
     size_t done = 0;
     if (kVectorized) {
         const size_t packs = n / kVec;
-        const auto *in = reinterpret_cast<const Vec<uint16_t, kVec> *>(src);
-        auto *out = reinterpret_cast<Vec<DstT, kVec> *>(dst);
+        const auto *in = reinterpret_cast<const PackN<uint16_t, kVec> *>(src);
+        auto *out = reinterpret_cast<PackN<DstT, kVec> *>(dst);
         for (size_t i = first; i < packs; i += stride) {
-            const Vec<uint16_t, kVec> a = in[i];
-            Vec<DstT, kVec> b;
+            const PackN<uint16_t, kVec> a = in[i];
+            PackN<DstT, kVec> b;
 #pragma unroll
             for (int k = 0; k < kVec; ++k) b.v[k] = from_f32<D>(scaled(to_f32<FP8AMP_DTYPE_F16>(a.v[k]), s));
             out[i] = b;
@@ -228,49 +165,22 @@ __global__ void __launch_bounds__(kThreads) dequantize_kernel(const uint16_t *__
         dst[i] = from_f32<D>(scaled(to_f32<FP8AMP_DTYPE_F16>(src[i]), s));
 }
 
-// As many blocks as can be resident at once, or fewer when there is less work (work_items threads).
-template <class Kernel>
-unsigned grid_for(int device, Kernel kernel, size_t work_items) {
-    int per_sm = 0;
-    check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, 0),
-          "cudaOccupancyMaxActiveBlocksPerMultiprocessor");
-    const size_t wanted = (work_items + kThreads - 1) / kThreads;
-    const size_t cap = size_t(multiprocessor_count(device)) * size_t(per_sm > 0 ? per_sm : 1);
-    return static_cast<unsigned>(wanted == 0 ? 1 : (wanted < cap ? wanted : cap));
-}
-
 template <class T, int N = kVec>
 bool vec_aligned(const void *p) {
-    return reinterpret_cast<uintptr_t>(p) % alignof(Vec<T, N>) == 0;
-}
-
-template <class F>
-void dispatch_wide(fp8amp_dtype d, F &&f) {
-    switch (d) {
-    case FP8AMP_DTYPE_F32: return f(std::integral_constant<fp8amp_dtype, FP8AMP_DTYPE_F32>());
-    case FP8AMP_DTYPE_F16: return f(std::integral_constant<fp8amp_dtype, FP8AMP_DTYPE_F16>());
-    case FP8AMP_DTYPE_BF16: return f(std::integral_constant<fp8amp_dtype, FP8AMP_DTYPE_BF16>());
-    default: fail(FP8AMP_ERROR_INTERNAL, "scaled f16: the other dtype is not F32/F16/BF16");
-    }
-}
-
-template <class F>
-void dispatch_bool(bool b, F &&f) {
-    if (b) return f(std::true_type());
-    f(std::false_type());
+    return reinterpret_cast<uintptr_t>(p) % alignof(PackN<T, N>) == 0;
 }
 
 }  // namespace
 
 void quantize(int device, cudaStream_t stream, const void *src, fp8amp_dtype src_dtype, void *dst, size_t n,
               const QuantizeTarget &target) {
-    dispatch_wide(src_dtype, [&](auto s) {
+    dispatch_src(src_dtype, [&](auto s) {
         constexpr fp8amp_dtype S = decltype(s)::value;
         using SrcT = typename Storage<S>::type;
         dispatch_bool(vec_aligned<SrcT>(src) && vec_aligned<uint16_t>(dst), [&](auto v) {
             dispatch_bool(target.stats, [&](auto st) {
                 const auto kernel = quantize_kernel<S, decltype(v)::value, decltype(st)::value>;
-                kernel<<<grid_for(device, kernel, n / kVec + 1), kThreads, 0, stream>>>(
+                kernel<<<persistent_grid(device, kernel, n / kVec + 1), kThreads, 0, stream>>>(
                     static_cast<const SrcT *>(src), static_cast<uint16_t *>(dst), n, target.meta, target.scale_inv,
                     target.scale_inv_t);
             });
@@ -282,12 +192,12 @@ void quantize(int device, cudaStream_t stream, const void *src, fp8amp_dtype src
 void quantize_transpose(int device, cudaStream_t stream, const void *src, fp8amp_dtype src_dtype, void *dst,
                         void *dst_t, size_t rows, size_t cols, const QuantizeTarget &target) {
     const size_t tiles = ((rows + kTile - 1) / kTile) * ((cols + kTile - 1) / kTile);
-    dispatch_wide(src_dtype, [&](auto s) {
+    dispatch_src(src_dtype, [&](auto s) {
         constexpr fp8amp_dtype S = decltype(s)::value;
         using SrcT = typename Storage<S>::type;
         dispatch_bool(target.stats, [&](auto st) {
             const auto kernel = quantize_transpose_kernel<S, decltype(st)::value>;
-            kernel<<<grid_for(device, kernel, tiles * kThreads), kThreads, 0, stream>>>(
+            kernel<<<persistent_grid(device, kernel, tiles * kThreads), kThreads, 0, stream>>>(
                 static_cast<const SrcT *>(src), static_cast<uint16_t *>(dst), static_cast<uint16_t *>(dst_t), rows,
                 cols, target.meta, target.scale_inv, target.scale_inv_t);
         });
@@ -297,12 +207,12 @@ void quantize_transpose(int device, cudaStream_t stream, const void *src, fp8amp
 
 void dequantize(int device, cudaStream_t stream, const void *src, void *dst, fp8amp_dtype dst_dtype, size_t n,
                 const float *scale_inv) {
-    dispatch_wide(dst_dtype, [&](auto d) {
+    dispatch_src(dst_dtype, [&](auto d) {
         constexpr fp8amp_dtype D = decltype(d)::value;
         using DstT = typename Storage<D>::type;
         dispatch_bool(vec_aligned<uint16_t>(src) && vec_aligned<DstT>(dst), [&](auto v) {
             const auto kernel = dequantize_kernel<D, decltype(v)::value>;
-            kernel<<<grid_for(device, kernel, n / kVec + 1), kThreads, 0, stream>>>(
+            kernel<<<persistent_grid(device, kernel, n / kVec + 1), kThreads, 0, stream>>>(
                 static_cast<const uint16_t *>(src), static_cast<DstT *>(dst), n, scale_inv);
         });
     });

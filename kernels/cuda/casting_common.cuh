@@ -1,0 +1,140 @@
+// What the scaled casting kernels share (quantize.cu's FP8 kernels and quantize_f16.cu's scaled-F16
+// ones): the pack type, the block reduction, the per-thread tally and the per-block epilogue that
+// publishes amax, statistics and the scale_inv used, and the launch helpers (a persistent grid sized
+// by each kernel's own occupancy, asked once; compile-time dispatch over dtypes and flags).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <type_traits>
+#include <utility>
+
+#include "cuda_common.cuh"
+#include "scaling.hpp"
+
+namespace fp8amp::kernels::cuda::casting {
+
+constexpr int kThreads = 256;  // threads per block of every casting kernel
+
+template <class T, int N>
+struct alignas(sizeof(T) * N) PackN {
+    T v[N];
+};
+
+// Block-wide reduction of one value; the result is valid in thread 0.
+template <class Op>
+__device__ __forceinline__ uint32_t block_reduce(uint32_t v, Op op) {
+    __shared__ uint32_t warp_values[kThreads / 32];
+    for (int offset = 16; offset > 0; offset /= 2) v = op(v, __shfl_down_sync(0xFFFFFFFFu, v, offset));
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    __syncthreads();  // warp_values may still be read by a previous reduction
+    if (lane == 0) warp_values[warp] = v;
+    __syncthreads();
+    if (warp == 0) {
+        v = lane < kThreads / 32 ? warp_values[lane] : 0u;
+        for (int offset = 16; offset > 0; offset /= 2) v = op(v, __shfl_down_sync(0xFFFFFFFFu, v, offset));
+    }
+    return v;
+}
+
+struct MaxOp {
+    __device__ uint32_t operator()(uint32_t a, uint32_t b) const { return a > b ? a : b; }
+};
+struct AddOp {
+    __device__ uint32_t operator()(uint32_t a, uint32_t b) const { return a + b; }
+};
+
+// Per-thread accumulators of a quantize pass.
+struct Tally {
+    uint32_t amax = 0;
+    uint32_t saturated = 0;
+    uint32_t underflowed = 0;
+};
+
+// The scale a quantize uses: the meta's, or under current scaling the one its recorded amax (this
+// tensor's, written by amax_kernel just before) gives.
+__device__ __forceinline__ float quantize_scale(const ScalingState &m) {
+    return m.current ? compute_scale(m, codec::bits_f32(m.amax_bits), m.scale) : m.scale;
+}
+
+// Folds a block's tally into the meta and, once per launch, publishes the scale_inv used.
+template <bool kStats>
+__device__ __forceinline__ void finish_block(Tally t, ScalingState *meta, float scale, float *scale_inv,
+                                             float *scale_inv_t, size_t n) {
+    const uint32_t amax = block_reduce(t.amax, MaxOp());
+    uint32_t saturated = 0, underflowed = 0;
+    if (kStats) {
+        saturated = block_reduce(t.saturated, AddOp());
+        underflowed = block_reduce(t.underflowed, AddOp());
+    }
+    if (threadIdx.x != 0) return;
+    if (!meta->current) atomicMax(&meta->amax_bits, amax);
+    if (kStats) {
+        if (saturated) atomicAdd(&meta->saturated, static_cast<unsigned long long>(saturated));
+        if (underflowed) atomicAdd(&meta->underflowed, static_cast<unsigned long long>(underflowed));
+    }
+    if (blockIdx.x == 0) {
+        const float inv = meta->current ? 1.0f / scale : meta->scale_inv;
+        if (meta->current) {
+            // Every block computed this same scale from the same amax; only the value matters.
+            meta->scale = scale;
+            meta->scale_inv = inv;
+        }
+        if (kStats) atomicAdd(&meta->quantized, static_cast<unsigned long long>(n));
+        *scale_inv = inv;
+        if (scale_inv_t) *scale_inv_t = inv;
+    }
+}
+
+// A persistent grid: as many blocks as can be resident at once (by the kernel's own occupancy, so a
+// register-heavy variant never runs in two waves), or fewer when there is less work.
+// The occupancy of each kernel is asked once (it costs microseconds of host time: a Linear's forward
+// would pay it per call).
+// max_shared: ask for the largest shared-memory carveout first (kernels whose static shared memory,
+// not their registers, limits how many blocks fit: the dequantize table), so that the occupancy asked
+// here is the one the launch gets.
+inline int resident_blocks_per_sm(const void *kernel, int device, bool max_shared = false) {
+    static std::mutex mutex;
+    static std::map<std::pair<const void *, int>, int> cache;
+    std::lock_guard<std::mutex> lock(mutex);
+    auto it = cache.find({kernel, device});
+    if (it != cache.end()) return it->second;
+    if (max_shared)
+        check(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                   int(cudaSharedmemCarveoutMaxShared)),
+              "cudaFuncSetAttribute (shared-memory carveout)");
+    int per_sm = 0;
+    check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, 0),
+          "cudaOccupancyMaxActiveBlocksPerMultiprocessor");
+    cache.emplace(std::make_pair(kernel, device), per_sm);
+    return per_sm;
+}
+
+template <class Kernel>
+unsigned persistent_grid(int device, Kernel kernel, size_t work_items, bool max_shared = false) {
+    const int per_sm = resident_blocks_per_sm(reinterpret_cast<const void *>(kernel), device, max_shared);
+    const size_t wanted = (work_items + kThreads - 1) / kThreads;
+    const size_t cap = size_t(multiprocessor_count(device)) * size_t(per_sm > 0 ? per_sm : 1);
+    return static_cast<unsigned>(wanted == 0 ? 1 : (wanted < cap ? wanted : cap));
+}
+
+template <class F>
+void dispatch_src(fp8amp_dtype s, F &&f) {
+    switch (s) {
+    case FP8AMP_DTYPE_F32: return f(std::integral_constant<fp8amp_dtype, FP8AMP_DTYPE_F32>());
+    case FP8AMP_DTYPE_F16: return f(std::integral_constant<fp8amp_dtype, FP8AMP_DTYPE_F16>());
+    case FP8AMP_DTYPE_BF16: return f(std::integral_constant<fp8amp_dtype, FP8AMP_DTYPE_BF16>());
+    default: fail(FP8AMP_ERROR_INTERNAL, "casting: a dtype that must be F32/F16/BF16 is not");
+    }
+}
+
+template <class F>
+void dispatch_bool(bool b, F &&f) {
+    if (b) return f(std::true_type());
+    f(std::false_type());
+}
+
+}  // namespace fp8amp::kernels::cuda::casting
