@@ -21,90 +21,25 @@ import ctypes
 import datetime
 import json
 import os
-import statistics
 
 import torch
 
-F32, F16, BF16, E4M3, E5M2 = 0, 1, 2, 3, 4
-CUDA = 2
-NO_MASTER = -1
+from fp8amp_ctypes import BF16, E4M3, F16, F32, AdamDesc, Lib, StepArgs
+from fp8amp_ctypes import bench as _bench
 
 
-class Device(ctypes.Structure):
-    _fields_ = [("type", ctypes.c_int), ("index", ctypes.c_int32)]
-
-
-class Recipe(ctypes.Structure):
-    _fields_ = [("struct_size", ctypes.c_uint32), ("format", ctypes.c_int), ("mode", ctypes.c_int),
-                ("margin", ctypes.c_int32), ("interval", ctypes.c_int32), ("amax_history_len", ctypes.c_int32),
-                ("amax_algo", ctypes.c_int), ("power_of_two_scales", ctypes.c_int32)]
-
-
-class AdamDesc(ctypes.Structure):
-    _fields_ = [("struct_size", ctypes.c_uint32), ("adamw", ctypes.c_int32), ("lr", ctypes.c_float),
-                ("beta1", ctypes.c_float), ("beta2", ctypes.c_float), ("eps", ctypes.c_float),
-                ("weight_decay", ctypes.c_float), ("maximize", ctypes.c_int32), ("exp_avg_dtype", ctypes.c_int),
-                ("exp_avg_sq_dtype", ctypes.c_int), ("master_dtype", ctypes.c_int32),
-                ("state_block_size", ctypes.c_int32), ("max_grad_norm", ctypes.c_float)]
-
-
-class StepArgs(ctypes.Structure):
-    _fields_ = [("struct_size", ctypes.c_uint32), ("lr", ctypes.c_float), ("lr_device", ctypes.c_void_p),
-                ("grad_scale_inv", ctypes.c_float), ("scaler", ctypes.c_void_p)]
-
-
-class Lib:
+class AdamLib(Lib):
     def __init__(self, path):
-        self.lib = ctypes.CDLL(path)
-        self.lib.fp8amp_last_error_message.restype = ctypes.c_char_p
-        self.lib.fp8amp_context_create.argtypes = [Device, ctypes.POINTER(ctypes.c_void_p)]
-        self.lib.fp8amp_scaling_set_scale.argtypes = [ctypes.c_void_p, ctypes.c_float]
+        super().__init__(path)
         self.lib.fp8amp_opt_level_adam_config.argtypes = [ctypes.c_int, ctypes.POINTER(AdamDesc)]
 
-    def __call__(self, name, *args):
-        status = getattr(self.lib, name)(*args)
-        if status != 0:
-            raise RuntimeError(f"{name}: status {status}: {self.lib.fp8amp_last_error_message().decode()}")
-
-    def context(self, stream):
-        ctx = ctypes.c_void_p()
-        self("fp8amp_context_create", Device(CUDA, torch.cuda.current_device()), ctypes.byref(ctx))
-        self.set_stream(ctx, stream)
-        return ctx
-
-    def set_stream(self, ctx, stream):
-        self("fp8amp_context_set_stream", ctx, ctypes.c_void_p(stream.cuda_stream))
-
-    def wrap(self, ctx, t, dtype):
-        shape = (ctypes.c_int64 * t.dim())(*t.shape)
-        h = ctypes.c_void_p()
-        self("fp8amp_tensor_wrap", ctx, dtype, t.dim(), shape, ctypes.c_void_p(t.data_ptr()), ctypes.byref(h))
-        return h
-
-    def scaling(self, ctx, scale):
-        r = Recipe()
-        self("fp8amp_recipe_init_default", ctypes.byref(r))
-        r.amax_history_len = 16
-        s = ctypes.c_void_p()
-        self("fp8amp_scaling_create", ctx, ctypes.byref(r), E4M3, ctypes.byref(s))
-        self("fp8amp_scaling_set_scale", s, ctypes.c_float(scale))
-        return s
+    def scaling(self, ctx, scale):  # a meta (history 16) with a set scale: the gradients' metas
+        return super().scaling(ctx, history=16, scale=scale)
 
 
-def bench(fn, warmup=3, reps=15):
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        torch.cuda._sleep(1_000_000)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
+def bench(fn):
+    """Median ms of fn() over 15 runs (fp8amp_ctypes.bench)."""
+    return _bench(fn, warmup=3, reps=15)
 
 
 def torch_dtype(d):
@@ -183,7 +118,7 @@ def main():
     ap.add_argument("--commit", default=os.environ.get("FP8AMP_COMMIT", "unknown"))
     ap.add_argument("--only", help="comma-separated fp8amp case names to run (tuning runs: no torch baseline)")
     args = ap.parse_args()
-    lib = Lib(args.lib)
+    lib = AdamLib(args.lib)
     stream = torch.cuda.current_stream()
     ctx = lib.context(stream)
     props = torch.cuda.get_device_properties(0)

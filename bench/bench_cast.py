@@ -19,78 +19,17 @@ import ctypes
 import datetime
 import json
 import os
-import statistics
-import subprocess
 import sys
 
 import torch
 
-F32, F16, BF16, E4M3, E5M2 = 0, 1, 2, 3, 4
-CUDA = 2
+from fp8amp_ctypes import BF16, E4M3, Lib
+from fp8amp_ctypes import bench as _bench
 
 
-class Device(ctypes.Structure):
-    _fields_ = [("type", ctypes.c_int), ("index", ctypes.c_int32)]
-
-
-class Recipe(ctypes.Structure):
-    _fields_ = [("struct_size", ctypes.c_uint32), ("format", ctypes.c_int), ("mode", ctypes.c_int),
-                ("margin", ctypes.c_int32), ("interval", ctypes.c_int32), ("amax_history_len", ctypes.c_int32),
-                ("amax_algo", ctypes.c_int), ("power_of_two_scales", ctypes.c_int32)]
-
-
-class Lib:
-    """The few C API calls the benchmark needs, over ctypes."""
-
-    def __init__(self, path):
-        self.lib = ctypes.CDLL(path)
-        self.lib.fp8amp_last_error_message.restype = ctypes.c_char_p
-        self.lib.fp8amp_context_create.argtypes = [Device, ctypes.POINTER(ctypes.c_void_p)]
-        self.lib.fp8amp_scaling_set_scale.argtypes = [ctypes.c_void_p, ctypes.c_float]
-
-    def __call__(self, name, *args):
-        status = getattr(self.lib, name)(*args)
-        if status != 0:
-            raise RuntimeError(f"{name}: status {status}: {self.lib.fp8amp_last_error_message().decode()}")
-
-    def context(self, stream):
-        ctx = ctypes.c_void_p()
-        self("fp8amp_context_create", Device(CUDA, torch.cuda.current_device()), ctypes.byref(ctx))
-        self("fp8amp_context_set_stream", ctx, ctypes.c_void_p(stream.cuda_stream))
-        return ctx
-
-    def wrap(self, ctx, t: torch.Tensor, dtype: int):
-        shape = (ctypes.c_int64 * t.dim())(*t.shape)
-        h = ctypes.c_void_p()
-        self("fp8amp_tensor_wrap", ctx, dtype, t.dim(), shape, ctypes.c_void_p(t.data_ptr()), ctypes.byref(h))
-        return h
-
-    def scaling(self, ctx, mode=0, history=1024):
-        r = Recipe()
-        self("fp8amp_recipe_init_default", ctypes.byref(r))
-        r.mode = mode
-        r.amax_history_len = history
-        s = ctypes.c_void_p()
-        self("fp8amp_scaling_create", ctx, ctypes.byref(r), E4M3, ctypes.byref(s))
-        return s
-
-
-def bench(fn, rotations=1, warmup=5, reps=40):
-    """Median milliseconds of fn(i) over reps runs, timed with CUDA events; i rotates the inputs."""
-    for i in range(warmup):
-        fn(i % rotations)
-    torch.cuda.synchronize()
-    times = []
-    for i in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        # A backlog on the stream first, so the events time the GPU work, not the host enqueueing it.
-        torch.cuda._sleep(1_000_000)
-        start.record()
-        fn(i % rotations)
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
+def bench(fn, rotations=1):
+    """Median ms of fn(i) over 40 runs after 5 warm-ups; i rotates the inputs (fp8amp_ctypes.bench)."""
+    return _bench(fn, rotations=rotations, warmup=5, reps=40)
 
 
 def main():

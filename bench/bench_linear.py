@@ -25,54 +25,17 @@ import time
 
 import torch
 
-F32, F16, BF16, E4M3, E5M2 = 0, 1, 2, 3, 4
-CUDA = 2
-AUTO, ALWAYS_FP8, NEVER_FP8 = 0, 1, 2
-KIND_NAMES = {0: "none", 1: "fp8", 2: "bf16", 3: "f32"}
+from fp8amp_ctypes import ALWAYS_FP8, AUTO, BF16, E4M3, F32, KIND_NAMES, NEVER_FP8, LinearDesc, Lib, Recipe
+from fp8amp_ctypes import bench as _bench
 
 
-class Device(ctypes.Structure):
-    _fields_ = [("type", ctypes.c_int), ("index", ctypes.c_int32)]
-
-
-class Recipe(ctypes.Structure):
-    _fields_ = [("struct_size", ctypes.c_uint32), ("format", ctypes.c_int), ("mode", ctypes.c_int),
-                ("margin", ctypes.c_int32), ("interval", ctypes.c_int32), ("amax_history_len", ctypes.c_int32),
-                ("amax_algo", ctypes.c_int), ("power_of_two_scales", ctypes.c_int32)]
-
-
-class LinearDesc(ctypes.Structure):
-    _fields_ = [("struct_size", ctypes.c_uint32), ("in_features", ctypes.c_int64), ("out_features", ctypes.c_int64),
-                ("has_bias", ctypes.c_int32), ("weight_dtype", ctypes.c_int), ("wgrad_dtype", ctypes.c_int),
-                ("recipe", Recipe), ("policy", ctypes.c_int)]
-
-
-class Lib:
+class LinearLib(Lib):
     def __init__(self, path):
-        self.lib = ctypes.CDLL(path)
-        self.lib.fp8amp_last_error_message.restype = ctypes.c_char_p
-        self.lib.fp8amp_context_create.argtypes = [Device, ctypes.POINTER(ctypes.c_void_p)]
+        super().__init__(path)
         for name in ("fp8amp_linear_forward", "fp8amp_linear_backward"):
             getattr(self.lib, name).argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int32]
         self.forward = self.lib.fp8amp_linear_forward
         self.backward = self.lib.fp8amp_linear_backward
-
-    def __call__(self, name, *args):
-        status = getattr(self.lib, name)(*args)
-        if status != 0:
-            raise RuntimeError(f"{name}: status {status}: {self.lib.fp8amp_last_error_message().decode()}")
-
-    def context(self, stream):
-        ctx = ctypes.c_void_p()
-        self("fp8amp_context_create", Device(CUDA, torch.cuda.current_device()), ctypes.byref(ctx))
-        self("fp8amp_context_set_stream", ctx, ctypes.c_void_p(stream.cuda_stream))
-        return ctx
-
-    def wrap(self, ctx, t, dtype):
-        shape = (ctypes.c_int64 * t.dim())(*t.shape)
-        h = ctypes.c_void_p()
-        self("fp8amp_tensor_wrap", ctx, dtype, t.dim(), shape, ctypes.c_void_p(t.data_ptr()), ctypes.byref(h))
-        return h
 
     def linear(self, ctx, k, n, policy, weight, bias, wgrad_dtype=E4M3):
         d = LinearDesc()
@@ -92,21 +55,9 @@ class Lib:
         return KIND_NAMES[k.value]
 
 
-def bench(fn, warmup=3, reps=20):
-    """Median milliseconds of fn() over reps runs, timed with CUDA events behind a stream backlog."""
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        torch.cuda._sleep(2_000_000)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
+def bench(fn):
+    """Median ms of fn() over 20 runs behind a longer backlog (the GEMMs are long) -- fp8amp_ctypes.bench."""
+    return _bench(fn, warmup=3, reps=20, backlog_cycles=2_000_000)
 
 
 OUR_KERNELS = ("quantize", "transpose", "column_", "cast_", "amax", "update_scaling", "dequantize")
@@ -139,7 +90,7 @@ def main():
     ap.add_argument("--sections", default="gemm,crossover,host", help="comma-separated: gemm, crossover, host")
     args = ap.parse_args()
     sections = set(args.sections.split(","))
-    lib = Lib(args.lib)
+    lib = LinearLib(args.lib)
     torch.manual_seed(0)
     stream = torch.cuda.current_stream()
     ctx = lib.context(stream)
