@@ -187,3 +187,14 @@ def test_linear_lifetime(ctx, rng):
     with fp8amp.Linear(ctx, 16, 16) as l2:
         assert not l2.closed
     assert l2.closed
+
+
+@pytest.mark.parametrize("level,weight", [("O1", fp8amp.F16), ("O2", fp8amp.F16), ("O3", fp8amp.E4M3)])
+def test_for_level_takes_the_presets(ctx, level, weight):
+    with fp8amp.Linear.for_level(ctx, level, 32, 16) as lin:
+        assert lin.weight.dtype == weight
+        assert lin.weight_grad.dtype == fp8amp.E4M3
+        # a scaled weight is bound to the WEIGHT_STORAGE meta
+        lin.scaling(fp8amp.Role.WEIGHT_STORAGE).close()
+    with pytest.raises(ValueError):
+        fp8amp.Linear.for_level(ctx, "O4", 32, 16)

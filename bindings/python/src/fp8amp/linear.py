@@ -87,6 +87,18 @@ class Linear(Handle):
         # Reused out-parameter for the hot path (one fewer allocation per call).
         self._kind = ffi.new("fp8amp_gemm_kind *")
 
+    @classmethod
+    def for_level(cls, ctx: Context, level: Any, in_features: int, out_features: int, bias: bool = True,
+                  recipe: Optional[Recipe] = None, policy: Any = GemmPolicy.AUTO) -> "Linear":
+        """A Linear with the weight and weight-gradient dtypes of an optimization level ("O1", "O2",
+        "O3"), as the C library's fp8amp_opt_level_config gives them (its Adam half is
+        ``AdamConfig.for_level``)."""
+        from .optim import as_opt_level  # optim imports this module
+        d = ffi.new("fp8amp_linear_desc *")
+        check(lib.fp8amp_opt_level_config(int(as_opt_level(level)), d, NULL))
+        return cls(ctx, in_features, out_features, bias=bias, weight_dtype=DType(d.weight_dtype),
+                   wgrad_dtype=DType(d.wgrad_dtype), recipe=recipe, policy=policy)
+
     @property
     def context(self) -> Context:
         return self._context
