@@ -166,6 +166,10 @@ FP8AMP_API fp8amp_status fp8amp_tensor_wrap(fp8amp_context ctx, fp8amp_dtype dty
     });
 }
 
+FP8AMP_API fp8amp_status fp8amp_tensor_rebind(fp8amp_tensor t, void *data, int32_t ndim, const int64_t *shape) {
+    FP8AMP_GUARD({ lookup<Tensor>(t, "t")->rebind(data, ndim, shape); });
+}
+
 FP8AMP_API fp8amp_status fp8amp_tensor_destroy(fp8amp_tensor t) {
     FP8AMP_GUARD({
         if (t) fp8amp::core::unregister_object(t, Tensor::kKind, "t");

@@ -210,7 +210,17 @@ void Optimizer::add_param(std::shared_ptr<Tensor> param, std::shared_ptr<Tensor>
         rebuild_list();
         throw;
     }
+    // The device-side list holds both addresses: fp8amp_tensor_rebind must not move them.
+    entries_.back().param->pin_address();
+    entries_.back().grad->pin_address();
     ctx_->synchronize();
+}
+
+Optimizer::~Optimizer() {
+    for (Entry &e : entries_) {
+        e.param->unpin_address();
+        e.grad->unpin_address();
+    }
 }
 
 void Optimizer::rebuild_list() {

@@ -25,6 +25,9 @@ public:
     static constexpr HandleKind kKind = HandleKind::Optimizer;
 
     Optimizer(std::shared_ptr<const Context> ctx, const fp8amp_adam_desc &desc);
+    ~Optimizer();  // unpins the parameters' and gradients' addresses
+    Optimizer(const Optimizer &) = delete;
+    Optimizer &operator=(const Optimizer &) = delete;
 
     const Context &context() const { return *ctx_; }
     const fp8amp_device &device() const { return ctx_->device(); }

@@ -38,30 +38,50 @@ bool Tensor::overlaps(const Tensor &other) const {
     return a0 < b0 + other.nbytes_ && b0 < a0 + nbytes_;
 }
 
-void Tensor::set_shape(fp8amp_dtype dtype, int32_t ndim, const int64_t *shape) {
+Tensor::Layout Tensor::checked_layout(fp8amp_dtype dtype, int32_t ndim, const int64_t *shape) {
     check_dtype(dtype, "dtype");
     if (ndim < 0 || ndim > FP8AMP_MAX_NDIM)
         fail(FP8AMP_ERROR_INVALID_ARGUMENT,
              "ndim " + std::to_string(ndim) + " is outside 0.." + std::to_string(FP8AMP_MAX_NDIM));
     if (ndim > 0 && !shape) fail(FP8AMP_ERROR_INVALID_ARGUMENT, "shape is NULL but ndim is " + std::to_string(ndim));
     const size_t elem = fp8amp_dtype_size(dtype);
-    int64_t numel = 1;
+    Layout l;
     for (int32_t i = 0; i < ndim; ++i) {
         if (shape[i] < 1)
             fail(FP8AMP_ERROR_INVALID_ARGUMENT, "shape[" + std::to_string(i) + "] is " + std::to_string(shape[i]) +
                                                     ": every extent must be at least 1");
-        if (numel > std::numeric_limits<int64_t>::max() / shape[i])
+        if (l.numel > std::numeric_limits<int64_t>::max() / shape[i])
             fail(FP8AMP_ERROR_INVALID_ARGUMENT, "the number of elements overflows int64");
-        numel *= shape[i];
+        l.numel *= shape[i];
+        l.shape[i] = shape[i];
     }
-    if (static_cast<uint64_t>(numel) > std::numeric_limits<size_t>::max() / elem)
+    if (static_cast<uint64_t>(l.numel) > std::numeric_limits<size_t>::max() / elem)
         fail(FP8AMP_ERROR_INVALID_ARGUMENT, "the byte size overflows size_t");
+    l.ndim = ndim;
+    l.nbytes = static_cast<size_t>(l.numel) * elem;
+    return l;
+}
+
+void Tensor::set_shape(fp8amp_dtype dtype, int32_t ndim, const int64_t *shape) {
+    const Layout l = checked_layout(dtype, ndim, shape);
     dtype_ = dtype;
-    ndim_ = ndim;
-    shape_.fill(0);
-    for (int32_t i = 0; i < ndim; ++i) shape_[i] = shape[i];
-    numel_ = numel;
-    nbytes_ = static_cast<size_t>(numel) * elem;
+    ndim_ = l.ndim;
+    shape_ = l.shape;
+    numel_ = l.numel;
+    nbytes_ = l.nbytes;
+}
+
+void Tensor::check_borrowed_data(const Context &ctx, fp8amp_dtype dtype, const void *data) {
+    if (!data) fail(FP8AMP_ERROR_INVALID_ARGUMENT, "data is NULL");
+    if (reinterpret_cast<uintptr_t>(data) % fp8amp_dtype_size(dtype) != 0)
+        fail(FP8AMP_ERROR_INVALID_ARGUMENT, "data is not aligned to the element size");
+    if (ctx.is_cuda()) {
+        const int owner = kernels::cuda::pointer_device(data);
+        if (owner != ctx.device().index)
+            fail(FP8AMP_ERROR_DEVICE_MISMATCH,
+                 std::string("data is ") + (owner < 0 ? "host memory" : "memory of cuda:" + std::to_string(owner)) +
+                     ", not memory of " + device_name(ctx.device()));
+    }
 }
 
 std::shared_ptr<Tensor> Tensor::create(std::shared_ptr<const Context> ctx, fp8amp_dtype dtype, int32_t ndim,
@@ -79,21 +99,36 @@ std::shared_ptr<Tensor> Tensor::wrap(std::shared_ptr<const Context> ctx, fp8amp_
                                      const int64_t *shape, void *data) {
     std::shared_ptr<Tensor> t(new Tensor());
     t->set_shape(dtype, ndim, shape);
-    if (!data) fail(FP8AMP_ERROR_INVALID_ARGUMENT, "data is NULL");
-    if (reinterpret_cast<uintptr_t>(data) % fp8amp_dtype_size(dtype) != 0)
-        fail(FP8AMP_ERROR_INVALID_ARGUMENT, "data is not aligned to the element size");
-    if (ctx->is_cuda()) {
-        const int owner = kernels::cuda::pointer_device(data);
-        if (owner != ctx->device().index)
-            fail(FP8AMP_ERROR_DEVICE_MISMATCH,
-                 std::string("data is ") + (owner < 0 ? "host memory" : "memory of cuda:" + std::to_string(owner)) +
-                     ", not memory of " + device_name(ctx->device()));
-    }
+    check_borrowed_data(*ctx, dtype, data);
     t->storage_ = std::make_shared<Storage>(data, t->nbytes_, ctx->device(), nullptr);
     t->data_ = data;
     t->device_ = ctx->device();
+    t->borrowed_ = true;
     t->ctx_ = std::move(ctx);
     return t;
+}
+
+void Tensor::rebind(void *data, int32_t ndim, const int64_t *shape) {
+    if (!borrowed_)
+        fail(FP8AMP_ERROR_INVALID_ARGUMENT,
+             "t (" + describe() + ") was not made by fp8amp_tensor_wrap: only a wrapped tensor can be pointed at "
+             "other memory (this one owns or imported its memory, or is a library object's tensor)");
+    if (scale_inv_)
+        fail(FP8AMP_ERROR_INVALID_ARGUMENT, "t (" + describe() + ") has been bound to a scaling meta: its scale_inv "
+                                            "belongs to the data it holds, so it cannot be pointed at other memory");
+    if (address_pins_.load(std::memory_order_relaxed) > 0)
+        fail(FP8AMP_ERROR_INVALID_ARGUMENT,
+             "t (" + describe() + ") is a parameter or gradient of a live optimizer, which keeps its address");
+    const Layout l = checked_layout(dtype_, ndim, shape);
+    check_borrowed_data(*ctx_, dtype_, data);
+    auto storage = std::make_shared<Storage>(data, l.nbytes, device_, nullptr);
+    // Nothing can fail past this point.
+    ndim_ = l.ndim;
+    shape_ = l.shape;
+    numel_ = l.numel;
+    nbytes_ = l.nbytes;
+    data_ = data;
+    storage_ = std::move(storage);
 }
 
 namespace {

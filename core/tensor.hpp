@@ -2,6 +2,7 @@
 #pragma once
 
 #include <array>
+#include <atomic>
 #include <cstdint>
 #include <cstring>
 #include <memory>
@@ -32,6 +33,16 @@ public:
     }
     // A DLPack view sharing this tensor's storage; the consumer calls its deleter.
     DLManagedTensorVersioned *to_dlpack() const;
+
+    // fp8amp_tensor_rebind: points a tensor made by wrap() at other caller-owned memory with a new
+    // shape (same dtype and context), as if wrapped anew; validates everything first, so a failure
+    // changes nothing. Refused for tensors that own or import their memory, that were ever bound to a
+    // scaling meta, or whose address an optimizer holds (pin_address).
+    void rebind(void *data, int32_t ndim, const int64_t *shape);
+    // An object that keeps this tensor's data address (an optimizer's device-side parameter list)
+    // pins it while it lives: rebind() is refused meanwhile.
+    void pin_address() { address_pins_.fetch_add(1, std::memory_order_relaxed); }
+    void unpin_address() { address_pins_.fetch_sub(1, std::memory_order_relaxed); }
 
     fp8amp_dtype dtype() const { return dtype_; }
     int32_t ndim() const { return ndim_; }
@@ -64,6 +75,17 @@ public:
     void mark_written() { ++version_; }
 
 private:
+    // A validated dtype + shape (INVALID_ARGUMENT otherwise), computed before anything is changed.
+    struct Layout {
+        int32_t ndim = 0;
+        std::array<int64_t, FP8AMP_MAX_NDIM> shape{};
+        int64_t numel = 1;
+        size_t nbytes = 0;
+    };
+    static Layout checked_layout(fp8amp_dtype dtype, int32_t ndim, const int64_t *shape);
+    // Throws unless `data` can hold `dtype` elements on ctx's device (NULL, alignment, CUDA ownership).
+    static void check_borrowed_data(const Context &ctx, fp8amp_dtype dtype, const void *data);
+
     Tensor() = default;
     void set_shape(fp8amp_dtype dtype, int32_t ndim, const int64_t *shape);
 
@@ -75,6 +97,8 @@ private:
     void *data_ = nullptr;
     fp8amp_device device_{FP8AMP_DEVICE_CPU, 0};
     bool read_only_ = false;
+    bool borrowed_ = false;  // made by wrap(): the memory is the caller's, with no owner to keep
+    std::atomic<int32_t> address_pins_{0};
     std::shared_ptr<const Context> ctx_;
     std::shared_ptr<bool> dlpack_armed_;
     std::shared_ptr<Storage> storage_;  // keeps the memory alive; also held by exported DLPack views

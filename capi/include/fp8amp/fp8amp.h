@@ -188,6 +188,21 @@ FP8AMP_API fp8amp_status fp8amp_tensor_create(fp8amp_context ctx, fp8amp_dtype d
 FP8AMP_API fp8amp_status fp8amp_tensor_wrap(fp8amp_context ctx, fp8amp_dtype dtype, int32_t ndim,
                                             const int64_t *shape, void *data, fp8amp_tensor *out);
 
+/** Points a tensor made by fp8amp_tensor_wrap at other memory the caller owns, with a new shape of
+ *  ndim extents (same dtype, same context): afterwards it is as if wrapped anew over (data, ndim,
+ *  shape), so one handle can serve a new buffer at every call of a framework binding (the cost of a
+ *  handle lookup and, on CUDA, one pointer query; no allocation on the device). Its write counter
+ *  moves (a Linear or anything else that tracks the tensor's writes sees new contents). DLPack
+ *  tensors exported from it earlier keep the memory they were exported with. The same thread rules
+ *  as every tensor call: not while another call uses t.
+ *  Statuses, in this order: SUCCESS; INVALID_HANDLE (t); INVALID_ARGUMENT (t was not made by
+ *  fp8amp_tensor_wrap -- it owns or imported its memory, or is a library object's tensor such as a
+ *  Linear's weight; t has ever been bound to a scaling meta, whose scale_inv belongs to the data it
+ *  held; t is a parameter or gradient of a live optimizer, which keeps its address; the shape errors
+ *  of fp8amp_tensor_create; NULL or misaligned data); DEVICE_MISMATCH (as fp8amp_tensor_wrap).
+ *  On failure t is unchanged. */
+FP8AMP_API fp8amp_status fp8amp_tensor_rebind(fp8amp_tensor t, void *data, int32_t ndim, const int64_t *shape);
+
 /** Destroys a tensor handle (freeing its memory if it owns it and nothing else, such as an exported
  *  DLPack tensor, still refers to it). NULL is a no-op success. Statuses: SUCCESS; INVALID_HANDLE. */
 FP8AMP_API fp8amp_status fp8amp_tensor_destroy(fp8amp_tensor t);
