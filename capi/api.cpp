@@ -374,6 +374,14 @@ FP8AMP_API fp8amp_status fp8amp_tensor_set_scaling(fp8amp_tensor t, fp8amp_scali
     });
 }
 
+FP8AMP_API fp8amp_status fp8amp_tensor_scale_inv(fp8amp_tensor t, fp8amp_tensor *out) {
+    FP8AMP_GUARD({
+        auto x = lookup<Tensor>(t, "t");
+        require(out, "out");
+        publish(x->scale_inv_tensor(), out);
+    });
+}
+
 /* ---- casting with scales ---- */
 
 FP8AMP_API fp8amp_status fp8amp_quantize(fp8amp_context ctx, fp8amp_tensor src, fp8amp_tensor dst) {

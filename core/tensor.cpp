@@ -288,6 +288,20 @@ void Tensor::copy_to_host(void *dst, size_t nbytes) const {
         std::memcpy(dst, data_, nbytes);
 }
 
+std::shared_ptr<Tensor> Tensor::scale_inv_tensor() const {
+    if (!scale_inv_)
+        fail(FP8AMP_ERROR_INVALID_ARGUMENT,
+             "t (" + describe() + ") has no scale_inv slot: it was never bound to a scaling meta");
+    std::shared_ptr<Tensor> t(new Tensor());
+    t->set_shape(FP8AMP_DTYPE_F32, 0, nullptr);
+    t->storage_ = scale_inv_;
+    t->data_ = scale_inv_->data();
+    t->device_ = device_;
+    t->read_only_ = false;
+    t->ctx_ = ctx_;
+    return t;
+}
+
 void Tensor::set_scaling(std::shared_ptr<ScalingMeta> meta) {
     if (!meta) {
         scaling_.reset();  // the scale_inv slot stays: the data keeps the scale it was quantized with

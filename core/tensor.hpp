@@ -67,6 +67,9 @@ public:
     // The scale_inv this tensor was last quantized with (device memory; 4 bytes from the context's
     // allocator, made by the first binding), or null if it was never bound.
     float *scale_inv() const { return scale_inv_ ? static_cast<float *>(scale_inv_->data()) : nullptr; }
+    // fp8amp_tensor_scale_inv: an F32 scalar tensor sharing that slot (it keeps the slot's memory
+    // alive); INVALID_ARGUMENT when this tensor has no slot (never bound to a meta).
+    std::shared_ptr<Tensor> scale_inv_tensor() const;
 
     // A counter of the writes this library made to the tensor (host copies, casts, quantizes, the
     // optimizer): a Linear re-quantizes its weight when it moved. Writes made outside the library

@@ -379,6 +379,16 @@ FP8AMP_API fp8amp_status fp8amp_scaling_reset_stats(fp8amp_scaling s);
  *  E4M3/E5M2/F16, or of another dtype than the meta); DEVICE_MISMATCH; OUT_OF_MEMORY; CUDA. */
 FP8AMP_API fp8amp_status fp8amp_tensor_set_scaling(fp8amp_tensor t, fp8amp_scaling s);
 
+/** A new handle (the caller destroys it) to a bound (or once-bound) tensor's scale_inv copy: an F32
+ *  scalar tensor (ndim 0) sharing those 4 bytes of the tensor's device, kept alive by the new handle
+ *  (and by DLPack exports of it). Reading it gives the scale_inv the tensor's data was written with;
+ *  writing it (a host copy, a DLPack view: e.g. restoring a checkpoint of codes and scale) changes
+ *  the value the codes stand for in every later dequantize, Linear GEMM and optimizer step. A Linear
+ *  does not see such writes by itself: call fp8amp_linear_weight_changed after writing its weight's.
+ *  Statuses: SUCCESS; INVALID_HANDLE (t); INVALID_ARGUMENT (NULL out; t has no slot: it was never
+ *  bound to a scaling meta). */
+FP8AMP_API fp8amp_status fp8amp_tensor_scale_inv(fp8amp_tensor t, fp8amp_tensor *out);
+
 /* ---------------------------------------------------------------------------------------------
  * Casting with scales
  * ------------------------------------------------------------------------------------------- */
