@@ -38,6 +38,7 @@ class Tensor(Handle):
         super().__init__(handle)
         self._context = ctx  # the context whose stream __dlpack__ waits for
         self._scaling: Optional["Scaling"] = None
+        self._owner: Any = None  # what keeps a wrapped tensor's memory alive (Tensor.wrap/rebind)
         dtype = ffi.new("fp8amp_dtype *")
         check(lib.fp8amp_tensor_dtype(handle, dtype))
         self._dtype = DType(dtype[0])
@@ -52,6 +53,41 @@ class Tensor(Handle):
         t = cls.__new__(cls)
         t._adopt(handle, ctx)
         return t
+
+    # ---- views over memory the caller owns ------------------------------------------------------
+
+    @classmethod
+    def wrap(cls, ctx: Context, address: int, shape: Sequence[int], dtype: Any, owner: Any = None) -> "Tensor":
+        """A tensor over memory the caller owns (fp8amp_tensor_wrap): `address` is the first
+        element of a contiguous row-major block on ctx's device. `owner` (any object, e.g. the
+        NumPy array or torch tensor holding the memory) is kept alive with the Tensor; otherwise the
+        caller keeps the memory alive while the tensor refers to it."""
+        d = as_dtype(dtype)
+        shape = tuple(int(s) for s in shape)
+        out = ffi.new("fp8amp_tensor *")
+        check(lib.fp8amp_tensor_wrap(ctx.handle, d, len(shape), list(shape) or NULL, ffi.cast("void *", int(address)),
+                                     out))
+        t = cls._new(out[0], ctx)
+        t._owner = owner
+        return t
+
+    def rebind(self, address: int, shape: Sequence[int], owner: Any = None) -> None:
+        """Points this wrapped tensor at other memory with a new shape (fp8amp_tensor_rebind; same
+        dtype and context); `owner` replaces the object kept alive. Refused (InvalidArgumentError) for
+        tensors that own or imported their memory, were ever bound to a Scaling, or belong to an
+        Optimizer; a failed call changes nothing."""
+        shape = tuple(int(s) for s in shape)
+        check(lib.fp8amp_tensor_rebind(self._h, ffi.cast("void *", int(address)), len(shape), list(shape) or NULL))
+        self._shape = shape
+        self._owner = owner
+
+    def scale_inv(self) -> "Tensor":
+        """The scale_inv this tensor's data was written with, as an F32 scalar Tensor sharing the
+        tensor's slot (fp8amp_tensor_scale_inv): writing it changes what the codes stand for. Needs a
+        tensor that was bound to a Scaling (InvalidArgumentError otherwise)."""
+        out = ffi.new("fp8amp_tensor *")
+        check(lib.fp8amp_tensor_scale_inv(self._h, out))
+        return Tensor._new(out[0], self._context)
 
     # ---- construction from host data ----------------------------------------------------------
 
@@ -84,7 +120,7 @@ class Tensor(Handle):
         """Copies a host array of the tensor's shape and dtype into the tensor (synchronous)."""
         import numpy as np
 
-        a = np.ascontiguousarray(array)
+        a = np.asarray(array, order="C")  # (ascontiguousarray would make a 0-d array 1-d)
         if a.dtype != self._dtype.numpy():
             raise DtypeMismatchError(lib.FP8AMP_ERROR_DTYPE_MISMATCH,
                                      "copy_from_numpy: the array is %s, the tensor %s" % (a.dtype, self._dtype.short_name))

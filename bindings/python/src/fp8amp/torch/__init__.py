@@ -17,6 +17,7 @@ are shared between the two libraries.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any, Dict, List, Optional, Tuple
 
@@ -122,28 +123,167 @@ def _autocast_dtype(device_type: str) -> Optional[torch.dtype]:
 
 
 # ---- the module -----------------------------------------------------------------------------
+#
+# The per-call path. Each ft.Linear keeps one fp8amp tensor handle per role (x, y, dy, dx) and dtype,
+# made by the first call and re-pointed at every later call's memory with fp8amp_tensor_rebind
+# (no wrap/destroy pair per tensor). Everything a call reads or writes lives in one __slots__ object
+# (_Hot): reading a parameter through nn.Module.__getattr__ costs about 0.6 us and any attribute
+# write through nn.Module.__setattr__ about 1.5 us (CPU, measured), so the hot path does neither.
+
+_rebind = lib.fp8amp_tensor_rebind
+_c_forward = lib.fp8amp_linear_forward
+_c_backward = lib.fp8amp_linear_backward
+_cast = ffi.cast
+_grad_enabled = torch.is_grad_enabled
+try:
+    _ac_enabled = torch.is_autocast_enabled
+    _ac_dtype = torch.get_autocast_dtype
+    _ac_enabled("cpu")
+except (AttributeError, TypeError):  # pragma: no cover - older torch
+    def _ac_enabled(device_type: str) -> bool:
+        return _autocast_dtype(device_type) is not None
+
+    def _ac_dtype(device_type: str) -> torch.dtype:
+        return _autocast_dtype(device_type)  # type: ignore[return-value]
+_functorch_active = getattr(torch._C, "_are_functorch_transforms_active", lambda: False)
+
+
+class _Hot:
+    """The state every call of one ft.Linear uses (see above)."""
+
+    __slots__ = ("lin_h", "ctx", "ctx_h", "cuda", "index", "dev_type", "n", "weight", "bias", "scale", "wv", "bv",
+                 "sv", "fwd_id", "accumulate", "wgrad_visible", "wgrad_view", "bgrad_view", "hx", "hy", "hdy", "hdx",
+                 "keep", "float_loads")
+
+
+def _new_view(st: _Hot, table: Dict[torch.dtype, Any], t: torch.Tensor) -> Any:
+    """The handle of a role (table) for t's dtype, made over t the first time (kept in st.keep,
+    which destroys it with the module)."""
+    dt = _DT.get(t.dtype)
+    if dt is None:
+        raise TypeError("fp8amp takes float32, float16, bfloat16 or float8 tensors, not %s" % t.dtype)
+    out = ffi.new("fp8amp_tensor *")
+    check(lib.fp8amp_tensor_wrap(st.ctx_h, dt, t.dim(), list(t.shape), _cast("void *", t.data_ptr()), out))
+    st.keep.append(fp8amp.Tensor._new(out[0], st.ctx))
+    table[t.dtype] = out[0]
+    return out[0]
+
+
+def _sync_writes(st: _Hot) -> None:
+    # Writes made by torch (optimizer, load_state_dict, copy_) bump the parameters' version
+    # counters; the library only sees its own writes, so tell it.
+    check(lib.fp8amp_linear_weight_changed(st.lin_h))
+    st.wv = st.weight._version
+    st.bv = st.bias._version if st.bias is not None else 0
+    st.sv = st.scale._version if st.scale is not None else 0
+
+
+def _set_stream(st: _Hot, s: int) -> None:
+    check(lib.fp8amp_context_set_stream(st.ctx_h, _cast("void *", s)))
+    st.ctx._torch_stream = s  # type: ignore[attr-defined]
+
+
+def _fwd(st: _Hot, x: torch.Tensor, training: int) -> torch.Tensor:
+    b, s = st.bias, st.scale
+    if st.weight._version != st.wv or (b is not None and b._version != st.bv) or (s is not None and s._version != st.sv):
+        _sync_writes(st)
+    if st.cuda:
+        stream = _raw_stream(st.index)
+        if stream != st.ctx._torch_stream:
+            _set_stream(st, stream)
+    if not x.is_contiguous():
+        x = x.contiguous()
+    xdt = x.dtype
+    ydt = _ac_dtype(st.dev_type) if _ac_enabled(st.dev_type) else xdt
+    shape = x.shape
+    yshape = (shape[0], st.n) if len(shape) == 2 else shape[:-1] + (st.n,)
+    y = x.new_empty(yshape, dtype=ydt)
+    hx = st.hx.get(xdt)
+    if hx is None:
+        hx = _new_view(st, st.hx, x)
+    hy = st.hy.get(ydt)
+    if hy is None:
+        hy = _new_view(st, st.hy, y)
+    rc = _rebind(hx, _cast("void *", x.data_ptr()), len(shape), shape)
+    if rc:
+        check(rc)
+    rc = _rebind(hy, _cast("void *", y.data_ptr()), len(yshape), yshape)
+    if rc:
+        check(rc)
+    rc = _c_forward(st.lin_h, hx, hy, training)
+    if rc:
+        check(rc)
+    if training:
+        st.fwd_id += 1
+    return y
+
+
+def _bwd(st: _Hot, dy: torch.Tensor, dx: Optional[torch.Tensor]) -> None:
+    if st.cuda:
+        stream = _raw_stream(st.index)
+        if stream != st.ctx._torch_stream:
+            _set_stream(st, stream)
+    if not dy.is_contiguous():
+        dy = dy.contiguous()
+    w, b = st.weight, st.bias
+    acc = st.accumulate
+    # A torch optimizer or module zero_grad(set_to_none=True) drops the grads: start over.
+    if acc and ((b is not None and b.grad is None) or (st.wgrad_visible and w.grad is None)):
+        acc = False
+    hdy = st.hdy.get(dy.dtype)
+    if hdy is None:
+        hdy = _new_view(st, st.hdy, dy)
+    shape = dy.shape
+    rc = _rebind(hdy, _cast("void *", dy.data_ptr()), len(shape), shape)
+    if rc:
+        check(rc)
+    if dx is not None:
+        hdx = st.hdx.get(dx.dtype)
+        if hdx is None:
+            hdx = _new_view(st, st.hdx, dx)
+        shape = dx.shape
+        rc = _rebind(hdx, _cast("void *", dx.data_ptr()), len(shape), shape)
+        if rc:
+            check(rc)
+    else:
+        hdx = NULL
+    rc = _c_backward(st.lin_h, hdy, hdx, 1 if acc else 0)
+    if rc:
+        check(rc)
+    st.accumulate = True
+    if st.wgrad_visible and w.grad is not st.wgrad_view:
+        w.grad = st.wgrad_view
+    if b is not None and b.grad is not st.bgrad_view:
+        b.grad = st.bgrad_view
 
 
 class _LinearFn(torch.autograd.Function):
     @staticmethod
-    def forward(fctx, x, weight, bias, mod):  # type: ignore[override]
-        y = mod._run_forward(x, True)
-        fctx.mod = mod
-        fctx.fwd_id = mod._fwd_id
-        fctx.x_meta = (x.shape, x.dtype)
+    def forward(fctx, x, anchor, st):  # type: ignore[override]
+        # anchor: the weight (or the bias when only it trains), so that the output needs a gradient
+        # when a parameter does; the gradients themselves reach the parameters as views (_bwd).
+        y = _fwd(st, x, 1)
+        fctx.saved = (st, st.fwd_id, x.shape, x.dtype)
         return y
 
     @staticmethod
     def backward(fctx, dy):  # type: ignore[override]
-        mod = fctx.mod
-        if fctx.fwd_id != mod._fwd_id:
+        st, fwd_id, shape, dtype = fctx.saved
+        if fwd_id != st.fwd_id:
             raise RuntimeError("fp8amp.torch.Linear: this backward is not of the layer's last training forward "
                                "(a layer called twice per backward is not supported: the C Linear keeps the "
                                "input of its last training forward only)")
-        shape, dtype = fctx.x_meta
-        dx = torch.empty(shape, dtype=dtype, device=dy.device) if fctx.needs_input_grad[0] else None
-        mod._run_backward(dy, dx)
-        return dx, None, None, None
+        dx = dy.new_empty(shape, dtype=dtype) if fctx.needs_input_grad[0] else None
+        _bwd(st, dy, dx)
+        return dx, None, None
+
+
+# Function.apply is a Python wrapper (default-argument binding, functorch checks) around the C++
+# apply; without functorch transforms active it only forwards to it, so call that directly.
+try:
+    _fn_apply = torch._C._FunctionBase.__dict__["apply"].__get__(None, _LinearFn)
+except (AttributeError, KeyError, TypeError):  # pragma: no cover - other torch versions
+    _fn_apply = _LinearFn.apply
 
 
 class Linear(nn.Module):
@@ -153,17 +293,20 @@ class Linear(nn.Module):
     ``weight`` [out, in] and ``bias`` [out] (F32) are nn.Parameters sharing the fp8amp Linear's own
     memory (DLPack views): an optimizer, ``load_state_dict`` or ``copy_`` writes them in place, and the
     module tells the Linear (``weight_changed``) when torch has written them (their version counter
-    moved). ``wgrad_dtype`` None means the weight's dtype: ``weight.grad`` is then a view of fp8amp's
-    weight gradient. With ``wgrad_dtype=torch.float8_e4m3fn`` (O1/O2 through ``initialize``) the FP8
-    gradient stays inside fp8amp for its optimizer and ``weight.grad`` stays None
-    (``weight_grad_fp8()`` / ``dequantized_weight_grad()`` give it). ``bias.grad`` is always a view of
-    fp8amp's F32 bias gradient.
+    moved). ``weight_dtype`` float32 or bfloat16 (O1/O2), or float8_e4m3fn (O3): the weight is then
+    E4M3 codes, its value ``code * weight_scale_inv`` (a float32 scalar buffer sharing the C tensor's
+    scale slot; both are in the state_dict). ``wgrad_dtype`` None means the weight's dtype (E4M3 for
+    E4M3 weights): with a float32/bfloat16 weight and gradient ``weight.grad`` is a view of fp8amp's
+    weight gradient; with an E4M3 gradient (O1/O2/O3 through ``initialize``) the FP8 gradient stays
+    inside fp8amp for its optimizer and ``weight.grad`` stays None (``weight_grad_fp8()`` /
+    ``dequantized_weight_grad()`` give it). ``bias.grad`` is always a view of fp8amp's F32 bias gradient.
 
     Gradients accumulate across backward calls (micro-batches) until the grads are reset:
     ``zero_grad()`` of this front's Optimizer or of any torch optimizer / module with
     ``set_to_none=True`` (the default). Each training forward must be followed by its backward before
     the next training forward of the same layer. Create it on its final device (``.to()`` would copy
-    the parameters away from fp8amp's memory).
+    the parameters away from fp8amp's memory). Like its fp8amp context, a module is used by one thread
+    at a time.
     """
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True, device: Any = None,
@@ -171,13 +314,15 @@ class Linear(nn.Module):
                  policy: Any = "auto", recipe: Optional[fp8amp.Recipe] = None) -> None:
         super().__init__()
         dev = _norm_device(device if device is not None else "cpu")
-        if weight_dtype not in (torch.float32, torch.bfloat16):
-            raise NotImplementedError("fp8amp.torch.Linear holds float32 or bfloat16 weights (scaled F16 and E4M3 "
-                                      "weights, O3, are not exposed to torch yet)")
+        if weight_dtype not in (torch.float32, torch.bfloat16, torch.float8_e4m3fn):
+            raise NotImplementedError("fp8amp.torch.Linear holds float32, bfloat16 or float8_e4m3fn (O3) weights "
+                                      "(scaled F16 weights are not exposed to torch yet)")
+        e4m3 = weight_dtype == torch.float8_e4m3fn
         wgrad_dtype = weight_dtype if wgrad_dtype is None else wgrad_dtype
         if wgrad_dtype not in (torch.float32, torch.bfloat16, torch.float8_e4m3fn):
             raise TypeError("wgrad_dtype must be float32, bfloat16 or float8_e4m3fn")
         self.in_features, self.out_features = int(in_features), int(out_features)
+        self.weight_dtype = weight_dtype
         self.policy = _as_policy(policy)
         self.recipe = recipe if recipe is not None else fp8amp.Recipe(mode=fp8amp.ScalingMode.CURRENT)
         self._device = dev
@@ -186,40 +331,94 @@ class Linear(nn.Module):
         self._lin = fp8amp.Linear(self._ctx, in_features, out_features, bias=bias, weight_dtype=_DT[weight_dtype],
                                   wgrad_dtype=_DT[wgrad_dtype], recipe=self.recipe, policy=self.policy)
         self._h = self._lin.handle
+        self._e4m3 = e4m3
         self.weight = nn.Parameter(_from_fp8amp(self._lin.weight))
-        self._wgrad_view = _from_fp8amp(self._lin.weight_grad)
-        self._wgrad_visible = wgrad_dtype == weight_dtype
+        if e4m3:
+            # The weight's scale_inv slot as a float32 scalar view: value = code * weight_scale_inv.
+            out = ffi.new("fp8amp_tensor *")
+            check(lib.fp8amp_tensor_scale_inv(self._lin.weight.handle, out))
+            self._scale_t = fp8amp.Tensor._new(out[0], self._ctx)
+            self.register_buffer("weight_scale_inv", _from_fp8amp(self._scale_t))
         if bias:
             self.bias = nn.Parameter(_from_fp8amp(self._lin.bias))
-            self._bgrad_view = _from_fp8amp(self._lin.bias_grad)
         else:
             self.register_parameter("bias", None)
-            self._bgrad_view = None
-        self._seen = (self.weight._version, self.bias._version if bias else 0)
-        self._accumulate = False  # True once a backward wrote the grads, until they are reset
-        self._fwd_id = 0
+        st = _Hot()
+        st.lin_h, st.ctx, st.ctx_h = self._h, self._ctx, self._ctx.handle
+        st.cuda, st.index, st.dev_type = dev.type == "cuda", dev.index if dev.index is not None else 0, dev.type
+        st.n = self.out_features
+        st.weight, st.bias = self.weight, self.bias
+        st.scale = self.weight_scale_inv if e4m3 else None
+        st.wv, st.bv, st.sv = -1, -1, -1  # the first forward tells the Linear
+        st.fwd_id, st.accumulate, st.float_loads = 0, False, 0
+        # weight.grad is a view of fp8amp's gradient when both are the same float type (not for E4M3)
+        st.wgrad_visible = wgrad_dtype == weight_dtype and not e4m3
+        st.wgrad_view = _from_fp8amp(self._lin.weight_grad) if st.wgrad_visible else None
+        st.bgrad_view = _from_fp8amp(self._lin.bias_grad) if bias else None
+        st.hx, st.hy, st.hdy, st.hdx, st.keep = {}, {}, {}, {}, []
+        self._st = st
         self._delayed = self.recipe.mode == fp8amp.ScalingMode.DELAYED
         self.reset_parameters()
 
     @classmethod
     def from_linear(cls, src: nn.Linear, **kw: Any) -> "Linear":
-        """A copy of an nn.Linear's parameters (weights kept in float32 unless weight_dtype says)."""
+        """A copy of an nn.Linear's parameters (weights kept in float32 unless weight_dtype says;
+        E4M3 weights are quantized with a scale fitted to the weight's amax)."""
         m = cls(src.in_features, src.out_features, bias=src.bias is not None, device=src.weight.device, **kw)
-        with torch.no_grad():
-            m.weight.copy_(src.weight)
-            if src.bias is not None:
+        m._write_weight(src.weight)
+        if src.bias is not None:
+            with torch.no_grad():
                 m.bias.copy_(src.bias)
         return m
 
     def reset_parameters(self) -> None:
-        """nn.Linear's initialization."""
+        """nn.Linear's initialization (then quantized, for E4M3 weights)."""
         with torch.no_grad():
-            w = torch.empty(self.weight.shape, dtype=torch.float32, device=self.weight.device)
+            w = torch.empty(self.weight.shape, dtype=torch.float32, device=self._device)
             nn.init.kaiming_uniform_(w, a=math.sqrt(5))
-            self.weight.copy_(w)
+            self._write_weight(w)
             if self.bias is not None:
                 bound = 1 / math.sqrt(self.in_features) if self.in_features > 0 else 0
                 nn.init.uniform_(self.bias, -bound, bound)
+
+    def _write_weight(self, w: torch.Tensor) -> None:
+        """Writes float values into the weight: a copy for float32/bfloat16 weights; for E4M3 weights
+        a quantize with the WEIGHT_STORAGE meta after fitting its scale to w's amax (quantize, update
+        the delayed meta, quantize again: docs/linear.md section 1)."""
+        with torch.no_grad():
+            if not self._e4m3:
+                self.weight.copy_(w)
+                return
+            src = w.detach().to(device=self._device, dtype=torch.float32).contiguous()
+            _on_current_stream(self._ctx, self._device)
+            f = to_fp8amp(src, self._ctx)
+            meta = self._lin.scaling(Role.WEIGHT_STORAGE)
+            fp8amp.quantize(self._ctx, f, self._lin.weight)
+            meta.update()
+            fp8amp.quantize(self._ctx, f, self._lin.weight)
+            if self._device.type == "cuda":  # src is freed by torch on its stream: let fp8amp's reads finish
+                self._ctx.synchronize()
+            self._st.float_loads += 1
+
+    def _load_from_state_dict(self, state_dict: Dict[str, Any], prefix: str, local_metadata: Any, strict: bool,
+                              missing_keys: List[str], unexpected_keys: List[str], error_msgs: List[str]) -> None:
+        kw, ks = prefix + "weight", prefix + "weight_scale_inv"
+        if self._e4m3 and kw in state_dict:
+            w = state_dict[kw]
+            if isinstance(w, torch.Tensor) and w.dtype != torch.float8_e4m3fn and w.is_floating_point():
+                # A float weight (an nn.Linear's, or an O1/O2 model's): quantize it with a fitted scale.
+                if tuple(w.shape) != tuple(self.weight.shape):
+                    error_msgs.append("size mismatch for %s: copying a param with shape %s, the parameter in the "
+                                      "current model is %s" % (kw, tuple(w.shape), tuple(self.weight.shape)))
+                    return
+                self._write_weight(w)
+                state_dict[kw] = self.weight.detach()
+                state_dict[ks] = self.weight_scale_inv.detach()
+            elif ks not in state_dict:
+                error_msgs.append("%s holds float8_e4m3fn codes but the state dict has no %s (their scale)" % (kw, ks))
+                return
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                                      error_msgs)
 
     @property
     def fp8amp_linear(self) -> fp8amp.Linear:
@@ -229,6 +428,15 @@ class Linear(nn.Module):
     @property
     def gemm_kind(self) -> fp8amp.GemmKind:
         return self._lin.gemm_kind
+
+    def dequantized_weight(self) -> torch.Tensor:
+        """The weight's values as a new float32 tensor (code * scale_inv for E4M3 weights)."""
+        if not self._e4m3:
+            return self.weight.detach().float().clone()
+        out = torch.empty(self.weight.shape, dtype=torch.float32, device=self._device)
+        _on_current_stream(self._ctx, self._device)
+        fp8amp.dequantize(self._ctx, self._lin.weight, to_fp8amp(out, self._ctx))
+        return out
 
     def weight_grad_fp8(self) -> fp8amp.Tensor:
         """fp8amp's weight gradient tensor (E4M3 with its scale, or F32/BF16)."""
@@ -242,96 +450,60 @@ class Linear(nn.Module):
         if g.dtype == fp8amp.E4M3:
             fp8amp.dequantize(self._ctx, g, to_fp8amp(out, self._ctx))
         else:
-            out.copy_(self._wgrad_view)
+            out.copy_(_from_fp8amp(g))
         return out
 
-    def _sync_writes(self) -> None:
-        # Writes made by torch (optimizer, load_state_dict, copy_) bump the parameters' version
-        # counters; the library only sees its own writes, so tell it.
-        seen = (self.weight._version, self.bias._version if self.bias is not None else 0)
-        if seen != self._seen:
-            check(lib.fp8amp_linear_weight_changed(self._h))
-            self._seen = seen
-
-    def _run_forward(self, x: torch.Tensor, training: bool) -> torch.Tensor:
-        self._sync_writes()
-        _on_current_stream(self._ctx, self._device)
-        x = x.contiguous()
-        ydt = _autocast_dtype(x.device.type) or x.dtype
-        y = torch.empty(x.shape[:-1] + (self.out_features,), dtype=ydt, device=x.device)
-        hx = _wrap(self._ctx.handle, x)
-        try:
-            hy = _wrap(self._ctx.handle, y)
-            try:
-                check(lib.fp8amp_linear_forward(self._h, hx, hy, 1 if training else 0))
-            finally:
-                lib.fp8amp_tensor_destroy(hy)
-        finally:
-            lib.fp8amp_tensor_destroy(hx)
-        if training:
-            self._fwd_id += 1
-        return y
-
-    def _run_backward(self, dy: torch.Tensor, dx: Optional[torch.Tensor]) -> None:
-        _on_current_stream(self._ctx, self._device)
-        dy = dy.contiguous()
-        acc = self._accumulate
-        # A torch optimizer or module zero_grad(set_to_none=True) drops the grads: start over.
-        if self.bias is not None and self.bias.grad is None:
-            acc = False
-        if self._wgrad_visible and self.weight.grad is None:
-            acc = False
-        hdy = _wrap(self._ctx.handle, dy)
-        try:
-            hdx = _wrap(self._ctx.handle, dx) if dx is not None else NULL
-            try:
-                check(lib.fp8amp_linear_backward(self._h, hdy, hdx, 1 if acc else 0))
-            finally:
-                if dx is not None:
-                    lib.fp8amp_tensor_destroy(hdx)
-        finally:
-            lib.fp8amp_tensor_destroy(hdy)
-        self._accumulate = True
-        if self._wgrad_visible and self.weight.grad is not self._wgrad_view:
-            self.weight.grad = self._wgrad_view
-        if self.bias is not None and self.bias.grad is not self._bgrad_view:
-            self.bias.grad = self._bgrad_view
+    def _write_token(self) -> Tuple[int, int, int]:
+        """Moves whenever the weight is written other than through fp8amp (torch writes to the codes or
+        the scale, float loads): the O3 Optimizer's master copy is then stale."""
+        st = self._st
+        return (st.weight._version, st.scale._version if st.scale is not None else 0, st.float_loads)
 
     def _reset_grads(self) -> None:
         """The next backward overwrites the gradients (called by the Optimizer's zero_grad)."""
-        self._accumulate = False
+        self._st.accumulate = False
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
-        if x.device != self._device:
+        st = self._st
+        if x.is_cuda is not st.cuda:
             raise RuntimeError("fp8amp.torch.Linear on %s got an input on %s" % (self._device, x.device))
-        if torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad):
-            return _LinearFn.apply(x, self.weight, self.bias, self)
-        return self._run_forward(x, False)
+        if _grad_enabled():
+            w = st.weight
+            if x.requires_grad or w.requires_grad:
+                return _fn_apply(x, w, st) if not _functorch_active() else _LinearFn.apply(x, w, st)
+            b = st.bias
+            if b is not None and b.requires_grad:
+                return _fn_apply(x, b, st) if not _functorch_active() else _LinearFn.apply(x, b, st)
+        return _fwd(st, x, 0)
 
     def scaling_metas(self) -> List[fp8amp.Scaling]:
         """The INPUT and GRAD_OUTPUT metas (those a delayed recipe updates once per step)."""
         return [self._lin.scaling(Role.INPUT), self._lin.scaling(Role.GRAD_OUTPUT)]
 
     def extra_repr(self) -> str:
-        return "in_features=%d, out_features=%d, bias=%s, policy=%s" % (
-            self.in_features, self.out_features, self.bias is not None, self.policy.name)
+        return "in_features=%d, out_features=%d, bias=%s, weight_dtype=%s, policy=%s" % (
+            self.in_features, self.out_features, self.bias is not None, str(self.weight_dtype).replace("torch.", ""),
+            self.policy.name)
 
 
 # ---- the optimizer ------------------------------------------------------------------------------
 
 
 class Optimizer(torch.optim.Optimizer):
-    """A torch.optim.Optimizer whose step runs fp8amp's Adam/AdamW (O1/O2) on the device: made by
+    """A torch.optim.Optimizer whose step runs fp8amp's Adam/AdamW (O1/O2/O3) on the device: made by
     ``initialize``. One fp8amp optimizer per param group (lr, betas, eps, weight_decay of the group;
-    ``group["lr"]`` is read at every step, so LR schedulers work). Linear layers' weights and biases
-    are updated with their fp8amp gradients (E4M3 at O1/O2); every other parameter with its torch
-    ``.grad`` (kept in a buffer registered with fp8amp, zeroed in place by ``zero_grad``).
+    ``group["lr"]`` is read at every step, so LR schedulers work); at O3 two per group: one with the
+    F16 master copy for the E4M3 Linear weights, one with O2's state for every other parameter
+    (fp8amp keeps master copies for low-precision parameters only). Linear layers' weights and
+    biases are updated with their fp8amp gradients (E4M3 weight gradients); every other parameter
+    with its torch ``.grad`` (kept in a buffer registered with fp8amp, zeroed in place by
+    ``zero_grad``).
 
     Works with ``torch.amp.GradScaler`` (it declares ``_step_supports_amp_scaling``: the step gets
     the scale and the found-inf flag, unscales inside fp8amp's step and skips on overflow; do not
     call ``scaler.unscale_`` first) and with this module's ``GradScaler`` (``step(scaler=...)``).
-    ``state_dict()``/``load_state_dict()`` carry fp8amp's checkpoint (parameters, m, v, scales,
-    step count) as bytes plus the groups' hyperparameters.
+    ``state_dict()``/``load_state_dict()`` carry fp8amp's checkpoints (parameters, m, v, master
+    copies, scales, step count) as bytes plus the groups' hyperparameters.
     """
 
     _step_supports_amp_scaling = True
@@ -340,47 +512,68 @@ class Optimizer(torch.optim.Optimizer):
                  max_grad_norm: float = 0.0) -> None:
         super().__init__(param_groups, {})
         self.opt_level = as_opt_level(opt_level)
+        o3 = self.opt_level == fp8amp.OptLevel.O3
         self._linears = sorted({id(m): m for m, _ in linears.values()}.values(), key=id)
         self._opts: List[fp8amp.Optimizer] = []
+        self._opt_groups: List[int] = []  # the param group of each fp8amp optimizer
         self._plain: List[Tuple[nn.Parameter, torch.Tensor]] = []  # non-Linear params and their grad buffers
         self._ctx: Optional[fp8amp.Context] = None
         self._device: Optional[torch.device] = None
-        if max_grad_norm and len(self.param_groups) > 1:
-            raise NotImplementedError("max_grad_norm with several param groups (each group is clipped alone)")
-        for g in self.param_groups:
+        plan = []  # (group index, config, [(param, grad), ...]) of each fp8amp optimizer to make
+        for gi, g in enumerate(self.param_groups):
             if g.get("amsgrad"):
                 raise NotImplementedError("amsgrad")
             beta1, beta2 = g["betas"]
             cfg = AdamConfig.for_level(self.opt_level, adamw=adamw, lr=float(g["lr"]), beta1=float(beta1),
                                        beta2=float(beta2), eps=float(g["eps"]), weight_decay=float(g["weight_decay"]),
                                        maximize=bool(g.get("maximize", False)), max_grad_norm=float(max_grad_norm))
-            ctx = None
-            pairs = []
+            low, other = [], []  # O3: E4M3 weights (with the F16 master) / everything else (no master)
             for p in g["params"]:
                 dev = _norm_device(p.device)
                 if self._device is None:
                     self._device, self._ctx = dev, context(dev)
                 elif dev != self._device:
                     raise NotImplementedError("parameters on several devices")
-                ctx = self._ctx
                 if id(p) in linears:
                     m, which = linears[id(p)]
                     lin = m.fp8amp_linear
-                    pairs.append((lin.weight, lin.weight_grad) if which == "weight" else (lin.bias, lin.bias_grad))
+                    pair = (lin.weight, lin.weight_grad) if which == "weight" else (lin.bias, lin.bias_grad)
+                    (low if o3 and pair[0].dtype == fp8amp.E4M3 else other).append(pair)
                 else:
                     if p.dtype not in (torch.float32, torch.bfloat16, torch.float16) or not p.is_contiguous():
                         raise TypeError("fp8amp's optimizer takes contiguous float32/bfloat16/float16 parameters")
-                    buf = torch.zeros_like(p, memory_format=torch.contiguous_format)
-                    if p.grad is not None:
-                        buf.copy_(p.grad)
-                    p.grad = buf
-                    self._plain.append((p, buf))
-                    pairs.append((to_fp8amp(p, ctx), to_fp8amp(buf, ctx)))
-            if ctx is None:
+                    other.append(p)  # its buffer is made below, once the layout is known to be valid
+            if not low and not other:
                 raise ValueError("an empty param group")
-            _on_current_stream(ctx, self._device)
-            self._opts.append(fp8amp.Optimizer(ctx, cfg, pairs))
+            if low:
+                plan.append((gi, cfg, low))
+            if other:
+                plan.append((gi, dataclasses.replace(cfg, master_dtype=None) if o3 else cfg, other))
+        if max_grad_norm and len(plan) > 1:
+            raise NotImplementedError("max_grad_norm with several fp8amp optimizers (several param groups, or O3's "
+                                      "E4M3 weights beside other parameters): each would be clipped by its own norm")
+        assert self._ctx is not None and self._device is not None
+        for gi, cfg, items in plan:
+            pairs = []
+            for it in items:
+                if isinstance(it, tuple):
+                    pairs.append(it)
+                    continue
+                buf = torch.zeros_like(it, memory_format=torch.contiguous_format)
+                if it.grad is not None:
+                    buf.copy_(it.grad)
+                it.grad = buf
+                self._plain.append((it, buf))
+                pairs.append((to_fp8amp(it, self._ctx), to_fp8amp(buf, self._ctx)))
+            _on_current_stream(self._ctx, self._device)
+            self._opts.append(fp8amp.Optimizer(self._ctx, cfg, pairs))
+            self._opt_groups.append(gi)
         self._metas = [mt for m in self._linears if m._delayed for mt in m.scaling_metas()]
+        # O3: the F16 master copies start from the E4M3 weights now; a later write to a weight that
+        # does not go through fp8amp (a model load_state_dict) would leave its master stale.
+        self._masters = [m for m in self._linears if m._e4m3 and any(
+            p is m.weight for g in self.param_groups for p in g["params"])] if o3 else []
+        self._tokens = [m._write_token() for m in self._masters]
 
     def zero_grad(self, set_to_none: bool = True) -> None:  # noqa: ARG002 - the buffers stay registered
         """Zeroes the gradients in place (the buffers fp8amp reads stay the same memory) and makes
@@ -416,19 +609,27 @@ class Optimizer(torch.optim.Optimizer):
                 return loss
             if gs is not None:
                 inv = 1.0 / float(gs)
+        if self._masters:
+            for m, t in zip(self._masters, self._tokens):
+                if m._write_token() != t:
+                    raise RuntimeError("an E4M3 weight of this O3 optimizer was written outside fp8amp (a model "
+                                       "load_state_dict, copy_) after the optimizer was made: its F16 master copy is "
+                                       "stale. Load model weights before initialize(), or load this optimizer's "
+                                       "state_dict after the model's (it holds the weights and their masters).")
         self._rebind_grads()
         assert self._ctx is not None and self._device is not None
         _on_current_stream(self._ctx, self._device)
         c_scaler = scaler._scaler if scaler is not None else None
+        groups = self.param_groups
         if c_scaler is not None and len(self._opts) > 1:
-            inv /= c_scaler.scale  # several groups: one host read of the scale, then one update
-            for o, g in zip(self._opts, self.param_groups):
-                o.step(lr=float(g["lr"]), grad_scale_inv=inv)
+            inv /= c_scaler.scale  # several fp8amp optimizers: one host read of the scale, then one update
+            for o, gi in zip(self._opts, self._opt_groups):
+                o.step(lr=float(groups[gi]["lr"]), grad_scale_inv=inv)
             bad = [o for o in self._opts if o.found_inf]
             c_scaler.update(bad[0] if bad else self._opts[0])
         else:
-            for o, g in zip(self._opts, self.param_groups):
-                o.step(lr=float(g["lr"]), grad_scale_inv=inv, scaler=c_scaler)
+            for o, gi in zip(self._opts, self._opt_groups):
+                o.step(lr=float(groups[gi]["lr"]), grad_scale_inv=inv, scaler=c_scaler)
         if self._metas:
             fp8amp.update_many(self._ctx, self._metas)
         return loss
@@ -443,34 +644,48 @@ class Optimizer(torch.optim.Optimizer):
 
     def state_dict(self) -> Dict[str, Any]:  # type: ignore[override]
         groups = [{k: v for k, v in g.items() if k != "params"} for g in self.param_groups]
-        return {"fp8amp": [o.save() for o in self._opts], "param_groups": groups, "opt_level": int(self.opt_level)}
+        return {"fp8amp": [o.save() for o in self._opts], "fp8amp_groups": list(self._opt_groups),
+                "param_groups": groups, "opt_level": int(self.opt_level)}
 
     def load_state_dict(self, state_dict: Dict[str, Any]) -> None:  # type: ignore[override]
         blobs = state_dict["fp8amp"]
-        if len(blobs) != len(self._opts) or int(state_dict.get("opt_level", self.opt_level)) != int(self.opt_level):
+        if (len(blobs) != len(self._opts) or int(state_dict.get("opt_level", self.opt_level)) != int(self.opt_level)
+                or list(state_dict.get("fp8amp_groups", self._opt_groups)) != self._opt_groups
+                or len(state_dict["param_groups"]) != len(self.param_groups)):
             raise ValueError("the state dict is of another fp8amp optimizer (groups or opt level differ)")
         for o, b in zip(self._opts, blobs):
             o.load(b)
         for g, saved in zip(self.param_groups, state_dict["param_groups"]):
             g.update(saved)
-        # The loads wrote the parameters through fp8amp: the Linears notice that by themselves.
+        # The loads wrote the parameters (and O3's masters) through fp8amp: the Linears notice that by
+        # themselves, and weights and masters agree again.
+        self._tokens = [m._write_token() for m in self._masters]
 
 
 def initialize(model: nn.Module, optimizer: Optional[torch.optim.Optimizer] = None, opt_level: Any = "O1",
                *, policy: Any = "auto", recipe: Optional[fp8amp.Recipe] = None,
-               weight_dtype: torch.dtype = torch.float32, wgrad_dtype: Optional[torch.dtype] = None,
+               weight_dtype: Optional[torch.dtype] = None, wgrad_dtype: Optional[torch.dtype] = None,
                max_grad_norm: float = 0.0, exclude: Any = ()) -> Any:
     """Replaces every nn.Linear of `model` by an fp8amp.torch.Linear (parameters copied) and, with
     an optimizer (torch.optim.Adam or AdamW), returns ``(model, Optimizer)`` running fp8amp's Adam at
-    `opt_level` ("O1": F32 m and v; "O2": E4M3 m, F16 v) over all its parameters; without one,
-    returns the model. Linear weights stay float32 (weight_dtype), their gradients are E4M3
-    (wgrad_dtype, default float8_e4m3fn with an optimizer, the weight dtype without), the GEMM policy
-    is `policy` ("auto", "fp8", "bf16") and the recipe current scaling unless given. `exclude`: the
-    qualified names of nn.Linear modules to keep as they are (e.g. ``("lm_head",)``: output layers
-    are commonly kept in 16 bits), or a callable ``(name, module) -> bool``."""
+    `opt_level` ("O1": F32 m and v; "O2": E4M3 m, F16 v; "O3": O2 plus E4M3 Linear weights with an
+    F16 master copy) over all its parameters; without one, returns the model. Linear weights are
+    float32 at O1/O2 and float8_e4m3fn at O3 (weight_dtype; O3 needs E4M3 weights and E4M3 weights
+    need O3), their gradients are E4M3 (wgrad_dtype, default float8_e4m3fn with an optimizer, the
+    weight dtype without), the GEMM policy is `policy` ("auto", "fp8", "bf16") and the recipe current
+    scaling unless given. `exclude`: the qualified names of nn.Linear modules to keep as they are
+    (e.g. ``("lm_head",)``: output layers are commonly kept in 16 bits), or a callable
+    ``(name, module) -> bool``."""
     level = as_opt_level(opt_level)
-    if level == fp8amp.OptLevel.O3:
-        raise NotImplementedError("O3 (E4M3 weights with an F16 master) is not in the torch front yet")
+    o3 = level == fp8amp.OptLevel.O3
+    if weight_dtype is None:
+        weight_dtype = torch.float8_e4m3fn if o3 else torch.float32
+    if o3 and weight_dtype != torch.float8_e4m3fn:
+        raise ValueError("O3 keeps the Linear weights in E4M3 (weight_dtype=torch.float8_e4m3fn); use O2 for %s "
+                         "weights" % weight_dtype)
+    if not o3 and weight_dtype == torch.float8_e4m3fn and optimizer is not None:
+        raise ValueError("E4M3 weights train only at O3, whose F16 master copy keeps the small updates that E4M3 "
+                         "would round away")
     if optimizer is not None and type(optimizer) not in (torch.optim.Adam, torch.optim.AdamW):
         raise TypeError("initialize wraps torch.optim.Adam or AdamW, not %s" % type(optimizer).__name__)
     if wgrad_dtype is None:
