@@ -353,3 +353,234 @@ def test_modules_and_optimizers_free_their_handles(tdev):
         cycle()
     grown = used() - before
     assert grown < (4 << 20), grown
+
+
+# ---- O3: E4M3 weights ----------------------------------------------------------------------------
+
+
+def test_o3_linear_codes_forward_backward_and_state_dict(tdev, gen):
+    """An ft.Linear with E4M3 weights made from an nn.Linear: codes and scale against torch's own
+    float8 cast of the weight at the fitted scale; forward, dx and the E4M3 weight gradient against
+    float64 references built from those codes; state_dict (codes + weight_scale_inv) round trip bit
+    for bit; a float (nn.Linear) state_dict is quantized on load; torch writes to the scale reach the
+    GEMMs."""
+    import fp8amp.torch as ft
+
+    m, k, n = 64, 96, 48
+    src = torch.nn.Linear(k, n, device=tdev)
+    with torch.no_grad():
+        src.weight.copy_(randn(gen, n, k, device=tdev, scale=0.2))
+    lin = ft.Linear.from_linear(src, weight_dtype=torch.float8_e4m3fn, policy="fp8")
+    assert lin.weight.dtype == torch.float8_e4m3fn and lin.weight.grad is None
+    assert lin.weight.data_ptr() == lin.fp8amp_linear.weight.data_ptr  # the C Linear's own memory
+    assert lin.fp8amp_linear.weight_grad.dtype == fp8amp.E4M3
+    w = src.weight.detach()
+    s_w = scale_for(float(w.abs().max()), 448.0)
+    assert float(lin.weight_scale_inv) == float(np.float32(1.0) / np.float32(s_w))
+    ref_codes = (w.float() * torch.tensor(s_w, dtype=torch.float32, device=tdev)).to(torch.float8_e4m3fn)
+    assert torch.equal(lin.weight.detach().view(torch.uint8), ref_codes.view(torch.uint8))
+    w8, inv_w = lin.weight.detach().double(), float(lin.weight_scale_inv)
+    # dequantize is one float32 multiply of the decoded code by scale_inv
+    assert torch.equal(lin.dequantized_weight(), lin.weight.detach().float() * lin.weight_scale_inv)
+
+    x = randn(gen, m, k, device=tdev, scale=2.0).requires_grad_()
+    y = lin(x)
+    assert lin.gemm_kind == fp8amp.GemmKind.FP8
+    b = lin.bias.detach()
+    s_x = scale_for(float(x.detach().abs().max()), 448.0)
+    x8 = q(x.detach(), s_x, torch.float8_e4m3fn, 448.0)
+    inv = float(np.float32(1 / s_x)) * inv_w
+    ref = x8 @ w8.T * inv + b.to(torch.bfloat16).double()
+    bound = (x8.abs() @ w8.abs().T) * inv * (2.0 ** -9 if tdev.type == "cuda" else 2.0 ** -18)
+    assert bool(((y.detach().double() - ref).abs() <= bound + ref.abs() * 2e-7).all())
+    dy = randn(gen, m, n, device=tdev, scale=1e-2)
+    y.backward(dy)
+    s_g = scale_for(float(dy.abs().max()), 57344.0)
+    g8 = q(dy, s_g, torch.float8_e5m2, 57344.0)
+    inv_g = float(np.float32(1 / s_g))
+    acc = 2.0 ** -11 if tdev.type == "cuda" else 2.0 ** -18
+    dx_ref = g8 @ w8 * inv_g * inv_w
+    assert bool(((x.grad.double() - dx_ref).abs() <= (g8.abs() @ w8.abs()) * inv_g * inv_w * acc + 1e-30).all())
+    assert lin.weight.grad is None  # the E4M3 gradient stays in fp8amp
+    dw_ref = g8.T @ x8 * inv_g * float(np.float32(1 / s_x))
+    dw = lin.dequantized_weight_grad().double()
+    # one more E4M3 rounding (current scaling of the FP32 sum): half an E4M3 step, 2^-4 relative,
+    # or the subnormal spacing at that scale
+    tol = dw_ref.abs() * 2.0 ** -4 + float(dw_ref.abs().max()) / 448.0 * 2.0 ** -9 * 1.01
+    assert bool(((dw - dw_ref).abs() <= tol * 1.001 + (g8.abs().T @ x8.abs()) * inv_g / s_x * acc).all())
+
+    # state_dict: codes and scale, bit for bit into another E4M3 module
+    sd = lin.state_dict()
+    assert set(sd) == {"weight", "bias", "weight_scale_inv"} and sd["weight"].dtype == torch.float8_e4m3fn
+    other = ft.Linear(k, n, device=tdev, weight_dtype=torch.float8_e4m3fn, policy="fp8")
+    other.load_state_dict(sd)
+    assert torch.equal(other.weight.view(torch.uint8), lin.weight.view(torch.uint8))
+    assert float(other.weight_scale_inv) == inv_w
+    with torch.no_grad():
+        assert torch.equal(other(x.detach()), lin(x.detach()))
+    # a float state dict (an nn.Linear's) is quantized with a fitted scale
+    other.load_state_dict(src.state_dict())
+    assert torch.equal(other.weight.view(torch.uint8), ref_codes.view(torch.uint8))
+    assert float(other.weight_scale_inv) == inv_w
+    with pytest.raises(RuntimeError, match="weight_scale_inv"):
+        other.load_state_dict({"weight": sd["weight"], "bias": sd["bias"]})
+    # torch writes to the scale reach the GEMMs (the output doubles exactly: a power of two)
+    with torch.no_grad():
+        y1 = other(x.detach())
+        other.weight_scale_inv.mul_(2.0)
+        y2 = other(x.detach())
+    yb = y1.double() - b.to(torch.bfloat16).double()
+    torch.testing.assert_close(y2.double() - b.to(torch.bfloat16).double(), 2 * yb,
+                               rtol=2e-6 if tdev.type == "cpu" else 2.0 ** -8, atol=1e-6)
+
+
+def o3_pairs(opt):
+    return [(o.config.master_dtype, [p.dtype for p, _ in o.params]) for o in opt.fp8amp_optimizers]
+
+
+@need_opt
+def test_initialize_o3_trains_like_o1_o2_and_f32(tdev, gen):
+    """O3 (E4M3 weights, F16 master, E4M3 m, F16 v) on the FP8 path: the loss goes down as with O1,
+    O2 and torch's F32 AdamW; the last 8 losses of every level within 10% of F32's, O3 within 5% of
+    O2's (the only difference: the weights' E4M3 storage and F16 master)."""
+    import fp8amp.torch as ft
+
+    data = dataset(gen, tdev)
+    ref = make_model(tdev)
+    l_ref = train(ref, torch.optim.AdamW(ref.parameters(), lr=3e-3), data, 60)
+    final = {}
+    for level in ("O1", "O2", "O3"):
+        model = make_model(tdev)
+        model, opt = ft.initialize(model, torch.optim.AdamW(model.parameters(), lr=3e-3), level, policy="fp8")
+        losses = train(model, opt, data, 60)
+        assert losses[-1] < 0.3 * losses[0], level
+        final[level] = float(np.mean(losses[-8:]))
+        assert abs(final[level] - np.mean(l_ref[-8:])) < 0.1 * np.mean(l_ref[-8:]) + 1e-3, (level, final)
+        if level == "O3":
+            assert model[0].weight.dtype == torch.float8_e4m3fn and model[3].weight.dtype == torch.float8_e4m3fn
+            assert model[0].gemm_kind == fp8amp.GemmKind.FP8 and model[0].weight.grad is None
+            # one fp8amp optimizer with the master for the E4M3 weights, one without for the rest
+            assert o3_pairs(opt) == [(fp8amp.F16, [fp8amp.E4M3, fp8amp.E4M3]),
+                                     (None, [fp8amp.F32] * 4)]  # 2 biases, LayerNorm weight and bias
+            assert all(o.config.exp_avg_dtype == fp8amp.E4M3 and o.config.exp_avg_sq_dtype == fp8amp.F16
+                       for o in opt.fp8amp_optimizers)
+    assert abs(final["O3"] - final["O2"]) < 0.05 * final["O2"] + 1e-3, final
+
+
+@need_opt
+def test_o3_checkpoints_and_stale_masters(tdev, gen):
+    """O3 model + optimizer state dicts continue bit for bit; a model load_state_dict after the
+    optimizer was made leaves the F16 masters stale: the step refuses until the optimizer's own state
+    (weights and masters) is loaded after it."""
+    import fp8amp.torch as ft
+
+    data = dataset(gen, tdev)
+
+    def fresh():
+        m = make_model(tdev)
+        return ft.initialize(m, torch.optim.AdamW(groups(m, 3e-3), lr=3e-3), "O3", policy="fp8")
+
+    m1, o1 = fresh()
+    train(m1, o1, data, 5)
+    msd, osd = {k: v.clone() for k, v in m1.state_dict().items()}, o1.state_dict()
+    assert len(osd["fp8amp"]) == 2 and osd["fp8amp_groups"] == [0, 1]  # group 0: weights (+ master)
+    train(m1, o1, data[1:], 4)
+    m2, o2 = fresh()
+    m2.load_state_dict(msd)
+    o2.load_state_dict(osd)
+    train(m2, o2, data[1:], 4)
+    for (k1, p1), (k2, p2) in zip(m1.state_dict().items(), m2.state_dict().items()):
+        assert k1 == k2 and torch.equal(p1.reshape(-1).view(torch.uint8), p2.reshape(-1).view(torch.uint8)), k1
+    # the wrong order: the masters of o3 no longer match the weights
+    m3, o3 = fresh()
+    o3.load_state_dict(osd)
+    m3.load_state_dict(msd)
+    x, t = data[0]
+    (m3(x) - t).square().mean().backward()
+    with pytest.raises(RuntimeError, match="master copy is stale"):
+        o3.step()
+    o3.load_state_dict(osd)
+    o3.step()
+    with pytest.raises(ValueError):
+        fresh()[1].load_state_dict(dict(osd, fp8amp_groups=[1, 0]))
+
+
+@need_opt
+def test_o3_initialize_arguments(tdev):
+    import fp8amp.torch as ft
+
+    def model():
+        return make_model(tdev)
+    with pytest.raises(ValueError, match="O3 keeps"):
+        m = model()
+        ft.initialize(m, torch.optim.AdamW(m.parameters()), "O3", weight_dtype=torch.float32)
+    with pytest.raises(ValueError, match="train only at O3"):
+        m = model()
+        ft.initialize(m, torch.optim.AdamW(m.parameters()), "O2", weight_dtype=torch.float8_e4m3fn)
+    with pytest.raises(NotImplementedError, match="max_grad_norm"):
+        m = model()
+        ft.initialize(m, torch.optim.AdamW(m.parameters()), "O3", max_grad_norm=1.0)
+    # bias-free Linears only: one fp8amp optimizer, so global clipping works
+    m = torch.nn.Sequential(torch.nn.Linear(32, 32, bias=False), torch.nn.Linear(32, 16, bias=False)).to(tdev)
+    m, opt = ft.initialize(m, torch.optim.AdamW(m.parameters()), "O3", policy="fp8", max_grad_norm=1e-3)
+    assert o3_pairs(opt) == [(fp8amp.F16, [fp8amp.E4M3, fp8amp.E4M3])]
+    m(torch.randn(16, 32, device=tdev)).square().sum().backward()
+    opt.step()
+    assert opt.fp8amp_optimizers[0].grad_norm > 1e-3  # clipped: the norm before clipping is reported
+    inference = ft.initialize(model(), opt_level="O3")
+    assert inference[0].weight.dtype == torch.float8_e4m3fn
+
+
+# ---- the per-call path ---------------------------------------------------------------------------
+
+
+def test_call_path_handles_follow_each_call(tdev, gen):
+    """Handles made once and re-pointed per call: interleaved shapes (2-D, 3-D), dtypes, a
+    non-contiguous input, no_grad and autograd calls each give the result of their own input (the F32
+    GEMM path on the CPU: against float64 tightly; CUDA's BF16 path normwise), and the handles do not
+    grow with the number of calls."""
+    import fp8amp.torch as ft
+
+    lin = ft.Linear(32, 24, device=tdev, policy="bf16")
+    w, b = lin.weight.detach().double(), lin.bias.detach().double()
+
+    def check_y(x, y):
+        ref = x.detach().double() @ w.T + b
+        assert y.shape == x.shape[:-1] + (24,)
+        if tdev.type == "cpu" and x.dtype == torch.float32:
+            torch.testing.assert_close(y.double(), ref, rtol=1e-5, atol=1e-5)
+        else:
+            assert float((y.double() - ref).norm() / ref.norm()) < 1e-2
+    xs = [randn(gen, 16, 32, device=tdev), randn(gen, 2, 8, 32, device=tdev),
+          randn(gen, 32, 16, device=tdev).T, randn(gen, 48, 32, device=tdev, dtype=torch.bfloat16)]
+    assert not xs[2].is_contiguous()
+    for rnd in range(3):
+        for x in xs:
+            with torch.no_grad():
+                check_y(x, lin(x))
+            xg = x.detach().clone().requires_grad_()
+            y = lin(xg)
+            check_y(x, y)
+            dy = randn(gen, *y.shape, device=tdev, dtype=y.dtype)
+            y.backward(dy)
+            ref_dx = dy.double() @ w
+            if tdev.type == "cpu" and x.dtype == torch.float32:
+                torch.testing.assert_close(xg.grad.double(), ref_dx, rtol=1e-5, atol=1e-5)
+            else:
+                assert float((xg.grad.double() - ref_dx).norm() / ref_dx.norm()) < 1e-2
+            lin.zero_grad()
+        if rnd == 0:
+            handles = len(lin._st.keep)
+    assert len(lin._st.keep) == handles <= 8  # x, y, dy, dx for float32 and bfloat16
+    if tdev.type == "cpu":
+        with torch.autocast("cpu", torch.bfloat16), torch.no_grad():
+            assert lin(xs[0]).dtype == torch.bfloat16
+    else:
+        with pytest.raises(RuntimeError, match="got an input on cpu"):
+            lin(xs[0].cpu())
+        with torch.autocast("cuda", torch.bfloat16), torch.no_grad():
+            assert lin(xs[0]).dtype == torch.bfloat16
+    # only the bias trains: autograd still reaches it
+    lin.weight.requires_grad_(False)
+    lin(xs[0]).sum().backward()
+    torch.testing.assert_close(lin.bias.grad.double(), torch.full((24,), 16.0, dtype=torch.float64, device=tdev))
