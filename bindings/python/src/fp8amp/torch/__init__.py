@@ -156,17 +156,30 @@ class _Hot:
                  "keep", "float_loads")
 
 
-def _new_view(st: _Hot, table: Dict[torch.dtype, Any], t: torch.Tensor) -> Any:
-    """The handle of a role (table) for t's dtype, made over t the first time (kept in st.keep,
-    which destroys it with the module)."""
+class _View:
+    """One role's handle for one dtype, and the memory and shape it points at now: a call whose tensor
+    has the same address and shape as the last one (a steady training or inference loop, where the
+    caching allocator hands each layer the same blocks) skips the rebind."""
+
+    __slots__ = ("h", "ptr", "shape")
+
+
+_VOIDP = ffi.typeof("void *")
+
+
+def _new_view(st: _Hot, table: Dict[torch.dtype, _View], t: torch.Tensor) -> _View:
+    """The view of a role (table) for t's dtype, made over t the first time (its handle is kept in
+    st.keep, which destroys it with the module)."""
     dt = _DT.get(t.dtype)
     if dt is None:
         raise TypeError("fp8amp takes float32, float16, bfloat16 or float8 tensors, not %s" % t.dtype)
     out = ffi.new("fp8amp_tensor *")
-    check(lib.fp8amp_tensor_wrap(st.ctx_h, dt, t.dim(), list(t.shape), _cast("void *", t.data_ptr()), out))
+    check(lib.fp8amp_tensor_wrap(st.ctx_h, dt, t.dim(), list(t.shape), _cast(_VOIDP, t.data_ptr()), out))
     st.keep.append(fp8amp.Tensor._new(out[0], st.ctx))
-    table[t.dtype] = out[0]
-    return out[0]
+    v = _View()
+    v.h, v.ptr, v.shape = out[0], t.data_ptr(), t.shape
+    table[t.dtype] = v
+    return v
 
 
 def _sync_writes(st: _Hot) -> None:
@@ -179,7 +192,7 @@ def _sync_writes(st: _Hot) -> None:
 
 
 def _set_stream(st: _Hot, s: int) -> None:
-    check(lib.fp8amp_context_set_stream(st.ctx_h, _cast("void *", s)))
+    check(lib.fp8amp_context_set_stream(st.ctx_h, _cast(_VOIDP, s)))
     st.ctx._torch_stream = s  # type: ignore[attr-defined]
 
 
@@ -198,19 +211,21 @@ def _fwd(st: _Hot, x: torch.Tensor, training: int) -> torch.Tensor:
     shape = x.shape
     yshape = (shape[0], st.n) if len(shape) == 2 else shape[:-1] + (st.n,)
     y = x.new_empty(yshape, dtype=ydt)
-    hx = st.hx.get(xdt)
-    if hx is None:
-        hx = _new_view(st, st.hx, x)
-    hy = st.hy.get(ydt)
-    if hy is None:
-        hy = _new_view(st, st.hy, y)
-    rc = _rebind(hx, _cast("void *", x.data_ptr()), len(shape), shape)
-    if rc:
-        check(rc)
-    rc = _rebind(hy, _cast("void *", y.data_ptr()), len(yshape), yshape)
-    if rc:
-        check(rc)
-    rc = _c_forward(st.lin_h, hx, hy, training)
+    vx = st.hx.get(xdt) or _new_view(st, st.hx, x)
+    p = x.data_ptr()
+    if p != vx.ptr or shape != vx.shape:
+        rc = _rebind(vx.h, _cast(_VOIDP, p), len(shape), shape)
+        if rc:
+            check(rc)
+        vx.ptr, vx.shape = p, shape
+    vy = st.hy.get(ydt) or _new_view(st, st.hy, y)
+    p = y.data_ptr()
+    if p != vy.ptr or yshape != vy.shape:
+        rc = _rebind(vy.h, _cast(_VOIDP, p), len(yshape), yshape)
+        if rc:
+            check(rc)
+        vy.ptr, vy.shape = p, yshape
+    rc = _c_forward(st.lin_h, vx.h, vy.h, training)
     if rc:
         check(rc)
     if training:
@@ -230,21 +245,23 @@ def _bwd(st: _Hot, dy: torch.Tensor, dx: Optional[torch.Tensor]) -> None:
     # A torch optimizer or module zero_grad(set_to_none=True) drops the grads: start over.
     if acc and ((b is not None and b.grad is None) or (st.wgrad_visible and w.grad is None)):
         acc = False
-    hdy = st.hdy.get(dy.dtype)
-    if hdy is None:
-        hdy = _new_view(st, st.hdy, dy)
-    shape = dy.shape
-    rc = _rebind(hdy, _cast("void *", dy.data_ptr()), len(shape), shape)
-    if rc:
-        check(rc)
-    if dx is not None:
-        hdx = st.hdx.get(dx.dtype)
-        if hdx is None:
-            hdx = _new_view(st, st.hdx, dx)
-        shape = dx.shape
-        rc = _rebind(hdx, _cast("void *", dx.data_ptr()), len(shape), shape)
+    v = st.hdy.get(dy.dtype) or _new_view(st, st.hdy, dy)
+    p, shape = dy.data_ptr(), dy.shape
+    if p != v.ptr or shape != v.shape:
+        rc = _rebind(v.h, _cast(_VOIDP, p), len(shape), shape)
         if rc:
             check(rc)
+        v.ptr, v.shape = p, shape
+    hdy = v.h
+    if dx is not None:
+        v = st.hdx.get(dx.dtype) or _new_view(st, st.hdx, dx)
+        p, shape = dx.data_ptr(), dx.shape
+        if p != v.ptr or shape != v.shape:
+            rc = _rebind(v.h, _cast(_VOIDP, p), len(shape), shape)
+            if rc:
+                check(rc)
+            v.ptr, v.shape = p, shape
+        hdx = v.h
     else:
         hdx = NULL
     rc = _c_backward(st.lin_h, hdy, hdx, 1 if acc else 0)
