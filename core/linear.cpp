@@ -5,7 +5,6 @@
 #include <string>
 
 #include "kernels.hpp"
-#include "ops.hpp"
 
 namespace fp8amp::core {
 
@@ -89,11 +88,15 @@ std::shared_ptr<Linear> Linear::create(std::shared_ptr<const Context> ctx, const
     if (policy != FP8AMP_GEMM_AUTO && policy != FP8AMP_GEMM_ALWAYS_FP8 && policy != FP8AMP_GEMM_NEVER_FP8)
         fail(FP8AMP_ERROR_INVALID_ARGUMENT, "desc->policy " + std::to_string(policy) + " is unknown");
     const fp8amp_recipe recipe = validate_recipe(desc.recipe);
+    if (desc.graph_replay != 0 && desc.graph_replay != 1)
+        fail(FP8AMP_ERROR_INVALID_ARGUMENT, "desc->graph_replay " + std::to_string(desc.graph_replay) + " is not 0 or 1");
 
     std::shared_ptr<Linear> lin(new Linear());
     lin->desc_ = desc;
     lin->desc_.recipe = recipe;
     lin->ctx_ = ctx;
+    lin->forward_replay_ = GraphReplay(desc.graph_replay != 0);
+    lin->backward_replay_ = GraphReplay(desc.graph_replay != 0);
     lin->wide_dtype_ = ctx->is_cuda() ? FP8AMP_DTYPE_BF16 : FP8AMP_DTYPE_F32;
     if (ctx->is_cuda()) lin->fp8_unsupported_ = kernels::cuda::fp8_gemm_unsupported_reason(ctx->device().index);
     const fp8amp_dtype grad_dtype = recipe.format == FP8AMP_FORMAT_HYBRID ? FP8AMP_DTYPE_E5M2 : FP8AMP_DTYPE_E4M3;
@@ -204,11 +207,8 @@ void Linear::refresh_weight_fp8(bool need_transpose) {
     if (desc_.weight_dtype == FP8AMP_DTYPE_E4M3) {  // the weight is its own FP8 copy; only the transpose
         if (need_transpose && !(weight_fp8t_valid_ && weight_fp8_version_ == version)) {
             Tensor &wt = buffer(w8t_, FP8AMP_DTYPE_E4M3, k, n);
-            if (ctx_->is_cuda())
-                kernels::cuda::transpose_bytes(ctx_->device().index, ctx_->stream(), weight_->data(), wt.data(),
-                                               static_cast<size_t>(n), static_cast<size_t>(k));
-            else
-                kernels::cpu::transpose_bytes(weight_->data(), wt.data(), static_cast<size_t>(n), static_cast<size_t>(k));
+            steps_.transpose_bytes(weight_->data(), wt.data(), static_cast<size_t>(n), static_cast<size_t>(k));
+            wt.mark_written();
             weight_fp8t_valid_ = true;
             weight_fp8_version_ = version;
         }
@@ -219,13 +219,14 @@ void Linear::refresh_weight_fp8(bool need_transpose) {
     fp8amp_dtype src_dtype = weight_->dtype();
     if (weight_->scaling()) {  // a scaled 16-bit weight: its true value first
         Tensor &w32 = buffer(w_f32_, FP8AMP_DTYPE_F32, n, k);
-        dequantize(*ctx_, *weight_, w32);
+        steps_.dequantize(*weight_, w32.data(), FP8AMP_DTYPE_F32);
+        w32.mark_written();
         src = w32.data();
         src_dtype = FP8AMP_DTYPE_F32;
     }
     Tensor &w8 = buffer(w8_, FP8AMP_DTYPE_E4M3, n, k, weight_meta_);
     Tensor *w8t = need_transpose ? &buffer(w8t_, FP8AMP_DTYPE_E4M3, k, n, weight_meta_) : nullptr;
-    quantize_unchecked(*ctx_, src, src_dtype, static_cast<size_t>(n), static_cast<size_t>(k), w8, w8t);
+    quantize(src, src_dtype, static_cast<size_t>(n), static_cast<size_t>(k), w8, w8t);
     weight_fp8_version_ = version;
     weight_fp8t_valid_ = need_transpose;
 }
@@ -237,9 +238,10 @@ void Linear::refresh_weight_wide() {
     if (w_wide_ && weight_wide_version_ == version) return;
     Tensor &ww = buffer(w_wide_, wide_dtype_, desc_.out_features, desc_.in_features);
     if (weight_->scaling())
-        dequantize(*ctx_, *weight_, ww);
+        steps_.dequantize(*weight_, ww.data(), ww.dtype());
     else
-        cast(*ctx_, *weight_, ww);
+        steps_.cast(weight_->data(), weight_->dtype(), ww.data(), ww.dtype(), static_cast<size_t>(ww.numel()));
+    ww.mark_written();
     weight_wide_version_ = version;
 }
 
@@ -251,7 +253,8 @@ const Tensor *Linear::bias_for(fp8amp_dtype bias_dtype) {
             bias_cast_.reset();
             bias_cast_ = Tensor::create(ctx_, bias_dtype, 1, &n);
         }
-        cast(*ctx_, *bias_, *bias_cast_);
+        steps_.cast(bias_->data(), FP8AMP_DTYPE_F32, bias_cast_->data(), bias_dtype, static_cast<size_t>(n));
+        bias_cast_->mark_written();
         bias_cast_version_ = bias_->version();
     }
     return bias_cast_.get();
@@ -287,8 +290,9 @@ void Linear::run_gemm(const GemmCall &c) {
         if (f16_from_bf16) {  // the F16-rounded bias, held in F32 for the F32 epilogue (made once per bias)
             Tensor &b32 = buffer(bias_f32_, FP8AMP_DTYPE_F32, 1, desc_.out_features);
             if (bias_f32_version_ != bias_->version()) {
-                cast_unchecked(*ctx_, bias->data(), bias->dtype(), b32.data(), FP8AMP_DTYPE_F32,
-                               static_cast<size_t>(desc_.out_features));
+                steps_.cast(bias->data(), bias->dtype(), b32.data(), FP8AMP_DTYPE_F32,
+                            static_cast<size_t>(desc_.out_features));
+                b32.mark_written();
                 bias_f32_version_ = bias_->version();
             }
             bias = &b32;
@@ -298,12 +302,29 @@ void Linear::run_gemm(const GemmCall &c) {
     }
     if (ctx_->is_cuda()) {
         Storage &ws = ctx_->gemm_workspace();
-        kernels::cuda::gemm(ctx_->gemm_engine(), ctx_->device().index, ctx_->stream(), g, ws.data(), ws.nbytes());
+        steps_.gemm(g, ws.data(), ws.nbytes());
     } else {
-        kernels::cpu::gemm(g);
+        steps_.gemm(g, nullptr, 0);
     }
-    if (stage)
-        cast_unchecked(*ctx_, staging->data(), stage_dtype, c.d, c.d_dtype, static_cast<size_t>(c.m * c.n));
+    if (stage) steps_.cast(staging->data(), stage_dtype, c.d, c.d_dtype, static_cast<size_t>(c.m * c.n));
+}
+
+void Linear::quantize(const void *src, fp8amp_dtype src_dtype, size_t rows, size_t cols, Tensor &dst, Tensor *dst_t) {
+    steps_.quantize(src, src_dtype, rows, cols, dst, dst_t);
+    dst.mark_written();
+    if (dst_t) dst_t->mark_written();
+}
+
+void Linear::launch(GraphReplay &replay) {
+    try {
+        replay.run(*ctx_, steps_);
+    } catch (...) {
+        // The work may have stopped midway: no cached copy is trusted, nothing is left for a backward.
+        weight_changed();
+        weight_fp8t_valid_ = false;
+        saved_ = false;
+        throw;
+    }
 }
 
 void Linear::forward(const Tensor &x, Tensor &y, bool training) {
@@ -328,11 +349,12 @@ void Linear::forward(const Tensor &x, Tensor &y, bool training) {
 
     const fp8amp_gemm_kind kind = choose_kind(m, training, y);
     saved_ = false;  // a failure below leaves nothing for a backward to use
+    steps_.clear();
     if (kind == FP8AMP_GEMM_KIND_FP8) {
         refresh_weight_fp8(training);
         Tensor &x8 = buffer(x8_, FP8AMP_DTYPE_E4M3, m, k, input_meta_);
         Tensor *x8t = training ? &buffer(x8t_, FP8AMP_DTYPE_E4M3, k, m, input_meta_) : nullptr;
-        quantize_unchecked(*ctx_, x.data(), x.dtype(), static_cast<size_t>(m), static_cast<size_t>(k), x8, x8t);
+        quantize(x.data(), x.dtype(), static_cast<size_t>(m), static_cast<size_t>(k), x8, x8t);
         const Tensor &w8 = desc_.weight_dtype == FP8AMP_DTYPE_E4M3 ? *weight_ : *w8_;
         run_gemm({m, n, k, x8.data(), FP8AMP_DTYPE_E4M3, true, x8.scale_inv(), w8.data(), FP8AMP_DTYPE_E4M3, true,
                   w8.scale_inv(), y.data(), y.dtype(), false, true, true});
@@ -342,12 +364,14 @@ void Linear::forward(const Tensor &x, Tensor &y, bool training) {
         const void *xw = x.data();
         if (training || x.dtype() != wide_dtype_) {  // training keeps its own copy of x for backward
             Tensor &copy = buffer(x_wide_, wide_dtype_, m, k);
-            cast_unchecked(*ctx_, x.data(), x.dtype(), copy.data(), wide_dtype_, static_cast<size_t>(m * k));
+            steps_.cast(x.data(), x.dtype(), copy.data(), wide_dtype_, static_cast<size_t>(m * k));
+            copy.mark_written();
             xw = copy.data();
         }
         run_gemm({m, n, k, xw, wide_dtype_, true, nullptr, ww.data(), wide_dtype_, true, nullptr, y.data(), y.dtype(),
                   false, true, false});
     }
+    launch(forward_replay_);
     y.mark_written();
     kind_ = kind;
     if (training) {
@@ -383,6 +407,7 @@ void Linear::backward(const Tensor &dy, Tensor *dx, bool accumulate) {
     // Linear's FP32 buffer, from which the delivered E4M3/BF16 tensor is re-made below.
     // A buffer made just now holds no sum yet: accumulating into it is overwriting it.
     const bool direct_wgrad = desc_.wgrad_dtype == FP8AMP_DTYPE_F32;
+    steps_.clear();
     const Tensor *previous_sum = wgrad_acc_.get();
     Tensor &wsum = direct_wgrad ? *weight_grad_ : buffer(wgrad_acc_, FP8AMP_DTYPE_F32, n, k);
     const bool add = accumulate && (direct_wgrad || wgrad_acc_.get() == previous_sum);
@@ -391,7 +416,7 @@ void Linear::backward(const Tensor &dy, Tensor *dx, bool accumulate) {
         const fp8amp_dtype gdtype = grad_output_meta_->dtype();
         Tensor &dy8 = buffer(dy8_, gdtype, m, n, grad_output_meta_);
         Tensor &dy8t = buffer(dy8t_, gdtype, n, m, grad_output_meta_);
-        quantize_unchecked(*ctx_, dy.data(), dy.dtype(), static_cast<size_t>(m), static_cast<size_t>(n), dy8, &dy8t);
+        quantize(dy.data(), dy.dtype(), static_cast<size_t>(m), static_cast<size_t>(n), dy8, &dy8t);
         if (dx) {
             const float *wt_scale_inv = e4m3_weight ? weight_->scale_inv() : w8t_->scale_inv();
             run_gemm({m, k, n, dy8.data(), gdtype, true, dy8.scale_inv(), w8t_->data(), FP8AMP_DTYPE_E4M3, true,
@@ -404,7 +429,8 @@ void Linear::backward(const Tensor &dy, Tensor *dx, bool accumulate) {
         const void *dyw = dy.data();
         if (dy.dtype() != wide_dtype_) {
             Tensor &copy = buffer(dy_wide_, wide_dtype_, m, n);
-            cast_unchecked(*ctx_, dy.data(), dy.dtype(), copy.data(), wide_dtype_, static_cast<size_t>(m * n));
+            steps_.cast(dy.data(), dy.dtype(), copy.data(), wide_dtype_, static_cast<size_t>(m * n));
+            copy.mark_written();
             dyw = copy.data();
         }
         // dX[m, k] = dY[m, n] W[n, k]: W read as the [k, n] operand, stored [n, k] (not K-contiguous).
@@ -418,25 +444,23 @@ void Linear::backward(const Tensor &dy, Tensor *dx, bool accumulate) {
     if (dx) dx->mark_written();
     if (!direct_wgrad) {
         if (desc_.wgrad_dtype == FP8AMP_DTYPE_E4M3)
-            quantize_unchecked(*ctx_, wsum.data(), FP8AMP_DTYPE_F32, static_cast<size_t>(n), static_cast<size_t>(k),
-                               *weight_grad_, nullptr);
+            quantize(wsum.data(), FP8AMP_DTYPE_F32, static_cast<size_t>(n), static_cast<size_t>(k), *weight_grad_,
+                     nullptr);
         else
-            cast_unchecked(*ctx_, wsum.data(), FP8AMP_DTYPE_F32, weight_grad_->data(), weight_grad_->dtype(),
-                           static_cast<size_t>(n * k));
+            steps_.cast(wsum.data(), FP8AMP_DTYPE_F32, weight_grad_->data(), weight_grad_->dtype(),
+                        static_cast<size_t>(n * k));
     }
     weight_grad_->mark_written();
     if (bias_grad_) {
-        if (ctx_->is_cuda()) {
-            Tensor &scratch = buffer(colsum_scratch_, FP8AMP_DTYPE_F32, static_cast<int64_t>(kernels::kColumnSumChunks), n);
-            kernels::cuda::column_sum(ctx_->device().index, ctx_->stream(), dy.data(), dy.dtype(), static_cast<size_t>(m),
-                                      static_cast<size_t>(n), static_cast<float *>(bias_grad_->data()), accumulate,
-                                      static_cast<float *>(scratch.data()));
-        } else {
-            kernels::cpu::column_sum(dy.data(), dy.dtype(), static_cast<size_t>(m), static_cast<size_t>(n),
-                                     static_cast<float *>(bias_grad_->data()), accumulate);
-        }
+        float *scratch = nullptr;
+        if (ctx_->is_cuda())
+            scratch = static_cast<float *>(
+                buffer(colsum_scratch_, FP8AMP_DTYPE_F32, static_cast<int64_t>(kernels::kColumnSumChunks), n).data());
+        steps_.column_sum(dy.data(), dy.dtype(), static_cast<size_t>(m), static_cast<size_t>(n),
+                          static_cast<float *>(bias_grad_->data()), accumulate, scratch);
         bias_grad_->mark_written();
     }
+    launch(backward_replay_);
     saved_ = false;
 }
 

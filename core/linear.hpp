@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "context.hpp"
+#include "launch_list.hpp"
 #include "scaling_meta.hpp"
 #include "tensor.hpp"
 
@@ -27,6 +28,7 @@ public:
     const std::shared_ptr<Tensor> &bias_grad() const;
     std::shared_ptr<ScalingMeta> scaling(int32_t role) const;  // an fp8amp_linear_role, read as an integer
     fp8amp_gemm_kind gemm_kind() const { return kind_; }
+    uint64_t graph_replays() const { return forward_replay_.replays() + backward_replay_.replays(); }
 
     void weight_changed() {
         weight_fp8_version_ = kStale;
@@ -49,6 +51,10 @@ private:
     Tensor &buffer(std::shared_ptr<Tensor> &slot, fp8amp_dtype dtype, int64_t rows, int64_t cols,
                    const std::shared_ptr<ScalingMeta> &meta = nullptr);
     void run_gemm(const GemmCall &call);
+    // Adds a quantize step to steps_ and marks its destinations written.
+    void quantize(const void *src, fp8amp_dtype src_dtype, size_t rows, size_t cols, Tensor &dst, Tensor *dst_t);
+    // Runs steps_ (replaying a graph where it can); on failure trusts no cached copy and rethrows.
+    void launch(GraphReplay &replay);
 
     std::shared_ptr<const Context> ctx_;
     fp8amp_linear_desc desc_{};
@@ -74,6 +80,9 @@ private:
     int64_t saved_m_ = 0;
     std::vector<int64_t> saved_x_shape_, saved_y_shape_;
     fp8amp_gemm_kind kind_ = FP8AMP_GEMM_KIND_NONE;
+    // The current call's GPU work, and its replay as CUDA graphs, per direction (launch_list.hpp).
+    LaunchList steps_;
+    GraphReplay forward_replay_{true}, backward_replay_{true};
     // Why this device cannot run FP8 GEMMs ("" when it can), asked once.
     std::string fp8_unsupported_;
 };

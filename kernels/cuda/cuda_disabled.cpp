@@ -47,5 +47,12 @@ int adam_grid_size(int) { unavailable(); }
 void scaler_update(int, void *, adam::ScalerState *, const adam::ScalerConfig &, const adam::Status *) {
     unavailable();
 }
+struct GraphExec {};
+void *capture_stream(int) { unavailable(); }
+bool stream_is_capturing(int, void *) { unavailable(); }
+void begin_capture(int, void *) { unavailable(); }
+std::shared_ptr<GraphExec> end_capture(int, void *) { unavailable(); }
+void abort_capture(int, void *) noexcept {}
+void launch_graph(GraphExec &, void *) { unavailable(); }
 
 }  // namespace fp8amp::kernels::cuda

@@ -442,6 +442,9 @@ typedef struct fp8amp_linear_desc {
     fp8amp_dtype wgrad_dtype;   /**< E4M3 (O1, default), F32 or BF16 */
     fp8amp_recipe recipe;       /**< default: fp8amp_recipe_init_default */
     fp8amp_gemm_policy policy;  /**< default AUTO */
+    int32_t graph_replay;       /**< CUDA: 1 (default) replays a call whose launches repeat an earlier
+                                     call's (same memory, shapes, dtypes, settings) as one CUDA graph
+                                     launch; 0 launches every kernel each call (docs/linear.md 6) */
 } fp8amp_linear_desc;
 
 /** Fills *desc with the defaults above and in_features = out_features = 0 (set them).
@@ -453,8 +456,8 @@ typedef struct fp8amp_linear_s *fp8amp_linear;
 /** Creates a Linear on the context's device: weight [out, in] (zeros: fill it), bias [out] (F32,
  *  zeros), gradient tensors (zeros) and the role metas. Allocates nothing else until the first call.
  *  Statuses: SUCCESS; INVALID_HANDLE; INVALID_ARGUMENT (NULL desc/out, struct_size too small,
- *  features < 1, a bad recipe, an unknown policy); DTYPE_MISMATCH (weight_dtype or wgrad_dtype not
- *  allowed); OUT_OF_MEMORY; CUDA. */
+ *  features < 1, a bad recipe, an unknown policy, graph_replay not 0 or 1); DTYPE_MISMATCH
+ *  (weight_dtype or wgrad_dtype not allowed); OUT_OF_MEMORY; CUDA. */
 FP8AMP_API fp8amp_status fp8amp_linear_create(fp8amp_context ctx, const fp8amp_linear_desc *desc,
                                               fp8amp_linear *out);
 
@@ -518,6 +521,10 @@ FP8AMP_API fp8amp_status fp8amp_linear_backward(fp8amp_linear lin, fp8amp_tensor
 /** Which GEMM the last forward ran (FP8AMP_GEMM_KIND_NONE before any). Statuses: SUCCESS;
  *  INVALID_HANDLE; INVALID_ARGUMENT (NULL). */
 FP8AMP_API fp8amp_status fp8amp_linear_gemm_kind(fp8amp_linear lin, fp8amp_gemm_kind *out);
+
+/** How many of this Linear's forward and backward calls so far ran as one CUDA graph launch
+ *  (desc.graph_replay; always 0 on the CPU). Statuses: SUCCESS; INVALID_HANDLE; INVALID_ARGUMENT (NULL). */
+FP8AMP_API fp8amp_status fp8amp_linear_graph_replays(fp8amp_linear lin, uint64_t *out);
 
 /* ---------------------------------------------------------------------------------------------
  * Adam / AdamW with low-precision state (O1/O2/O3), dynamic loss scaling, checkpoints
