@@ -14,6 +14,12 @@ namespace {
 // (docs/performance.md, "FP8 or BF16": the crossover measured by bench/bench_linear.py).
 constexpr double kFp8MinMacs = 2048.0 * 2048.0 * 2048.0;
 
+// The context's scratch slots (Context::scratch) and what the Linear keeps in them during a call.
+constexpr size_t kScratchFp8 = 0;     // x8 (forward), dY8 (backward)
+constexpr size_t kScratchFp8T = 1;    // dY8 transposed (backward)
+constexpr size_t kScratchStage = 2;   // a staged GEMM output (y or dX)
+constexpr size_t kScratchWeight = 3;  // a scaled F16 weight dequantized (forward), dY in BF16 (backward)
+
 // The rows/dims FP8 GEMMs on cuBLASLt can take: every leading dimension a multiple of 16 bytes.
 constexpr int64_t kFp8Multiple = 16;
 
@@ -178,6 +184,20 @@ Tensor &Linear::buffer(std::shared_ptr<Tensor> &slot, fp8amp_dtype dtype, int64_
     return *slot;
 }
 
+Tensor &Linear::scratch(std::shared_ptr<Tensor> &slot, size_t pool_slot, fp8amp_dtype dtype, int64_t rows,
+                        int64_t cols, const std::shared_ptr<ScalingMeta> &meta) {
+    const size_t nbytes = static_cast<size_t>(rows) * static_cast<size_t>(cols) * fp8amp_dtype_size(dtype);
+    void *data = ctx_->scratch(pool_slot, nbytes);
+    if (!slot || slot->data() != data || slot->dtype() != dtype || slot->shape()[0] != rows ||
+        slot->shape()[1] != cols) {
+        slot.reset();
+        const int64_t shape[2] = {rows, cols};
+        slot = Tensor::wrap(ctx_, dtype, 2, shape, data);  // the context's memory: not owned by the view
+        if (meta) slot->set_scaling(meta);
+    }
+    return *slot;
+}
+
 fp8amp_gemm_kind Linear::choose_kind(int64_t m, bool training, const Tensor &y) const {
     (void)y;
     if (desc_.policy == FP8AMP_GEMM_NEVER_FP8) return ctx_->is_cuda() ? FP8AMP_GEMM_KIND_BF16 : FP8AMP_GEMM_KIND_F32;
@@ -218,7 +238,7 @@ void Linear::refresh_weight_fp8(bool need_transpose) {
     const void *src = weight_->data();
     fp8amp_dtype src_dtype = weight_->dtype();
     if (weight_->scaling()) {  // a scaled 16-bit weight: its true value first
-        Tensor &w32 = buffer(w_f32_, FP8AMP_DTYPE_F32, n, k);
+        Tensor &w32 = scratch(w_f32_, kScratchWeight, FP8AMP_DTYPE_F32, n, k);
         steps_.dequantize(*weight_, w32.data(), FP8AMP_DTYPE_F32);
         w32.mark_written();
         src = w32.data();
@@ -281,7 +301,7 @@ void Linear::run_gemm(const GemmCall &c) {
                                wide_dtype_ != FP8AMP_DTYPE_F16;
     const bool stage = ctx_->is_cuda() && !c.accumulate && (f16_from_bf16 || misaligned);
     const fp8amp_dtype stage_dtype = f16_from_bf16 ? FP8AMP_DTYPE_F32 : c.d_dtype;
-    Tensor *staging = stage ? &buffer(out_stage_, stage_dtype, c.m, c.n) : nullptr;
+    Tensor *staging = stage ? &scratch(out_stage_, kScratchStage, stage_dtype, c.m, c.n) : nullptr;
     g.d = stage ? staging->data() : c.d;
     g.d_dtype = stage ? stage_dtype : c.d_dtype;
     if (c.with_bias && bias_) {
@@ -352,7 +372,7 @@ void Linear::forward(const Tensor &x, Tensor &y, bool training) {
     steps_.clear();
     if (kind == FP8AMP_GEMM_KIND_FP8) {
         refresh_weight_fp8(training);
-        Tensor &x8 = buffer(x8_, FP8AMP_DTYPE_E4M3, m, k, input_meta_);
+        Tensor &x8 = scratch(x8_, kScratchFp8, FP8AMP_DTYPE_E4M3, m, k, input_meta_);
         Tensor *x8t = training ? &buffer(x8t_, FP8AMP_DTYPE_E4M3, k, m, input_meta_) : nullptr;
         quantize(x.data(), x.dtype(), static_cast<size_t>(m), static_cast<size_t>(k), x8, x8t);
         const Tensor &w8 = desc_.weight_dtype == FP8AMP_DTYPE_E4M3 ? *weight_ : *w8_;
@@ -414,8 +434,8 @@ void Linear::backward(const Tensor &dy, Tensor *dx, bool accumulate) {
 
     if (kind_ == FP8AMP_GEMM_KIND_FP8) {
         const fp8amp_dtype gdtype = grad_output_meta_->dtype();
-        Tensor &dy8 = buffer(dy8_, gdtype, m, n, grad_output_meta_);
-        Tensor &dy8t = buffer(dy8t_, gdtype, n, m, grad_output_meta_);
+        Tensor &dy8 = scratch(dy8_, kScratchFp8, gdtype, m, n, grad_output_meta_);
+        Tensor &dy8t = scratch(dy8t_, kScratchFp8T, gdtype, n, m, grad_output_meta_);
         quantize(dy.data(), dy.dtype(), static_cast<size_t>(m), static_cast<size_t>(n), dy8, &dy8t);
         if (dx) {
             const float *wt_scale_inv = e4m3_weight ? weight_->scale_inv() : w8t_->scale_inv();
@@ -428,7 +448,7 @@ void Linear::backward(const Tensor &dy, Tensor *dx, bool accumulate) {
         const Tensor &ww = w_wide_ && (weight_->dtype() != wide_dtype_ || weight_->scaling()) ? *w_wide_ : *weight_;
         const void *dyw = dy.data();
         if (dy.dtype() != wide_dtype_) {
-            Tensor &copy = buffer(dy_wide_, wide_dtype_, m, n);
+            Tensor &copy = scratch(dy_wide_, kScratchWeight, wide_dtype_, m, n);
             steps_.cast(dy.data(), dy.dtype(), copy.data(), wide_dtype_, static_cast<size_t>(m * n));
             copy.mark_written();
             dyw = copy.data();
@@ -452,12 +472,12 @@ void Linear::backward(const Tensor &dy, Tensor *dx, bool accumulate) {
     }
     weight_grad_->mark_written();
     if (bias_grad_) {
-        float *scratch = nullptr;
+        float *partial = nullptr;  // CUDA: the per-chunk column sums
         if (ctx_->is_cuda())
-            scratch = static_cast<float *>(
+            partial = static_cast<float *>(
                 buffer(colsum_scratch_, FP8AMP_DTYPE_F32, static_cast<int64_t>(kernels::kColumnSumChunks), n).data());
         steps_.column_sum(dy.data(), dy.dtype(), static_cast<size_t>(m), static_cast<size_t>(n),
-                          static_cast<float *>(bias_grad_->data()), accumulate, scratch);
+                          static_cast<float *>(bias_grad_->data()), accumulate, partial);
         bias_grad_->mark_written();
     }
     launch(backward_replay_);

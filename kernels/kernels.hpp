@@ -111,6 +111,9 @@ void copy_to_device(int device, void *stream, void *dst, const void *src, size_t
 void copy_to_host(int device, void *stream, void *dst, const void *src, size_t nbytes);
 void synchronize(int device, void *stream);
 void copy_device_to_device(int device, void *stream, void *dst, const void *src, size_t nbytes);  // async
+// Orders `to` after the work queued on `from` so far (an event recorded on one, waited on by the
+// other; the host does not wait). Nothing is done when either stream is being captured.
+void stream_join(int device, void *from, void *to);
 void memset(int device, void *stream, void *dst, int value, size_t nbytes);                        // async
 // Asynchronous on `stream`, bit-identical to their cpu:: counterparts (device memory throughout).
 void cast(int device, void *stream, const void *src, fp8amp_dtype src_dtype, void *dst,

@@ -24,6 +24,7 @@ void synchronize(int, void *) { unavailable(); }
 void cast(int, void *, const void *, fp8amp_dtype, void *, fp8amp_dtype, size_t) { unavailable(); }
 void copy_device_to_device(int, void *, void *, const void *, size_t) { unavailable(); }
 void memset(int, void *, void *, int, size_t) { unavailable(); }
+void stream_join(int, void *, void *) { unavailable(); }
 void amax(int, void *, const void *, fp8amp_dtype, size_t, uint32_t *) { unavailable(); }
 void quantize(int, void *, const void *, fp8amp_dtype, void *, fp8amp_dtype, size_t, const QuantizeTarget &) {
     unavailable();

@@ -134,8 +134,10 @@ FP8AMP_API fp8amp_status fp8amp_context_device(fp8amp_context ctx, fp8amp_device
 /** Makes every later operation of this context run on a borrowed cudaStream_t (NULL = the legacy
  *  default stream), e.g. a framework's current stream. fp8amp never destroys it; the caller keeps
  *  it alive while the context uses it. Operations are asynchronous with respect to the host unless
- *  documented otherwise (host copies are synchronous).
- *  Statuses: SUCCESS; INVALID_HANDLE; INVALID_ARGUMENT (a non-NULL stream on a CPU context). */
+ *  documented otherwise (host copies are synchronous). Memory the context reuses across calls (the
+ *  GEMM workspace, the Linears' shared scratch) was used in the old stream's order, so the new stream
+ *  is made to wait (on the GPU, not the host) for the work queued on the old one so far.
+ *  Statuses: SUCCESS; INVALID_HANDLE; INVALID_ARGUMENT (a non-NULL stream on a CPU context); CUDA. */
 FP8AMP_API fp8amp_status fp8amp_context_set_stream(fp8amp_context ctx, void *cuda_stream);
 
 /** The stream set by fp8amp_context_set_stream (NULL for the default stream and on the CPU).
