@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <mutex>
 #include <type_traits>
 
 #include "scaling_meta.hpp"
@@ -240,6 +241,9 @@ void GraphReplay::run(const Context &ctx, const LaunchList &list) {
     }
     seen_.erase(seen);
     // Second sighting: capture on a private stream (nothing runs there), then launch on the caller's.
+    // The stream is one per device for the process: threads (each with its own context) take turns.
+    static std::mutex capture_mutex;
+    std::lock_guard<std::mutex> lock(capture_mutex);
     void *capture = kernels::cuda::capture_stream(device);
     std::shared_ptr<kernels::cuda::GraphExec> exec;
     try {
