@@ -335,17 +335,20 @@ void Linear::quantize(const void *src, fp8amp_dtype src_dtype, size_t rows, size
     if (dst_t) dst_t->mark_written();
 }
 
-void Linear::launch(GraphReplay &replay) {
-    try {
-        replay.run(*ctx_, steps_);
-    } catch (...) {
-        // The work may have stopped midway: no cached copy is trusted, nothing is left for a backward.
-        weight_changed();
-        weight_fp8t_valid_ = false;
-        saved_ = false;
-        throw;
+// Undoes the cache bookkeeping of a call that failed: describing a call's work records the copies
+// it will make (weight FP8/BF16, bias casts) as fresh before they are launched, so after a failure
+// (an allocation while describing, a launch) no cached copy is trusted and nothing is left for a
+// backward.
+struct Linear::FailureGuard {
+    Linear &lin;
+    bool done = false;
+    ~FailureGuard() {
+        if (done) return;
+        lin.weight_changed();
+        lin.weight_fp8t_valid_ = false;
+        lin.saved_ = false;
     }
-}
+};
 
 void Linear::forward(const Tensor &x, Tensor &y, bool training) {
     const int64_t n = desc_.out_features, k = desc_.in_features;
@@ -369,6 +372,7 @@ void Linear::forward(const Tensor &x, Tensor &y, bool training) {
 
     const fp8amp_gemm_kind kind = choose_kind(m, training, y);
     saved_ = false;  // a failure below leaves nothing for a backward to use
+    FailureGuard guard{*this};
     steps_.clear();
     if (kind == FP8AMP_GEMM_KIND_FP8) {
         refresh_weight_fp8(training);
@@ -391,7 +395,8 @@ void Linear::forward(const Tensor &x, Tensor &y, bool training) {
         run_gemm({m, n, k, xw, wide_dtype_, true, nullptr, ww.data(), wide_dtype_, true, nullptr, y.data(), y.dtype(),
                   false, true, false});
     }
-    launch(forward_replay_);
+    forward_replay_.run(*ctx_, steps_);
+    guard.done = true;
     y.mark_written();
     kind_ = kind;
     if (training) {
@@ -427,6 +432,7 @@ void Linear::backward(const Tensor &dy, Tensor *dx, bool accumulate) {
     // Linear's FP32 buffer, from which the delivered E4M3/BF16 tensor is re-made below.
     // A buffer made just now holds no sum yet: accumulating into it is overwriting it.
     const bool direct_wgrad = desc_.wgrad_dtype == FP8AMP_DTYPE_F32;
+    FailureGuard guard{*this};
     steps_.clear();
     const Tensor *previous_sum = wgrad_acc_.get();
     Tensor &wsum = direct_wgrad ? *weight_grad_ : buffer(wgrad_acc_, FP8AMP_DTYPE_F32, n, k);
@@ -480,7 +486,8 @@ void Linear::backward(const Tensor &dy, Tensor *dx, bool accumulate) {
                           static_cast<float *>(bias_grad_->data()), accumulate, partial);
         bias_grad_->mark_written();
     }
-    launch(backward_replay_);
+    backward_replay_.run(*ctx_, steps_);
+    guard.done = true;
     saved_ = false;
 }
 

@@ -56,8 +56,7 @@ private:
     void run_gemm(const GemmCall &call);
     // Adds a quantize step to steps_ and marks its destinations written.
     void quantize(const void *src, fp8amp_dtype src_dtype, size_t rows, size_t cols, Tensor &dst, Tensor *dst_t);
-    // Runs steps_ (replaying a graph where it can); on failure trusts no cached copy and rethrows.
-    void launch(GraphReplay &replay);
+    struct FailureGuard;  // linear.cpp
 
     std::shared_ptr<const Context> ctx_;
     fp8amp_linear_desc desc_{};
