@@ -37,10 +37,11 @@ class LinearLib(Lib):
         self.forward = self.lib.fp8amp_linear_forward
         self.backward = self.lib.fp8amp_linear_backward
 
-    def linear(self, ctx, k, n, policy, weight, bias, wgrad_dtype=E4M3):
+    def linear(self, ctx, k, n, policy, weight, bias, wgrad_dtype=E4M3, graph_replay=1):
         d = LinearDesc()
         self("fp8amp_linear_desc_init_default", ctypes.byref(d))
         d.in_features, d.out_features, d.policy, d.wgrad_dtype = k, n, policy, wgrad_dtype
+        d.graph_replay = graph_replay
         lin = ctypes.c_void_p()
         self("fp8amp_linear_create", ctx, ctypes.byref(d), ctypes.byref(lin))
         for getter, src, dtype in (("fp8amp_linear_weight", weight, BF16), ("fp8amp_linear_bias", bias, F32)):
@@ -234,14 +235,30 @@ def main():
         y = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
         hx, hy = lib.wrap(ctx, x, BF16), lib.wrap(ctx, y, BF16)
         shape = f"{m}x{k}->{n}"
-        for pname, policy in (("fp8", ALWAYS_FP8), ("bf16", NEVER_FP8)):
-            lin = lib.linear(ctx, k, n, policy, w, torch.zeros(n, device="cuda"))
-            res["host"][f"fp8amp_linear_forward_{pname}_{shape}"] = host_us(lambda: lib.forward(lin, hx, hy, 0))
-            # The same with an idle GPU: the calls never synchronize, and each one's GPU work (a few
-            # microseconds) is shorter than its host time, so the launch queue never fills either.
-            res["host"][f"fp8amp_linear_forward_{pname}_{shape}_idle_gpu"] = host_us(
-                lambda: lib.forward(lin, hx, hy, 0), busy=False)
-            lib("fp8amp_linear_destroy", lin)
+        dy = torch.randn(m, n, device="cuda", dtype=torch.bfloat16)
+        dx = torch.empty(m, k, device="cuda", dtype=torch.bfloat16)
+        hdy, hdx = lib.wrap(ctx, dy, BF16), lib.wrap(ctx, dx, BF16)
+
+        def train_step(lin):
+            lib.forward(lin, hx, hy, 1)
+            lib.backward(lin, hdy, hdx, 1)
+
+        # graph_replay = 1 (the default) replays a repeated call's launches as one CUDA graph launch;
+        # graph_replay = 0 launches every kernel each call (how the Linear ran before replay).
+        for replay, suffix in ((1, ""), (0, "_no_replay")):
+            for pname, policy in (("fp8", ALWAYS_FP8), ("bf16", NEVER_FP8)):
+                lin = lib.linear(ctx, k, n, policy, w, torch.zeros(n, device="cuda"), graph_replay=replay)
+                key = f"fp8amp_linear_forward_{pname}_{shape}{suffix}"
+                res["host"][key] = host_us(lambda: lib.forward(lin, hx, hy, 0))
+                # The same with an idle GPU: the calls never synchronize, and each one's GPU work (a few
+                # microseconds) is shorter than its host time, so the launch queue never fills either.
+                res["host"][key + "_idle_gpu"] = host_us(lambda: lib.forward(lin, hx, hy, 0), busy=False)
+                res["host"][f"fp8amp_linear_forward_backward_{pname}_{shape}{suffix}"] = host_us(
+                    lambda: train_step(lin), calls=100)
+                replays = ctypes.c_uint64()
+                lib("fp8amp_linear_graph_replays", lin, ctypes.byref(replays))
+                res["host"][f"graph_replays_{pname}{suffix}"] = replays.value
+                lib("fp8amp_linear_destroy", lin)
         q = torch.empty(m, k, device="cuda", dtype=torch.uint8)
         hq = lib.wrap(ctx, q, E4M3)
         meta = ctypes.c_void_p()
@@ -256,6 +273,11 @@ def main():
         bias16 = torch.zeros(n, device="cuda", dtype=torch.bfloat16)
         x8, w8 = x.to(fp8), w.to(fp8)
         res["host"][f"torch_linear_bf16_{shape}"] = host_us(lambda: torch.nn.functional.linear(x, w, bias16))
+        xg = x.detach().clone().requires_grad_(True)
+        wg = w.detach().clone().requires_grad_(True)
+        bg = bias16.detach().clone().requires_grad_(True)
+        res["host"][f"torch_linear_forward_backward_bf16_{shape}"] = host_us(
+            lambda: torch.nn.functional.linear(xg, wg, bg).backward(dy), calls=100)
         res["host"][f"torch_linear_bf16_{shape}_idle_gpu"] = host_us(
             lambda: torch.nn.functional.linear(x, w, bias16), busy=False)
         res["host"][f"torch_scaled_mm_{shape}"] = host_us(
@@ -280,7 +302,8 @@ def main():
         print(f"{name:22s} {e['fp8_forward_us']:8.1f} {e['bf16_forward_us']:8.1f} {e['fp8_train_us']:9.1f} "
               f"{e['bf16_train_us']:10.1f} {e['auto_chose']:>5s}")
     for name, us in res["host"].items():
-        print(f"host time per call, {name}: {us:.2f} us")
+        print(f"host time per call, {name}: {us:.2f} us" if not name.startswith("graph_replays")
+              else f"{name}: {us}")
     print("wrote", out_path)
 
 

@@ -29,7 +29,7 @@ class Recipe(ctypes.Structure):
 class LinearDesc(ctypes.Structure):
     _fields_ = [("struct_size", ctypes.c_uint32), ("in_features", ctypes.c_int64), ("out_features", ctypes.c_int64),
                 ("has_bias", ctypes.c_int32), ("weight_dtype", ctypes.c_int), ("wgrad_dtype", ctypes.c_int),
-                ("recipe", Recipe), ("policy", ctypes.c_int)]
+                ("recipe", Recipe), ("policy", ctypes.c_int), ("graph_replay", ctypes.c_int32)]
 
 
 class AdamDesc(ctypes.Structure):

@@ -30,6 +30,7 @@ FP8AMP_API fp8amp_status fp8amp_linear_desc_init_default(fp8amp_linear_desc *des
         if (fp8amp_recipe_init_default(&d.recipe) != FP8AMP_SUCCESS)
             fail(FP8AMP_ERROR_INTERNAL, "fp8amp_recipe_init_default failed");
         d.policy = FP8AMP_GEMM_AUTO;
+        d.graph_replay = 1;
         *desc = d;
     });
 }
@@ -117,6 +118,14 @@ FP8AMP_API fp8amp_status fp8amp_linear_gemm_kind(fp8amp_linear lin, fp8amp_gemm_
         auto l = lookup<Linear>(lin, "lin");
         require(out, "out");
         *out = l->gemm_kind();
+    });
+}
+
+FP8AMP_API fp8amp_status fp8amp_linear_graph_replays(fp8amp_linear lin, uint64_t *out) {
+    FP8AMP_GUARD({
+        auto l = lookup<Linear>(lin, "lin");
+        require(out, "out");
+        *out = l->graph_replays();
     });
 }
 

@@ -36,6 +36,11 @@ Context::Context(fp8amp_device device) : device_(device) {
 void Context::set_stream(void *stream) {
     if (!is_cuda() && stream)
         fail(FP8AMP_ERROR_INVALID_ARGUMENT, "a CPU context has no CUDA stream; pass NULL");
+    // Memory this context reuses across calls (the GEMM workspace, the scratch slots) was last used in
+    // the old stream's order: the new stream waits for what the old one has queued so far.
+    bool shared_memory = gemm_workspace_ != nullptr;
+    for (const auto &s : scratch_) shared_memory = shared_memory || s != nullptr;
+    if (is_cuda() && stream != stream_ && shared_memory) kernels::cuda::stream_join(device_.index, stream_, stream);
     stream_ = stream;
 }
 
@@ -103,6 +108,19 @@ Storage &Context::gemm_workspace() const {
     constexpr size_t kWorkspaceBytes = size_t{32} << 20;
     if (!gemm_workspace_) gemm_workspace_ = allocate(kWorkspaceBytes);
     return *gemm_workspace_;
+}
+
+void *Context::scratch(size_t slot, size_t nbytes) const {
+    if (slot >= kScratchSlots) fail(FP8AMP_ERROR_INTERNAL, "scratch slot out of range");
+    std::shared_ptr<Storage> &s = scratch_[slot];
+    if (!s || s->nbytes() < nbytes) {
+        // Rounded up to 64 KiB, so that slightly larger requests (a few more rows) do not reallocate.
+        constexpr size_t kGranule = size_t{64} << 10;
+        const size_t rounded = (nbytes + kGranule - 1) / kGranule * kGranule;
+        s.reset();  // give the old memory back before asking for the new
+        s = allocate(rounded >= nbytes ? rounded : nbytes);
+    }
+    return s->data();
 }
 
 }  // namespace fp8amp::core

@@ -61,6 +61,13 @@ public:
     kernels::cuda::GemmEngine &gemm_engine() const;
     Storage &gemm_workspace() const;
 
+    // Scratch memory that the Linears of this context share for what lives only within one call
+    // (the FP8 copies of x and dY, staging outputs, a dequantized weight): slot `slot` (< kScratchSlots)
+    // grows to the largest size asked of it and is reused in the stream order of the context's stream
+    // (set_stream orders the new stream after the old one). The pointer is valid until the next call.
+    static constexpr size_t kScratchSlots = 4;
+    void *scratch(size_t slot, size_t nbytes) const;
+
 private:
     fp8amp_device device_;
     void *stream_ = nullptr;
@@ -69,6 +76,7 @@ private:
     void *alloc_user_data_ = nullptr;
     mutable std::shared_ptr<kernels::cuda::GemmEngine> gemm_engine_;
     mutable std::shared_ptr<Storage> gemm_workspace_;
+    mutable std::shared_ptr<Storage> scratch_[kScratchSlots];
 };
 
 }  // namespace fp8amp::core

@@ -5,7 +5,6 @@
 #include <string>
 
 #include "kernels.hpp"
-#include "ops.hpp"
 
 namespace fp8amp::core {
 
@@ -14,6 +13,12 @@ namespace {
 // FP8 GEMMs (with their quantization) beat BF16 from about this many multiply-adds on an H100
 // (docs/performance.md, "FP8 or BF16": the crossover measured by bench/bench_linear.py).
 constexpr double kFp8MinMacs = 2048.0 * 2048.0 * 2048.0;
+
+// The context's scratch slots (Context::scratch) and what the Linear keeps in them during a call.
+constexpr size_t kScratchFp8 = 0;     // x8 (forward), dY8 (backward)
+constexpr size_t kScratchFp8T = 1;    // dY8 transposed (backward)
+constexpr size_t kScratchStage = 2;   // a staged GEMM output (y or dX)
+constexpr size_t kScratchWeight = 3;  // a scaled F16 weight dequantized (forward), dY in BF16 (backward)
 
 // The rows/dims FP8 GEMMs on cuBLASLt can take: every leading dimension a multiple of 16 bytes.
 constexpr int64_t kFp8Multiple = 16;
@@ -89,11 +94,15 @@ std::shared_ptr<Linear> Linear::create(std::shared_ptr<const Context> ctx, const
     if (policy != FP8AMP_GEMM_AUTO && policy != FP8AMP_GEMM_ALWAYS_FP8 && policy != FP8AMP_GEMM_NEVER_FP8)
         fail(FP8AMP_ERROR_INVALID_ARGUMENT, "desc->policy " + std::to_string(policy) + " is unknown");
     const fp8amp_recipe recipe = validate_recipe(desc.recipe);
+    if (desc.graph_replay != 0 && desc.graph_replay != 1)
+        fail(FP8AMP_ERROR_INVALID_ARGUMENT, "desc->graph_replay " + std::to_string(desc.graph_replay) + " is not 0 or 1");
 
     std::shared_ptr<Linear> lin(new Linear());
     lin->desc_ = desc;
     lin->desc_.recipe = recipe;
     lin->ctx_ = ctx;
+    lin->forward_replay_ = GraphReplay(desc.graph_replay != 0);
+    lin->backward_replay_ = GraphReplay(desc.graph_replay != 0);
     lin->wide_dtype_ = ctx->is_cuda() ? FP8AMP_DTYPE_BF16 : FP8AMP_DTYPE_F32;
     if (ctx->is_cuda()) lin->fp8_unsupported_ = kernels::cuda::fp8_gemm_unsupported_reason(ctx->device().index);
     const fp8amp_dtype grad_dtype = recipe.format == FP8AMP_FORMAT_HYBRID ? FP8AMP_DTYPE_E5M2 : FP8AMP_DTYPE_E4M3;
@@ -175,6 +184,20 @@ Tensor &Linear::buffer(std::shared_ptr<Tensor> &slot, fp8amp_dtype dtype, int64_
     return *slot;
 }
 
+Tensor &Linear::scratch(std::shared_ptr<Tensor> &slot, size_t pool_slot, fp8amp_dtype dtype, int64_t rows,
+                        int64_t cols, const std::shared_ptr<ScalingMeta> &meta) {
+    const size_t nbytes = static_cast<size_t>(rows) * static_cast<size_t>(cols) * fp8amp_dtype_size(dtype);
+    void *data = ctx_->scratch(pool_slot, nbytes);
+    if (!slot || slot->data() != data || slot->dtype() != dtype || slot->shape()[0] != rows ||
+        slot->shape()[1] != cols) {
+        slot.reset();
+        const int64_t shape[2] = {rows, cols};
+        slot = Tensor::wrap(ctx_, dtype, 2, shape, data);  // the context's memory: not owned by the view
+        if (meta) slot->set_scaling(meta);
+    }
+    return *slot;
+}
+
 fp8amp_gemm_kind Linear::choose_kind(int64_t m, bool training, const Tensor &y) const {
     (void)y;
     if (desc_.policy == FP8AMP_GEMM_NEVER_FP8) return ctx_->is_cuda() ? FP8AMP_GEMM_KIND_BF16 : FP8AMP_GEMM_KIND_F32;
@@ -204,11 +227,8 @@ void Linear::refresh_weight_fp8(bool need_transpose) {
     if (desc_.weight_dtype == FP8AMP_DTYPE_E4M3) {  // the weight is its own FP8 copy; only the transpose
         if (need_transpose && !(weight_fp8t_valid_ && weight_fp8_version_ == version)) {
             Tensor &wt = buffer(w8t_, FP8AMP_DTYPE_E4M3, k, n);
-            if (ctx_->is_cuda())
-                kernels::cuda::transpose_bytes(ctx_->device().index, ctx_->stream(), weight_->data(), wt.data(),
-                                               static_cast<size_t>(n), static_cast<size_t>(k));
-            else
-                kernels::cpu::transpose_bytes(weight_->data(), wt.data(), static_cast<size_t>(n), static_cast<size_t>(k));
+            steps_.transpose_bytes(weight_->data(), wt.data(), static_cast<size_t>(n), static_cast<size_t>(k));
+            wt.mark_written();
             weight_fp8t_valid_ = true;
             weight_fp8_version_ = version;
         }
@@ -218,14 +238,15 @@ void Linear::refresh_weight_fp8(bool need_transpose) {
     const void *src = weight_->data();
     fp8amp_dtype src_dtype = weight_->dtype();
     if (weight_->scaling()) {  // a scaled 16-bit weight: its true value first
-        Tensor &w32 = buffer(w_f32_, FP8AMP_DTYPE_F32, n, k);
-        dequantize(*ctx_, *weight_, w32);
+        Tensor &w32 = scratch(w_f32_, kScratchWeight, FP8AMP_DTYPE_F32, n, k);
+        steps_.dequantize(*weight_, w32.data(), FP8AMP_DTYPE_F32);
+        w32.mark_written();
         src = w32.data();
         src_dtype = FP8AMP_DTYPE_F32;
     }
     Tensor &w8 = buffer(w8_, FP8AMP_DTYPE_E4M3, n, k, weight_meta_);
     Tensor *w8t = need_transpose ? &buffer(w8t_, FP8AMP_DTYPE_E4M3, k, n, weight_meta_) : nullptr;
-    quantize_unchecked(*ctx_, src, src_dtype, static_cast<size_t>(n), static_cast<size_t>(k), w8, w8t);
+    quantize(src, src_dtype, static_cast<size_t>(n), static_cast<size_t>(k), w8, w8t);
     weight_fp8_version_ = version;
     weight_fp8t_valid_ = need_transpose;
 }
@@ -237,9 +258,10 @@ void Linear::refresh_weight_wide() {
     if (w_wide_ && weight_wide_version_ == version) return;
     Tensor &ww = buffer(w_wide_, wide_dtype_, desc_.out_features, desc_.in_features);
     if (weight_->scaling())
-        dequantize(*ctx_, *weight_, ww);
+        steps_.dequantize(*weight_, ww.data(), ww.dtype());
     else
-        cast(*ctx_, *weight_, ww);
+        steps_.cast(weight_->data(), weight_->dtype(), ww.data(), ww.dtype(), static_cast<size_t>(ww.numel()));
+    ww.mark_written();
     weight_wide_version_ = version;
 }
 
@@ -251,7 +273,8 @@ const Tensor *Linear::bias_for(fp8amp_dtype bias_dtype) {
             bias_cast_.reset();
             bias_cast_ = Tensor::create(ctx_, bias_dtype, 1, &n);
         }
-        cast(*ctx_, *bias_, *bias_cast_);
+        steps_.cast(bias_->data(), FP8AMP_DTYPE_F32, bias_cast_->data(), bias_dtype, static_cast<size_t>(n));
+        bias_cast_->mark_written();
         bias_cast_version_ = bias_->version();
     }
     return bias_cast_.get();
@@ -278,7 +301,7 @@ void Linear::run_gemm(const GemmCall &c) {
                                wide_dtype_ != FP8AMP_DTYPE_F16;
     const bool stage = ctx_->is_cuda() && !c.accumulate && (f16_from_bf16 || misaligned);
     const fp8amp_dtype stage_dtype = f16_from_bf16 ? FP8AMP_DTYPE_F32 : c.d_dtype;
-    Tensor *staging = stage ? &buffer(out_stage_, stage_dtype, c.m, c.n) : nullptr;
+    Tensor *staging = stage ? &scratch(out_stage_, kScratchStage, stage_dtype, c.m, c.n) : nullptr;
     g.d = stage ? staging->data() : c.d;
     g.d_dtype = stage ? stage_dtype : c.d_dtype;
     if (c.with_bias && bias_) {
@@ -287,8 +310,9 @@ void Linear::run_gemm(const GemmCall &c) {
         if (f16_from_bf16) {  // the F16-rounded bias, held in F32 for the F32 epilogue (made once per bias)
             Tensor &b32 = buffer(bias_f32_, FP8AMP_DTYPE_F32, 1, desc_.out_features);
             if (bias_f32_version_ != bias_->version()) {
-                cast_unchecked(*ctx_, bias->data(), bias->dtype(), b32.data(), FP8AMP_DTYPE_F32,
-                               static_cast<size_t>(desc_.out_features));
+                steps_.cast(bias->data(), bias->dtype(), b32.data(), FP8AMP_DTYPE_F32,
+                            static_cast<size_t>(desc_.out_features));
+                b32.mark_written();
                 bias_f32_version_ = bias_->version();
             }
             bias = &b32;
@@ -298,13 +322,33 @@ void Linear::run_gemm(const GemmCall &c) {
     }
     if (ctx_->is_cuda()) {
         Storage &ws = ctx_->gemm_workspace();
-        kernels::cuda::gemm(ctx_->gemm_engine(), ctx_->device().index, ctx_->stream(), g, ws.data(), ws.nbytes());
+        steps_.gemm(g, ws.data(), ws.nbytes());
     } else {
-        kernels::cpu::gemm(g);
+        steps_.gemm(g, nullptr, 0);
     }
-    if (stage)
-        cast_unchecked(*ctx_, staging->data(), stage_dtype, c.d, c.d_dtype, static_cast<size_t>(c.m * c.n));
+    if (stage) steps_.cast(staging->data(), stage_dtype, c.d, c.d_dtype, static_cast<size_t>(c.m * c.n));
 }
+
+void Linear::quantize(const void *src, fp8amp_dtype src_dtype, size_t rows, size_t cols, Tensor &dst, Tensor *dst_t) {
+    steps_.quantize(src, src_dtype, rows, cols, dst, dst_t);
+    dst.mark_written();
+    if (dst_t) dst_t->mark_written();
+}
+
+// Undoes the cache bookkeeping of a call that failed: describing a call's work records the copies
+// it will make (weight FP8/BF16, bias casts) as fresh before they are launched, so after a failure
+// (an allocation while describing, a launch) no cached copy is trusted and nothing is left for a
+// backward.
+struct Linear::FailureGuard {
+    Linear &lin;
+    bool done = false;
+    ~FailureGuard() {
+        if (done) return;
+        lin.weight_changed();
+        lin.weight_fp8t_valid_ = false;
+        lin.saved_ = false;
+    }
+};
 
 void Linear::forward(const Tensor &x, Tensor &y, bool training) {
     const int64_t n = desc_.out_features, k = desc_.in_features;
@@ -328,11 +372,13 @@ void Linear::forward(const Tensor &x, Tensor &y, bool training) {
 
     const fp8amp_gemm_kind kind = choose_kind(m, training, y);
     saved_ = false;  // a failure below leaves nothing for a backward to use
+    FailureGuard guard{*this};
+    steps_.clear();
     if (kind == FP8AMP_GEMM_KIND_FP8) {
         refresh_weight_fp8(training);
-        Tensor &x8 = buffer(x8_, FP8AMP_DTYPE_E4M3, m, k, input_meta_);
+        Tensor &x8 = scratch(x8_, kScratchFp8, FP8AMP_DTYPE_E4M3, m, k, input_meta_);
         Tensor *x8t = training ? &buffer(x8t_, FP8AMP_DTYPE_E4M3, k, m, input_meta_) : nullptr;
-        quantize_unchecked(*ctx_, x.data(), x.dtype(), static_cast<size_t>(m), static_cast<size_t>(k), x8, x8t);
+        quantize(x.data(), x.dtype(), static_cast<size_t>(m), static_cast<size_t>(k), x8, x8t);
         const Tensor &w8 = desc_.weight_dtype == FP8AMP_DTYPE_E4M3 ? *weight_ : *w8_;
         run_gemm({m, n, k, x8.data(), FP8AMP_DTYPE_E4M3, true, x8.scale_inv(), w8.data(), FP8AMP_DTYPE_E4M3, true,
                   w8.scale_inv(), y.data(), y.dtype(), false, true, true});
@@ -342,12 +388,15 @@ void Linear::forward(const Tensor &x, Tensor &y, bool training) {
         const void *xw = x.data();
         if (training || x.dtype() != wide_dtype_) {  // training keeps its own copy of x for backward
             Tensor &copy = buffer(x_wide_, wide_dtype_, m, k);
-            cast_unchecked(*ctx_, x.data(), x.dtype(), copy.data(), wide_dtype_, static_cast<size_t>(m * k));
+            steps_.cast(x.data(), x.dtype(), copy.data(), wide_dtype_, static_cast<size_t>(m * k));
+            copy.mark_written();
             xw = copy.data();
         }
         run_gemm({m, n, k, xw, wide_dtype_, true, nullptr, ww.data(), wide_dtype_, true, nullptr, y.data(), y.dtype(),
                   false, true, false});
     }
+    forward_replay_.run(*ctx_, steps_);
+    guard.done = true;
     y.mark_written();
     kind_ = kind;
     if (training) {
@@ -383,15 +432,17 @@ void Linear::backward(const Tensor &dy, Tensor *dx, bool accumulate) {
     // Linear's FP32 buffer, from which the delivered E4M3/BF16 tensor is re-made below.
     // A buffer made just now holds no sum yet: accumulating into it is overwriting it.
     const bool direct_wgrad = desc_.wgrad_dtype == FP8AMP_DTYPE_F32;
+    FailureGuard guard{*this};
+    steps_.clear();
     const Tensor *previous_sum = wgrad_acc_.get();
     Tensor &wsum = direct_wgrad ? *weight_grad_ : buffer(wgrad_acc_, FP8AMP_DTYPE_F32, n, k);
     const bool add = accumulate && (direct_wgrad || wgrad_acc_.get() == previous_sum);
 
     if (kind_ == FP8AMP_GEMM_KIND_FP8) {
         const fp8amp_dtype gdtype = grad_output_meta_->dtype();
-        Tensor &dy8 = buffer(dy8_, gdtype, m, n, grad_output_meta_);
-        Tensor &dy8t = buffer(dy8t_, gdtype, n, m, grad_output_meta_);
-        quantize_unchecked(*ctx_, dy.data(), dy.dtype(), static_cast<size_t>(m), static_cast<size_t>(n), dy8, &dy8t);
+        Tensor &dy8 = scratch(dy8_, kScratchFp8, gdtype, m, n, grad_output_meta_);
+        Tensor &dy8t = scratch(dy8t_, kScratchFp8T, gdtype, n, m, grad_output_meta_);
+        quantize(dy.data(), dy.dtype(), static_cast<size_t>(m), static_cast<size_t>(n), dy8, &dy8t);
         if (dx) {
             const float *wt_scale_inv = e4m3_weight ? weight_->scale_inv() : w8t_->scale_inv();
             run_gemm({m, k, n, dy8.data(), gdtype, true, dy8.scale_inv(), w8t_->data(), FP8AMP_DTYPE_E4M3, true,
@@ -403,8 +454,9 @@ void Linear::backward(const Tensor &dy, Tensor *dx, bool accumulate) {
         const Tensor &ww = w_wide_ && (weight_->dtype() != wide_dtype_ || weight_->scaling()) ? *w_wide_ : *weight_;
         const void *dyw = dy.data();
         if (dy.dtype() != wide_dtype_) {
-            Tensor &copy = buffer(dy_wide_, wide_dtype_, m, n);
-            cast_unchecked(*ctx_, dy.data(), dy.dtype(), copy.data(), wide_dtype_, static_cast<size_t>(m * n));
+            Tensor &copy = scratch(dy_wide_, kScratchWeight, wide_dtype_, m, n);
+            steps_.cast(dy.data(), dy.dtype(), copy.data(), wide_dtype_, static_cast<size_t>(m * n));
+            copy.mark_written();
             dyw = copy.data();
         }
         // dX[m, k] = dY[m, n] W[n, k]: W read as the [k, n] operand, stored [n, k] (not K-contiguous).
@@ -418,25 +470,24 @@ void Linear::backward(const Tensor &dy, Tensor *dx, bool accumulate) {
     if (dx) dx->mark_written();
     if (!direct_wgrad) {
         if (desc_.wgrad_dtype == FP8AMP_DTYPE_E4M3)
-            quantize_unchecked(*ctx_, wsum.data(), FP8AMP_DTYPE_F32, static_cast<size_t>(n), static_cast<size_t>(k),
-                               *weight_grad_, nullptr);
+            quantize(wsum.data(), FP8AMP_DTYPE_F32, static_cast<size_t>(n), static_cast<size_t>(k), *weight_grad_,
+                     nullptr);
         else
-            cast_unchecked(*ctx_, wsum.data(), FP8AMP_DTYPE_F32, weight_grad_->data(), weight_grad_->dtype(),
-                           static_cast<size_t>(n * k));
+            steps_.cast(wsum.data(), FP8AMP_DTYPE_F32, weight_grad_->data(), weight_grad_->dtype(),
+                        static_cast<size_t>(n * k));
     }
     weight_grad_->mark_written();
     if (bias_grad_) {
-        if (ctx_->is_cuda()) {
-            Tensor &scratch = buffer(colsum_scratch_, FP8AMP_DTYPE_F32, static_cast<int64_t>(kernels::kColumnSumChunks), n);
-            kernels::cuda::column_sum(ctx_->device().index, ctx_->stream(), dy.data(), dy.dtype(), static_cast<size_t>(m),
-                                      static_cast<size_t>(n), static_cast<float *>(bias_grad_->data()), accumulate,
-                                      static_cast<float *>(scratch.data()));
-        } else {
-            kernels::cpu::column_sum(dy.data(), dy.dtype(), static_cast<size_t>(m), static_cast<size_t>(n),
-                                     static_cast<float *>(bias_grad_->data()), accumulate);
-        }
+        float *partial = nullptr;  // CUDA: the per-chunk column sums
+        if (ctx_->is_cuda())
+            partial = static_cast<float *>(
+                buffer(colsum_scratch_, FP8AMP_DTYPE_F32, static_cast<int64_t>(kernels::kColumnSumChunks), n).data());
+        steps_.column_sum(dy.data(), dy.dtype(), static_cast<size_t>(m), static_cast<size_t>(n),
+                          static_cast<float *>(bias_grad_->data()), accumulate, partial);
         bias_grad_->mark_written();
     }
+    backward_replay_.run(*ctx_, steps_);
+    guard.done = true;
     saved_ = false;
 }
 

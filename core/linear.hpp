@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "context.hpp"
+#include "launch_list.hpp"
 #include "scaling_meta.hpp"
 #include "tensor.hpp"
 
@@ -27,6 +28,7 @@ public:
     const std::shared_ptr<Tensor> &bias_grad() const;
     std::shared_ptr<ScalingMeta> scaling(int32_t role) const;  // an fp8amp_linear_role, read as an integer
     fp8amp_gemm_kind gemm_kind() const { return kind_; }
+    uint64_t graph_replays() const { return forward_replay_.replays() + backward_replay_.replays(); }
 
     void weight_changed() {
         weight_fp8_version_ = kStale;
@@ -48,7 +50,13 @@ private:
     // A [rows, cols] tensor of the context kept in `slot`, (re)made when its dtype or shape changes.
     Tensor &buffer(std::shared_ptr<Tensor> &slot, fp8amp_dtype dtype, int64_t rows, int64_t cols,
                    const std::shared_ptr<ScalingMeta> &meta = nullptr);
+    // The same over the context's scratch slot `pool_slot`, for what lives only within one call.
+    Tensor &scratch(std::shared_ptr<Tensor> &slot, size_t pool_slot, fp8amp_dtype dtype, int64_t rows, int64_t cols,
+                    const std::shared_ptr<ScalingMeta> &meta = nullptr);
     void run_gemm(const GemmCall &call);
+    // Adds a quantize step to steps_ and marks its destinations written.
+    void quantize(const void *src, fp8amp_dtype src_dtype, size_t rows, size_t cols, Tensor &dst, Tensor *dst_t);
+    struct FailureGuard;  // linear.cpp
 
     std::shared_ptr<const Context> ctx_;
     fp8amp_linear_desc desc_{};
@@ -57,7 +65,7 @@ private:
     std::shared_ptr<ScalingMeta> input_meta_, weight_meta_, grad_output_meta_, wgrad_meta_, weight_storage_meta_;
 
     // FP8 copies: the weight and its transpose (re-made when the weight's version moves), the input's
-    // transpose saved for the weight gradient, the output gradient and its transpose.
+    // transpose saved for the weight gradient; views of the context's scratch for x8, dY8 and dY8^T.
     std::shared_ptr<Tensor> w8_, w8t_, x8_, x8t_, dy8_, dy8t_;
     uint64_t weight_fp8_version_ = kStale;
     bool weight_fp8t_valid_ = false;
@@ -66,6 +74,7 @@ private:
     uint64_t weight_wide_version_ = kStale;
     // Shared: a weight dequantized to F32 (F16-scaled weights), the bias in its epilogue dtype, the
     // FP32 weight-gradient sum (E4M3/BF16 weight gradients), a F32 staging output, bias-grad scratch.
+    // w_f32_, out_stage_ and dy_wide_ are views of the context's scratch (see Linear::scratch).
     std::shared_ptr<Tensor> w_f32_, bias_cast_, bias_f32_, wgrad_acc_, out_stage_, colsum_scratch_;
     uint64_t bias_cast_version_ = kStale, bias_f32_version_ = kStale;
 
@@ -74,6 +83,9 @@ private:
     int64_t saved_m_ = 0;
     std::vector<int64_t> saved_x_shape_, saved_y_shape_;
     fp8amp_gemm_kind kind_ = FP8AMP_GEMM_KIND_NONE;
+    // The current call's GPU work, and its replay as CUDA graphs, per direction (launch_list.hpp).
+    LaunchList steps_;
+    GraphReplay forward_replay_{true}, backward_replay_{true};
     // Why this device cannot run FP8 GEMMs ("" when it can), asked once.
     std::string fp8_unsupported_;
 };

@@ -111,6 +111,9 @@ void copy_to_device(int device, void *stream, void *dst, const void *src, size_t
 void copy_to_host(int device, void *stream, void *dst, const void *src, size_t nbytes);
 void synchronize(int device, void *stream);
 void copy_device_to_device(int device, void *stream, void *dst, const void *src, size_t nbytes);  // async
+// Orders `to` after the work queued on `from` so far (an event recorded on one, waited on by the
+// other; the host does not wait). Nothing is done when either stream is being captured.
+void stream_join(int device, void *from, void *to);
 void memset(int device, void *stream, void *dst, int value, size_t nbytes);                        // async
 // Asynchronous on `stream`, bit-identical to their cpu:: counterparts (device memory throughout).
 void cast(int device, void *stream, const void *src, fp8amp_dtype src_dtype, void *dst,
@@ -146,6 +149,20 @@ int adam_grid_size(int device);
 // Loss-scaler update from a step's found_inf, on the device (one tiny kernel).
 void scaler_update(int device, void *stream, adam::ScalerState *scaler, const adam::ScalerConfig &config,
                    const adam::Status *status);
+
+// CUDA graphs (core/launch_list.hpp replays a call's launches with one graph launch).
+struct GraphExec;  // an instantiated graph; destroyed with its last shared_ptr
+// A private non-blocking stream per device, used only to capture on (it never runs work).
+void *capture_stream(int device);
+// Whether `stream` is being captured into a graph (by the caller, typically).
+bool stream_is_capturing(int device, void *stream);
+// Starts a thread-local capture on `stream`; end_capture instantiates what was recorded since;
+// abort_capture ends a capture that failed midway and discards it (never throws).
+void begin_capture(int device, void *stream);
+std::shared_ptr<GraphExec> end_capture(int device, void *stream);
+void abort_capture(int device, void *stream) noexcept;
+// Launches the graph on `stream`, ordered like any launch on it.
+void launch_graph(GraphExec &exec, void *stream);
 }  // namespace cuda
 
 }  // namespace fp8amp::kernels

@@ -24,6 +24,7 @@ void synchronize(int, void *) { unavailable(); }
 void cast(int, void *, const void *, fp8amp_dtype, void *, fp8amp_dtype, size_t) { unavailable(); }
 void copy_device_to_device(int, void *, void *, const void *, size_t) { unavailable(); }
 void memset(int, void *, void *, int, size_t) { unavailable(); }
+void stream_join(int, void *, void *) { unavailable(); }
 void amax(int, void *, const void *, fp8amp_dtype, size_t, uint32_t *) { unavailable(); }
 void quantize(int, void *, const void *, fp8amp_dtype, void *, fp8amp_dtype, size_t, const QuantizeTarget &) {
     unavailable();
@@ -47,5 +48,12 @@ int adam_grid_size(int) { unavailable(); }
 void scaler_update(int, void *, adam::ScalerState *, const adam::ScalerConfig &, const adam::Status *) {
     unavailable();
 }
+struct GraphExec {};
+void *capture_stream(int) { unavailable(); }
+bool stream_is_capturing(int, void *) { unavailable(); }
+void begin_capture(int, void *) { unavailable(); }
+std::shared_ptr<GraphExec> end_capture(int, void *) { unavailable(); }
+void abort_capture(int, void *) noexcept {}
+void launch_graph(GraphExec &, void *) { unavailable(); }
 
 }  // namespace fp8amp::kernels::cuda

@@ -122,6 +122,21 @@ void copy_to_host(int device, void *stream, void *dst, const void *src, size_t n
     check(cudaStreamSynchronize(s), "cudaStreamSynchronize");
 }
 
+void stream_join(int device, void *from, void *to) {
+    DeviceGuard guard(device);
+    auto a = static_cast<cudaStream_t>(from), b = static_cast<cudaStream_t>(to);
+    cudaStreamCaptureStatus sa = cudaStreamCaptureStatusNone, sb = cudaStreamCaptureStatusNone;
+    check(cudaStreamIsCapturing(a, &sa), "cudaStreamIsCapturing");
+    check(cudaStreamIsCapturing(b, &sb), "cudaStreamIsCapturing");
+    if (sa != cudaStreamCaptureStatusNone || sb != cudaStreamCaptureStatusNone) return;  // the capture's order
+    cudaEvent_t event;
+    check(cudaEventCreateWithFlags(&event, cudaEventDisableTiming), "cudaEventCreateWithFlags");
+    const cudaError_t recorded = cudaEventRecord(event, a);
+    const cudaError_t waited = recorded == cudaSuccess ? cudaStreamWaitEvent(b, event, 0) : recorded;
+    (void)cudaEventDestroy(event);  // the wait already holds what it needs
+    check(waited, "cudaEventRecord / cudaStreamWaitEvent");
+}
+
 void synchronize(int device, void *stream) {
     DeviceGuard guard(device);
     check(cudaStreamSynchronize(static_cast<cudaStream_t>(stream)), "cudaStreamSynchronize");

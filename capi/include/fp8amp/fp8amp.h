@@ -134,8 +134,10 @@ FP8AMP_API fp8amp_status fp8amp_context_device(fp8amp_context ctx, fp8amp_device
 /** Makes every later operation of this context run on a borrowed cudaStream_t (NULL = the legacy
  *  default stream), e.g. a framework's current stream. fp8amp never destroys it; the caller keeps
  *  it alive while the context uses it. Operations are asynchronous with respect to the host unless
- *  documented otherwise (host copies are synchronous).
- *  Statuses: SUCCESS; INVALID_HANDLE; INVALID_ARGUMENT (a non-NULL stream on a CPU context). */
+ *  documented otherwise (host copies are synchronous). Memory the context reuses across calls (the
+ *  GEMM workspace, the Linears' shared scratch) was used in the old stream's order, so the new stream
+ *  is made to wait (on the GPU, not the host) for the work queued on the old one so far.
+ *  Statuses: SUCCESS; INVALID_HANDLE; INVALID_ARGUMENT (a non-NULL stream on a CPU context); CUDA. */
 FP8AMP_API fp8amp_status fp8amp_context_set_stream(fp8amp_context ctx, void *cuda_stream);
 
 /** The stream set by fp8amp_context_set_stream (NULL for the default stream and on the CPU).
@@ -467,6 +469,9 @@ typedef struct fp8amp_linear_desc {
     fp8amp_dtype wgrad_dtype;   /**< E4M3 (O1, default), F32 or BF16 */
     fp8amp_recipe recipe;       /**< default: fp8amp_recipe_init_default */
     fp8amp_gemm_policy policy;  /**< default AUTO */
+    int32_t graph_replay;       /**< CUDA: 1 (default) replays a call whose launches repeat an earlier
+                                     call's (same memory, shapes, dtypes, settings) as one CUDA graph
+                                     launch; 0 launches every kernel each call (docs/linear.md 6) */
 } fp8amp_linear_desc;
 
 /** Fills *desc with the defaults above and in_features = out_features = 0 (set them).
@@ -478,8 +483,8 @@ typedef struct fp8amp_linear_s *fp8amp_linear;
 /** Creates a Linear on the context's device: weight [out, in] (zeros: fill it), bias [out] (F32,
  *  zeros), gradient tensors (zeros) and the role metas. Allocates nothing else until the first call.
  *  Statuses: SUCCESS; INVALID_HANDLE; INVALID_ARGUMENT (NULL desc/out, struct_size too small,
- *  features < 1, a bad recipe, an unknown policy); DTYPE_MISMATCH (weight_dtype or wgrad_dtype not
- *  allowed); OUT_OF_MEMORY; CUDA. */
+ *  features < 1, a bad recipe, an unknown policy, graph_replay not 0 or 1); DTYPE_MISMATCH
+ *  (weight_dtype or wgrad_dtype not allowed); OUT_OF_MEMORY; CUDA. */
 FP8AMP_API fp8amp_status fp8amp_linear_create(fp8amp_context ctx, const fp8amp_linear_desc *desc,
                                               fp8amp_linear *out);
 
@@ -543,6 +548,10 @@ FP8AMP_API fp8amp_status fp8amp_linear_backward(fp8amp_linear lin, fp8amp_tensor
 /** Which GEMM the last forward ran (FP8AMP_GEMM_KIND_NONE before any). Statuses: SUCCESS;
  *  INVALID_HANDLE; INVALID_ARGUMENT (NULL). */
 FP8AMP_API fp8amp_status fp8amp_linear_gemm_kind(fp8amp_linear lin, fp8amp_gemm_kind *out);
+
+/** How many of this Linear's forward and backward calls so far ran as one CUDA graph launch
+ *  (desc.graph_replay; always 0 on the CPU). Statuses: SUCCESS; INVALID_HANDLE; INVALID_ARGUMENT (NULL). */
+FP8AMP_API fp8amp_status fp8amp_linear_graph_replays(fp8amp_linear lin, uint64_t *out);
 
 /* ---------------------------------------------------------------------------------------------
  * Adam / AdamW with low-precision state (O1/O2/O3), dynamic loss scaling, checkpoints

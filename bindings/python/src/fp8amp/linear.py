@@ -53,21 +53,22 @@ def _as_policy(policy: Any) -> GemmPolicy:
 
 class Linear(Handle):
     """``Linear(ctx, in_features, out_features, bias=True, weight_dtype=BF16, wgrad_dtype=E4M3,
-    recipe=None, policy=GemmPolicy.AUTO)``: an fp8amp_linear on ctx's device.
+    recipe=None, policy=GemmPolicy.AUTO, graph_replay=True)``: an fp8amp_linear on ctx's device.
 
     ``weight``, ``bias``, ``weight_grad`` and ``bias_grad`` are Tensors sharing the Linear's memory
     (export them with DLPack for zero-copy views). ``forward(x, y, training)`` and
     ``backward(dy, dx, accumulate)`` take Tensors. The weight starts as zeros: fill it through
     ``weight`` (copy_from_numpy, cast, quantize, the optimizer); memory written any other way needs
     ``weight_changed()``. The new Linear's tensors are the library's; they stay valid after close()
-    for as long as their Tensor objects live.
+    for as long as their Tensor objects live. On CUDA, ``graph_replay`` replays a call whose launches
+    repeat an earlier call's as one CUDA graph launch (docs/linear.md 6.1; ``graph_replays`` counts them).
     """
 
     _destroy = lib.fp8amp_linear_destroy
 
     def __init__(self, ctx: Context, in_features: int, out_features: int, bias: bool = True,
                  weight_dtype: Any = DType.BF16, wgrad_dtype: Any = DType.E4M3, recipe: Optional[Recipe] = None,
-                 policy: Any = GemmPolicy.AUTO) -> None:
+                 policy: Any = GemmPolicy.AUTO, graph_replay: bool = True) -> None:
         d = ffi.new("fp8amp_linear_desc *")
         check(lib.fp8amp_linear_desc_init_default(d))
         d.in_features = int(in_features)
@@ -78,6 +79,7 @@ class Linear(Handle):
         self._recipe = dataclasses.replace(recipe) if recipe is not None else Recipe()
         d.recipe = self._recipe._c()[0]
         d.policy = int(_as_policy(policy))
+        d.graph_replay = 1 if graph_replay else 0
         out = ffi.new("fp8amp_linear *")
         check(lib.fp8amp_linear_create(ctx.handle, d, out))
         super().__init__(out[0])
@@ -102,6 +104,13 @@ class Linear(Handle):
     @property
     def context(self) -> Context:
         return self._context
+
+    @property
+    def graph_replays(self) -> int:
+        """How many forward and backward calls so far ran as one CUDA graph launch (0 on the CPU)."""
+        out = ffi.new("uint64_t *")
+        check(lib.fp8amp_linear_graph_replays(self._h, out))
+        return int(out[0])
 
     @property
     def recipe(self) -> Recipe:

@@ -1,0 +1,274 @@
+#include "launch_list.hpp"
+
+#include <algorithm>
+#include <cstring>
+#include <mutex>
+#include <type_traits>
+
+#include "scaling_meta.hpp"
+
+namespace fp8amp::core {
+
+namespace {
+
+// Every field a whole word: no padding, so equal arguments are equal bytes.
+using Word = uint64_t;
+Word word(fp8amp_dtype d) { return static_cast<Word>(static_cast<int64_t>(d)); }
+fp8amp_dtype dtype(Word w) { return static_cast<fp8amp_dtype>(static_cast<int32_t>(w)); }
+
+struct QuantizeArgs {
+    const void *src;
+    Word src_dtype;
+    void *dst;
+    void *dst_t;  // null: no transposed copy
+    Word dst_dtype;
+    Word rows, cols;
+    kernels::ScalingState *meta;
+    float *scale_inv;
+    float *scale_inv_t;
+    Word current, stats;
+};
+struct CastArgs {
+    const void *src;
+    Word src_dtype;
+    void *dst;
+    Word dst_dtype;
+    Word n;
+};
+struct DequantizeArgs {
+    const void *src;
+    Word src_dtype;
+    void *dst;
+    Word dst_dtype;
+    Word n;
+    const float *scale_inv;
+};
+struct GemmStepArgs {
+    int64_t m, n, k;
+    const void *a;
+    Word a_dtype;
+    const float *a_scale_inv;
+    Word a_k_contiguous;
+    const void *b;
+    Word b_dtype;
+    const float *b_scale_inv;
+    Word b_k_contiguous;
+    void *d;
+    Word d_dtype;
+    Word accumulate;
+    const void *bias;
+    Word bias_dtype;
+    Word fast_accum;
+    void *workspace;
+    Word workspace_bytes;
+};
+struct ColumnSumArgs {
+    const void *src;
+    Word src_dtype;
+    Word rows, cols;
+    float *dst;
+    Word accumulate;
+    float *partial;
+};
+struct TransposeArgs {
+    const void *src;
+    void *dst;
+    Word rows, cols;
+};
+
+kernels::GemmArgs to_gemm_args(const GemmStepArgs &s) {
+    kernels::GemmArgs g;
+    g.m = s.m;
+    g.n = s.n;
+    g.k = s.k;
+    g.a = {s.a, dtype(s.a_dtype), s.a_scale_inv, s.a_k_contiguous != 0};
+    g.b = {s.b, dtype(s.b_dtype), s.b_scale_inv, s.b_k_contiguous != 0};
+    g.d = s.d;
+    g.d_dtype = dtype(s.d_dtype);
+    g.accumulate = s.accumulate != 0;
+    g.bias = s.bias;
+    g.bias_dtype = dtype(s.bias_dtype);
+    g.fast_accum = s.fast_accum != 0;
+    return g;
+}
+
+}  // namespace
+
+template <class Args>
+void LaunchList::push(Kind kind, const Args &args) {
+    static_assert(std::has_unique_object_representations_v<Args>, "step arguments must have no padding");
+    static_assert(sizeof(Args) <= sizeof(Step::words), "step arguments too large");
+    if (n_ == kMaxSteps) fail(FP8AMP_ERROR_INTERNAL, "LaunchList: more than kMaxSteps steps");
+    Step &s = steps_[n_++];
+    std::memset(&s, 0, sizeof s);
+    s.kind = static_cast<uint64_t>(kind);
+    std::memcpy(s.words, &args, sizeof args);
+}
+
+template <class Args>
+Args LaunchList::args_of(const Step &step) {
+    Args args;
+    std::memcpy(&args, step.words, sizeof args);
+    return args;
+}
+
+void LaunchList::quantize(const void *src, fp8amp_dtype src_dtype, size_t rows, size_t cols, const Tensor &dst,
+                          const Tensor *dst_t) {
+    const ScalingMeta &meta = *dst.scaling();
+    push(Kind::quantize, QuantizeArgs{src, word(src_dtype), dst.data(), dst_t ? dst_t->data() : nullptr,
+                                      word(dst.dtype()), rows, cols, meta.state(), dst.scale_inv(),
+                                      dst_t ? dst_t->scale_inv() : nullptr, meta.current(), meta.stats_enabled()});
+}
+
+void LaunchList::cast(const void *src, fp8amp_dtype src_dtype, void *dst, fp8amp_dtype dst_dtype, size_t n) {
+    push(Kind::cast, CastArgs{src, word(src_dtype), dst, word(dst_dtype), n});
+}
+
+void LaunchList::dequantize(const Tensor &src, void *dst, fp8amp_dtype dst_dtype) {
+    push(Kind::dequantize, DequantizeArgs{src.data(), word(src.dtype()), dst, word(dst_dtype),
+                                          static_cast<Word>(src.numel()), src.scale_inv()});
+}
+
+void LaunchList::gemm(const kernels::GemmArgs &g, void *workspace, size_t workspace_bytes) {
+    push(Kind::gemm, GemmStepArgs{g.m, g.n, g.k, g.a.data, word(g.a.dtype), g.a.scale_inv, g.a.k_contiguous, g.b.data,
+                                  word(g.b.dtype), g.b.scale_inv, g.b.k_contiguous, g.d, word(g.d_dtype), g.accumulate,
+                                  g.bias, word(g.bias ? g.bias_dtype : FP8AMP_DTYPE_F32), g.fast_accum, workspace,
+                                  workspace_bytes});
+}
+
+void LaunchList::column_sum(const void *src, fp8amp_dtype src_dtype, size_t rows, size_t cols, float *dst,
+                            bool accumulate, float *partial) {
+    push(Kind::column_sum, ColumnSumArgs{src, word(src_dtype), rows, cols, dst, accumulate, partial});
+}
+
+void LaunchList::transpose_bytes(const void *src, void *dst, size_t rows, size_t cols) {
+    push(Kind::transpose_bytes, TransposeArgs{src, dst, rows, cols});
+}
+
+bool LaunchList::operator==(const LaunchList &other) const {
+    return n_ == other.n_ && std::memcmp(steps_, other.steps_, n_ * sizeof(Step)) == 0;
+}
+
+void LaunchList::run(const Context &ctx, void *stream) const {
+    const bool cuda = ctx.is_cuda();
+    const int device = ctx.device().index;
+    for (size_t i = 0; i < n_; ++i) {
+        const Step &step = steps_[i];
+        switch (static_cast<Kind>(step.kind)) {
+        case Kind::quantize: {
+            const auto a = args_of<QuantizeArgs>(step);
+            const kernels::QuantizeTarget target{a.meta, a.scale_inv, a.scale_inv_t, a.current != 0, a.stats != 0};
+            if (a.dst_t && cuda)
+                kernels::cuda::quantize_transpose(device, stream, a.src, dtype(a.src_dtype), a.dst, a.dst_t,
+                                                  dtype(a.dst_dtype), a.rows, a.cols, target);
+            else if (a.dst_t)
+                kernels::cpu::quantize_transpose(a.src, dtype(a.src_dtype), a.dst, a.dst_t, dtype(a.dst_dtype), a.rows,
+                                                 a.cols, target);
+            else if (cuda)
+                kernels::cuda::quantize(device, stream, a.src, dtype(a.src_dtype), a.dst, dtype(a.dst_dtype),
+                                        a.rows * a.cols, target);
+            else
+                kernels::cpu::quantize(a.src, dtype(a.src_dtype), a.dst, dtype(a.dst_dtype), a.rows * a.cols, target);
+            break;
+        }
+        case Kind::cast: {
+            const auto a = args_of<CastArgs>(step);
+            if (cuda)
+                kernels::cuda::cast(device, stream, a.src, dtype(a.src_dtype), a.dst, dtype(a.dst_dtype), a.n);
+            else
+                kernels::cpu::cast(a.src, dtype(a.src_dtype), a.dst, dtype(a.dst_dtype), a.n);
+            break;
+        }
+        case Kind::dequantize: {
+            const auto a = args_of<DequantizeArgs>(step);
+            if (cuda)
+                kernels::cuda::dequantize(device, stream, a.src, dtype(a.src_dtype), a.dst, dtype(a.dst_dtype), a.n,
+                                          a.scale_inv);
+            else
+                kernels::cpu::dequantize(a.src, dtype(a.src_dtype), a.dst, dtype(a.dst_dtype), a.n, a.scale_inv);
+            break;
+        }
+        case Kind::gemm: {
+            const auto a = args_of<GemmStepArgs>(step);
+            if (cuda)
+                kernels::cuda::gemm(ctx.gemm_engine(), device, stream, to_gemm_args(a), a.workspace, a.workspace_bytes);
+            else
+                kernels::cpu::gemm(to_gemm_args(a));
+            break;
+        }
+        case Kind::column_sum: {
+            const auto a = args_of<ColumnSumArgs>(step);
+            if (cuda)
+                kernels::cuda::column_sum(device, stream, a.src, dtype(a.src_dtype), a.rows, a.cols, a.dst,
+                                          a.accumulate != 0, a.partial);
+            else
+                kernels::cpu::column_sum(a.src, dtype(a.src_dtype), a.rows, a.cols, a.dst, a.accumulate != 0);
+            break;
+        }
+        case Kind::transpose_bytes: {
+            const auto a = args_of<TransposeArgs>(step);
+            if (cuda)
+                kernels::cuda::transpose_bytes(device, stream, a.src, a.dst, a.rows, a.cols);
+            else
+                kernels::cpu::transpose_bytes(a.src, a.dst, a.rows, a.cols);
+            break;
+        }
+        }
+    }
+}
+
+void GraphReplay::run(const Context &ctx, const LaunchList &list) {
+    if (!enabled_ || !ctx.is_cuda() || list.size() == 0) return list.run(ctx, ctx.stream());
+    const int device = ctx.device().index;
+    void *stream = ctx.stream();
+    // The application is capturing its own stream: these launches belong in its graph.
+    if (kernels::cuda::stream_is_capturing(device, stream)) return list.run(ctx, stream);
+    ++clock_;
+    for (Graph &g : graphs_) {
+        if (g.list == list) {
+            kernels::cuda::launch_graph(*g.exec, stream);
+            g.last_use = clock_;
+            ++replays_;
+            return;
+        }
+    }
+    const auto seen = std::find(seen_.begin(), seen_.end(), list);
+    if (seen == seen_.end()) {  // first sighting: run it, remember it
+        list.run(ctx, stream);
+        if (seen_.size() == kSeen) seen_.erase(seen_.begin());
+        seen_.push_back(list);
+        return;
+    }
+    seen_.erase(seen);
+    // Second sighting: capture on a private stream (nothing runs there), then launch on the caller's.
+    // The stream is one per device for the process: threads (each with its own context) take turns.
+    static std::mutex capture_mutex;
+    std::lock_guard<std::mutex> lock(capture_mutex);
+    void *capture = kernels::cuda::capture_stream(device);
+    std::shared_ptr<kernels::cuda::GraphExec> exec;
+    try {
+        kernels::cuda::begin_capture(device, capture);
+        try {
+            list.run(ctx, capture);
+        } catch (...) {
+            kernels::cuda::abort_capture(device, capture);
+            throw;
+        }
+        exec = kernels::cuda::end_capture(device, capture);
+    } catch (const Error &) {
+        // Not capturable here (the list ran eagerly once already, so the work itself is sound):
+        // run eagerly from now on.
+        enabled_ = false;
+        graphs_.clear();
+        seen_.clear();
+        return list.run(ctx, stream);
+    }
+    if (graphs_.size() == kGraphs)
+        graphs_.erase(std::min_element(graphs_.begin(), graphs_.end(),
+                                       [](const Graph &a, const Graph &b) { return a.last_use < b.last_use; }));
+    graphs_.push_back({list, exec, clock_});
+    kernels::cuda::launch_graph(*exec, stream);
+    ++replays_;
+}
+
+}  // namespace fp8amp::core

@@ -1,0 +1,89 @@
+// A call's GPU work described as data, and the replay of that work as one CUDA graph launch.
+//
+// Host time, not GPU time, bounds small layers: behind this project's lent H100 a kernel launch
+// costs ~4.5 µs of host time, a cuBLASLt matmul ~10 µs, and one graph launch holding both ~2 µs
+// (bench/launch_cost.cu). So the Linear does not launch its kernels directly: it describes them in a
+// LaunchList -- each step's kernel and every argument it is launched with, by value -- and hands the
+// list to a GraphReplay. Two lists that compare equal launch exactly the same work, whatever led to
+// them; the second time a list is seen its launches are captured into a CUDA graph, and from then on
+// an equal list is one graph launch. Host-side state (caches, version counters) stays with the
+// caller, which updates it after the list ran.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "context.hpp"
+#include "kernels.hpp"
+#include "tensor.hpp"
+
+namespace fp8amp::core {
+
+class LaunchList {
+public:
+    static constexpr size_t kMaxSteps = 12;
+
+    void clear() { n_ = 0; }
+    size_t size() const { return n_; }
+
+    // The steps, in launch order. Each mirrors the kernels:: function it runs (see kernels.hpp);
+    // memory is the caller's, already validated, and must stay valid until the work ran.
+    // quantize: src [rows, cols] into dst (and dst_t [cols, rows]), with dst's bound meta.
+    void quantize(const void *src, fp8amp_dtype src_dtype, size_t rows, size_t cols, const Tensor &dst,
+                  const Tensor *dst_t);
+    void cast(const void *src, fp8amp_dtype src_dtype, void *dst, fp8amp_dtype dst_dtype, size_t n);
+    void dequantize(const Tensor &src, void *dst, fp8amp_dtype dst_dtype);
+    void gemm(const kernels::GemmArgs &args, void *workspace, size_t workspace_bytes);
+    void column_sum(const void *src, fp8amp_dtype src_dtype, size_t rows, size_t cols, float *dst, bool accumulate,
+                    float *partial);
+    void transpose_bytes(const void *src, void *dst, size_t rows, size_t cols);
+
+    // Runs the steps on ctx's backend, on `stream` (CUDA; ignored on the CPU).
+    void run(const Context &ctx, void *stream) const;
+
+    bool operator==(const LaunchList &other) const;
+
+private:
+    enum class Kind : uint64_t { quantize, cast, dequantize, gemm, column_sum, transpose_bytes };
+    // A step's arguments are stored as whole 64-bit words (see the *Args structs in launch_list.cpp,
+    // which have no padding), so that equality is a byte comparison with nothing uninitialized in it.
+    static constexpr size_t kWords = 20;
+    struct Step {
+        uint64_t kind;
+        uint64_t words[kWords];
+    };
+    template <class Args>
+    void push(Kind kind, const Args &args);
+    template <class Args>
+    static Args args_of(const Step &step);
+
+    Step steps_[kMaxSteps] = {};
+    size_t n_ = 0;
+};
+
+// Runs LaunchLists, replaying a captured graph for a list equal to one seen before (CUDA). Keeps a
+// few graphs (least recently used goes first), and captures a list only on its second sighting, so
+// that one-off calls pay no capture. The caller's stream being captured (a whole step captured by
+// the application) runs the list eagerly, into that capture. A capture that fails turns replay off
+// for this object and runs the list eagerly.
+class GraphReplay {
+public:
+    explicit GraphReplay(bool enabled) : enabled_(enabled) {}
+    void run(const Context &ctx, const LaunchList &list);
+    uint64_t replays() const { return replays_; }
+
+private:
+    static constexpr size_t kGraphs = 4, kSeen = 4;
+    struct Graph {
+        LaunchList list;
+        std::shared_ptr<kernels::cuda::GraphExec> exec;
+        uint64_t last_use = 0;
+    };
+    bool enabled_;
+    std::vector<Graph> graphs_;
+    std::vector<LaunchList> seen_;  // lists run eagerly once, oldest first
+    uint64_t clock_ = 0, replays_ = 0;
+};
+
+}  // namespace fp8amp::core
