@@ -543,6 +543,10 @@ def test_call_path_handles_follow_each_call(tdev, gen):
 
     lin = ft.Linear(32, 24, device=tdev, policy="bf16")
     w, b = lin.weight.detach().double(), lin.bias.detach().double()
+    eager = ft.Linear(32, 24, device=tdev, policy="bf16", graph_replay=False)  # launches every kernel
+    with torch.no_grad():
+        eager.weight.copy_(lin.weight)
+        eager.bias.copy_(lin.bias)
 
     def check_y(x, y):
         ref = x.detach().double() @ w.T + b
@@ -558,6 +562,7 @@ def test_call_path_handles_follow_each_call(tdev, gen):
         for x in xs:
             with torch.no_grad():
                 check_y(x, lin(x))
+                assert torch.equal(lin(x), eager(x))  # replayed (CUDA, from the second call) or not
             xg = x.detach().clone().requires_grad_()
             y = lin(xg)
             check_y(x, y)
@@ -572,6 +577,9 @@ def test_call_path_handles_follow_each_call(tdev, gen):
         if rnd == 0:
             handles = len(lin._st.keep)
     assert len(lin._st.keep) == handles <= 8  # x, y, dy, dx for float32 and bfloat16
+    assert eager.fp8amp_linear.graph_replays == 0
+    if tdev.type == "cpu":
+        assert lin.fp8amp_linear.graph_replays == 0
     if tdev.type == "cpu":
         with torch.autocast("cpu", torch.bfloat16), torch.no_grad():
             assert lin(xs[0]).dtype == torch.bfloat16

@@ -305,7 +305,8 @@ except (AttributeError, KeyError, TypeError):  # pragma: no cover - other torch 
 
 class Linear(nn.Module):
     """``fp8amp.torch.Linear(in_features, out_features, bias=True, device=None, weight_dtype=torch.float32,
-    wgrad_dtype=None, policy="auto", recipe=None)``: nn.Linear's interface on fp8amp's FP8 Linear.
+    wgrad_dtype=None, policy="auto", recipe=None, graph_replay=True)``: nn.Linear's interface on fp8amp's
+    FP8 Linear.
 
     ``weight`` [out, in] and ``bias`` [out] (F32) are nn.Parameters sharing the fp8amp Linear's own
     memory (DLPack views): an optimizer, ``load_state_dict`` or ``copy_`` writes them in place, and the
@@ -323,12 +324,13 @@ class Linear(nn.Module):
     ``set_to_none=True`` (the default). Each training forward must be followed by its backward before
     the next training forward of the same layer. Create it on its final device (``.to()`` would copy
     the parameters away from fp8amp's memory). Like its fp8amp context, a module is used by one thread
-    at a time.
+    at a time. ``graph_replay`` (CUDA, default on) lets the C Linear replay a call whose launches repeat
+    an earlier call's as one CUDA graph launch (docs/linear.md section 6.1).
     """
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True, device: Any = None,
                  weight_dtype: torch.dtype = torch.float32, wgrad_dtype: Optional[torch.dtype] = None,
-                 policy: Any = "auto", recipe: Optional[fp8amp.Recipe] = None) -> None:
+                 policy: Any = "auto", recipe: Optional[fp8amp.Recipe] = None, graph_replay: bool = True) -> None:
         super().__init__()
         dev = _norm_device(device if device is not None else "cpu")
         if weight_dtype not in (torch.float32, torch.bfloat16, torch.float8_e4m3fn):
@@ -346,7 +348,8 @@ class Linear(nn.Module):
         self._ctx = context(dev)
         _on_current_stream(self._ctx, dev)
         self._lin = fp8amp.Linear(self._ctx, in_features, out_features, bias=bias, weight_dtype=_DT[weight_dtype],
-                                  wgrad_dtype=_DT[wgrad_dtype], recipe=self.recipe, policy=self.policy)
+                                  wgrad_dtype=_DT[wgrad_dtype], recipe=self.recipe, policy=self.policy,
+                                  graph_replay=graph_replay)
         self._h = self._lin.handle
         self._e4m3 = e4m3
         self.weight = nn.Parameter(_from_fp8amp(self._lin.weight))
