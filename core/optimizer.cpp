@@ -228,6 +228,8 @@ void Optimizer::rebuild_list() {
     list.reserve(entries_.size());
     int64_t unit = 0;
     int metas = 0;
+    uint32_t pairs = 0;
+    int64_t max_numel = 0;
     for (const Entry &e : entries_) {
         adam::Param q{};
         const Tensor &p = *e.param, &g = *e.grad;
@@ -253,6 +255,8 @@ void Optimizer::rebuild_list() {
         q.vec_ok = (reinterpret_cast<uintptr_t>(p.data()) % 16 == 0 && reinterpret_cast<uintptr_t>(g.data()) % 16 == 0) ? 1 : 0;
         unit += e.units;
         metas |= q.param_meta ? 1 : 0;
+        pairs |= 1u << (q.param_dtype * 5 + q.grad_dtype);
+        max_numel = std::max(max_numel, q.numel);
         list.push_back(q);
     }
     auto storage = ctx_->allocate(std::max<size_t>(1, list.size()) * sizeof(adam::Param));
@@ -263,6 +267,8 @@ void Optimizer::rebuild_list() {
     tensor_amax_ = std::move(amax);
     total_units_ = unit;
     has_param_metas_ = metas;
+    pair_mask_ = pairs;
+    max_numel_ = max_numel;
 }
 
 void Optimizer::step(float lr, const float *lr_device, float grad_scale_inv, GradScaler *scaler) {
@@ -291,6 +297,8 @@ void Optimizer::step(float lr, const float *lr_device, float grad_scale_inv, Gra
     c.adamw = desc_.adamw;
     c.maximize = desc_.maximize;
     c.has_param_metas = has_param_metas_;
+    c.pair_mask = pair_mask_;
+    c.max_numel = max_numel_;
     c.lr = lr < 0.0f ? desc_.lr : lr;
     c.lr_device = lr_device;
     c.beta1 = desc_.beta1;

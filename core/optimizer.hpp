@@ -66,6 +66,8 @@ private:
     std::vector<Entry> entries_;
     bool stepped_ = false;  // a step was issued: no more parameters
     int has_param_metas_ = 0;
+    uint32_t pair_mask_ = 0;  // (param dtype, grad dtype) pairs present: adam::StepConfig::pair_mask
+    int64_t max_numel_ = 0;
     int64_t total_units_ = 0;
     int max_partials_ = 1;
     std::shared_ptr<Storage> status_, list_, partials_, tensor_amax_;

@@ -82,6 +82,8 @@ struct StepConfig {
     int32_t adamw;
     int32_t maximize;
     int32_t has_param_metas; // some parameter is scaled: its meta is folded after the update
+    uint32_t pair_mask;      // bit (param_dtype * 5 + grad_dtype) set for every pair present (CUDA picks its kernel)
+    int64_t max_numel;       // the largest parameter's element count
     float lr;
     const float *lr_device;  // overrides lr when set
     float beta1, beta2, eps, weight_decay;
@@ -145,6 +147,10 @@ FP8AMP_HD StepScalars step_scalars(const StepConfig &c, float lr, int64_t step) 
 
 // One element of Adam/AdamW in float32, torch.optim's order of operations (non-capturable,
 // non-fused path): g is the unscaled, clipped gradient; p, m, v are updated in place.
+//
+// The CUDA fast kernel (kernels/cuda/adam.cu) does the same operations with two exact rewrites: it
+// folds maximize into the unscale factor (rn(d * -f) = -rn(d * f), RNE is symmetric), and it
+// specializes the weight-decay branch at compile time.
 FP8AMP_HD void adam_element(const StepConfig &c, const StepScalars &s, float g, float &p, float &m, float &v) {
     if (c.maximize) g = -g;
     if (c.adamw) {

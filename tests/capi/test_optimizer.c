@@ -736,6 +736,72 @@ static void roundtrip_case(fp8amp_device from, fp8amp_device to, const ckpt_case
     free_arrays(p0), free_arrays(g);
 }
 
+/* CPU and CUDA bit-identical on parameters large enough that every warp of the CUDA step takes many
+ * state blocks (the fast kernel's loop, its odd last block, partial last blocks), in the O1, O2 and
+ * O3 layouts, with several (param, grad) dtype pairs in one optimizer, Adam with L2 and maximize,
+ * and gradients with exact zeros (v = 0: sqrt(0), m = 0: 0 / denom), a whole tensor of them too. */
+typedef struct {
+    fp8amp_opt_level level;
+    int adamw, maximize;
+    float wd;
+    fp8amp_dtype pdt[3], gdt[3];
+} many_blocks_case;
+
+static void test_cpu_cuda_bit_identical_many_blocks(void **state) {
+    require_variant(state); /* registered for CUDA only: it compares the two devices */
+    const fp8amp_dtype F32 = FP8AMP_DTYPE_F32, BF16 = FP8AMP_DTYPE_BF16, E4M3 = FP8AMP_DTYPE_E4M3;
+    const many_blocks_case cases[] = {
+        {FP8AMP_OPT_LEVEL_O2, 1, 0, 0.01f, {BF16, BF16, F32}, {E4M3, E4M3, F32}},
+        {FP8AMP_OPT_LEVEL_O2, 0, 1, 0.05f, {F16S, BF16, BF16}, {E4M3, BF16, E4M3}},
+        {FP8AMP_OPT_LEVEL_O1, 1, 0, 0.01f, {F32, F32, F32}, {F32, F32, F32}},
+        {FP8AMP_OPT_LEVEL_O1, 0, 1, 0.05f, {F16S, BF16, BF16}, {E4M3, E4M3, BF16}},
+        {FP8AMP_OPT_LEVEL_O3, 1, 0, 0.01f, {E4M3, E4M3, BF16}, {E4M3, E4M3, E4M3}},
+        {FP8AMP_OPT_LEVEL_O3, 0, 1, 0.05f, {F16S, BF16, E4M3}, {E4M3, BF16, E4M3}},
+    };
+    const int64_t shapes[3] = {1000003, 262144, 4477}; /* 7813 blocks (the last partial), 2048, 35 */
+    double **p0 = alloc_arrays(3, shapes), **g = alloc_arrays(3, shapes);
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; ++c) {
+        const many_blocks_case *cc = &cases[c];
+        fp8amp_adam_desc d;
+        EXPECT_OK(fp8amp_opt_level_adam_config(cc->level, &d));
+        d.adamw = cc->adamw;
+        d.maximize = cc->maximize;
+        d.weight_decay = cc->wd;
+        fill_uniform(p0, 3, shapes, -1, 1);
+        problem a, b;
+        problem_init(&a, cpu_device(), &d, 3, shapes, cc->pdt, cc->gdt, p0);
+        problem_init(&b, cuda_device(0), &d, 3, shapes, cc->pdt, cc->gdt, p0);
+        for (int s = 0; s < 3; ++s) {
+            fill_uniform(g, 3, shapes, -1, 1);
+            for (int64_t i = 0; i < shapes[0]; i += 5) g[0][i] = 0.0; /* scattered exact zeros */
+            for (int64_t i = 0; i < shapes[2]; ++i) g[2][i] = 0.0;    /* a tensor that never moves */
+            for (int k = 0; k < 3; ++k) {
+                write_values(&a, k, a.g[k], a.gdt[k], g[k]);
+                const size_t n = tensor_bytes(a.g[k]);
+                unsigned char *raw = xmalloc(n);
+                EXPECT_OK(fp8amp_tensor_copy_to_host(a.g[k], raw, n));
+                EXPECT_OK(fp8amp_tensor_copy_from_host(b.g[k], raw, n));
+                free(raw);
+                if (a.gm[k]) {
+                    float scale = 0;
+                    EXPECT_OK(fp8amp_scaling_get(a.gm[k], &scale, NULL, NULL));
+                    EXPECT_OK(fp8amp_scaling_set_scale(b.gm[k], scale));
+                    EXPECT_OK(fp8amp_tensor_set_scaling(b.g[k], b.gm[k]));
+                }
+            }
+            EXPECT_OK(fp8amp_optimizer_step(a.opt, NULL));
+            EXPECT_OK(fp8amp_optimizer_step(b.opt, NULL));
+        }
+        int32_t found = 1;
+        EXPECT_OK(fp8amp_optimizer_get_found_inf(b.opt, &found));
+        assert_int_equal(found, 0);
+        expect_same_checkpoint(&a, &b);
+        problem_free(&a);
+        problem_free(&b);
+    }
+    free_arrays(p0), free_arrays(g);
+}
+
 /* lr read by the step from device memory (a schedule inside a captured graph) equals lr by value. */
 static void test_lr_from_device_memory(void **state) {
     require_variant(state);
@@ -1170,6 +1236,8 @@ int main(void) {
         DEVICE_TESTS(test_checkpoint_roundtrip),
         {"test_checkpoint_across_devices_and_cpu_cuda_bit_identical[cuda]",
          test_checkpoint_across_devices_and_cpu_cuda_bit_identical, NULL, NULL, (void *)&VARIANT_CUDA},
+        {"test_cpu_cuda_bit_identical_many_blocks[cuda]", test_cpu_cuda_bit_identical_many_blocks, NULL, NULL,
+         (void *)&VARIANT_CUDA},
         DEVICE_TESTS(test_checkpoint_refuses_bad_input),
         DEVICE_TESTS(test_bad_inputs),
         DEVICE_TESTS(test_state_bytes_per_parameter),

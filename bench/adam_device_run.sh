@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# One device run for the Adam kernel work (docs/performance.md, "Adam / AdamW step"): builds
+# everything, runs the whole test suite (ctest), the div_const check, bench_adam (the default build;
+# variants given as "name:cuda-flags" arguments are built meanwhile and timed on the O2 cases), and
+# Nsight Compute on one O2 step when ncu is there and time is left. Logs and JSON under $OUT.
+# Usage (repository root): OUT=dir CMOCKA_PREFIX=... WHEELS=dir bash bench/adam_device_run.sh [name:"-DFOO=1" ...]
+set -uo pipefail
+out=${OUT:-build-adam-run}
+mkdir -p "$out"
+prefix_args=()
+if [ -n "${CMOCKA_PREFIX:-}" ]; then
+  prefix_args=(-DCMAKE_PREFIX_PATH="$CMOCKA_PREFIX" -DCMAKE_LIBRARY_PATH="$CMOCKA_PREFIX/lib/x86_64-linux-gnu")
+  export LD_LIBRARY_PATH="$CMOCKA_PREFIX/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}"
+fi
+if [ -n "${WHEELS:-}" ]; then
+  site=$(mktemp -d)
+  python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target "$site" "$WHEELS"/*.whl
+  export PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}"
+fi
+export PYTHONUNBUFFERED=1
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv,noheader | tee "$out/gpu.txt"
+cmake -S . -B build-gpu -G Ninja -DFP8AMP_CUDA=ON -DFP8AMP_BUILD_TESTS=ON "${prefix_args[@]}" >"$out/configure.log" 2>&1 \
+  || { tail -30 "$out/configure.log"; exit 1; }
+cmake --build build-gpu -j "$(nproc)" >"$out/build.log" 2>&1 || { grep -E "error" -A3 "$out/build.log" | head -40; exit 1; }
+echo "built at ${SECONDS} s"
+pids=()
+for v in "$@"; do  # variants build while the tests run
+  name=${v%%:*}; flags=${v#*:}
+  ( cmake -S . -B "build-$name" -G Ninja -DFP8AMP_CUDA=ON -DFP8AMP_BUILD_TESTS=OFF -DCMAKE_CUDA_FLAGS="$flags" >"$out/configure-$name.log" 2>&1 &&
+    cmake --build "build-$name" -j 4 --target fp8amp >"$out/build-$name.log" 2>&1 ) &
+  pids+=($!)
+done
+(cd build-gpu && timeout 200 ctest --output-on-failure -j 6 >"$out/ctest.log" 2>&1)
+grep -E "tests passed|tests failed|Failed|\*\*\*" "$out/ctest.log" | tail -12
+grep -E "test_cpu_cuda_bit_identical|FAILED" build-gpu/Testing/Temporary/LastTest.log 2>/dev/null | head -5
+echo "tests done at ${SECONDS} s"
+nvcc -O3 -arch=sm_90 -std=c++17 -I kernels bench/adam_ieee_check.cu -o build-gpu/adam_ieee_check &&
+  timeout 30 ./build-gpu/adam_ieee_check | tee "$out/ieee_check.txt"
+timeout 90 python3 bench/bench_adam.py --lib build-gpu/libfp8amp.so --out "$out/adam.json" >"$out/bench.log" 2>&1
+tail -9 "$out/bench.log"
+for p in "${pids[@]}"; do wait "$p"; done
+for v in "$@"; do
+  name=${v%%:*}
+  if [ -f "build-$name/libfp8amp.so" ]; then
+    timeout 40 python3 bench/bench_adam.py --lib "build-$name/libfp8amp.so" --only fp8amp.O2.bf16_p.e4m3_g,fp8amp.O2.f32_p.f32_g \
+      --out "$out/adam-$name.json" >"$out/bench-$name.log" 2>&1
+    echo "== $name"; grep -E "^fp8amp" "$out/bench-$name.log" | tail -2
+  else
+    echo "== $name: build failed"; tail -3 "$out/build-$name.log"
+  fi
+done
+echo "benches done at ${SECONDS} s"
+ncu_bin=$(command -v ncu || ls /usr/local/cuda/bin/ncu 2>/dev/null || true)
+if [ -n "$ncu_bin" ] && [ "$SECONDS" -lt "${NCU_BEFORE:-230}" ]; then
+  timeout $(( ${NCU_BEFORE:-230} + 60 - SECONDS )) "$ncu_bin" --kernel-name regex:adam_fast --launch-count 1 \
+    --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
+    --section InstructionStats --section SchedulerStats \
+    python3 bench/bench_adam.py --lib build-gpu/libfp8amp.so --params 67108864 --only fp8amp.O2.bf16_p.e4m3_g \
+    --out "$out/ncu-bench.json" >"$out/ncu.txt" 2>&1
+  grep -E "Duration|DRAM Throughput|Compute \(SM\) Throughput|Registers Per|Achieved Occupancy|Theoretical Occupancy|Executed Ipc A|Issue Slots Busy|Executed Instructions  |Warp Cycles Per Issued|No Eligible" "$out/ncu.txt" | head -20
+else
+  echo "ncu: ${ncu_bin:-none}, skipped at ${SECONDS} s"
+fi
+echo "end at ${SECONDS} s"
