@@ -176,17 +176,20 @@ def dataset(gen, device, n=4):
 @need_opt
 def test_initialize_o1_f32_path_matches_torch_adamw(tdev, gen):
     """policy bf16 on the CPU is the F32 GEMM path, with F32 gradients and O1's F32 states: the same
-    math as torch's F32 model and AdamW, so the trajectories agree to rounding."""
+    math as torch's F32 model and AdamW, so the trajectories agree to rounding. eps is 1e-4 so that
+    the update is smooth in the gradient near zero: with a tiny eps, a gradient that is zero up to
+    rounding moves its weight by +-lr whichever way the two GEMM implementations round it (seen with
+    eps = 1e-7 for FP8AMP_TEST_SEED=1795436294052894648: one weight of 2048 off by 3e-5)."""
     import fp8amp.torch as ft
 
     if tdev.type == "cuda":
         pytest.skip("the CUDA 'bf16' path rounds operands to BF16")
     data = dataset(gen, tdev)
     ref = make_model(tdev)
-    ropt = torch.optim.AdamW(groups(ref, 1e-2), lr=1e-2, betas=(0.8, 0.99), eps=1e-7)
+    ropt = torch.optim.AdamW(groups(ref, 1e-2), lr=1e-2, betas=(0.8, 0.99), eps=1e-4)
     rs = torch.optim.lr_scheduler.StepLR(ropt, 5, 0.5)
     model = make_model(tdev)
-    model, opt = ft.initialize(model, torch.optim.AdamW(groups(model, 1e-2), lr=1e-2, betas=(0.8, 0.99), eps=1e-7),
+    model, opt = ft.initialize(model, torch.optim.AdamW(groups(model, 1e-2), lr=1e-2, betas=(0.8, 0.99), eps=1e-4),
                                "O1", policy="bf16", wgrad_dtype=torch.float32)
     assert isinstance(model[0], ft.Linear) and isinstance(opt, torch.optim.Optimizer)
     sched = torch.optim.lr_scheduler.StepLR(opt, 5, 0.5)
