@@ -11,10 +11,13 @@ namespace fp8amp::kernels::cuda {
 struct GraphExec {
     int device = 0;
     cudaGraphExec_t exec = nullptr;
-    ~GraphExec() {
+    ~GraphExec() {  // never throws: it may run at process exit, after the CUDA runtime is gone
         if (!exec) return;
-        DeviceGuard guard(device);
+        int current = -1;
+        if (cudaGetDevice(&current) != cudaSuccess) return;
+        if (current != device) (void)cudaSetDevice(device);
         (void)cudaGraphExecDestroy(exec);
+        if (current != device) (void)cudaSetDevice(current);
     }
 };
 
