@@ -7,7 +7,8 @@
 // list to a GraphReplay. Two lists that compare equal launch exactly the same work, whatever led to
 // them; the second time a list is seen its launches are captured into a CUDA graph, and from then on
 // an equal list is one graph launch. Host-side state (caches, version counters) stays with the
-// caller, which updates it after the list ran.
+// caller, which updates it after the list ran. The element-wise operations of ops.cpp run their
+// one step through a LaunchList too, so that the choice of backend kernel is made in one place.
 #pragma once
 
 #include <cstdint>

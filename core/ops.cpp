@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "kernels.hpp"
+#include "launch_list.hpp"
 
 namespace fp8amp::core {
 
@@ -36,6 +37,15 @@ void check_meta_on_device(const Context &ctx, const ScalingMeta &m, const char *
                                                " but the context is on " + device_name(ctx.device()));
 }
 
+// Runs one step on ctx's stream: the backend dispatch lives in LaunchList, shared with the Linear.
+void run_quantize(const Context &ctx, const Tensor &src, size_t rows, size_t cols, Tensor &dst, Tensor *dst_t) {
+    LaunchList steps;
+    steps.quantize(src.data(), src.dtype(), rows, cols, dst, dst_t);
+    steps.run(ctx, ctx.stream());
+    dst.mark_written();
+    if (dst_t) dst_t->mark_written();
+}
+
 void check_same_shape(const Tensor &a, const char *a_name, const Tensor &b, const char *b_name) {
     if (!a.same_shape(b))
         fail(FP8AMP_ERROR_SHAPE_MISMATCH,
@@ -50,7 +60,9 @@ void cast(const Context &ctx, const Tensor &src, Tensor &dst) {
     check_same_shape(src, "src", dst, "dst");
     if (src.data() == dst.data() && src.dtype() == dst.dtype()) return;  // the same memory: nothing to do
     check_no_overlap(src, "src", dst, "dst");
-    cast_unchecked(ctx, src.data(), src.dtype(), dst.data(), dst.dtype(), static_cast<size_t>(src.numel()));
+    LaunchList steps;
+    steps.cast(src.data(), src.dtype(), dst.data(), dst.dtype(), static_cast<size_t>(src.numel()));
+    steps.run(ctx, ctx.stream());
     dst.mark_written();
 }
 
@@ -64,7 +76,7 @@ void quantize(const Context &ctx, const Tensor &src, Tensor &dst) {
     check_writable(dst, "dst");
     check_same_shape(src, "src", dst, "dst");
     check_no_overlap(src, "src", dst, "dst");
-    quantize_unchecked(ctx, src.data(), src.dtype(), static_cast<size_t>(src.numel()), 1, dst, nullptr);
+    run_quantize(ctx, src, static_cast<size_t>(src.numel()), 1, dst, nullptr);
 }
 
 void quantize_transpose(const Context &ctx, const Tensor &src, Tensor &dst, Tensor &dst_t) {
@@ -95,7 +107,7 @@ void quantize_transpose(const Context &ctx, const Tensor &src, Tensor &dst, Tens
     check_no_overlap(src, "src", dst, "dst");
     check_no_overlap(src, "src", dst_t, "dst_t");
     check_no_overlap(dst, "dst", dst_t, "dst_t");
-    quantize_unchecked(ctx, src.data(), src.dtype(), rows, cols, dst, &dst_t);
+    run_quantize(ctx, src, rows, cols, dst, &dst_t);
 }
 
 void dequantize(const Context &ctx, const Tensor &src, Tensor &dst) {
@@ -108,12 +120,9 @@ void dequantize(const Context &ctx, const Tensor &src, Tensor &dst) {
     check_writable(dst, "dst");
     check_same_shape(src, "src", dst, "dst");
     check_no_overlap(src, "src", dst, "dst");
-    const auto n = static_cast<size_t>(src.numel());
-    if (ctx.is_cuda())
-        kernels::cuda::dequantize(ctx.device().index, ctx.stream(), src.data(), src.dtype(), dst.data(), dst.dtype(),
-                                  n, src.scale_inv());
-    else
-        kernels::cpu::dequantize(src.data(), src.dtype(), dst.data(), dst.dtype(), n, src.scale_inv());
+    LaunchList steps;
+    steps.dequantize(src, dst.data(), dst.dtype());
+    steps.run(ctx, ctx.stream());
     dst.mark_written();
 }
 
@@ -133,35 +142,6 @@ float amax(const Context &ctx, const Tensor &t) {
     float out;
     std::memcpy(&out, &bits, sizeof out);
     return out;
-}
-
-void quantize_unchecked(const Context &ctx, const void *src, fp8amp_dtype src_dtype, size_t rows, size_t cols,
-                        Tensor &dst, Tensor *dst_t) {
-    ScalingMeta &meta = *dst.scaling();
-    const kernels::QuantizeTarget target{meta.state(), dst.scale_inv(), dst_t ? dst_t->scale_inv() : nullptr,
-                                         meta.current(), meta.stats_enabled()};
-    if (dst_t) {
-        if (ctx.is_cuda())
-            kernels::cuda::quantize_transpose(ctx.device().index, ctx.stream(), src, src_dtype, dst.data(),
-                                              dst_t->data(), dst.dtype(), rows, cols, target);
-        else
-            kernels::cpu::quantize_transpose(src, src_dtype, dst.data(), dst_t->data(), dst.dtype(), rows, cols, target);
-        dst_t->mark_written();
-    } else if (ctx.is_cuda()) {
-        kernels::cuda::quantize(ctx.device().index, ctx.stream(), src, src_dtype, dst.data(), dst.dtype(), rows * cols,
-                                target);
-    } else {
-        kernels::cpu::quantize(src, src_dtype, dst.data(), dst.dtype(), rows * cols, target);
-    }
-    dst.mark_written();
-}
-
-void cast_unchecked(const Context &ctx, const void *src, fp8amp_dtype src_dtype, void *dst, fp8amp_dtype dst_dtype,
-                    size_t n) {
-    if (ctx.is_cuda())
-        kernels::cuda::cast(ctx.device().index, ctx.stream(), src, src_dtype, dst, dst_dtype, n);
-    else
-        kernels::cpu::cast(src, src_dtype, dst, dst_dtype, n);
 }
 
 void update_scaling(const Context &ctx, const std::vector<std::shared_ptr<ScalingMeta>> &metas) {

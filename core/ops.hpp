@@ -22,15 +22,6 @@ void quantize_transpose(const Context &ctx, const Tensor &src, Tensor &dst, Tens
 void dequantize(const Context &ctx, const Tensor &src, Tensor &dst);                             // fp8amp_dequantize
 float amax(const Context &ctx, const Tensor &t);                                                 // fp8amp_amax
 
-// The kernels behind the operations above for memory the caller already validated (the Linear's
-// flattened inputs and internal buffers): no checks. `src` is [rows, cols]; dst (and dst_t, [cols,
-// rows], when given) are FP8 tensors bound to one meta.
-void quantize_unchecked(const Context &ctx, const void *src, fp8amp_dtype src_dtype, size_t rows, size_t cols,
-                        Tensor &dst, Tensor *dst_t);
-// n elements converted by the rules of fp8amp_cast.
-void cast_unchecked(const Context &ctx, const void *src, fp8amp_dtype src_dtype, void *dst, fp8amp_dtype dst_dtype,
-                    size_t n);
-
 // fp8amp_scaling_update(_many): checks devices (DEVICE_MISMATCH) and duplicates (INVALID_ARGUMENT)
 // of every meta first, then updates them all in one kernel call on ctx's stream.
 void update_scaling(const Context &ctx, const std::vector<std::shared_ptr<ScalingMeta>> &metas);
