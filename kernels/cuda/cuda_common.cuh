@@ -29,6 +29,19 @@ private:
     int previous_ = -1;
 };
 
+// The same for code that must not throw (destructors, clean-up after a failure): a failure to read
+// or switch the current device is ignored, and the caller's call then acts on the current device.
+class DeviceGuardNoThrow {
+public:
+    explicit DeviceGuardNoThrow(int device) noexcept;
+    ~DeviceGuardNoThrow();
+    DeviceGuardNoThrow(const DeviceGuardNoThrow &) = delete;
+    DeviceGuardNoThrow &operator=(const DeviceGuardNoThrow &) = delete;
+
+private:
+    int previous_ = -1;
+};
+
 // Streaming multiprocessors of a device (cached).
 int multiprocessor_count(int device);
 

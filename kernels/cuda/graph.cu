@@ -13,11 +13,8 @@ struct GraphExec {
     cudaGraphExec_t exec = nullptr;
     ~GraphExec() {  // never throws: it may run at process exit, after the CUDA runtime is gone
         if (!exec) return;
-        int current = -1;
-        if (cudaGetDevice(&current) != cudaSuccess) return;
-        if (current != device) (void)cudaSetDevice(device);
+        DeviceGuardNoThrow guard(device);
         (void)cudaGraphExecDestroy(exec);
-        if (current != device) (void)cudaSetDevice(current);
     }
 };
 
@@ -64,14 +61,11 @@ std::shared_ptr<GraphExec> end_capture(int device, void *stream) {
 }
 
 void abort_capture(int device, void *stream) noexcept {
-    int current = -1;
-    if (cudaGetDevice(&current) != cudaSuccess) return;
-    if (current != device) (void)cudaSetDevice(device);
+    DeviceGuardNoThrow guard(device);
     cudaGraph_t graph = nullptr;
     if (cudaStreamEndCapture(static_cast<cudaStream_t>(stream), &graph) == cudaSuccess && graph)
         (void)cudaGraphDestroy(graph);
     (void)cudaGetLastError();  // an invalidated capture reports its error here; it is handled by the caller
-    if (current != device) (void)cudaSetDevice(current);
 }
 
 void launch_graph(GraphExec &exec, void *stream) {

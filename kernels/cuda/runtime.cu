@@ -31,6 +31,19 @@ DeviceGuard::~DeviceGuard() {
     if (previous_ >= 0) (void)cudaSetDevice(previous_);
 }
 
+DeviceGuardNoThrow::DeviceGuardNoThrow(int device) noexcept {
+    int current = -1;
+    if (cudaGetDevice(&current) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return;
+    }
+    if (current != device && cudaSetDevice(device) == cudaSuccess) previous_ = current;
+}
+
+DeviceGuardNoThrow::~DeviceGuardNoThrow() {
+    if (previous_ >= 0) (void)cudaSetDevice(previous_);
+}
+
 int multiprocessor_count(int device) {
     static int cached[64] = {0};
     if (device >= 0 && device < 64 && cached[device] > 0) return cached[device];
@@ -92,11 +105,8 @@ void *malloc(int device, size_t nbytes) {
 
 void free(int device, void *ptr) noexcept {
     if (!ptr) return;
-    int current = -1;
-    if (cudaGetDevice(&current) != cudaSuccess) return;
-    if (current != device) (void)cudaSetDevice(device);
+    DeviceGuardNoThrow guard(device);
     (void)cudaFree(ptr);
-    if (current != device) (void)cudaSetDevice(current);
 }
 
 int pointer_device(const void *ptr) {
