@@ -20,7 +20,7 @@ public:
     static constexpr HandleKind kKind = HandleKind::Linear;
 
     // Validates the descriptor (INVALID_ARGUMENT / DTYPE_MISMATCH) and allocates the parameters.
-    static std::shared_ptr<Linear> create(std::shared_ptr<const Context> ctx, const fp8amp_linear_desc &desc);
+    static std::shared_ptr<Linear> create(std::shared_ptr<const Context> ctx, const fp8amp_linear_desc &caller_desc);
 
     const std::shared_ptr<Tensor> &weight() const { return weight_; }
     const std::shared_ptr<Tensor> &bias() const;  // INVALID_ARGUMENT without a bias

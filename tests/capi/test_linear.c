@@ -1382,12 +1382,21 @@ static void test_bad_desc(void **state) {
     BAD_DESC(d.wgrad_dtype = FP8AMP_DTYPE_F16, FP8AMP_ERROR_DTYPE_MISMATCH);
     BAD_DESC(d.wgrad_dtype = FP8AMP_DTYPE_E5M2, FP8AMP_ERROR_DTYPE_MISMATCH);
     BAD_DESC(d.policy = (fp8amp_gemm_policy)9, FP8AMP_ERROR_INVALID_ARGUMENT);
+    BAD_DESC(d.struct_size = (uint32_t)offsetof(fp8amp_linear_desc, graph_replay) - 1, FP8AMP_ERROR_INVALID_ARGUMENT);
     BAD_DESC(d.graph_replay = 2, FP8AMP_ERROR_INVALID_ARGUMENT);
     BAD_DESC(d.graph_replay = -1, FP8AMP_ERROR_INVALID_ARGUMENT);
     BAD_DESC(d.recipe.margin = -1, FP8AMP_ERROR_INVALID_ARGUMENT);
     BAD_DESC(d.recipe.amax_history_len = 0, FP8AMP_ERROR_INVALID_ARGUMENT);
     BAD_DESC(d.recipe.format = (fp8amp_format)5, FP8AMP_ERROR_INVALID_ARGUMENT);
 #undef BAD_DESC
+    /* A caller built against the first layout (no graph_replay): accepted, and nothing past its
+     * struct_size is read -- an invalid value there would otherwise be refused. */
+    d = good;
+    d.struct_size = (uint32_t)offsetof(fp8amp_linear_desc, graph_replay);
+    d.graph_replay = 7;
+    EXPECT_OK(fp8amp_linear_create(ctx, &d, &out));
+    EXPECT_OK(fp8amp_linear_destroy(out));
+    out = (fp8amp_linear)(uintptr_t)0x5A5A;
     EXPECT_STATUS(fp8amp_linear_create(ctx, NULL, &out), FP8AMP_ERROR_INVALID_ARGUMENT);
     EXPECT_STATUS(fp8amp_linear_create(ctx, &good, NULL), FP8AMP_ERROR_INVALID_ARGUMENT);
     EXPECT_STATUS(fp8amp_linear_create(NULL, &good, &out), FP8AMP_ERROR_INVALID_HANDLE);

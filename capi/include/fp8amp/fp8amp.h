@@ -460,7 +460,8 @@ typedef enum fp8amp_linear_role {
 
 /** A Linear layer's configuration. Initialize with fp8amp_linear_desc_init_default. */
 typedef struct fp8amp_linear_desc {
-    uint32_t struct_size;       /**< sizeof(fp8amp_linear_desc) */
+    uint32_t struct_size;       /**< sizeof(fp8amp_linear_desc); the first layout's size (the struct
+                                     without graph_replay) is accepted too, with graph_replay 1 */
     int64_t in_features;        /**< K, >= 1 */
     int64_t out_features;       /**< N, >= 1 */
     int32_t has_bias;           /**< default 1; the bias is F32 */
@@ -482,7 +483,8 @@ typedef struct fp8amp_linear_s *fp8amp_linear;
 
 /** Creates a Linear on the context's device: weight [out, in] (zeros: fill it), bias [out] (F32,
  *  zeros), gradient tensors (zeros) and the role metas. Allocates nothing else until the first call.
- *  Statuses: SUCCESS; INVALID_HANDLE; INVALID_ARGUMENT (NULL desc/out, struct_size too small,
+ *  Statuses: SUCCESS; INVALID_HANDLE; INVALID_ARGUMENT (NULL desc/out, struct_size neither this
+ *  struct's nor its first layout's,
  *  features < 1, a bad recipe, an unknown policy, graph_replay not 0 or 1); DTYPE_MISMATCH
  *  (weight_dtype or wgrad_dtype not allowed); OUT_OF_MEMORY; CUDA. */
 FP8AMP_API fp8amp_status fp8amp_linear_create(fp8amp_context ctx, const fp8amp_linear_desc *desc,
@@ -605,7 +607,8 @@ FP8AMP_API fp8amp_status fp8amp_adam_desc_init_default(fp8amp_adam_desc *desc);
 FP8AMP_API fp8amp_status fp8amp_opt_level_adam_config(fp8amp_opt_level level, fp8amp_adam_desc *desc);
 
 /** Creates an optimizer on ctx's device (its steps run on ctx's stream). It holds no parameters yet.
- *  Statuses: SUCCESS; INVALID_HANDLE; INVALID_ARGUMENT (NULL desc/out, struct_size too small, a
+ *  Statuses: SUCCESS; INVALID_HANDLE; INVALID_ARGUMENT (NULL desc/out, struct_size neither this
+ *  struct's nor its first layout's, a
  *  field out of range: lr, betas, eps, weight_decay, max_grad_norm negative, non-finite or beta
  *  >= 1; state_block_size not 0 nor a power of two in 128..FP8AMP_MAX_STATE_BLOCK; master_dtype
  *  not FP8AMP_NO_MASTER or F16); DTYPE_MISMATCH (exp_avg_dtype not F32/E4M3, exp_avg_sq_dtype not
