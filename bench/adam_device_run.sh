@@ -7,16 +7,7 @@
 set -uo pipefail
 out=${OUT:-build-adam-run}
 mkdir -p "$out"
-prefix_args=()
-if [ -n "${CMOCKA_PREFIX:-}" ]; then
-  prefix_args=(-DCMAKE_PREFIX_PATH="$CMOCKA_PREFIX" -DCMAKE_LIBRARY_PATH="$CMOCKA_PREFIX/lib/x86_64-linux-gnu")
-  export LD_LIBRARY_PATH="$CMOCKA_PREFIX/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}"
-fi
-if [ -n "${WHEELS:-}" ]; then
-  site=$(mktemp -d)
-  python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target "$site" "$WHEELS"/*.whl
-  export PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}"
-fi
+. tests/gpu_env.sh  # CMOCKA_PREFIX, WHEELS
 export PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv,noheader | tee "$out/gpu.txt"
 cmake -S . -B build-gpu -G Ninja -DFP8AMP_CUDA=ON -DFP8AMP_BUILD_TESTS=ON "${prefix_args[@]}" >"$out/configure.log" 2>&1 \

@@ -1,24 +1,13 @@
 #!/usr/bin/env bash
 # Builds fp8amp and runs the whole test suite on a GPU machine (used for the device runs that gate
 # kernel changes; CI itself has no GPU). Usage: tests/run_on_gpu.sh [extra cmake args]
-# CMOCKA_PREFIX: where CMocka's include/ and lib/ are, if not installed system-wide.
+# CMOCKA_PREFIX, WHEELS: see tests/gpu_env.sh.
 # OUT: where logs go (default: build-gpu/).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-build-gpu}
 mkdir -p "$out"
-prefix_args=()
-if [ -n "${CMOCKA_PREFIX:-}" ]; then
-  prefix_args=(-DCMAKE_PREFIX_PATH="$CMOCKA_PREFIX" -DCMAKE_LIBRARY_PATH="$CMOCKA_PREFIX/lib/x86_64-linux-gnu")
-  export LD_LIBRARY_PATH="$CMOCKA_PREFIX/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}"
-fi
-# WHEELS: a folder of wheels to install first (bindings/python/fetch_wheels.sh: cffi for the
-# Python binding's tests, on a machine without a package index).
-if [ -n "${WHEELS:-}" ]; then
-  site=$(mktemp -d)
-  python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target "$site" "$WHEELS"/*.whl
-  export PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}"
-fi
+. tests/gpu_env.sh  # CMOCKA_PREFIX, WHEELS
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$out/gpu.txt"
 cmake -S . -B build-gpu -G Ninja -DFP8AMP_CUDA=ON "${prefix_args[@]}" "$@" >"$out/configure.log" 2>&1 \
   || { tail -30 "$out/configure.log"; exit 1; }
