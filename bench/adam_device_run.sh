@@ -3,39 +3,55 @@
 # everything, runs the whole test suite (ctest), the div_const check, bench_adam (the default build;
 # variants given as "name:cuda-flags" arguments are built meanwhile and timed on the O2 cases), and
 # Nsight Compute on one O2 step when ncu is there and time is left. Logs and JSON under $OUT.
+# Each variant also runs test_optimizer against its library (LD_LIBRARY_PATH), except those whose
+# name starts with "p1" (FP8AMP_ADAM_PHASE1_ONLY: timing only, they do not update anything).
 # Usage (repository root): OUT=dir CMOCKA_PREFIX=... WHEELS=dir bash bench/adam_device_run.sh [name:"-DFOO=1" ...]
+# SUITE=0: skip the test suite and the default build's full bench (variant runs only).
+# ONLY: the bench cases the variants are timed on (default: the two O2 cases). NCU_LIB: the library
+# Nsight Compute profiles (default build-gpu/libfp8amp.so); NCU_BEFORE: skip it past this many seconds.
 set -uo pipefail
 out=${OUT:-build-adam-run}
 mkdir -p "$out"
 . tests/gpu_env.sh  # CMOCKA_PREFIX, WHEELS
 export PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv,noheader | tee "$out/gpu.txt"
-cmake -S . -B build-gpu -G Ninja -DFP8AMP_CUDA=ON -DFP8AMP_BUILD_TESTS=ON "${prefix_args[@]}" >"$out/configure.log" 2>&1 \
-  || { tail -30 "$out/configure.log"; exit 1; }
-cmake --build build-gpu -j "$(nproc)" >"$out/build.log" 2>&1 || { grep -E "error" -A3 "$out/build.log" | head -40; exit 1; }
-echo "built at ${SECONDS} s"
 pids=()
-for v in "$@"; do  # variants build while the tests run
+for v in "$@"; do  # variants build alongside the default build and the tests
   name=${v%%:*}; flags=${v#*:}
   ( cmake -S . -B "build-$name" -G Ninja -DFP8AMP_CUDA=ON -DFP8AMP_BUILD_TESTS=OFF -DCMAKE_CUDA_FLAGS="$flags" >"$out/configure-$name.log" 2>&1 &&
     cmake --build "build-$name" -j 4 --target fp8amp >"$out/build-$name.log" 2>&1 ) &
   pids+=($!)
 done
-(cd build-gpu && timeout 200 ctest --output-on-failure -j 6 >"$out/ctest.log" 2>&1)
-grep -E "tests passed|tests failed|Failed|\*\*\*" "$out/ctest.log" | tail -12
-grep -E "test_cpu_cuda_bit_identical|FAILED" build-gpu/Testing/Temporary/LastTest.log 2>/dev/null | head -5
-echo "tests done at ${SECONDS} s"
-nvcc -O3 -arch=sm_90 -std=c++17 -I kernels bench/adam_ieee_check.cu -o build-gpu/adam_ieee_check &&
-  timeout 30 ./build-gpu/adam_ieee_check | tee "$out/ieee_check.txt"
-timeout 90 python3 bench/bench_adam.py --lib build-gpu/libfp8amp.so --out "$out/adam.json" >"$out/bench.log" 2>&1
-tail -9 "$out/bench.log"
+cmake -S . -B build-gpu -G Ninja -DFP8AMP_CUDA=ON -DFP8AMP_BUILD_TESTS=ON "${prefix_args[@]}" >"$out/configure.log" 2>&1 \
+  || { tail -30 "$out/configure.log"; exit 1; }
+cmake --build build-gpu -j "$(nproc)" >"$out/build.log" 2>&1 || { grep -E "error" -A3 "$out/build.log" | head -40; exit 1; }
+echo "built at ${SECONDS} s"
+if [ "${SUITE:-1}" = 1 ]; then  # SUITE=0: variants only (the default build still provides the tests)
+  (cd build-gpu && timeout 200 ctest --output-on-failure -j 6 >"$out/ctest.log" 2>&1)
+  grep -E "tests passed|tests failed|Failed|\*\*\*" "$out/ctest.log" | tail -12
+  grep -E "test_cpu_cuda_bit_identical|FAILED" build-gpu/Testing/Temporary/LastTest.log 2>/dev/null | head -5
+  echo "tests done at ${SECONDS} s"
+  nvcc -O3 -arch=sm_90 -std=c++17 -I kernels bench/adam_ieee_check.cu -o build-gpu/adam_ieee_check &&
+    timeout 30 ./build-gpu/adam_ieee_check | tee "$out/ieee_check.txt"
+  timeout 90 python3 bench/bench_adam.py --lib build-gpu/libfp8amp.so --out "$out/adam.json" >"$out/bench.log" 2>&1
+  tail -9 "$out/bench.log"
+else  # the default build on the variants' cases, as their baseline in this run
+  timeout 90 python3 bench/bench_adam.py --lib build-gpu/libfp8amp.so --only "${ONLY:-fp8amp.O2.bf16_p.e4m3_g,fp8amp.O2.f32_p.f32_g}" \
+    --out "$out/adam.json" >"$out/bench.log" 2>&1
+  echo "== default"; grep -E "^fp8amp" "$out/bench.log" | tail -4
+fi
 for p in "${pids[@]}"; do wait "$p"; done
 for v in "$@"; do
   name=${v%%:*}
   if [ -f "build-$name/libfp8amp.so" ]; then
-    timeout 40 python3 bench/bench_adam.py --lib "build-$name/libfp8amp.so" --only fp8amp.O2.bf16_p.e4m3_g,fp8amp.O2.f32_p.f32_g \
+    timeout 90 python3 bench/bench_adam.py --lib "build-$name/libfp8amp.so" --only "${ONLY:-fp8amp.O2.bf16_p.e4m3_g,fp8amp.O2.f32_p.f32_g}" \
       --out "$out/adam-$name.json" >"$out/bench-$name.log" 2>&1
-    echo "== $name"; grep -E "^fp8amp" "$out/bench-$name.log" | tail -2
+    echo "== $name"; grep -E "^fp8amp" "$out/bench-$name.log" | tail -4
+    if [[ $name != p1* ]]; then
+      LD_LIBRARY_PATH="$PWD/build-$name:${LD_LIBRARY_PATH:-}" timeout 90 build-gpu/tests/capi/test_optimizer >"$out/test-$name.log" 2>&1
+      echo "   test_optimizer rc=$? ($(LD_LIBRARY_PATH="$PWD/build-$name:${LD_LIBRARY_PATH:-}" ldd build-gpu/tests/capi/test_optimizer | grep -o 'build-[a-z0-9]*/libfp8amp.so'))" \
+        "$(grep -E '^\[  PASSED|^\[  FAILED|^\[  SKIPPED' "$out/test-$name.log" | tr '\n' ' ')"
+    fi
   else
     echo "== $name: build failed"; tail -3 "$out/build-$name.log"
   fi
@@ -46,7 +62,7 @@ if [ -n "$ncu_bin" ] && [ "$SECONDS" -lt "${NCU_BEFORE:-230}" ]; then
   timeout $(( ${NCU_BEFORE:-230} + 60 - SECONDS )) "$ncu_bin" --kernel-name regex:adam_fast --launch-count 1 \
     --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
     --section InstructionStats --section SchedulerStats \
-    python3 bench/bench_adam.py --lib build-gpu/libfp8amp.so --params 67108864 --only fp8amp.O2.bf16_p.e4m3_g \
+    python3 bench/bench_adam.py --lib "${NCU_LIB:-build-gpu/libfp8amp.so}" --params 67108864 --only fp8amp.O2.bf16_p.e4m3_g \
     --out "$out/ncu-bench.json" >"$out/ncu.txt" 2>&1
   grep -E "Duration|DRAM Throughput|Compute \(SM\) Throughput|Registers Per|Achieved Occupancy|Theoretical Occupancy|Executed Ipc A|Issue Slots Busy|Executed Instructions  |Warp Cycles Per Issued|No Eligible" "$out/ncu.txt" | head -20
 else
