@@ -802,6 +802,98 @@ static void test_cpu_cuda_bit_identical_many_blocks(void **state) {
     free_arrays(p0), free_arrays(g);
 }
 
+/* The gradient check of E4M3 gradients, whose CUDA fast kernel sums the squares of the codes in
+ * float32 partials and scales by f^2 once when the largest E4M3 value times the unscale factor f is
+ * finite, and checks element by element otherwise (docs/numerics.md 6.1). 2^21 elements, so that on
+ * a large GPU (3168 warps on an H100) each warp's range spans several 16-byte loads per lane:
+ *   1. f = 0.37 (the float32 partials): the norm against float64;
+ *   2. f = 2^120 (448 * f overflows float32: the per-element form) with a code of 448 among codes of
+ *      at most 2^-4: that element's unscaled value is inf, so the step is skipped;
+ *   3. the same f without that code: every unscaled value is finite (below 2^116), the step is
+ *      taken and the norm (below 2^126) matches float64. */
+static double fp8_grads_norm(fp8amp_context ctx, fp8amp_tensor g, fp8amp_tensor stage, double *x, int64_t n,
+                             double unscale) {
+    EXPECT_OK(fp8amp_dequantize(ctx, g, stage));
+    download_f64(stage, x, n);
+    double sumsq = 0.0;
+    for (int64_t i = 0; i < n; ++i) sumsq += (x[i] * unscale) * (x[i] * unscale);
+    return sqrt(sumsq);
+}
+
+static void test_grad_norm_of_fp8_gradients(void **state) {
+    require_variant(state);
+    const int64_t n = (INT64_C(1) << 21) + 333;
+    fp8amp_context ctx = make_context(variant_device(state));
+    fp8amp_tensor p = make_tensor(ctx, FP8AMP_DTYPE_BF16, 1, &n), g = make_tensor(ctx, FP8AMP_DTYPE_E4M3, 1, &n);
+    fp8amp_tensor stage = make_tensor(ctx, FP8AMP_DTYPE_F32, 1, &n);
+    fp8amp_recipe r = recipe_of(FP8AMP_SCALING_DELAYED); /* quantize uses the scale we set */
+    fp8amp_scaling gm;
+    EXPECT_OK(fp8amp_scaling_create(ctx, &r, FP8AMP_DTYPE_E4M3, &gm));
+    EXPECT_OK(fp8amp_tensor_set_scaling(g, gm));
+    double *x = xmalloc(sizeof(double) * (size_t)n);
+    for (int64_t i = 0; i < n; ++i) x[i] = test_rng_uniform(-1, 1);
+    upload_f64(stage, x, n);
+    EXPECT_OK(fp8amp_cast(ctx, stage, p));
+    fp8amp_adam_desc d;
+    EXPECT_OK(fp8amp_opt_level_adam_config(FP8AMP_OPT_LEVEL_O2, &d));
+    fp8amp_optimizer opt;
+    EXPECT_OK(fp8amp_optimizer_create(ctx, &d, &opt));
+    EXPECT_OK(fp8amp_optimizer_add_param(opt, p, g));
+    fp8amp_adam_step_args args;
+    EXPECT_OK(fp8amp_adam_step_args_init_default(&args));
+    int32_t found = 0;
+    int64_t step = 0;
+    float norm = 0;
+
+    /* 1: codes over E4M3's whole range (scale 1), f = rn(0.37) */
+    EXPECT_OK(fp8amp_scaling_set_scale(gm, 1.0f));
+    for (int64_t i = 0; i < n; ++i) x[i] = test_rng_uniform(-400, 400) * (i % 3 == 0 ? 1e-3 : 1.0);
+    upload_f64(stage, x, n);
+    EXPECT_OK(fp8amp_quantize(ctx, stage, g));
+    args.grad_scale_inv = 0.37f;
+    EXPECT_OK(fp8amp_optimizer_step(opt, &args));
+    EXPECT_OK(fp8amp_optimizer_get_found_inf(opt, &found));
+    assert_int_equal(found, 0);
+    double want = fp8_grads_norm(ctx, g, stage, x, n, (double)0.37f);
+    EXPECT_OK(fp8amp_optimizer_get_grad_norm(opt, &norm));
+    assert_true(fabs(norm - want) <= 1e-6 * want);
+
+    /* 2: scale_inv 2^100 and grad_scale_inv 2^20: f = 2^120; one code of 448 */
+    EXPECT_OK(fp8amp_scaling_set_scale(gm, 0x1p-100f));
+    for (int64_t i = 0; i < n; ++i) x[i] = test_rng_uniform(-0x1p96, 0x1p96); /* codes within +-2^-4 */
+    const int64_t where = (int64_t)(test_rng_u64() % (uint64_t)n);
+    const double kept = x[where];
+    x[where] = 448.0 * 0x1p100;
+    upload_f64(stage, x, n);
+    EXPECT_OK(fp8amp_quantize(ctx, stage, g));
+    args.grad_scale_inv = 0x1p20f;
+    EXPECT_OK(fp8amp_optimizer_step(opt, &args));
+    EXPECT_OK(fp8amp_optimizer_get_found_inf(opt, &found));
+    assert_int_equal(found, 1);
+    EXPECT_OK(fp8amp_optimizer_get_step(opt, &step));
+    assert_int_equal(step, 1);
+
+    /* 3: the same without that code */
+    x[where] = kept;
+    upload_f64(stage, x, n);
+    EXPECT_OK(fp8amp_quantize(ctx, stage, g));
+    EXPECT_OK(fp8amp_optimizer_step(opt, &args));
+    EXPECT_OK(fp8amp_optimizer_get_found_inf(opt, &found));
+    assert_int_equal(found, 0);
+    want = fp8_grads_norm(ctx, g, stage, x, n, 0x1p20);
+    assert_true(want > 0x1p100 && want < 0x1p127);
+    EXPECT_OK(fp8amp_optimizer_get_grad_norm(opt, &norm));
+    assert_true(fabs(norm - want) <= 1e-6 * want);
+
+    free(x);
+    EXPECT_OK(fp8amp_optimizer_destroy(opt));
+    EXPECT_OK(fp8amp_tensor_destroy(p));
+    EXPECT_OK(fp8amp_tensor_destroy(g));
+    EXPECT_OK(fp8amp_tensor_destroy(stage));
+    EXPECT_OK(fp8amp_scaling_destroy(gm));
+    EXPECT_OK(fp8amp_context_destroy(ctx));
+}
+
 /* lr read by the step from device memory (a schedule inside a captured graph) equals lr by value. */
 static void test_lr_from_device_memory(void **state) {
     require_variant(state);
@@ -1233,6 +1325,7 @@ int main(void) {
         DEVICE_TESTS(test_grad_scaler_semantics),
         DEVICE_TESTS(test_scaler_unscales_exactly),
         DEVICE_TESTS(test_lr_from_device_memory),
+        DEVICE_TESTS(test_grad_norm_of_fp8_gradients),
         DEVICE_TESTS(test_checkpoint_roundtrip),
         {"test_checkpoint_across_devices_and_cpu_cuda_bit_identical[cuda]",
          test_checkpoint_across_devices_and_cpu_cuda_bit_identical, NULL, NULL, (void *)&VARIANT_CUDA},
