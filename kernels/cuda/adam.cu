@@ -963,15 +963,19 @@ template <class C> struct New8 {
     float w[C::MASTER ? 8 : 1];
     uint32_t p[2 * C::PB];  // the parameter's codes, packed
     float am, av, aw;       // the lane's NaN-propagating amax of |m|, |v|, |w|
-    // FP8AMP_ADAM_BRANCHFREE: the least of |m|, |m / denom| and 2v over the elements where each is
-    // nonzero, and the NaN-propagating largest |m / denom|: the ranges of sqrt_fast and div_fast
+#if FP8AMP_ADAM_BRANCHFREE
+    // the least of |m|, |m / denom| and 2v over the elements where each is nonzero, and the
+    // NaN-propagating largest |m / denom|: the ranges of sqrt_fast and div_fast
     float lo, qhi;
+#endif
 };
 
 template <class C, bool GUARD, bool FAST>
 __device__ __forceinline__ void compute8(const Consts &k, const Seg &s, const Raw8<C> &r, int n, New8<C> &o) {
     o.am = o.av = o.aw = 0.0f;
+#if FP8AMP_ADAM_BRANCHFREE
     o.lo = 1.0f, o.qhi = 0.0f;
+#endif
     float wk[4];  // weights waiting to be encoded with their neighbours
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
@@ -988,8 +992,9 @@ __device__ __forceinline__ void compute8(const Consts &k, const Seg &s, const Ra
         else w = fmul(w, k.decay);
         m = fadd(m, fmul(k.omb1, fsub(g, m)));
         v = fadd(fmul(v, k.beta2), fmul(fmul(k.omb2, g), g));
+#if FP8AMP_ADAM_BRANCHFREE
         float q;
-        if (FAST && FP8AMP_ADAM_BRANCHFREE) {
+        if (FAST) {
             // v = +0 (a gradient that was always 0) and m = +-0 are exact by selection; the rest is
             // checked by the caller through lo and qhi
             const float sq = v == 0.0f ? 0.0f : sqrt_fast(v);
@@ -999,11 +1004,14 @@ __device__ __forceinline__ void compute8(const Consts &k, const Seg &s, const Ra
             o.lo = fminf(o.lo, v == 0.0f ? 1.0f : fmul(v, 2.0f));
             o.qhi = max_abs_nan(o.qhi, q);
         } else {
-            const float sq = fsqrt(v);
-            const float denom = fadd(FAST ? div_const(sq, k.div) : fdiv(sq, k.bc2), k.eps);
-            q = fdiv(m, denom);
+            q = fdiv(m, fadd(fdiv(fsqrt(v), k.bc2), k.eps));
         }
         w = fsub(w, fmul(k.step_size, q));
+#else
+        const float sq = fsqrt(v);
+        const float denom = fadd(FAST ? div_const(sq, k.div) : fdiv(sq, k.bc2), k.eps);
+        w = fsub(w, fmul(k.step_size, fdiv(m, denom)));
+#endif
         if (GUARD && j >= n) m = v = w = 0.0f;  // missing elements take no part in an amax
         o.m[j] = m, o.v[j] = v;
         if (C::MASTER) o.w[j] = w;
@@ -1072,8 +1080,9 @@ __device__ __forceinline__ void update8(const Consts &k, const Seg &s, const Raw
     // weight NaN (the pair encoders' NaN is not the CPU's), a usable meta scale.
     bool rare = !(o.av <= FLT_MAX);
     // (denom >= eps: with eps >= 2^-100 it is a normal float, at most 2^76 for a finite v)
-    if (FP8AMP_ADAM_BRANCHFREE)
-        rare |= !(o.lo >= 0x1p-100f && o.qhi <= 0x1p100f && o.am <= 0x1p100f && k.eps >= 0x1p-100f);
+#if FP8AMP_ADAM_BRANCHFREE
+    rare |= !(o.lo >= 0x1p-100f && o.qhi <= 0x1p100f && o.am <= 0x1p100f && k.eps >= 0x1p-100f);
+#endif
     if (C::PD != kF32) rare |= o.aw != o.aw;
     if (C::SCALABLE) rare |= s.meta && !s.scale_ok;
     if (__builtin_expect(rare, 0)) {
