@@ -341,12 +341,6 @@ static void test_references_known_values(void **state) {
     assert_true(round_ref(&FMT_BF16, 1.00390625) == 1.0);          /* tie -> even */
 }
 
-static int setup_rng(void **state) {
-    (void)state;
-    test_rng_seed();
-    return 0;
-}
-
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_references_known_values),
@@ -358,5 +352,5 @@ int main(void) {
         DEVICE_TESTS(test_sizes_and_alignment),
         DEVICE_TESTS(test_cast_bad_input),
     };
-    return cmocka_run_group_tests(tests, setup_rng, NULL);
+    return cmocka_run_group_tests(tests, test_setup_rng, NULL);
 }

@@ -709,12 +709,6 @@ static void test_context_destroyed_before_tensors(void **state) {
     EXPECT_OK(fp8amp_tensor_destroy(t2));
 }
 
-static int setup_rng(void **state) {
-    (void)state;
-    test_rng_seed();
-    return 0;
-}
-
 int main(void) {
     const struct CMUnitTest tests[] = {
         DEVICE_TESTS(test_create_destroy),
@@ -735,5 +729,5 @@ int main(void) {
         DEVICE_TESTS(test_synchronize),
         DEVICE_TESTS(test_context_destroyed_before_tensors),
     };
-    return cmocka_run_group_tests(tests, setup_rng, NULL);
+    return cmocka_run_group_tests(tests, test_setup_rng, NULL);
 }

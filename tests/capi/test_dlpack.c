@@ -766,12 +766,6 @@ static void test_import_cuda_devices(void **state) {
     EXPECT_OK(fp8amp_context_destroy(ctx));
 }
 
-static int setup_rng(void **state) {
-    (void)state;
-    test_rng_seed();
-    return 0;
-}
-
 int main(void) {
     const struct CMUnitTest tests[] = {
         DEVICE_TESTS(test_export),
@@ -787,5 +781,5 @@ int main(void) {
         DEVICE_TESTS(test_round_trip),
         cmocka_unit_test_prestate(test_import_cuda_devices, (void *)&VARIANT_CUDA),
     };
-    return cmocka_run_group_tests(tests, setup_rng, NULL);
+    return cmocka_run_group_tests(tests, test_setup_rng, NULL);
 }

@@ -1813,12 +1813,6 @@ static void test_graph_replay(void **state) {
     }
 }
 
-static int setup_rng(void **state) {
-    (void)state;
-    test_rng_seed();
-    return 0;
-}
-
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_desc_defaults),
@@ -1836,5 +1830,5 @@ int main(void) {
         DEVICE_TESTS(test_two_layer_network),
         DEVICE_TESTS(test_graph_replay),
     };
-    return cmocka_run_group_tests(tests, setup_rng, NULL);
+    return cmocka_run_group_tests(tests, test_setup_rng, NULL);
 }

@@ -1313,12 +1313,6 @@ static void test_trains_an_fp8_linear(void **state) {
     free(hw), free(ht), free(hx), free(hy), free(hdy), free(hg), free(hw1);
 }
 
-static int setup_rng(void **state) {
-    (void)state;
-    test_rng_seed();
-    return 0;
-}
-
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_presets),
@@ -1344,5 +1338,5 @@ int main(void) {
         DEVICE_TESTS(test_state_bytes_per_parameter),
         DEVICE_TESTS(test_trains_an_fp8_linear),
     };
-    return cmocka_run_group_tests(tests, setup_rng, NULL);
+    return cmocka_run_group_tests(tests, test_setup_rng, NULL);
 }

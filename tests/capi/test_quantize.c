@@ -926,12 +926,6 @@ static void test_bad_input(void **state) {
     EXPECT_OK(fp8amp_context_destroy(ctx));
 }
 
-static int setup_rng(void **state) {
-    (void)state;
-    test_rng_seed();
-    return 0;
-}
-
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_references_known_values),
@@ -946,5 +940,5 @@ int main(void) {
         DEVICE_TESTS(test_amax),
         DEVICE_TESTS(test_bad_input),
     };
-    return cmocka_run_group_tests(tests, setup_rng, NULL);
+    return cmocka_run_group_tests(tests, test_setup_rng, NULL);
 }

@@ -698,12 +698,6 @@ static void test_f16_bad_input(void **state) {
     EXPECT_OK(fp8amp_context_destroy(ctx));
 }
 
-static int setup_rng(void **state) {
-    (void)state;
-    test_rng_seed();
-    return 0;
-}
-
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_f16_reference_known_values),
@@ -715,5 +709,5 @@ int main(void) {
         DEVICE_TESTS(test_f16_delayed_cycle),
         DEVICE_TESTS(test_f16_bad_input),
     };
-    return cmocka_run_group_tests(tests, setup_rng, NULL);
+    return cmocka_run_group_tests(tests, test_setup_rng, NULL);
 }

@@ -837,12 +837,6 @@ static void test_model_known_values(void **state) {
     assert_true(mul_f32_ref(-FLT_MAX, 1.0f) == -FLT_MAX);
 }
 
-static int setup_rng(void **state) {
-    (void)state;
-    test_rng_seed();
-    return 0;
-}
-
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_recipe_defaults),
@@ -856,5 +850,5 @@ int main(void) {
         DEVICE_TESTS(test_update_many_bad_input),
         DEVICE_TESTS(test_set_scale),
     };
-    return cmocka_run_group_tests(tests, setup_rng, NULL);
+    return cmocka_run_group_tests(tests, test_setup_rng, NULL);
 }

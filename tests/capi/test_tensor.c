@@ -817,12 +817,6 @@ static void test_threads_with_own_contexts(void **state) {
     }
 }
 
-static int setup_rng(void **state) {
-    (void)state;
-    test_rng_seed();
-    return 0;
-}
-
 int main(void) {
     const struct CMUnitTest tests[] = {
         DEVICE_TESTS(test_roundtrip_each_dtype),
@@ -838,5 +832,5 @@ int main(void) {
         cmocka_unit_test(test_many_create_destroy_cycles),
         cmocka_unit_test(test_threads_with_own_contexts),
     };
-    return cmocka_run_group_tests(tests, setup_rng, NULL);
+    return cmocka_run_group_tests(tests, test_setup_rng, NULL);
 }

@@ -501,12 +501,6 @@ static void test_rebind_cuda_host_pointer(void **state) {
     EXPECT_OK(fp8amp_context_destroy(ctx));
 }
 
-static int setup_rng(void **state) {
-    (void)state;
-    test_rng_seed();
-    return 0;
-}
-
 int main(void) {
     const struct CMUnitTest tests[] = {
         DEVICE_TESTS(test_rebind_follows_new_memory),
@@ -515,5 +509,5 @@ int main(void) {
         DEVICE_TESTS(test_rebind_refuses_non_views),
         cmocka_unit_test_prestate(test_rebind_cuda_host_pointer, (void *)&VARIANT_CUDA),
     };
-    return cmocka_run_group_tests(tests, setup_rng, NULL);
+    return cmocka_run_group_tests(tests, test_setup_rng, NULL);
 }

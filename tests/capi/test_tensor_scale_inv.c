@@ -200,17 +200,11 @@ static void test_scale_inv_bad_arguments(void **state) {
     EXPECT_OK(fp8amp_context_destroy(ctx));
 }
 
-static int setup_rng(void **state) {
-    (void)state;
-    test_rng_seed();
-    return 0;
-}
-
 int main(void) {
     const struct CMUnitTest tests[] = {
         DEVICE_TESTS(test_scale_inv_reads_and_writes_the_slot),
         DEVICE_TESTS(test_linear_e4m3_weight_slot),
         DEVICE_TESTS(test_scale_inv_bad_arguments),
     };
-    return cmocka_run_group_tests(tests, setup_rng, NULL);
+    return cmocka_run_group_tests(tests, test_setup_rng, NULL);
 }

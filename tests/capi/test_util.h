@@ -94,6 +94,13 @@ static inline void test_rng_seed(void) {
     print_message("FP8AMP_TEST_SEED=%llu\n", (unsigned long long)test_rng_state);
 }
 
+/* The group setup of every test file: seeds the generator once per run. */
+static inline int test_setup_rng(void **state) {
+    (void)state;
+    test_rng_seed();
+    return 0;
+}
+
 static inline uint64_t test_rng_u64(void) {
     uint64_t x = test_rng_state;
     x ^= x << 13;
