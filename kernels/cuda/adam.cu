@@ -426,6 +426,57 @@ __device__ __forceinline__ void fold_param_metas(const StepConfig &c, int64_t wa
     }
 }
 
+// The end of phase 1, for both kernels: each thread's sum of squares and bad flag reduced over its
+// CTA into c.partials, a grid sync, then every CTA reduces the partials in the same order, so all
+// agree on found_inf and the norm. kSumDecides (the fast kernel, which tests no element): a sum that
+// is not finite counts as found; the generic kernel's bad flag already covers every element. CTA 0
+// publishes the status and updates the scaler. Returns whether the step skips, and the global norm.
+struct CheckResult {
+    bool found;
+    float norm;
+};
+template <bool kSumDecides>
+__device__ __forceinline__ CheckResult end_check(const StepConfig &c, cg::grid_group &grid, double sumsq, bool bad,
+                                                 int lane, int64_t step) {
+    __shared__ double s_sum[kWarps];
+    __shared__ int s_bad[kWarps];
+    for (int o = 16; o > 0; o /= 2) sumsq += __shfl_down_sync(kFull, sumsq, o);
+    const int any_bad = __any_sync(kFull, bad);
+    if (lane == 0) {
+        s_sum[threadIdx.x / 32] = sumsq;
+        s_bad[threadIdx.x / 32] = any_bad;
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        double t = 0.0;
+        int b = 0;
+        for (int w = 0; w < kWarps; ++w) t += s_sum[w], b |= s_bad[w];
+        c.partials[blockIdx.x].sumsq = t;
+        c.partials[blockIdx.x].bad = b;
+    }
+    grid.sync();
+    __shared__ double s_total;
+    __shared__ int s_found;
+    if (threadIdx.x < 32) {
+        double t = 0.0;
+        int b = 0;
+        for (int i = lane; i < int(gridDim.x); i += 32) t += c.partials[i].sumsq, b |= c.partials[i].bad;
+        for (int o = 16; o > 0; o /= 2) t += __shfl_down_sync(kFull, t, o);
+        b = __any_sync(kFull, b);
+        if (lane == 0) s_total = t, s_found = kSumDecides ? b || !(t <= 1.7976931348623157e308) : b;  // inf/NaN
+    }
+    __syncthreads();
+    const bool found = s_found != 0;
+    const float norm = float(sqrt(s_total));
+    if (blockIdx.x == 0 && threadIdx.x == 0) {
+        c.status->found_inf = found ? 1 : 0;
+        c.status->grad_norm = found ? __uint_as_float(codec::kF32QuietNaN) : norm;
+        if (!found) c.status->step = step + 1;
+        if (c.scaler) adam::scaler_update(*c.scaler, c.scaler_config, found);
+    }
+    return {found, norm};
+}
+
 template <bool M8, bool V16, bool MASTER>
 __global__ void __launch_bounds__(kThreads, kMinBlocks) adam_kernel(const __grid_constant__ StepConfig c) {
     cg::grid_group grid = cg::this_grid();
@@ -483,45 +534,9 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) adam_kernel(const __grid
             u = stop;
         }
     }
-    __shared__ double s_sum[kWarps];
-    __shared__ int s_bad[kWarps];
-    for (int o = 16; o > 0; o /= 2) sumsq += __shfl_down_sync(kFull, sumsq, o);
-    const int any_bad = __any_sync(kFull, bad);
-    if (lane == 0) {
-        s_sum[threadIdx.x / 32] = sumsq;
-        s_bad[threadIdx.x / 32] = any_bad;
-    }
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        double t = 0.0;
-        int b = 0;
-        for (int w = 0; w < kWarps; ++w) t += s_sum[w], b |= s_bad[w];
-        c.partials[blockIdx.x].sumsq = t;
-        c.partials[blockIdx.x].bad = b;
-    }
-    grid.sync();
-
-    // Every CTA reduces the partials in the same order, so all agree on found_inf and the norm.
-    __shared__ double s_total;
-    __shared__ int s_found;
-    if (threadIdx.x < 32) {
-        double t = 0.0;
-        int b = 0;
-        for (int i = lane; i < int(gridDim.x); i += 32) t += c.partials[i].sumsq, b |= c.partials[i].bad;
-        for (int o = 16; o > 0; o /= 2) t += __shfl_down_sync(kFull, t, o);
-        b = __any_sync(kFull, b);
-        if (lane == 0) s_total = t, s_found = b;
-    }
-    __syncthreads();
-    const bool found = s_found != 0;
-    const float norm = float(sqrt(s_total));
-    if (blockIdx.x == 0 && threadIdx.x == 0) {
-        c.status->found_inf = found ? 1 : 0;
-        c.status->grad_norm = found ? __uint_as_float(codec::kF32QuietNaN) : norm;
-        if (!found) c.status->step = step + 1;
-        if (c.scaler) adam::scaler_update(*c.scaler, c.scaler_config, found);
-    }
-    if (found) return;  // uniform across the grid: nothing is written
+    const CheckResult check = end_check<false>(c, grid, sumsq, bad, lane, step);
+    if (check.found) return;  // uniform across the grid: nothing is written
+    const float norm = check.norm;
 
     const float lr = c.lr_device ? *c.lr_device : c.lr;
     const StepScalars s = step_scalars(c, lr, step + 1);
@@ -1316,46 +1331,9 @@ __global__ void __launch_bounds__(kThreads, kFastMinBlocks) adam_fast_kernel(con
             u = stop;
         }
     }
-    double sumsq = acc0 + acc1;
-    __shared__ double s_sum[kWarps];
-    __shared__ int s_bad[kWarps];
-    for (int o = 16; o > 0; o /= 2) sumsq += __shfl_down_sync(kFull, sumsq, o);
-    const int any_bad = __any_sync(kFull, bad);
-    if (lane == 0) {
-        s_sum[threadIdx.x / 32] = sumsq;
-        s_bad[threadIdx.x / 32] = any_bad;
-    }
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        double t = 0.0;
-        int b = 0;
-        for (int w = 0; w < kWarps; ++w) t += s_sum[w], b |= s_bad[w];
-        c.partials[blockIdx.x].sumsq = t;
-        c.partials[blockIdx.x].bad = b;
-    }
-    grid.sync();
-
-    // Every CTA reduces the partials in the same order, so all agree on found_inf and the norm.
-    __shared__ double s_total;
-    __shared__ int s_found;
-    if (threadIdx.x < 32) {
-        double t = 0.0;
-        int b = 0;
-        for (int i = lane; i < int(gridDim.x); i += 32) t += c.partials[i].sumsq, b |= c.partials[i].bad;
-        for (int o = 16; o > 0; o /= 2) t += __shfl_down_sync(kFull, t, o);
-        b = __any_sync(kFull, b);
-        if (lane == 0) s_total = t, s_found = b || !(t <= 1.7976931348623157e308);  // inf or NaN: not finite
-    }
-    __syncthreads();
-    const bool found = s_found != 0;
-    const float norm = float(sqrt(s_total));
-    if (blockIdx.x == 0 && threadIdx.x == 0) {
-        c.status->found_inf = found ? 1 : 0;
-        c.status->grad_norm = found ? __uint_as_float(codec::kF32QuietNaN) : norm;
-        if (!found) c.status->step = step + 1;
-        if (c.scaler) adam::scaler_update(*c.scaler, c.scaler_config, found);
-    }
-    if (found) return;  // uniform across the grid: nothing is written
+    const CheckResult check = end_check<true>(c, grid, acc0 + acc1, bad, lane, step);
+    if (check.found) return;  // uniform across the grid: nothing is written
+    const float norm = check.norm;
 #if FP8AMP_ADAM_PHASE1_ONLY
     return;
 #endif
