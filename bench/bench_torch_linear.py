@@ -26,8 +26,10 @@ IDLE = []  # the measurements during which the GPU ran dry: the call waited for 
 SLEEP_CYCLES = 2_000_000_000  # about 1 s at 1.98 GHz: longer than any of the loops
 
 
-def host_us(fn, calls=100, name=""):
-    for _ in range(20):
+def behind_busy_gpu(fn, calls, warmup):
+    """Host microseconds per fn() over `calls` calls made while a sleep kernel keeps the GPU busy,
+    and whether the GPU ran dry meanwhile (the calls waited for it somewhere)."""
+    for _ in range(warmup):
         fn()
     torch.cuda.synchronize()
     done = torch.cuda.Event()
@@ -37,9 +39,15 @@ def host_us(fn, calls=100, name=""):
     for _ in range(calls):
         fn()
     us = (time.perf_counter() - t0) / calls * 1e6
-    if done.query():
-        IDLE.append(name)
+    waited = bool(done.query())
     torch.cuda.synchronize()
+    return us, waited
+
+
+def host_us(fn, calls=100, name=""):
+    us, waited = behind_busy_gpu(fn, calls, warmup=20)
+    if waited:
+        IDLE.append(name)
     return us
 
 
@@ -97,18 +105,8 @@ def waits_by_loop_length(fn, lengths=(10, 20, 40, 60, 80, 100, 150)):
     time per call."""
     out = {}
     for n in lengths:
-        for _ in range(5):
-            fn()
-        torch.cuda.synchronize()
-        done = torch.cuda.Event()
-        torch.cuda._sleep(SLEEP_CYCLES)
-        done.record()
-        t0 = time.perf_counter()
-        for _ in range(n):
-            fn()
-        us = (time.perf_counter() - t0) / n * 1e6
-        out[n] = {"waited": bool(done.query()), "host_us_per_call": us}
-        torch.cuda.synchronize()
+        us, waited = behind_busy_gpu(fn, n, warmup=5)
+        out[n] = {"waited": waited, "host_us_per_call": us}
     return out
 
 
