@@ -3,10 +3,6 @@
 // range the kernel uses it for (+0 and [2^-75, 2^64]) and divisors b that the step produces (bc2_sqrt
 // of beta2 in {0.9, 0.95, 0.98, 0.99, 0.999, 0.9999} at steps 1..4096) plus random b in [2^-12, 1]
 // and the ends of that range. Also counts (for information) mismatches outside that range of a.
-// Then the branch-free forms of FP8AMP_ADAM_BRANCHFREE: sqrt_fast against __fsqrt_rn for every v in
-// [2^-101, FLT_MAX], and div_fast against __fdiv_rn for every a of either sign with |a| in
-// [2^-100, 2^100] and divisors b in [2^-100, 2^76] (the step's denom = sqrt(v) / bc2_sqrt + eps with
-// eps >= 2^-100), counted where the kernel uses it: |a / b| (as div_fast computes it) in [2^-100, 2^100].
 // Build: nvcc -O3 -arch=sm_90 -std=c++17 -I kernels bench/adam_ieee_check.cu -o adam_ieee_check
 #include <cuda_runtime.h>
 
@@ -20,44 +16,7 @@
 #include "cuda/adam_div.cuh"
 
 using fp8amp::kernels::cuda::div_const;
-using fp8amp::kernels::cuda::div_fast;
 using fp8amp::kernels::cuda::make_const_div;
-using fp8amp::kernels::cuda::sqrt_fast;
-
-__global__ void check_sqrt(unsigned long long *bad, uint32_t *first) {
-    unsigned long long n = 0;
-    for (uint64_t i = 0x0D000000ull + uint64_t(blockIdx.x) * blockDim.x + threadIdx.x; i <= 0x7F7FFFFFull;
-         i += uint64_t(gridDim.x) * blockDim.x) {
-        const float v = __uint_as_float(uint32_t(i));
-        if (__float_as_uint(sqrt_fast(v)) != __float_as_uint(__fsqrt_rn(v))) {
-            ++n;
-            atomicCAS(first, 0u, uint32_t(i));
-        }
-    }
-    atomicAdd(bad, n);
-}
-
-__global__ void check_div(const float *bs, int nb, unsigned long long *bad, unsigned long long *used, uint32_t *first) {
-    const uint32_t lo = 0x0D800000u, hi = 0x71800000u;  // 2^-100, 2^100
-    for (int k = 0; k < nb; ++k) {
-        const float b = bs[k];
-        unsigned long long n = 0, u = 0;
-        for (uint64_t i = lo + uint64_t(blockIdx.x) * blockDim.x + threadIdx.x; i <= hi; i += uint64_t(gridDim.x) * blockDim.x) {
-            for (int sign = 0; sign < 2; ++sign) {
-                const float a = __uint_as_float(uint32_t(i) | (sign ? 0x80000000u : 0u));
-                const float q = div_fast(a, b);
-                if (!(fabsf(q) >= 0x1p-100f && fabsf(q) <= 0x1p100f)) continue;  // the kernel redoes these
-                ++u;
-                if (__float_as_uint(q) != __float_as_uint(__fdiv_rn(a, b))) {
-                    ++n;
-                    atomicCAS(first, 0u, uint32_t(i));
-                }
-            }
-        }
-        atomicAdd(bad, n);
-        atomicAdd(used, u);
-    }
-}
 
 __global__ void check(const float *bs, int nb, unsigned long long *bad_in, unsigned long long *bad_out, uint32_t *first) {
     const uint32_t lo = 0x1A000000u, hi = 0x5F800000u;  // 2^-75, 2^64
@@ -133,41 +92,5 @@ int main() {
                 "(+0, [2^-75, 2^64]), %llu outside it (not used)%s\n",
                 nb, tin, tout, tin ? "" : "  OK");
     if (tin) std::printf("first mismatching dividend bits: 0x%08x\n", first);
-
-    // The branch-free forms.
-    unsigned long long *dbad, *dused;
-    cudaMalloc(&dbad, 2 * sizeof(unsigned long long));
-    cudaMalloc(&dused, sizeof(unsigned long long));
-    cudaMemset(dbad, 0, 2 * sizeof(unsigned long long));
-    cudaMemset(dused, 0, sizeof(unsigned long long));
-    cudaMemset(dfirst, 0, sizeof(uint32_t));
-    check_sqrt<<<132 * 16, 256>>>(dbad, dfirst);
-    std::vector<float> ds = {0x1p-100f, 1e-8f, 1e-6f, 1.0f, 0x1p76f, std::nextafter(0x1p-100f, 1.0f)};
-    std::uniform_real_distribution<double> w(-100.0, 76.0);
-    for (int i = 0; i < 120; ++i) ds.push_back(float(std::exp2(w(rng))));
-    float *dds;
-    cudaMalloc(&dds, ds.size() * sizeof(float));
-    cudaMemcpy(dds, ds.data(), ds.size() * sizeof(float), cudaMemcpyHostToDevice);
-    uint32_t *dfirst2;
-    cudaMalloc(&dfirst2, sizeof(uint32_t));
-    cudaMemset(dfirst2, 0, sizeof(uint32_t));
-    check_div<<<132 * 16, 256>>>(dds, int(ds.size()), dbad + 1, dused, dfirst2);
-    const cudaError_t err2 = cudaDeviceSynchronize();
-    if (err2 != cudaSuccess) {
-        std::printf("CUDA error: %s\n", cudaGetErrorString(err2));
-        return 2;
-    }
-    unsigned long long bad[2] = {0, 0}, used = 0;
-    uint32_t first_sqrt = 0, first_div = 0;
-    cudaMemcpy(bad, dbad, sizeof bad, cudaMemcpyDeviceToHost);
-    cudaMemcpy(&used, dused, sizeof used, cudaMemcpyDeviceToHost);
-    cudaMemcpy(&first_sqrt, dfirst, sizeof first_sqrt, cudaMemcpyDeviceToHost);
-    cudaMemcpy(&first_div, dfirst2, sizeof first_div, cudaMemcpyDeviceToHost);
-    std::printf("sqrt_fast vs __fsqrt_rn: every v in [2^-101, FLT_MAX]: %llu mismatches%s\n", bad[0], bad[0] ? "" : "  OK");
-    if (bad[0]) std::printf("first mismatching v bits: 0x%08x\n", first_sqrt);
-    std::printf("div_fast vs __fdiv_rn: %zu divisors in [2^-100, 2^76] x every +-a in [2^-100, 2^100], %llu quotients "
-                "in the kernel's range: %llu mismatches%s\n",
-                ds.size(), used, bad[1], bad[1] ? "" : "  OK");
-    if (bad[1]) std::printf("first mismatching dividend bits: 0x%08x\n", first_div);
-    return (tin || bad[0] || bad[1]) ? 1 : 0;
+    return tin ? 1 : 0;
 }

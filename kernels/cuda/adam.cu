@@ -49,13 +49,6 @@ constexpr int kFastMinBlocks = FP8AMP_ADAM_FAST_MIN_BLOCKS;
 #ifndef FP8AMP_ADAM_PREFETCH
 #define FP8AMP_ADAM_PREFETCH 0
 #endif
-// 1: the fast kernel's per-element sqrt(v) and m / denom take sqrt_fast / div_fast (adam_div.cuh)
-// with one range check per lane instead of a branch per element, so that a lane's 8 elements can
-// overlap; a lane outside the range redoes its elements on the reference path. Not measured yet:
-// 0 until a device run shows it faster (docs/performance.md, "Adam").
-#ifndef FP8AMP_ADAM_BRANCHFREE
-#define FP8AMP_ADAM_BRANCHFREE 0
-#endif
 // Measurement only (bench/adam_device_run.sh): 1 stops the fast kernel after the check phase, so the
 // check's share of a step can be timed. Never set in a build that trains.
 #ifndef FP8AMP_ADAM_PHASE1_ONLY
@@ -738,6 +731,15 @@ constexpr uint32_t fast_pair_mask() {
     return mask;
 }
 
+// How the fast kernel's streams meet the caches (each byte is read or written once per step).
+// evict_first: ld.global.cs / st.global.cs. no_allocate: ld.global.nc.L1::no_allocate (the
+// read-only path, no L1 line: a lane reads each input once, before it writes the same bytes) and
+// write-back stores. Measured on an H100 (docs/performance.md, "Adam"): no_allocate with the check
+// run back to front took the O2 step (BF16 params, E4M3 gradients) from 1.305 to 1.286 ms and left
+// O3 and O2 with F32 gradients within 0.5%, but made O1 (F32 m and v) 2.8% slower; so O2 and O3
+// use it and O1 keeps evict_first.
+enum class Cache { evict_first, no_allocate };
+
 template <int PD_, int GD_, bool M8_, bool V16_, bool MASTER_, bool L2_, bool CLIP_>
 struct Cfg {
     static constexpr int PD = PD_, GD = GD_;
@@ -748,37 +750,59 @@ struct Cfg {
     static constexpr int WB = MASTER ? 2 : PB;                        // bytes per element of the weight read
     static constexpr bool SCALABLE = PD == kF16 || PD == kE4M3;        // may carry a scale_inv / meta
     static constexpr bool WAMAX = MASTER || PD != kF32;                 // the new weights' amax is needed
+    static constexpr Cache CACHE = M8 ? Cache::no_allocate : Cache::evict_first;
 };
 
 template <int BYTES> struct Bits {
     uint32_t w[BYTES / 4];
 };
 
+template <Cache K, class T>
+__device__ __forceinline__ T load_hinted(const T *p) {
+    if constexpr (K == Cache::evict_first) {
+        return __ldcs(p);
+    } else {
+        T q;
+        if constexpr (sizeof(T) == 8)
+            asm volatile("ld.global.nc.L1::no_allocate.v2.u32 {%0,%1}, [%2];" : "=r"(q.x), "=r"(q.y) : "l"(p));
+        else
+            asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
+                         : "=r"(q.x), "=r"(q.y), "=r"(q.z), "=r"(q.w)
+                         : "l"(p));
+        return q;
+    }
+}
+template <Cache K, class T>
+__device__ __forceinline__ void store_hinted(T *p, T v) {
+    if constexpr (K == Cache::evict_first) __stcs(p, v);
+    else __stwb(p, v);
+}
+
 // BYTES contiguous bytes (aligned to min(BYTES, 16)) as vector loads.
-template <int BYTES>
+template <int BYTES, Cache K = Cache::evict_first>
 __device__ __forceinline__ Bits<BYTES> load_vec(const uint8_t *ptr) {
     Bits<BYTES> b;
     if constexpr (BYTES == 8) {
-        const uint2 q = __ldcs(reinterpret_cast<const uint2 *>(ptr));
+        const uint2 q = load_hinted<K>(reinterpret_cast<const uint2 *>(ptr));
         b.w[0] = q.x, b.w[1] = q.y;
     } else {
 #pragma unroll
         for (int k = 0; k < BYTES / 16; ++k) {
-            const uint4 q = __ldcs(reinterpret_cast<const uint4 *>(ptr) + k);
+            const uint4 q = load_hinted<K>(reinterpret_cast<const uint4 *>(ptr) + k);
             b.w[4 * k] = q.x, b.w[4 * k + 1] = q.y, b.w[4 * k + 2] = q.z, b.w[4 * k + 3] = q.w;
         }
     }
     return b;
 }
 
-template <int BYTES>
+template <int BYTES, Cache K>
 __device__ __forceinline__ void store_vec(uint8_t *ptr, const Bits<BYTES> &b) {
     if constexpr (BYTES == 8) {
-        __stcs(reinterpret_cast<uint2 *>(ptr), make_uint2(b.w[0], b.w[1]));
+        store_hinted<K>(reinterpret_cast<uint2 *>(ptr), make_uint2(b.w[0], b.w[1]));
     } else {
 #pragma unroll
         for (int k = 0; k < BYTES / 16; ++k)
-            __stcs(reinterpret_cast<uint4 *>(ptr) + k, make_uint4(b.w[4 * k], b.w[4 * k + 1], b.w[4 * k + 2], b.w[4 * k + 3]));
+            store_hinted<K>(reinterpret_cast<uint4 *>(ptr) + k, make_uint4(b.w[4 * k], b.w[4 * k + 1], b.w[4 * k + 2], b.w[4 * k + 3]));
     }
 }
 
@@ -811,15 +835,15 @@ __device__ __forceinline__ void store_guarded(uint8_t *ptr, const Bits<8 * ESIZE
     }
 }
 
-template <int ESIZE, bool GUARD>
+template <int ESIZE, bool GUARD, Cache K>
 __device__ __forceinline__ Bits<8 * ESIZE> load8(const uint8_t *ptr, int n) {
     if constexpr (GUARD) return load_guarded<ESIZE>(ptr, n);
-    else return load_vec<8 * ESIZE>(ptr);
+    else return load_vec<8 * ESIZE, K>(ptr);
 }
-template <int ESIZE, bool GUARD>
+template <int ESIZE, bool GUARD, Cache K>
 __device__ __forceinline__ void store8(uint8_t *ptr, const Bits<8 * ESIZE> &b, int n) {
     if constexpr (GUARD) store_guarded<ESIZE>(ptr, b, n);
-    else store_vec<8 * ESIZE>(ptr, b);
+    else store_vec<8 * ESIZE, K>(ptr, b);
 }
 
 // Element j (a constant after unrolling) of 8 elements of dtype DT, decoded exactly (NaN codes give
@@ -959,10 +983,10 @@ template <class C> struct Raw8 {
 
 template <class C, bool GUARD>
 __device__ __forceinline__ void load_raw8(const Seg &s, uint32_t e, uint32_t blk, int n, Raw8<C> &r) {
-    r.g = load8<C::GB, GUARD>(s.grad + e * C::GB, n);
-    r.w = load8<C::WB, GUARD>((C::MASTER ? s.master : s.param) + e * C::WB, n);
-    r.m = load8<C::M8 ? 1 : 4, GUARD>(s.m + e * (C::M8 ? 1 : 4), n);
-    r.v = load8<C::V16 ? 2 : 4, GUARD>(s.v + e * (C::V16 ? 2 : 4), n);
+    r.g = load8<C::GB, GUARD, C::CACHE>(s.grad + e * C::GB, n);
+    r.w = load8<C::WB, GUARD, C::CACHE>((C::MASTER ? s.master : s.param) + e * C::WB, n);
+    r.m = load8<C::M8 ? 1 : 4, GUARD, C::CACHE>(s.m + e * (C::M8 ? 1 : 4), n);
+    r.v = load8<C::V16 ? 2 : 4, GUARD, C::CACHE>(s.v + e * (C::V16 ? 2 : 4), n);
     r.m_inv = C::M8 ? s.m_si[blk] : 1.0f;
     r.v_inv = C::V16 ? s.v_si[blk] : 1.0f;
     r.w_inv = C::MASTER ? s.w_si[blk] : 1.0f;
@@ -978,19 +1002,11 @@ template <class C> struct New8 {
     float w[C::MASTER ? 8 : 1];
     uint32_t p[2 * C::PB];  // the parameter's codes, packed
     float am, av, aw;       // the lane's NaN-propagating amax of |m|, |v|, |w|
-#if FP8AMP_ADAM_BRANCHFREE
-    // the least of |m|, |m / denom| and 2v over the elements where each is nonzero, and the
-    // NaN-propagating largest |m / denom|: the ranges of sqrt_fast and div_fast
-    float lo, qhi;
-#endif
 };
 
 template <class C, bool GUARD, bool FAST>
 __device__ __forceinline__ void compute8(const Consts &k, const Seg &s, const Raw8<C> &r, int n, New8<C> &o) {
     o.am = o.av = o.aw = 0.0f;
-#if FP8AMP_ADAM_BRANCHFREE
-    o.lo = 1.0f, o.qhi = 0.0f;
-#endif
     float wk[4];  // weights waiting to be encoded with their neighbours
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
@@ -1007,26 +1023,9 @@ __device__ __forceinline__ void compute8(const Consts &k, const Seg &s, const Ra
         else w = fmul(w, k.decay);
         m = fadd(m, fmul(k.omb1, fsub(g, m)));
         v = fadd(fmul(v, k.beta2), fmul(fmul(k.omb2, g), g));
-#if FP8AMP_ADAM_BRANCHFREE
-        float q;
-        if (FAST) {
-            // v = +0 (a gradient that was always 0) and m = +-0 are exact by selection; the rest is
-            // checked by the caller through lo and qhi
-            const float sq = v == 0.0f ? 0.0f : sqrt_fast(v);
-            const float denom = fadd(div_const(sq, k.div), k.eps);
-            q = select_f32(m == 0.0f, m, div_fast(m, denom));
-            o.lo = fminf(o.lo, m == 0.0f ? 1.0f : fminf(fabsf(m), fabsf(q)));
-            o.lo = fminf(o.lo, v == 0.0f ? 1.0f : fmul(v, 2.0f));
-            o.qhi = max_abs_nan(o.qhi, q);
-        } else {
-            q = fdiv(m, fadd(fdiv(fsqrt(v), k.bc2), k.eps));
-        }
-        w = fsub(w, fmul(k.step_size, q));
-#else
         const float sq = fsqrt(v);
         const float denom = fadd(FAST ? div_const(sq, k.div) : fdiv(sq, k.bc2), k.eps);
         w = fsub(w, fmul(k.step_size, fdiv(m, denom)));
-#endif
         if (GUARD && j >= n) m = v = w = 0.0f;  // missing elements take no part in an amax
         o.m[j] = m, o.v[j] = v;
         if (C::MASTER) o.w[j] = w;
@@ -1095,9 +1094,6 @@ __device__ __forceinline__ void update8(const Consts &k, const Seg &s, const Raw
     // weight NaN (the pair encoders' NaN is not the CPU's), a usable meta scale.
     bool rare = !(o.av <= FLT_MAX);
     // (denom >= eps: with eps >= 2^-100 it is a normal float, at most 2^76 for a finite v)
-#if FP8AMP_ADAM_BRANCHFREE
-    rare |= !(o.lo >= 0x1p-100f && o.qhi <= 0x1p100f && o.am <= 0x1p100f && k.eps >= 0x1p-100f);
-#endif
     if (C::PD != kF32) rare |= o.aw != o.aw;
     if (C::SCALABLE) rare |= s.meta && !s.scale_ok;
     if (__builtin_expect(rare, 0)) {
@@ -1113,10 +1109,10 @@ __device__ __forceinline__ void update8(const Consts &k, const Seg &s, const Raw
         float y[8];
 #pragma unroll
         for (int j = 0; j < 8; ++j) y[j] = fmul(o.m[j], sc);
-        store8<1, GUARD>(s.m + e, encode8<kE4M3>(y, a < 0x7F800000u), n);
+        store8<1, GUARD, C::CACHE>(s.m + e, encode8<kE4M3>(y, a < 0x7F800000u), n);
         if (lead) s.m_si[blk] = __uint_as_float(inverse_bits(sb));
     } else {
-        store8<4, GUARD>(s.m + e * 4, encode8<kF32>(o.m, true), n);
+        store8<4, GUARD, C::CACHE>(s.m + e * 4, encode8<kF32>(o.m, true), n);
     }
     if (C::V16) {
         const uint32_t a = half_max(__float_as_uint(o.av), hi);
@@ -1125,10 +1121,10 @@ __device__ __forceinline__ void update8(const Consts &k, const Seg &s, const Raw
         float y[8];
 #pragma unroll
         for (int j = 0; j < 8; ++j) y[j] = fmul(o.v[j], sc);
-        store8<2, GUARD>(s.v + e * 2, encode8<kF16>(y, a < 0x7F800000u), n);
+        store8<2, GUARD, C::CACHE>(s.v + e * 2, encode8<kF16>(y, a < 0x7F800000u), n);
         if (lead) s.v_si[blk] = __uint_as_float(inverse_bits(sb));
     } else {
-        store8<4, GUARD>(s.v + e * 4, encode8<kF32>(o.v, true), n);
+        store8<4, GUARD, C::CACHE>(s.v + e * 4, encode8<kF32>(o.v, true), n);
     }
     if constexpr (C::MASTER) {
         const uint32_t a = half_max(__float_as_uint(o.aw), hi);
@@ -1137,13 +1133,13 @@ __device__ __forceinline__ void update8(const Consts &k, const Seg &s, const Raw
         float y[8];
 #pragma unroll
         for (int j = 0; j < 8; ++j) y[j] = fmul(o.w[j], sc);
-        store8<2, GUARD>(s.master + e * 2, encode8<kF16>(y, a < 0x7F800000u), n);
+        store8<2, GUARD, C::CACHE>(s.master + e * 2, encode8<kF16>(y, a < 0x7F800000u), n);
         if (lead) s.w_si[blk] = __uint_as_float(inverse_bits(sb));
     }
     Bits<8 * C::PB> pb;
 #pragma unroll
     for (int i = 0; i < 2 * C::PB; ++i) pb.w[i] = o.p[i];
-    store8<C::PB, GUARD>(s.param + e * C::PB, pb, n);
+    store8<C::PB, GUARD, C::CACHE>(s.param + e * C::PB, pb, n);
 }
 
 // Chunks (128 elements) [ca, cb) of parameter s, this warp's: pairs of chunks per iteration, the
@@ -1215,6 +1211,18 @@ __device__ __forceinline__ void dispatch_pairs(std::index_sequence<I...>, int co
     dispatch_pair<M8, V16, MASTER, L2, CLIP, FastPairs<M8, V16, MASTER>::codes[I]...>(code, k, s, ca, cb, vec, lane, wseg);
 }
 
+// The check's 16-byte loads: evict-first, or with the normal L2 priority (KEEP) when the check runs
+// back to front so that the update, which starts at the front, finds the last ones still in L2.
+template <bool KEEP>
+__device__ __forceinline__ Bits<16> load_check(const uint8_t *ptr) {
+    if constexpr (KEEP) {
+        const uint4 q = __ldca(reinterpret_cast<const uint4 *>(ptr));
+        return Bits<16>{{q.x, q.y, q.z, q.w}};
+    } else {
+        return load_vec<16>(ptr);
+    }
+}
+
 // The largest finite value of an 8- or 16-bit gradient dtype.
 template <int GD>
 constexpr float max_finite() {
@@ -1243,7 +1251,8 @@ __device__ __forceinline__ float sum_squares(const Bits<16> &b) {
 // the per-element float64 conversion, which Hopper issues at a quarter of the FP32 rate, and keeps
 // four loads in flight per lane: this pass reads one byte per parameter and is otherwise bound by
 // its arithmetic (the check of 2^28 E4M3 gradients: 111 -> 95 us on an H100, docs/performance.md).
-template <int GD>
+// KEEP: loads with the normal L2 priority (load_check).
+template <int GD, bool KEEP>
 __device__ __forceinline__ void check_grad(const uint8_t *grad, int64_t e0, int64_t e1, bool vec, float f, int lane,
                                            double &acc0, double &acc1) {
     constexpr int GB = dt_size(GD), V = 16 / GB;  // elements per lane per 16-byte load
@@ -1255,11 +1264,11 @@ __device__ __forceinline__ void check_grad(const uint8_t *grad, int64_t e0, int6
             for (; e + 4 * kStep <= e1; e += 4 * kStep) {
                 Bits<16> b[4];
 #pragma unroll
-                for (int i = 0; i < 4; ++i) b[i] = load_vec<16>(grad + (e + i * kStep + lane * V) * GB);
+                for (int i = 0; i < 4; ++i) b[i] = load_check<KEEP>(grad + (e + i * kStep + lane * V) * GB);
                 c0 += double(sum_squares<GD, V>(b[0])) + double(sum_squares<GD, V>(b[1]));
                 c1 += double(sum_squares<GD, V>(b[2])) + double(sum_squares<GD, V>(b[3]));
             }
-            for (; e + kStep <= e1; e += kStep) c0 += double(sum_squares<GD, V>(load_vec<16>(grad + (e + lane * V) * GB)));
+            for (; e + kStep <= e1; e += kStep) c0 += double(sum_squares<GD, V>(load_check<KEEP>(grad + (e + lane * V) * GB)));
             const double f2 = double(f) * double(f);
             acc0 += c0 * f2;
             acc1 += c1 * f2;
@@ -1268,8 +1277,8 @@ __device__ __forceinline__ void check_grad(const uint8_t *grad, int64_t e0, int6
     if (vec) {  // e0 is a multiple of 128 elements: 16-byte aligned
         constexpr int64_t kStep = 32 * V;
         for (; e + 2 * kStep <= e1; e += 2 * kStep) {
-            const Bits<16> a = load_vec<16>(grad + (e + lane * V) * GB);
-            const Bits<16> b = load_vec<16>(grad + (e + kStep + lane * V) * GB);
+            const Bits<16> a = load_check<KEEP>(grad + (e + lane * V) * GB);
+            const Bits<16> b = load_check<KEEP>(grad + (e + kStep + lane * V) * GB);
 #pragma unroll
             for (int j = 0; j < V; ++j) {
                 const float x = fmul(decode8<GD>(a, j), f), y = fmul(decode8<GD>(b, j), f);
@@ -1278,7 +1287,7 @@ __device__ __forceinline__ void check_grad(const uint8_t *grad, int64_t e0, int6
             }
         }
         for (; e + kStep <= e1; e += kStep) {
-            const Bits<16> a = load_vec<16>(grad + (e + lane * V) * GB);
+            const Bits<16> a = load_check<KEEP>(grad + (e + lane * V) * GB);
 #pragma unroll
             for (int j = 0; j < V; ++j) {
                 const float x = fmul(decode8<GD>(a, j), f);
@@ -1309,27 +1318,38 @@ __global__ void __launch_bounds__(kThreads, kFastMinBlocks) adam_fast_kernel(con
     // ---- phase 1: the sum of squares (inf/NaN if any gradient is not finite) ----
     double acc0 = 0.0, acc1 = 0.0;
     bool bad = false;
-    {
-        int kk = ub < ue ? find_param(c, ub) : 0;
-        for (int64_t u = ub; u < ue;) {
+    // Units [rb, re) of this warp's range.
+    const auto check_units = [&](int64_t rb, int64_t re) {
+        int kk = rb < re ? find_param(c, rb) : 0;
+        for (int64_t u = rb; u < re;) {
             while (kk + 1 < c.nparams && c.params[kk + 1].unit_begin <= u) ++kk;
             const Param &p = c.params[kk];
             const int64_t next = kk + 1 < c.nparams ? c.params[kk + 1].unit_begin : c.total_units;
-            const int64_t stop = min(ue, next);
+            const int64_t stop = min(re, next);
             if (u == p.unit_begin && p.grad_meta && p.grad_meta->amax_bits >= 0x7F800000u) bad = true;
             const float f = grad_factor(c, p, loss_scale_inv);
             const int64_t e0 = (u - p.unit_begin) * unit_elems, e1 = min((stop - p.unit_begin) * unit_elems, p.numel);
             const auto *grad = static_cast<const uint8_t *>(p.grad);
             const bool vec = p.vec_ok;
             switch (p.grad_dtype) {
-            case kF32: check_grad<kF32>(grad, e0, e1, vec, f, lane, acc0, acc1); break;
-            case kF16: check_grad<kF16>(grad, e0, e1, vec, f, lane, acc0, acc1); break;
-            case kBF16: check_grad<kBF16>(grad, e0, e1, vec, f, lane, acc0, acc1); break;
-            case kE4M3: check_grad<kE4M3>(grad, e0, e1, vec, f, lane, acc0, acc1); break;
-            default: check_grad<kE5M2>(grad, e0, e1, vec, f, lane, acc0, acc1); break;
+            case kF32: check_grad<kF32, M8>(grad, e0, e1, vec, f, lane, acc0, acc1); break;
+            case kF16: check_grad<kF16, M8>(grad, e0, e1, vec, f, lane, acc0, acc1); break;
+            case kBF16: check_grad<kBF16, M8>(grad, e0, e1, vec, f, lane, acc0, acc1); break;
+            case kE4M3: check_grad<kE4M3, M8>(grad, e0, e1, vec, f, lane, acc0, acc1); break;
+            default: check_grad<kE5M2, M8>(grad, e0, e1, vec, f, lane, acc0, acc1); break;
             }
             u = stop;
         }
+    };
+    if constexpr (M8) {
+        // O2, O3: runs of kRun units from the last to the first, loaded with the normal L2 priority,
+        // so that the update, which starts at the front, finds the gradients read last still in L2
+        // (Cfg::CACHE says why O1 does not)
+        constexpr int64_t kRun = 32;
+        if (ue > ub)
+            for (int64_t rb = ub + (ue - ub - 1) / kRun * kRun; rb >= ub; rb -= kRun) check_units(rb, min(rb + kRun, ue));
+    } else {
+        check_units(ub, ue);
     }
     const CheckResult check = end_check<true>(c, grid, acc0 + acc1, bad, lane, step);
     if (check.found) return;  // uniform across the grid: nothing is written
