@@ -1,0 +1,181 @@
+// What access pattern lets DRAM serve the O2 Adam update's byte mix at copy speed? The update reads,
+// per element, 2 B of BF16 weight, 1 B of E4M3 gradient, 1 B of E4M3 m and 2 B of F16 v, and writes
+// the weight, m and v back in place (11 B; docs/performance.md, "Adam", second round: the fast
+// kernel moves exactly these bytes yet reaches only ~83% of copy, waiting on memory).
+// This probe moves the same bytes with no arithmetic (the stores are XORs of the loads) and varies
+// one thing at a time:
+//   EPL      elements per lane per iteration: 8 (the kernel's: runs of 256-512 B per warp and
+//            array), 16 or 32 (runs of 0.5-2 KB), all loads of an iteration issued together;
+//   layout   "warp": each warp streams its own contiguous range (the kernel's), "grid": iteration i
+//            of warp w takes chunk i * warps + w (all warps side by side, as a copy kernel);
+//   spin     a dependent chain of `spin` FMAs per iteration between the loads and the stores, a
+//            stand-in for the kernel's ~550 instructions per iteration (0: pure streaming);
+//   ctas     CTAs of 256 threads per SM (3: the kernel's 24 warps; 8: 64 warps).
+// Prints GB/s (bytes read + written, as bench_adam.py counts them) and the fraction of a
+// device-to-device copy of 2 GiB measured in the same run (bench_adam.py's ceiling).
+// Build: nvcc -O3 -arch=sm_90 -std=c++17 bench/adam_stream_probe.cu -o adam_stream_probe
+// Run:   ./adam_stream_probe [log2 elements, default 28]
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <vector>
+
+#define CHECK(x)                                                                          \
+    do {                                                                                  \
+        cudaError_t e_ = (x);                                                             \
+        if (e_ != cudaSuccess) {                                                          \
+            std::printf("CUDA error %s at %s:%d\n", cudaGetErrorString(e_), __FILE__, __LINE__); \
+            return 2;                                                                     \
+        }                                                                                 \
+    } while (0)
+
+// BYTES bytes at p (16-byte aligned when BYTES >= 16, else BYTES-aligned) as 32-bit words.
+template <int BYTES> struct Words {
+    uint32_t w[BYTES / 4];
+};
+template <int BYTES>
+__device__ __forceinline__ Words<BYTES> load(const uint8_t *p) {
+    Words<BYTES> r;
+    if constexpr (BYTES == 8) {
+        const uint2 q = __ldcs(reinterpret_cast<const uint2 *>(p));
+        r.w[0] = q.x, r.w[1] = q.y;
+    } else {
+#pragma unroll
+        for (int k = 0; k < BYTES / 16; ++k) {
+            const uint4 q = __ldcs(reinterpret_cast<const uint4 *>(p) + k);
+            r.w[4 * k] = q.x, r.w[4 * k + 1] = q.y, r.w[4 * k + 2] = q.z, r.w[4 * k + 3] = q.w;
+        }
+    }
+    return r;
+}
+template <int BYTES>
+__device__ __forceinline__ void store(uint8_t *p, const Words<BYTES> &r) {
+    if constexpr (BYTES == 8) {
+        __stcs(reinterpret_cast<uint2 *>(p), make_uint2(r.w[0], r.w[1]));
+    } else {
+#pragma unroll
+        for (int k = 0; k < BYTES / 16; ++k)
+            __stcs(reinterpret_cast<uint4 *>(p) + k, make_uint4(r.w[4 * k], r.w[4 * k + 1], r.w[4 * k + 2], r.w[4 * k + 3]));
+    }
+}
+
+template <int EPL, bool GRID>
+__global__ void __launch_bounds__(256) mix(const uint8_t *g, uint8_t *w, uint8_t *m, uint8_t *v, int64_t n, int spin,
+                                           float *sink) {
+    constexpr int64_t kChunk = 32 * EPL;  // elements per warp iteration
+    const int lane = threadIdx.x % 32;
+    const int64_t warp = int64_t(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
+    const int64_t warps = int64_t(gridDim.x) * (blockDim.x / 32);
+    const int64_t chunks = n / kChunk;
+    const int64_t begin = GRID ? warp : chunks * warp / warps;
+    const int64_t end = GRID ? chunks : chunks * (warp + 1) / warps;
+    const int64_t step = GRID ? warps : 1;
+    float acc = float(lane);
+    for (int64_t c = begin; c < end; c += step) {
+        const int64_t e = c * kChunk + int64_t(lane) * EPL;
+        const Words<EPL> gg = load<EPL>(g + e);
+        Words<2 * EPL> ww = load<2 * EPL>(w + 2 * e);
+        Words<EPL> mm = load<EPL>(m + e);
+        Words<2 * EPL> vv = load<2 * EPL>(v + 2 * e);
+        // the chain starts from a loaded value, so it runs after the loads arrive, as the update does
+        float x = __uint_as_float((gg.w[0] & 0x007FFFFFu) | 0x3F800000u);
+#pragma unroll 4
+        for (int i = 0; i < spin; ++i) x = __fmaf_rn(x, 0.999999f, 1e-7f);
+        acc += x;
+        const uint32_t t = __float_as_uint(x) & 0x1u;  // 0 or 1: keeps the stores after the chain
+#pragma unroll
+        for (int k = 0; k < EPL / 4; ++k) {
+            mm.w[k] ^= gg.w[k] ^ t;
+            ww.w[2 * k] ^= gg.w[k], ww.w[2 * k + 1] ^= mm.w[k];
+            vv.w[2 * k] ^= ww.w[2 * k], vv.w[2 * k + 1] ^= ww.w[2 * k + 1];
+        }
+        store<2 * EPL>(w + 2 * e, ww);
+        store<EPL>(m + e, mm);
+        store<2 * EPL>(v + 2 * e, vv);
+    }
+    if (acc == 12345.0f) *sink = acc;  // never true; keeps the chain alive
+}
+
+template <class F>
+float time_ms(F &&launch, cudaEvent_t a, cudaEvent_t b) {
+    for (int i = 0; i < 2; ++i) launch();
+    std::vector<float> t;
+    for (int i = 0; i < 9; ++i) {
+        cudaEventRecord(a);
+        launch();
+        cudaEventRecord(b);
+        cudaEventSynchronize(b);
+        float ms = 0.0f;
+        cudaEventElapsedTime(&ms, a, b);
+        t.push_back(ms);
+    }
+    std::sort(t.begin(), t.end());
+    return t[t.size() / 2];
+}
+
+int main(int argc, char **argv) {
+    const int log2n = argc > 1 ? std::atoi(argv[1]) : 28;
+    const int64_t n = int64_t(1) << log2n;
+    int dev = 0, sms = 0;
+    CHECK(cudaGetDevice(&dev));
+    CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+    cudaDeviceProp prop;
+    CHECK(cudaGetDeviceProperties(&prop, dev));
+    uint8_t *g, *w, *m, *v, *src, *dst;
+    float *sink;
+    CHECK(cudaMalloc(&g, n));
+    CHECK(cudaMalloc(&w, 2 * n));
+    CHECK(cudaMalloc(&m, n));
+    CHECK(cudaMalloc(&v, 2 * n));
+    CHECK(cudaMalloc(&sink, sizeof(float)));
+    CHECK(cudaMemset(g, 0x35, n));
+    CHECK(cudaMemset(w, 0x3C, 2 * n));
+    CHECK(cudaMemset(m, 0x21, n));
+    CHECK(cudaMemset(v, 0x1A, 2 * n));
+    const size_t copy_bytes = size_t(2) << 30;
+    CHECK(cudaMalloc(&src, copy_bytes));
+    CHECK(cudaMalloc(&dst, copy_bytes));
+    CHECK(cudaMemset(src, 0x5A, copy_bytes));
+    cudaEvent_t a, b;
+    CHECK(cudaEventCreate(&a));
+    CHECK(cudaEventCreate(&b));
+    const float copy_ms = time_ms([&] { cudaMemcpyAsync(dst, src, copy_bytes, cudaMemcpyDeviceToDevice); }, a, b);
+    const double copy_gbs = 2.0 * copy_bytes / (copy_ms * 1e-3) / 1e9;
+    CHECK(cudaFree(src));
+    CHECK(cudaFree(dst));
+    std::printf("{\"device\": \"%s\", \"elements\": %lld, \"bytes_per_element\": 11, \"copy_GB_per_s\": %.1f, \"rows\": [\n",
+                prop.name, (long long)n, copy_gbs);
+    const double bytes = 11.0 * double(n);
+    bool first = true;
+    for (int ctas : {3, 8}) {
+        for (int spin : {0, 100, 300}) {
+            for (int layout = 0; layout < 2; ++layout) {
+                for (int epl : {8, 16, 32}) {
+                    const dim3 grid(ctas * sms), block(256);
+                    auto launch = [&] {
+                        const bool gr = layout == 1;
+                        if (epl == 8) gr ? mix<8, true><<<grid, block>>>(g, w, m, v, n, spin, sink)
+                                         : mix<8, false><<<grid, block>>>(g, w, m, v, n, spin, sink);
+                        else if (epl == 16) gr ? mix<16, true><<<grid, block>>>(g, w, m, v, n, spin, sink)
+                                               : mix<16, false><<<grid, block>>>(g, w, m, v, n, spin, sink);
+                        else gr ? mix<32, true><<<grid, block>>>(g, w, m, v, n, spin, sink)
+                                : mix<32, false><<<grid, block>>>(g, w, m, v, n, spin, sink);
+                    };
+                    const float ms = time_ms(launch, a, b);
+                    CHECK(cudaGetLastError());
+                    const double gbs = bytes / (ms * 1e-3) / 1e9;
+                    std::printf("%s  {\"ctas_per_sm\": %d, \"spin\": %d, \"layout\": \"%s\", \"elements_per_lane\": %d, "
+                                "\"ms\": %.4f, \"GB_per_s\": %.1f, \"fraction_of_copy\": %.4f}",
+                                first ? "" : ",\n", ctas, spin, layout ? "grid" : "warp", epl, ms, gbs, gbs / copy_gbs);
+                    first = false;
+                }
+            }
+        }
+    }
+    std::printf("\n]}\n");
+    CHECK(cudaDeviceSynchronize());
+    return 0;
+}
