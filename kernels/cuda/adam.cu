@@ -732,9 +732,11 @@ constexpr uint32_t fast_pair_mask() {
 }
 
 // How the fast kernel's streams meet the caches (each byte is read or written once per step).
-// evict_first: ld.global.cs / st.global.cs. no_allocate: ld.global.nc.L1::no_allocate (the
-// read-only path, no L1 line: a lane reads each input once, before it writes the same bytes) and
-// write-back stores. Measured on an H100 (docs/performance.md, "Adam"): no_allocate with the check
+// evict_first: ld.global.cs / st.global.cs. no_allocate: ld.global.nc.L1::no_allocate and
+// write-back stores. The non-coherent path is safe here although the kernel writes what it read:
+// every byte is read by the one lane that later writes it, before it writes it, and never read
+// again in the launch (the reference path re-reads before any store), and no L1 line is allocated
+// that could go stale; the caches start clean at each launch. Measured on an H100 (docs/performance.md, "Adam"): no_allocate with the check
 // run back to front took the O2 step (BF16 params, E4M3 gradients) from 1.305 to 1.286 ms and left
 // O3 and O2 with F32 gradients within 0.5%, but made O1 (F32 m and v) 2.8% slower; so O2 and O3
 // use it and O1 keeps evict_first.
