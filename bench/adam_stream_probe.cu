@@ -10,7 +10,10 @@
 //            of warp w takes chunk i * warps + w (all warps side by side, as a copy kernel);
 //   spin     a dependent chain of `spin` FMAs per iteration between the loads and the stores, a
 //            stand-in for the kernel's ~550 instructions per iteration (0: pure streaming);
-//   ctas     CTAs of 256 threads per SM (3: the kernel's 24 warps; 8: 64 warps).
+//   ctas     CTAs of 256 threads per SM (3: the kernel's 24 warps; 8: 64 warps);
+//   bulk     inputs through cp.async.bulk into shared memory, G = 2, 4, 8 iterations per copy (runs
+//            of 0.5-4 KB per warp and array) with the next group in flight: the form a kernel with
+//            long runs but no more registers would take.
 // Prints GB/s (bytes read + written, as bench_adam.py counts them) and the fraction of a
 // device-to-device copy of 2 GiB measured in the same run (bench_adam.py's ceiling).
 // Build: nvcc -O3 -arch=sm_90 -std=c++17 bench/adam_stream_probe.cu -o adam_stream_probe
@@ -99,6 +102,107 @@ __global__ void __launch_bounds__(256) mix(const uint8_t *g, uint8_t *w, uint8_t
     if (acc == 12345.0f) *sink = acc;  // never true; keeps the chain alive
 }
 
+// The bulk-copy form: each warp streams its own range as "warp" does with 8 elements per lane, but
+// its inputs arrive through cp.async.bulk (the Tensor Memory Accelerator's 1-D copies) into shared
+// memory, G iterations per copy and array (runs of G x 256-512 B), two stages in turn: the next
+// group's copies are in flight while this group is computed. Lane 0 issues the copies; an mbarrier
+// per stage counts their bytes.
+__device__ __forceinline__ uint32_t smem_addr(const void *p) { return uint32_t(__cvta_generic_to_shared(p)); }
+__device__ __forceinline__ void bar_init(uint32_t bar) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(bar) : "memory");
+}
+__device__ __forceinline__ void bar_expect(uint32_t bar, uint32_t bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void bar_wait(uint32_t bar, uint32_t parity) {
+    asm volatile(
+        "{\n\t.reg .pred P1;\n\tLAB_WAIT:\n\t"
+        "mbarrier.try_wait.parity.shared::cta.b64 P1, [%0], %1;\n\t"
+        "@P1 bra DONE;\n\tbra LAB_WAIT;\n\tDONE:\n\t}" ::"r"(bar),
+        "r"(parity)
+        : "memory");
+}
+__device__ __forceinline__ void bulk_copy(uint32_t dst, const void *src, uint32_t bytes, uint32_t bar) {
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(dst),
+                 "l"(src), "r"(bytes), "r"(bar)
+                 : "memory");
+}
+
+template <int G>
+__global__ void __launch_bounds__(256) mix_bulk(const uint8_t *g, uint8_t *w, uint8_t *m, uint8_t *v, int64_t n, int spin,
+                                                float *sink) {
+    constexpr int64_t kChunk = 256;             // elements per warp iteration (8 per lane)
+    constexpr uint32_t kStage = G * kChunk * 6;  // bytes per stage: g 1, w 2, m 1, v 2 per element
+    extern __shared__ __align__(128) uint8_t smem[];
+    __shared__ __align__(8) uint64_t bars[8][2];
+    const int lane = threadIdx.x % 32, wi = threadIdx.x / 32;
+    const int64_t warp = int64_t(blockIdx.x) * 8 + wi, warps = int64_t(gridDim.x) * 8;
+    const int64_t chunks = n / kChunk;
+    const int64_t begin = chunks * warp / warps, end = chunks * (warp + 1) / warps;
+    const int64_t groups = (end - begin) / G;
+    const uint32_t bar[2] = {smem_addr(&bars[wi][0]), smem_addr(&bars[wi][1])};
+    if (lane == 0) {
+        bar_init(bar[0]);
+        bar_init(bar[1]);
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    }
+    __syncwarp();
+    const auto issue = [&](int s, int64_t k) {  // group k into stage s (lane 0)
+        const int64_t e = (begin + k * G) * kChunk;
+        const uint32_t d = smem_addr(smem + (wi * 2 + s) * kStage);
+        asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // the stage's last reads before the new writes
+        bar_expect(bar[s], kStage);
+        bulk_copy(d, g + e, G * kChunk, bar[s]);
+        bulk_copy(d + G * kChunk, w + 2 * e, 2 * G * kChunk, bar[s]);
+        bulk_copy(d + 3 * G * kChunk, m + e, G * kChunk, bar[s]);
+        bulk_copy(d + 4 * G * kChunk, v + 2 * e, 2 * G * kChunk, bar[s]);
+    };
+    if (lane == 0) {
+        if (groups > 0) issue(0, 0);
+        if (groups > 1) issue(1, 1);
+    }
+    float acc = float(lane);
+    for (int64_t k = 0; k < groups; ++k) {
+        const int s = int(k & 1);
+        bar_wait(bar[s], uint32_t((k >> 1) & 1));
+        const uint8_t *sg = smem + (wi * 2 + s) * kStage, *sw = sg + G * kChunk, *sm = sg + 3 * G * kChunk, *sv = sg + 4 * G * kChunk;
+#pragma unroll 1
+        for (int it = 0; it < G; ++it) {
+            const int64_t e = (begin + k * G + it) * kChunk + lane * 8;
+            const int o = it * int(kChunk) + lane * 8;
+            const uint2 g2 = *reinterpret_cast<const uint2 *>(sg + o);
+            uint4 w4 = *reinterpret_cast<const uint4 *>(sw + 2 * o);
+            uint2 m2 = *reinterpret_cast<const uint2 *>(sm + o);
+            uint4 v4 = *reinterpret_cast<const uint4 *>(sv + 2 * o);
+            float x = __uint_as_float((g2.x & 0x007FFFFFu) | 0x3F800000u);
+#pragma unroll 4
+            for (int i = 0; i < spin; ++i) x = __fmaf_rn(x, 0.999999f, 1e-7f);
+            acc += x;
+            const uint32_t t = __float_as_uint(x) & 0x1u;
+            m2.x ^= g2.x ^ t, m2.y ^= g2.y;
+            w4.x ^= g2.x, w4.y ^= m2.x, w4.z ^= g2.y, w4.w ^= m2.y;
+            v4.x ^= w4.x, v4.y ^= w4.y, v4.z ^= w4.z, v4.w ^= w4.w;
+            __stcs(reinterpret_cast<uint4 *>(w + 2 * e), w4);
+            __stcs(reinterpret_cast<uint2 *>(m + e), m2);
+            __stcs(reinterpret_cast<uint4 *>(v + 2 * e), v4);
+        }
+        __syncwarp();  // every lane has read the stage
+        if (lane == 0 && k + 2 < groups) issue(s, k + 2);
+    }
+    for (int64_t c = begin + groups * G; c < end; ++c) {  // the range's last chunks, loaded directly
+        const int64_t e = c * kChunk + lane * 8;
+        const uint2 g2 = __ldcs(reinterpret_cast<const uint2 *>(g + e));
+        uint4 w4 = __ldcs(reinterpret_cast<const uint4 *>(w + 2 * e));
+        uint2 m2 = __ldcs(reinterpret_cast<const uint2 *>(m + e));
+        uint4 v4 = __ldcs(reinterpret_cast<const uint4 *>(v + 2 * e));
+        m2.x ^= g2.x, w4.x ^= m2.y, v4.x ^= w4.y;
+        __stcs(reinterpret_cast<uint4 *>(w + 2 * e), w4);
+        __stcs(reinterpret_cast<uint2 *>(m + e), m2);
+        __stcs(reinterpret_cast<uint4 *>(v + 2 * e), v4);
+    }
+    if (acc == 12345.0f) *sink = acc;
+}
+
 template <class F>
 float time_ms(F &&launch, cudaEvent_t a, cudaEvent_t b) {
     for (int i = 0; i < 2; ++i) launch();
@@ -171,8 +275,34 @@ int main(int argc, char **argv) {
                                 "\"ms\": %.4f, \"GB_per_s\": %.1f, \"fraction_of_copy\": %.4f}",
                                 first ? "" : ",\n", ctas, spin, layout ? "grid" : "warp", epl, ms, gbs, gbs / copy_gbs);
                     first = false;
+                    std::fflush(stdout);
                 }
             }
+        }
+    }
+    // The bulk-copy form: G iterations per copy, as many CTAs per SM as its shared memory allows.
+    for (int gsz : {2, 4, 8}) {
+        const int smem = 8 * 2 * gsz * 256 * 6;
+        const void *fn = gsz == 2 ? (const void *)mix_bulk<2> : gsz == 4 ? (const void *)mix_bulk<4> : (const void *)mix_bulk<8>;
+        CHECK(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+        int per_sm = 0;
+        CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, fn, 256, smem));
+        const int ctas = std::min(per_sm, 3);
+        if (ctas == 0) continue;
+        for (int spin : {0, 100, 300}) {
+            const dim3 grid(ctas * sms), block(256);
+            auto launch = [&] {
+                if (gsz == 2) mix_bulk<2><<<grid, block, smem>>>(g, w, m, v, n, spin, sink);
+                else if (gsz == 4) mix_bulk<4><<<grid, block, smem>>>(g, w, m, v, n, spin, sink);
+                else mix_bulk<8><<<grid, block, smem>>>(g, w, m, v, n, spin, sink);
+            };
+            const float ms = time_ms(launch, a, b);
+            CHECK(cudaGetLastError());
+            const double gbs = bytes / (ms * 1e-3) / 1e9;
+            std::printf(",\n  {\"ctas_per_sm\": %d, \"spin\": %d, \"layout\": \"warp, bulk copies of %d iterations\", "
+                        "\"elements_per_lane\": 8, \"ms\": %.4f, \"GB_per_s\": %.1f, \"fraction_of_copy\": %.4f}",
+                        ctas, spin, gsz, ms, gbs, gbs / copy_gbs);
+            std::fflush(stdout);
         }
     }
     std::printf("\n]}\n");
