@@ -1153,7 +1153,7 @@ __device__ __forceinline__ void run_chunks(const Consts &k, const Seg &s, int64_
     const bool hi = lane >= 16;
     const bool lead = (lane & 15) == 0;
     const uint32_t lane_off = (lane & 15) * 8;
-    // element and block indices within the parameter fit 32 bits: numel < 2^31 (launch checks)
+    // element and block indices, and byte offsets, within the parameter fit 32 bits (launch checks)
     const uint32_t cfull = uint32_t(vec ? max(ca, min(cb, s.numel / kChunk)) : ca);  // [ca, cfull): full chunks
     uint32_t pairs = (cfull - uint32_t(ca)) / 2;
     uint32_t blk = uint32_t(ca) + (hi ? 1 : 0);
@@ -1441,7 +1441,12 @@ void launch(int device, cudaStream_t stream, const StepConfig &c, int max_partia
     if constexpr (kFastLayout) {
         const bool blocks_ok = c.block_size == kChunk || !(M8 || V16 || MASTER);
         const bool pairs_ok = (c.pair_mask & ~fast_pair_mask<M8, V16, MASTER>()) == 0;
-        if (blocks_ok && pairs_ok && c.max_numel < (int64_t(1) << 31) && FP8AMP_ADAM_FAST) {
+        // The fast kernel computes element indices and byte offsets in 32 bits (index x element
+        // size): below 2^30 elements per parameter where any array has 4-byte elements (F32 m and v,
+        // or F32 params and grads), below 2^31 otherwise. Larger parameters take the generic kernel.
+        const bool four_byte = !(M8 && V16) || (c.pair_mask & (1u << pair_code(kF32, kF32))) != 0;
+        const bool size_ok = c.max_numel < (int64_t(1) << (four_byte ? 30 : 31));
+        if (blocks_ok && pairs_ok && size_ok && FP8AMP_ADAM_FAST) {
             const bool l2 = !c.adamw && c.weight_decay != 0.0f, clip = c.max_grad_norm > 0.0f;
             if (l2) {
                 if (clip) launch_kernel(adam_fast_kernel<M8, V16, MASTER, true, true>, device, stream, c, max_partials);
