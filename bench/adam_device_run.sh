@@ -7,6 +7,7 @@
 # name starts with "p1" (FP8AMP_ADAM_PHASE1_ONLY: timing only, they do not update anything).
 # Usage (repository root): OUT=dir CMOCKA_PREFIX=... WHEELS=dir bash bench/adam_device_run.sh [name:"-DFOO=1" ...]
 # SUITE=0: skip the test suite and the default build's full bench (variant runs only).
+# PROBE=1: first run bench/adam_stream_probe.cu (probe.json), while the variants build.
 # ONLY: the bench cases the variants are timed on (default: the two O2 cases). NCU_LIB: the library
 # Nsight Compute profiles (default build-gpu/libfp8amp.so); NCU_BEFORE: skip it past this many seconds.
 set -uo pipefail
@@ -22,6 +23,12 @@ for v in "$@"; do  # variants build alongside the default build and the tests
     cmake --build "build-$name" -j 4 --target fp8amp >"$out/build-$name.log" 2>&1 ) &
   pids+=($!)
 done
+if [ "${PROBE:-0}" = 1 ]; then  # the access-pattern probe (bench/adam_stream_probe.cu) while the builds run
+  nvcc -O3 -arch=sm_90 -std=c++17 bench/adam_stream_probe.cu -o "$out/adam_stream_probe" &&
+    timeout 150 "$out/adam_stream_probe" >"$out/probe.json" 2>&1
+  echo "probe rc=$? at ${SECONDS} s"; grep -c fraction_of_copy "$out/probe.json"
+  rm -f "$out/adam_stream_probe"
+fi
 cmake -S . -B build-gpu -G Ninja -DFP8AMP_CUDA=ON -DFP8AMP_BUILD_TESTS=ON "${prefix_args[@]}" >"$out/configure.log" 2>&1 \
   || { tail -30 "$out/configure.log"; exit 1; }
 cmake --build build-gpu -j "$(nproc)" >"$out/build.log" 2>&1 || { grep -E "error" -A3 "$out/build.log" | head -40; exit 1; }
