@@ -8,9 +8,11 @@
 #include "boundary.hpp"
 #include "kernels.hpp"
 #include "optimizer.hpp"
+#include "struct_size.hpp"
 #include "tensor.hpp"
 
 using fp8amp::fail;
+using fp8amp::read_sized;
 using fp8amp::capi::publish;
 using fp8amp::capi::require;
 using fp8amp::core::Context;
@@ -100,14 +102,7 @@ FP8AMP_API fp8amp_status fp8amp_optimizer_step(fp8amp_optimizer opt, const fp8am
         auto o = lookup<Optimizer>(opt, "opt");
         fp8amp_adam_step_args a{};
         (void)fp8amp_adam_step_args_init_default(&a);
-        if (args) {
-            constexpr size_t kKnown = offsetof(fp8amp_adam_step_args, scaler) + sizeof(args->scaler);
-            if (args->struct_size < kKnown)
-                fail(FP8AMP_ERROR_INVALID_ARGUMENT, "args->struct_size is " + std::to_string(args->struct_size) +
-                                                        ", less than the " + std::to_string(kKnown) +
-                                                        " bytes of fp8amp_adam_step_args (use fp8amp_adam_step_args_init_default)");
-            std::memcpy(&a, args, sizeof a);
-        }
+        if (args) a = read_sized(*args, "args", "fp8amp_adam_step_args", "fp8amp_adam_step_args_init_default");
         std::shared_ptr<GradScaler> scaler = a.scaler ? lookup<GradScaler>(a.scaler, "args->scaler") : nullptr;
         o->step(a.lr, a.lr_device, a.grad_scale_inv, scaler.get());
     });

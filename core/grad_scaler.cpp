@@ -6,6 +6,7 @@
 #include <string>
 
 #include "kernels.hpp"
+#include "struct_size.hpp"
 
 namespace fp8amp::core {
 
@@ -15,12 +16,10 @@ namespace {
 bool normal_positive(float x) { return x >= FLT_MIN && x <= FLT_MAX; }
 }  // namespace
 
-GradScaler::GradScaler(std::shared_ptr<const Context> ctx, const fp8amp_grad_scaler_desc &desc) : ctx_(std::move(ctx)) {
-    constexpr size_t kKnown = offsetof(fp8amp_grad_scaler_desc, hysteresis) + sizeof(desc.hysteresis);
-    if (desc.struct_size < kKnown)
-        fail(FP8AMP_ERROR_INVALID_ARGUMENT, "desc->struct_size is " + std::to_string(desc.struct_size) + ", less than the " +
-                                                std::to_string(kKnown) +
-                                                " bytes of fp8amp_grad_scaler_desc (use fp8amp_grad_scaler_desc_init_default)");
+GradScaler::GradScaler(std::shared_ptr<const Context> ctx, const fp8amp_grad_scaler_desc &caller_desc)
+    : ctx_(std::move(ctx)) {
+    const fp8amp_grad_scaler_desc desc =
+        read_sized(caller_desc, "desc", "fp8amp_grad_scaler_desc", "fp8amp_grad_scaler_desc_init_default");
     if (!normal_positive(desc.init_scale))
         fail(FP8AMP_ERROR_INVALID_ARGUMENT, "desc->init_scale " + std::to_string(desc.init_scale) + " is not a normal float > 0");
     if (!(desc.growth_factor > 1.0f && desc.growth_factor <= FLT_MAX))

@@ -13,7 +13,7 @@ class GradScaler {
 public:
     static constexpr HandleKind kKind = HandleKind::GradScaler;
 
-    GradScaler(std::shared_ptr<const Context> ctx, const fp8amp_grad_scaler_desc &desc);
+    GradScaler(std::shared_ptr<const Context> ctx, const fp8amp_grad_scaler_desc &caller_desc);
 
     const Context &context() const { return *ctx_; }
     const fp8amp_device &device() const { return ctx_->device(); }

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "kernels.hpp"
+#include "struct_size.hpp"
 
 namespace fp8amp::core {
 
@@ -66,32 +67,12 @@ struct GemmCall {
     bool fast_accum;
 };
 
-namespace {
-
-// The descriptor as this library reads it. struct_size says which layout the caller was built with:
-// this library's whole struct (or a newer, larger one: its known prefix is read), or the first layout,
-// which ended with `policy` -- a caller built against that header gets graph_replay's default, 1.
-// Only struct_size bytes of the caller's struct are read.
-fp8amp_linear_desc read_desc(const fp8amp_linear_desc &caller) {
+std::shared_ptr<Linear> Linear::create(std::shared_ptr<const Context> ctx, const fp8amp_linear_desc &caller_desc) {
+    // The first layout ended with `policy`: a caller built against it gets graph_replay's default, 1.
     constexpr size_t kFirstLayout = offsetof(fp8amp_linear_desc, graph_replay);
     static_assert(kFirstLayout % alignof(fp8amp_linear_desc) == 0, "the first layout's size is its end");
-    const size_t size = caller.struct_size;
-    if (size < sizeof(fp8amp_linear_desc) && size != kFirstLayout)
-        fail(FP8AMP_ERROR_INVALID_ARGUMENT,
-             "desc->struct_size " + std::to_string(size) + " is neither this library's fp8amp_linear_desc (" +
-                 std::to_string(sizeof(fp8amp_linear_desc)) + " bytes) nor its first layout (" +
-                 std::to_string(kFirstLayout) + " bytes, without graph_replay): use fp8amp_linear_desc_init_default");
-    fp8amp_linear_desc d{};
-    std::memcpy(&d, &caller, std::min(size, sizeof d));
-    d.struct_size = sizeof d;
-    if (size < sizeof d) d.graph_replay = 1;
-    return d;
-}
-
-}  // namespace
-
-std::shared_ptr<Linear> Linear::create(std::shared_ptr<const Context> ctx, const fp8amp_linear_desc &caller_desc) {
-    const fp8amp_linear_desc desc = read_desc(caller_desc);
+    fp8amp_linear_desc desc = read_sized(caller_desc, "desc", "fp8amp_linear_desc", "fp8amp_linear_desc_init_default", kFirstLayout);
+    if (caller_desc.struct_size < sizeof desc) desc.graph_replay = 1;
     // Beyond 2^31 - 1 features cuBLASLt's 32-bit dimensions give out; no real layer comes near.
     constexpr int64_t kMaxFeatures = (int64_t{1} << 31) - 1;
     if (desc.in_features < 1 || desc.in_features > kMaxFeatures)

@@ -10,6 +10,7 @@
 #include "kernels.hpp"
 #include "scaling.hpp"     // kernels/scaling.hpp: ScalingState
 #include "scaling_meta.hpp"
+#include "struct_size.hpp"
 
 namespace fp8amp::core {
 
@@ -30,14 +31,7 @@ constexpr uint32_t kEndianMarker = 0x01020304u;
 }  // namespace
 
 fp8amp_adam_desc validate_adam_desc(const fp8amp_adam_desc &desc) {
-    constexpr size_t kKnown = offsetof(fp8amp_adam_desc, max_grad_norm) + sizeof(desc.max_grad_norm);
-    if (desc.struct_size < kKnown)
-        fail(FP8AMP_ERROR_INVALID_ARGUMENT, "desc->struct_size is " + std::to_string(desc.struct_size) +
-                                                ", less than the " + std::to_string(kKnown) +
-                                                " bytes of fp8amp_adam_desc (initialize it with fp8amp_adam_desc_init_default)");
-    fp8amp_adam_desc d{};
-    std::memcpy(&d, &desc, sizeof d);
-    d.struct_size = sizeof d;
+    fp8amp_adam_desc d = read_sized(desc, "desc", "fp8amp_adam_desc", "fp8amp_adam_desc_init_default");
     d.adamw = d.adamw ? 1 : 0;
     d.maximize = d.maximize ? 1 : 0;
     if (!finite_nonneg(d.lr)) fail(FP8AMP_ERROR_INVALID_ARGUMENT, "desc->lr " + num(d.lr) + " is not a finite value >= 0");

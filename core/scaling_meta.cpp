@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "kernels.hpp"
+#include "struct_size.hpp"
 #include "tensor.hpp"
 #include "scaling.hpp"  // kernels/scaling.hpp: ScalingState (core has scaling_meta.hpp, not scaling.hpp)
 
@@ -28,16 +29,7 @@ float scaled_dtype_max(fp8amp_dtype dtype) {
 }
 
 fp8amp_recipe validate_recipe(const fp8amp_recipe &recipe) {
-    // The fields known to this version end with power_of_two_scales; a caller built against a newer
-    // header may pass a larger struct, whose extra fields this version does not read.
-    constexpr size_t kKnown = offsetof(fp8amp_recipe, power_of_two_scales) + sizeof(recipe.power_of_two_scales);
-    if (recipe.struct_size < kKnown)
-        fail(FP8AMP_ERROR_INVALID_ARGUMENT, "recipe->struct_size is " + std::to_string(recipe.struct_size) +
-                                                ", less than the " + std::to_string(kKnown) +
-                                                " bytes of fp8amp_recipe (initialize it with fp8amp_recipe_init_default)");
-    fp8amp_recipe r{};
-    std::memcpy(&r, &recipe, sizeof r);
-    r.struct_size = sizeof r;
+    fp8amp_recipe r = read_sized(recipe, "recipe", "fp8amp_recipe", "fp8amp_recipe_init_default");
     // Enum fields read as integers (enum_value): an out-of-range value is no valid C++ enum value.
     const int32_t format = enum_value(r.format), mode = enum_value(r.mode), algo = enum_value(r.amax_algo);
     if (format != FP8AMP_FORMAT_E4M3 && format != FP8AMP_FORMAT_HYBRID)

@@ -1138,6 +1138,10 @@ static void test_bad_inputs(void **state) {
     EXPECT_OK(fp8amp_grad_scaler_desc_init_default(&sd));
     sd.hysteresis = 0;
     EXPECT_STATUS(fp8amp_grad_scaler_create(ctx, &sd, &gs), FP8AMP_ERROR_INVALID_ARGUMENT);
+    EXPECT_OK(fp8amp_grad_scaler_desc_init_default(&sd));
+    sd.struct_size = (uint32_t)sizeof sd - 4;
+    EXPECT_STATUS(fp8amp_grad_scaler_create(ctx, &sd, &gs), FP8AMP_ERROR_INVALID_ARGUMENT);
+    assert_non_null(strstr(fp8amp_last_error_message(), "fp8amp_grad_scaler_desc_init_default"));
     assert_null(gs);
     EXPECT_OK(fp8amp_optimizer_destroy(opt));
     fp8amp_tensor all[] = {p, g, g11, g2, g3, p8, p5};

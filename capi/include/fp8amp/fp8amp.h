@@ -607,8 +607,7 @@ FP8AMP_API fp8amp_status fp8amp_adam_desc_init_default(fp8amp_adam_desc *desc);
 FP8AMP_API fp8amp_status fp8amp_opt_level_adam_config(fp8amp_opt_level level, fp8amp_adam_desc *desc);
 
 /** Creates an optimizer on ctx's device (its steps run on ctx's stream). It holds no parameters yet.
- *  Statuses: SUCCESS; INVALID_HANDLE; INVALID_ARGUMENT (NULL desc/out, struct_size neither this
- *  struct's nor its first layout's, a
+ *  Statuses: SUCCESS; INVALID_HANDLE; INVALID_ARGUMENT (NULL desc/out, struct_size too small, a
  *  field out of range: lr, betas, eps, weight_decay, max_grad_norm negative, non-finite or beta
  *  >= 1; state_block_size not 0 nor a power of two in 128..FP8AMP_MAX_STATE_BLOCK; master_dtype
  *  not FP8AMP_NO_MASTER or F16); DTYPE_MISMATCH (exp_avg_dtype not F32/E4M3, exp_avg_sq_dtype not
