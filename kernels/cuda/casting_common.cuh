@@ -7,8 +7,6 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
-#include <map>
-#include <mutex>
 #include <type_traits>
 #include <utility>
 
@@ -89,33 +87,12 @@ __device__ __forceinline__ void finish_block(Tally t, ScalingState *meta, float 
     }
 }
 
-// A persistent grid: as many blocks as can be resident at once (by the kernel's own occupancy, so a
-// register-heavy variant never runs in two waves), or fewer when there is less work.
-// The occupancy of each kernel is asked once (it costs microseconds of host time: a Linear's forward
-// would pay it per call).
-// max_shared: ask for the largest shared-memory carveout first (kernels whose static shared memory,
-// not their registers, limits how many blocks fit: the dequantize table), so that the occupancy asked
-// here is the one the launch gets.
-inline int resident_blocks_per_sm(const void *kernel, int device, bool max_shared = false) {
-    static std::mutex mutex;
-    static std::map<std::pair<const void *, int>, int> cache;
-    std::lock_guard<std::mutex> lock(mutex);
-    auto it = cache.find({kernel, device});
-    if (it != cache.end()) return it->second;
-    if (max_shared)
-        check(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
-                                   int(cudaSharedmemCarveoutMaxShared)),
-              "cudaFuncSetAttribute (shared-memory carveout)");
-    int per_sm = 0;
-    check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, 0),
-          "cudaOccupancyMaxActiveBlocksPerMultiprocessor");
-    cache.emplace(std::make_pair(kernel, device), per_sm);
-    return per_sm;
-}
-
+// A persistent grid: as many blocks as can be resident at once (by the kernel's own occupancy, asked
+// once: resident_blocks_per_sm; so a register-heavy variant never runs in two waves), or fewer when
+// there is less work. max_shared: see resident_blocks_per_sm (the dequantize table).
 template <class Kernel>
 unsigned persistent_grid(int device, Kernel kernel, size_t work_items, bool max_shared = false) {
-    const int per_sm = resident_blocks_per_sm(reinterpret_cast<const void *>(kernel), device, max_shared);
+    const int per_sm = resident_blocks_per_sm(reinterpret_cast<const void *>(kernel), device, kThreads, 0, max_shared);
     const size_t wanted = (work_items + kThreads - 1) / kThreads;
     const size_t cap = size_t(multiprocessor_count(device)) * size_t(per_sm > 0 ? per_sm : 1);
     return static_cast<unsigned>(wanted == 0 ? 1 : (wanted < cap ? wanted : cap));

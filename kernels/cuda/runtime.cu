@@ -3,7 +3,10 @@
 // restored after each call so fp8amp never disturbs a host framework's device state.
 #include <cuda_runtime.h>
 
+#include <map>
+#include <mutex>
 #include <string>
+#include <utility>
 
 #include "cuda_common.cuh"
 
@@ -51,6 +54,25 @@ int multiprocessor_count(int device) {
     check(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device), "cudaDeviceGetAttribute");
     if (device >= 0 && device < 64) cached[device] = n;
     return n;
+}
+
+int resident_blocks_per_sm(const void *kernel, int device, int threads, int smem, bool max_shared) {
+    static std::mutex mutex;
+    static std::map<std::pair<const void *, int>, int> cache;
+    std::lock_guard<std::mutex> lock(mutex);
+    auto it = cache.find({kernel, device});
+    if (it != cache.end()) return it->second;
+    if (max_shared)
+        check(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, int(cudaSharedmemCarveoutMaxShared)),
+              "cudaFuncSetAttribute (shared-memory carveout)");
+    if (smem > 48 * 1024)
+        check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
+              "cudaFuncSetAttribute (dynamic shared memory)");
+    int per_sm = 0;
+    check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, size_t(smem)),
+          "cudaOccupancyMaxActiveBlocksPerMultiprocessor");
+    cache.emplace(std::make_pair(kernel, device), per_sm);
+    return per_sm;
 }
 
 bool built_with_cuda() { return true; }
