@@ -746,11 +746,13 @@ constexpr uint32_t fast_pair_mask() {
 // write-back stores. The non-coherent path is safe here although the kernel writes what it read:
 // every byte is read by the one lane that later writes it, before it writes it, and never read
 // again in the launch (the reference path re-reads before any store), and no L1 line is allocated
-// that could go stale; the caches start clean at each launch. Measured on an H100 (docs/performance.md, "Adam"): no_allocate with the check
-// run back to front took the O2 step (BF16 params, E4M3 gradients) from 1.305 to 1.286 ms and left
-// O3 and O2 with F32 gradients within 0.5%, but made O1 (F32 m and v) 2.8% slower; so O2 and O3
-// use it and O1 keeps evict_first.
-enum class Cache { evict_first, no_allocate };
+// that could go stale; the caches start clean at each launch. normal: ld.global.ca (loads only: the
+// gradient check that runs back to front, so that the update finds its last loads in L2).
+// Measured on an H100 (docs/performance.md, "Adam"): no_allocate with the check run back to front
+// took the O2 step (BF16 params, E4M3 gradients) from 1.305 to 1.286 ms and left O3 and O2 with F32
+// gradients within 0.5%, but made O1 (F32 m and v) 2.8% slower; so O2 and O3 use it and O1 keeps
+// evict_first.
+enum class Cache { evict_first, no_allocate, normal };
 
 template <int PD_, int GD_, bool M8_, bool V16_, bool MASTER_, bool L2_, bool CLIP_>
 struct Cfg {
@@ -773,6 +775,8 @@ template <Cache K, class T>
 __device__ __forceinline__ T load_hinted(const T *p) {
     if constexpr (K == Cache::evict_first) {
         return __ldcs(p);
+    } else if constexpr (K == Cache::normal) {
+        return __ldca(p);
     } else {
         T q;
         if constexpr (sizeof(T) == 8)
@@ -786,6 +790,7 @@ __device__ __forceinline__ T load_hinted(const T *p) {
 }
 template <Cache K, class T>
 __device__ __forceinline__ void store_hinted(T *p, T v) {
+    static_assert(K != Cache::normal, "stores are evict_first or write-back");
     if constexpr (K == Cache::evict_first) __stcs(p, v);
     else __stwb(p, v);
 }
@@ -993,15 +998,21 @@ template <class C> struct Raw8 {
     float m_inv, v_inv, w_inv;
 };
 
+// Block blk's old scale_inv of m, v and the master (1 where there is none).
+template <class C>
+__device__ __forceinline__ void load_scales(const Seg &s, uint32_t blk, Raw8<C> &r) {
+    r.m_inv = C::M8 ? s.m_si[blk] : 1.0f;
+    r.v_inv = C::V16 ? s.v_si[blk] : 1.0f;
+    r.w_inv = C::MASTER ? s.w_si[blk] : 1.0f;
+}
+
 template <class C, bool GUARD>
 __device__ __forceinline__ void load_raw8(const Seg &s, uint32_t e, uint32_t blk, int n, Raw8<C> &r) {
     r.g = load8<C::GB, GUARD, C::CACHE>(s.grad + e * C::GB, n);
     r.w = load8<C::WB, GUARD, C::CACHE>((C::MASTER ? s.master : s.param) + e * C::WB, n);
     r.m = load8<C::M8 ? 1 : 4, GUARD, C::CACHE>(s.m + e * (C::M8 ? 1 : 4), n);
     r.v = load8<C::V16 ? 2 : 4, GUARD, C::CACHE>(s.v + e * (C::V16 ? 2 : 4), n);
-    r.m_inv = C::M8 ? s.m_si[blk] : 1.0f;
-    r.v_inv = C::V16 ? s.v_si[blk] : 1.0f;
-    r.w_inv = C::MASTER ? s.w_si[blk] : 1.0f;
+    load_scales(s, blk, r);
 }
 
 // The new values of one lane's 8 elements. FAST: sqrt(v) / bc2_sqrt by div_const, the parameter's
@@ -1232,9 +1243,7 @@ __device__ __forceinline__ void bulk_run(const Consts &k, const Seg &s, uint32_t
             r.w = *reinterpret_cast<const Bits<8 * C::WB> *>(sw + o * C::WB);
             r.m = *reinterpret_cast<const Bits<8> *>(sm + o);
             r.v = *reinterpret_cast<const Bits<16> *>(sv + o * 2);
-            r.m_inv = s.m_si[blk];
-            r.v_inv = s.v_si[blk];
-            r.w_inv = C::MASTER ? s.w_si[blk] : 1.0f;
+            load_scales(s, blk, r);
             update8<C, false>(k, s, r, blk * kChunk + (lane & 15) * 8, blk, 8, hi, lead, wseg);
         }
         __syncwarp();  // every lane has read the stage
@@ -1322,18 +1331,6 @@ __device__ __forceinline__ void dispatch_pairs(std::index_sequence<I...>, int co
     dispatch_pair<M8, V16, MASTER, L2, CLIP, FastPairs<M8, V16, MASTER>::codes[I]...>(code, k, s, ca, cb, vec, lane, wseg);
 }
 
-// The check's 16-byte loads: evict-first, or with the normal L2 priority (KEEP) when the check runs
-// back to front so that the update, which starts at the front, finds the last ones still in L2.
-template <bool KEEP>
-__device__ __forceinline__ Bits<16> load_check(const uint8_t *ptr) {
-    if constexpr (KEEP) {
-        const uint4 q = __ldca(reinterpret_cast<const uint4 *>(ptr));
-        return Bits<16>{{q.x, q.y, q.z, q.w}};
-    } else {
-        return load_vec<16>(ptr);
-    }
-}
-
 // The largest finite value of an 8- or 16-bit gradient dtype.
 template <int GD>
 constexpr float max_finite() {
@@ -1362,8 +1359,8 @@ __device__ __forceinline__ float sum_squares(const Bits<16> &b) {
 // the per-element float64 conversion, which Hopper issues at a quarter of the FP32 rate, and keeps
 // four loads in flight per lane: this pass reads one byte per parameter and is otherwise bound by
 // its arithmetic (the check of 2^28 E4M3 gradients: 111 -> 95 us on an H100, docs/performance.md).
-// KEEP: loads with the normal L2 priority (load_check).
-template <int GD, bool KEEP>
+// K: the loads' cache hint (Cache).
+template <int GD, Cache K>
 __device__ __forceinline__ void check_grad(const uint8_t *grad, int64_t e0, int64_t e1, bool vec, float f, int lane,
                                            double &acc0, double &acc1) {
     constexpr int GB = dt_size(GD), V = 16 / GB;  // elements per lane per 16-byte load
@@ -1375,11 +1372,11 @@ __device__ __forceinline__ void check_grad(const uint8_t *grad, int64_t e0, int6
             for (; e + 4 * kStep <= e1; e += 4 * kStep) {
                 Bits<16> b[4];
 #pragma unroll
-                for (int i = 0; i < 4; ++i) b[i] = load_check<KEEP>(grad + (e + i * kStep + lane * V) * GB);
+                for (int i = 0; i < 4; ++i) b[i] = load_vec<16, K>(grad + (e + i * kStep + lane * V) * GB);
                 c0 += double(sum_squares<GD, V>(b[0])) + double(sum_squares<GD, V>(b[1]));
                 c1 += double(sum_squares<GD, V>(b[2])) + double(sum_squares<GD, V>(b[3]));
             }
-            for (; e + kStep <= e1; e += kStep) c0 += double(sum_squares<GD, V>(load_check<KEEP>(grad + (e + lane * V) * GB)));
+            for (; e + kStep <= e1; e += kStep) c0 += double(sum_squares<GD, V>(load_vec<16, K>(grad + (e + lane * V) * GB)));
             const double f2 = double(f) * double(f);
             acc0 += c0 * f2;
             acc1 += c1 * f2;
@@ -1388,8 +1385,8 @@ __device__ __forceinline__ void check_grad(const uint8_t *grad, int64_t e0, int6
     if (vec) {  // e0 is a multiple of 128 elements: 16-byte aligned
         constexpr int64_t kStep = 32 * V;
         for (; e + 2 * kStep <= e1; e += 2 * kStep) {
-            const Bits<16> a = load_check<KEEP>(grad + (e + lane * V) * GB);
-            const Bits<16> b = load_check<KEEP>(grad + (e + kStep + lane * V) * GB);
+            const Bits<16> a = load_vec<16, K>(grad + (e + lane * V) * GB);
+            const Bits<16> b = load_vec<16, K>(grad + (e + kStep + lane * V) * GB);
 #pragma unroll
             for (int j = 0; j < V; ++j) {
                 const float x = fmul(decode8<GD>(a, j), f), y = fmul(decode8<GD>(b, j), f);
@@ -1398,7 +1395,7 @@ __device__ __forceinline__ void check_grad(const uint8_t *grad, int64_t e0, int6
             }
         }
         for (; e + kStep <= e1; e += kStep) {
-            const Bits<16> a = load_check<KEEP>(grad + (e + lane * V) * GB);
+            const Bits<16> a = load_vec<16, K>(grad + (e + lane * V) * GB);
 #pragma unroll
             for (int j = 0; j < V; ++j) {
                 const float x = fmul(decode8<GD>(a, j), f);
@@ -1429,6 +1426,8 @@ __global__ void __launch_bounds__(kThreads, kFastMinBlocks) adam_fast_kernel(con
     // ---- phase 1: the sum of squares (inf/NaN if any gradient is not finite) ----
     double acc0 = 0.0, acc1 = 0.0;
     bool bad = false;
+    // O2, O3: the check runs back to front with normal-priority loads (below); O1 streams evict-first.
+    constexpr Cache kCheckCache = M8 ? Cache::normal : Cache::evict_first;
     // Units [rb, re) of this warp's range.
     const auto check_units = [&](int64_t rb, int64_t re) {
         int kk = rb < re ? find_param(c, rb) : 0;
@@ -1443,11 +1442,11 @@ __global__ void __launch_bounds__(kThreads, kFastMinBlocks) adam_fast_kernel(con
             const auto *grad = static_cast<const uint8_t *>(p.grad);
             const bool vec = p.vec_ok;
             switch (p.grad_dtype) {
-            case kF32: check_grad<kF32, M8>(grad, e0, e1, vec, f, lane, acc0, acc1); break;
-            case kF16: check_grad<kF16, M8>(grad, e0, e1, vec, f, lane, acc0, acc1); break;
-            case kBF16: check_grad<kBF16, M8>(grad, e0, e1, vec, f, lane, acc0, acc1); break;
-            case kE4M3: check_grad<kE4M3, M8>(grad, e0, e1, vec, f, lane, acc0, acc1); break;
-            default: check_grad<kE5M2, M8>(grad, e0, e1, vec, f, lane, acc0, acc1); break;
+            case kF32: check_grad<kF32, kCheckCache>(grad, e0, e1, vec, f, lane, acc0, acc1); break;
+            case kF16: check_grad<kF16, kCheckCache>(grad, e0, e1, vec, f, lane, acc0, acc1); break;
+            case kBF16: check_grad<kBF16, kCheckCache>(grad, e0, e1, vec, f, lane, acc0, acc1); break;
+            case kE4M3: check_grad<kE4M3, kCheckCache>(grad, e0, e1, vec, f, lane, acc0, acc1); break;
+            default: check_grad<kE5M2, kCheckCache>(grad, e0, e1, vec, f, lane, acc0, acc1); break;
             }
             u = stop;
         }
@@ -1536,11 +1535,7 @@ __global__ void scaler_update_kernel(ScalerState *scaler, ScalerConfig config, c
 template <class Kernel>
 void launch_kernel(Kernel kernel, int device, cudaStream_t stream, const StepConfig &config, int max_partials,
                    int smem = 0) {
-    if (smem > 48 * 1024)
-        check(cudaFuncSetAttribute(reinterpret_cast<const void *>(kernel), cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
-              "cudaFuncSetAttribute (adam_kernel)");
-    int per_sm = 0;
-    check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, smem), "cudaOccupancyMaxActiveBlocksPerMultiprocessor");
+    const int per_sm = resident_blocks_per_sm(reinterpret_cast<const void *>(kernel), device, kThreads, smem);
     int grid = per_sm * multiprocessor_count(device);
     if (grid > max_partials) grid = max_partials;
     if (grid < 1) fail(FP8AMP_ERROR_CUDA, "adam_kernel: no block fits on a multiprocessor");
