@@ -14,6 +14,10 @@
 //   bulk     inputs through cp.async.bulk into shared memory, G = 2, 4, 8 iterations per copy (runs
 //            of 0.5-4 KB per warp and array) with the next group in flight: the form a kernel with
 //            long runs but no more registers would take.
+//   work     the stand-in as the kernel's arithmetic is instead: `work` FMAs per lane and iteration in
+//            eight independent chains (issue-bound, as the update's ~600 instructions per warp
+//            iteration are), with the probe's loads and stores either streaming (ld/st.cs) or the
+//            kernel's O2 policy (ld.global.nc.L1::no_allocate, st.global.wb).
 // Prints GB/s (bytes read + written, as bench_adam.py counts them) and the fraction of a
 // device-to-device copy of 2 GiB measured in the same run (bench_adam.py's ceiling).
 // Build: nvcc -O3 -arch=sm_90 -std=c++17 bench/adam_stream_probe.cu -o adam_stream_probe
@@ -100,6 +104,71 @@ __global__ void __launch_bounds__(256) mix(const uint8_t *g, uint8_t *w, uint8_t
         store<2 * EPL>(v + 2 * e, vv);
     }
     if (acc == 12345.0f) *sink = acc;  // never true; keeps the chain alive
+}
+
+// The update's shape with issue-bound arithmetic: 8 elements per lane, each warp its own range, `work`
+// FMAs per lane in eight chains seeded by the loaded words; the stores depend on all of them.
+// POLICY: false, ld/st.cs; true, the kernel's O2 policy (nc + L1::no_allocate loads, wb stores).
+template <bool POLICY>
+__device__ __forceinline__ uint4 ld16(const uint8_t *p) {
+    if constexpr (POLICY) {
+        uint4 q;
+        asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];" : "=r"(q.x), "=r"(q.y), "=r"(q.z), "=r"(q.w) : "l"(p));
+        return q;
+    } else {
+        return __ldcs(reinterpret_cast<const uint4 *>(p));
+    }
+}
+template <bool POLICY>
+__device__ __forceinline__ uint2 ld8(const uint8_t *p) {
+    if constexpr (POLICY) {
+        uint2 q;
+        asm volatile("ld.global.nc.L1::no_allocate.v2.u32 {%0,%1}, [%2];" : "=r"(q.x), "=r"(q.y) : "l"(p));
+        return q;
+    } else {
+        return __ldcs(reinterpret_cast<const uint2 *>(p));
+    }
+}
+template <bool POLICY, class T>
+__device__ __forceinline__ void st(uint8_t *p, T v) {
+    if constexpr (POLICY) __stwb(reinterpret_cast<T *>(p), v);
+    else __stcs(reinterpret_cast<T *>(p), v);
+}
+template <bool POLICY>
+__global__ void __launch_bounds__(256) mix_work(const uint8_t *g, uint8_t *w, uint8_t *m, uint8_t *v, int64_t n, int work,
+                                                float *sink) {
+    constexpr int64_t kChunk = 256;
+    const int lane = threadIdx.x % 32;
+    const int64_t warp = int64_t(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
+    const int64_t warps = int64_t(gridDim.x) * (blockDim.x / 32);
+    const int64_t chunks = n / kChunk;
+    const int64_t begin = chunks * warp / warps, end = chunks * (warp + 1) / warps;
+    float acc = 0.0f;
+    for (int64_t c = begin; c < end; ++c) {
+        const int64_t e = c * kChunk + int64_t(lane) * 8;
+        const uint2 g2 = ld8<POLICY>(g + e);
+        uint4 w4 = ld16<POLICY>(w + 2 * e);
+        uint2 m2 = ld8<POLICY>(m + e);
+        uint4 v4 = ld16<POLICY>(v + 2 * e);
+        const uint32_t seed[8] = {g2.x, g2.y, w4.x, w4.y, w4.z, w4.w, m2.x, v4.x};
+        float x[8];
+#pragma unroll
+        for (int j = 0; j < 8; ++j) x[j] = __uint_as_float((seed[j] & 0x007FFFFFu) | 0x3F800000u);
+        for (int i = 0; i < work / 8; ++i) {
+#pragma unroll
+            for (int j = 0; j < 8; ++j) x[j] = __fmaf_rn(x[j], 0.999999f, 1e-7f);
+        }
+        uint32_t t = 0;
+#pragma unroll
+        for (int j = 0; j < 8; ++j) t ^= __float_as_uint(x[j]) & 0x1u, acc += x[j];
+        m2.x ^= g2.x ^ t, m2.y ^= g2.y;
+        w4.x ^= g2.x, w4.y ^= m2.x, w4.z ^= g2.y, w4.w ^= m2.y;
+        v4.x ^= w4.x, v4.y ^= w4.y, v4.z ^= w4.z, v4.w ^= w4.w;
+        st<POLICY>(w + 2 * e, w4);
+        st<POLICY>(m + e, m2);
+        st<POLICY>(v + 2 * e, v4);
+    }
+    if (acc == 12345.0f) *sink = acc;
 }
 
 // The bulk-copy form: each warp streams its own range as "warp" does with 8 elements per lane, but
@@ -302,6 +371,23 @@ int main(int argc, char **argv) {
             std::printf(",\n  {\"ctas_per_sm\": %d, \"spin\": %d, \"layout\": \"warp, bulk copies of %d iterations\", "
                         "\"elements_per_lane\": 8, \"ms\": %.4f, \"GB_per_s\": %.1f, \"fraction_of_copy\": %.4f}",
                         ctas, spin, gsz, ms, gbs, gbs / copy_gbs);
+            std::fflush(stdout);
+        }
+    }
+    // Issue-bound arithmetic in place of the latency stand-in, 3 CTAs per SM (the kernel's).
+    for (int policy = 0; policy < 2; ++policy) {
+        for (int work : {0, 256, 512, 768, 1024}) {
+            const dim3 grid(3 * sms), block(256);
+            auto launch = [&] {
+                if (policy) mix_work<true><<<grid, block>>>(g, w, m, v, n, work, sink);
+                else mix_work<false><<<grid, block>>>(g, w, m, v, n, work, sink);
+            };
+            const float ms = time_ms(launch, a, b);
+            CHECK(cudaGetLastError());
+            const double gbs = bytes / (ms * 1e-3) / 1e9;
+            std::printf(",\n  {\"ctas_per_sm\": 3, \"work_fma_per_lane\": %d, \"layout\": \"warp\", \"cache\": \"%s\", "
+                        "\"elements_per_lane\": 8, \"ms\": %.4f, \"GB_per_s\": %.1f, \"fraction_of_copy\": %.4f}",
+                        work, policy ? "nc.L1::no_allocate + wb" : "cs", ms, gbs, gbs / copy_gbs);
             std::fflush(stdout);
         }
     }

@@ -49,15 +49,10 @@ constexpr int kFastMinBlocks = FP8AMP_ADAM_FAST_MIN_BLOCKS;
 #ifndef FP8AMP_ADAM_PREFETCH
 #define FP8AMP_ADAM_PREFETCH 0
 #endif
-// G > 0: in the O2/O3 fast kernels, pairs whose inputs are 6 bytes per element (E4M3 or F16
-// gradients with BF16/F16 weights or the F16 master) bring them into shared memory by
-// cp.async.bulk, G chunk pairs per copy and array (runs of G x 256-512 bytes per warp), two stages
-// in turn: the next group's copies are in flight while this group is computed. For the hypothesis
-// that DRAM serves the update's short per-warp runs below copy speed (docs/performance.md, "Adam",
-// second round; bench/adam_stream_probe.cu measures the pattern alone). 0: registers only. Not
-// measured yet.
-#ifndef FP8AMP_ADAM_BULK
-#define FP8AMP_ADAM_BULK 0
+// Measurement only: 1 skips the fast kernel's gradient check (the update then runs as if every
+// gradient were finite), so the update's share of a step can be timed. Never set in a build that trains.
+#ifndef FP8AMP_ADAM_SKIP_CHECK
+#define FP8AMP_ADAM_SKIP_CHECK 0
 #endif
 // Measurement only (bench/adam_device_run.sh): 1 stops the fast kernel after the check phase, so the
 // check's share of a step can be timed. Never set in a build that trains.
@@ -1165,96 +1160,6 @@ __device__ __forceinline__ void update8(const Consts &k, const Seg &s, const Raw
     store8<C::PB, GUARD, C::CACHE>(s.param + e * C::PB, pb, n);
 }
 
-#if FP8AMP_ADAM_BULK
-constexpr int kBulkG = FP8AMP_ADAM_BULK;
-constexpr uint32_t kBulkStage = kBulkG * 2 * kChunk * 6;  // bytes per warp and stage
-constexpr int kBulkSmem = kWarps * 2 * kBulkStage;       // dynamic shared memory per CTA
-extern __shared__ __align__(128) uint8_t bulk_smem[];
-__shared__ __align__(8) uint64_t bulk_bars[kWarps][2];
-__shared__ uint32_t bulk_phase[kWarps];  // bit s: the parity the next wait on stage s expects
-
-template <class C>
-constexpr bool bulk_ok() {
-    return C::GB + C::WB + (C::M8 ? 1 : 4) + (C::V16 ? 2 : 4) == 6;
-}
-__device__ __forceinline__ uint32_t smem_u32(const void *p) { return uint32_t(__cvta_generic_to_shared(p)); }
-
-// This warp's barriers, once per launch (lane 0), before any copy.
-__device__ __forceinline__ void bulk_init(int lane) {
-    const int wi = threadIdx.x / 32;
-    if (lane == 0) {
-        asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_u32(&bulk_bars[wi][0])) : "memory");
-        asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_u32(&bulk_bars[wi][1])) : "memory");
-        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-        bulk_phase[wi] = 0;
-    }
-    __syncwarp();
-}
-
-// Group q of the pairs that start at chunk ca into stage st (lane 0): four copies, one per array.
-template <class C>
-__device__ __forceinline__ void bulk_issue(const Seg &s, uint32_t ca, uint32_t q, int st) {
-    const int wi = threadIdx.x / 32;
-    const uint32_t bar = smem_u32(&bulk_bars[wi][st]);
-    const uint32_t d = smem_u32(bulk_smem + (wi * 2 + st) * kBulkStage);
-    const uint32_t e = (ca + 2 * kBulkG * q) * kChunk, n = 2 * kBulkG * kChunk;  // first element, elements
-    const void *src[4] = {s.grad + e * C::GB, (C::MASTER ? s.master : s.param) + e * C::WB, s.m + e, s.v + e * 2};
-    const uint32_t bytes[4] = {n * C::GB, n * C::WB, n, n * 2};
-    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // the stage's reads before the copies' writes
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(n * 6) : "memory");
-    uint32_t off = 0;
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-        asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(d + off),
-                     "l"(src[i]), "r"(bytes[i]), "r"(bar)
-                     : "memory");
-        off += bytes[i];
-    }
-}
-
-// `groups` groups of kBulkG pairs from chunk ca: copies two groups ahead, the update from shared memory.
-template <class C>
-__device__ __forceinline__ void bulk_run(const Consts &k, const Seg &s, uint32_t ca, uint32_t groups, int lane, bool hi,
-                                         bool lead, float &wseg) {
-    const int wi = threadIdx.x / 32;
-    uint32_t phase = bulk_phase[wi];
-    if (lane == 0) {
-        bulk_issue<C>(s, ca, 0, 0);
-        if (groups > 1) bulk_issue<C>(s, ca, 1, 1);
-    }
-    constexpr uint32_t n = 2 * kBulkG * kChunk;  // elements per group
-    for (uint32_t q = 0; q < groups; ++q) {
-        const int st = int(q & 1);
-        const uint32_t bar = smem_u32(&bulk_bars[wi][st]);
-        asm volatile("{\n\t.reg .pred P1;\n\tLAB_WAIT:\n\t"
-                     "mbarrier.try_wait.parity.shared::cta.b64 P1, [%0], %1;\n\t"
-                     "@P1 bra DONE;\n\tbra LAB_WAIT;\n\tDONE:\n\t}" ::"r"(bar),
-                     "r"((phase >> st) & 1u)
-                     : "memory");
-        phase ^= 1u << st;
-        const uint8_t *sg = bulk_smem + (wi * 2 + st) * kBulkStage, *sw = sg + n * C::GB, *sm = sw + n * C::WB,
-                      *sv = sm + n;
-#pragma unroll 1
-        for (int it = 0; it < kBulkG; ++it) {
-            const uint32_t blk = ca + 2 * kBulkG * q + 2 * it + (hi ? 1 : 0);
-            const uint32_t o = it * 2 * kChunk + 8 * lane;  // element offset within the group
-            Raw8<C> r;
-            r.g = *reinterpret_cast<const Bits<8 * C::GB> *>(sg + o * C::GB);
-            r.w = *reinterpret_cast<const Bits<8 * C::WB> *>(sw + o * C::WB);
-            r.m = *reinterpret_cast<const Bits<8> *>(sm + o);
-            r.v = *reinterpret_cast<const Bits<16> *>(sv + o * 2);
-            load_scales(s, blk, r);
-            update8<C, false>(k, s, r, blk * kChunk + (lane & 15) * 8, blk, 8, hi, lead, wseg);
-        }
-        __syncwarp();  // every lane has read the stage
-        if (lane == 0 && q + 2 < groups) bulk_issue<C>(s, ca, q + 2, st);
-    }
-    __syncwarp();
-    if (lane == 0) bulk_phase[wi] = phase;
-    __syncwarp();
-}
-#endif
-
 // Chunks (128 elements) [ca, cb) of parameter s, this warp's: pairs of chunks per iteration, the
 // next pair's loads issued before this pair's arithmetic (two register sets used in turn, so that no
 // copies are needed between iterations).
@@ -1286,13 +1191,6 @@ __device__ __forceinline__ void run_chunks(const Consts &k, const Seg &s, int64_
         }
     }
 #else
-#if FP8AMP_ADAM_BULK
-    if constexpr (bulk_ok<C>()) {
-        const uint32_t groups = pairs / kBulkG;
-        if (groups > 0) bulk_run<C>(k, s, uint32_t(ca), groups, lane, hi, lead, wseg);
-        pairs -= groups * kBulkG, blk += 2 * kBulkG * groups;
-    }
-#endif
     for (; pairs > 0; --pairs, blk += 2) {
         Raw8<C> a;
         load_raw8<C, false>(s, blk * kChunk + lane_off, blk, 8, a);
@@ -1430,6 +1328,7 @@ __global__ void __launch_bounds__(kThreads, kFastMinBlocks) adam_fast_kernel(con
     constexpr Cache kCheckCache = M8 ? Cache::normal : Cache::evict_first;
     // Units [rb, re) of this warp's range.
     const auto check_units = [&](int64_t rb, int64_t re) {
+        if (FP8AMP_ADAM_SKIP_CHECK) return;
         int kk = rb < re ? find_param(c, rb) : 0;
         for (int64_t u = rb; u < re;) {
             while (kk + 1 < c.nparams && c.params[kk + 1].unit_begin <= u) ++kk;
@@ -1469,9 +1368,6 @@ __global__ void __launch_bounds__(kThreads, kFastMinBlocks) adam_fast_kernel(con
 #endif
 
     // ---- phase 2: the update ----
-#if FP8AMP_ADAM_BULK
-    if constexpr (M8) bulk_init(lane);
-#endif
     const float lr = c.lr_device ? *c.lr_device : c.lr;
     const StepScalars ss = step_scalars(c, lr, step + 1);
     Consts k;
@@ -1533,15 +1429,14 @@ __global__ void scaler_update_kernel(ScalerState *scaler, ScalerConfig config, c
 }
 
 template <class Kernel>
-void launch_kernel(Kernel kernel, int device, cudaStream_t stream, const StepConfig &config, int max_partials,
-                   int smem = 0) {
-    const int per_sm = resident_blocks_per_sm(reinterpret_cast<const void *>(kernel), device, kThreads, smem);
+void launch_kernel(Kernel kernel, int device, cudaStream_t stream, const StepConfig &config, int max_partials) {
+    const int per_sm = resident_blocks_per_sm(reinterpret_cast<const void *>(kernel), device, kThreads, 0);
     int grid = per_sm * multiprocessor_count(device);
     if (grid > max_partials) grid = max_partials;
     if (grid < 1) fail(FP8AMP_ERROR_CUDA, "adam_kernel: no block fits on a multiprocessor");
     StepConfig c = config;
     void *args[] = {&c};
-    check(cudaLaunchCooperativeKernel(reinterpret_cast<const void *>(kernel), dim3(grid), dim3(kThreads), args, size_t(smem), stream),
+    check(cudaLaunchCooperativeKernel(reinterpret_cast<const void *>(kernel), dim3(grid), dim3(kThreads), args, 0, stream),
           "cudaLaunchCooperativeKernel (adam_kernel)");
 }
 
@@ -1559,17 +1454,12 @@ void launch(int device, cudaStream_t stream, const StepConfig &c, int max_partia
         const bool size_ok = c.max_numel < (int64_t(1) << (four_byte ? 30 : 31));
         if (blocks_ok && pairs_ok && size_ok && FP8AMP_ADAM_FAST) {
             const bool l2 = !c.adamw && c.weight_decay != 0.0f, clip = c.max_grad_norm > 0.0f;
-#if FP8AMP_ADAM_BULK
-            const int smem = M8 ? kBulkSmem : 0;
-#else
-            const int smem = 0;
-#endif
             if (l2) {
-                if (clip) launch_kernel(adam_fast_kernel<M8, V16, MASTER, true, true>, device, stream, c, max_partials, smem);
-                else launch_kernel(adam_fast_kernel<M8, V16, MASTER, true, false>, device, stream, c, max_partials, smem);
+                if (clip) launch_kernel(adam_fast_kernel<M8, V16, MASTER, true, true>, device, stream, c, max_partials);
+                else launch_kernel(adam_fast_kernel<M8, V16, MASTER, true, false>, device, stream, c, max_partials);
             } else {
-                if (clip) launch_kernel(adam_fast_kernel<M8, V16, MASTER, false, true>, device, stream, c, max_partials, smem);
-                else launch_kernel(adam_fast_kernel<M8, V16, MASTER, false, false>, device, stream, c, max_partials, smem);
+                if (clip) launch_kernel(adam_fast_kernel<M8, V16, MASTER, false, true>, device, stream, c, max_partials);
+                else launch_kernel(adam_fast_kernel<M8, V16, MASTER, false, false>, device, stream, c, max_partials);
             }
             return;
         }
