@@ -4,7 +4,7 @@
 # variants given as "name:cuda-flags" arguments are built meanwhile and timed on the O2 cases), and
 # Nsight Compute on one O2 step when ncu is there and time is left. Logs and JSON under $OUT.
 # Each variant also runs test_optimizer against its library (LD_LIBRARY_PATH), except those whose
-# name starts with "p1" (FP8AMP_ADAM_PHASE1_ONLY: timing only, they do not update anything).
+# name starts with "p1" (timing-only builds such as FP8AMP_ADAM_PHASE1_ONLY or FP8AMP_ADAM_SKIP_CHECK, whose steps are not real updates).
 # Usage (repository root): OUT=dir CMOCKA_PREFIX=... WHEELS=dir bash bench/adam_device_run.sh [name:"-DFOO=1" ...]
 # SUITE=0: skip the test suite and the default build's full bench (variant runs only).
 # PROBE=1: first run bench/adam_stream_probe.cu (probe.json), while the variants build.
