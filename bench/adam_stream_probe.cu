@@ -18,6 +18,10 @@
 //            eight independent chains (issue-bound, as the update's ~600 instructions per warp
 //            iteration are), with the probe's loads and stores either streaming (ld/st.cs) or the
 //            kernel's O2 policy (ld.global.nc.L1::no_allocate, st.global.wb).
+//   check    the gradient check's read alone: the 1-byte gradients read once (16 B per lane and
+//            load, L loads in flight per lane), each warp its own range front to back or in 4 KB
+//            runs back to front (the O2 kernel's order), or grid-stride: how fast the check phase
+//            could read (it takes ~104 us for 268 MB in the kernel, launch and grid sync included).
 // Prints GB/s (bytes read + written, as bench_adam.py counts them) and the fraction of a
 // device-to-device copy of 2 GiB measured in the same run (bench_adam.py's ceiling).
 // Build: nvcc -O3 -arch=sm_90 -std=c++17 bench/adam_stream_probe.cu -o adam_stream_probe
@@ -169,6 +173,40 @@ __global__ void __launch_bounds__(256) mix_work(const uint8_t *g, uint8_t *w, ui
         st<POLICY>(v + 2 * e, v4);
     }
     if (acc == 12345.0f) *sink = acc;
+}
+
+// The check's read: n bytes of gradients, L 16-byte loads per lane in flight; MODE 0: each warp its
+// range front to back, 1: the same range in runs of 4 KB from the last to the first, 2: grid-stride.
+template <int L, int MODE>
+__global__ void __launch_bounds__(256) read_check(const uint8_t *g, int64_t n, float *sink) {
+    constexpr int64_t kStep = 32 * 16;  // bytes per warp-wide load
+    constexpr int64_t kIter = L * kStep;
+    const int lane = threadIdx.x % 32;
+    const int64_t warp = int64_t(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
+    const int64_t warps = int64_t(gridDim.x) * (blockDim.x / 32);
+    const int64_t iters = n / kIter;
+    uint32_t acc = 0;
+    const auto body = [&](int64_t it) {
+        uint4 b[L];
+#pragma unroll
+        for (int i = 0; i < L; ++i) b[i] = __ldcs(reinterpret_cast<const uint4 *>(g + it * kIter + i * kStep) + lane);
+#pragma unroll
+        for (int i = 0; i < L; ++i) acc += b[i].x ^ b[i].y ^ b[i].z ^ b[i].w;
+    };
+    if (MODE == 2) {
+        for (int64_t it = warp; it < iters; it += warps) body(it);
+    } else {
+        const int64_t begin = iters * warp / warps, end = iters * (warp + 1) / warps;
+        if (MODE == 0) {
+            for (int64_t it = begin; it < end; ++it) body(it);
+        } else {
+            constexpr int64_t kRun = 4096 / kIter > 0 ? 4096 / kIter : 1;  // iterations per 4 KB run
+            if (end > begin)
+                for (int64_t rb = begin + (end - begin - 1) / kRun * kRun; rb >= begin; rb -= kRun)
+                    for (int64_t it = rb; it < min(rb + kRun, end); ++it) body(it);
+        }
+    }
+    if (acc == 0x12345678u) *sink = float(acc);
 }
 
 // The bulk-copy form: each warp streams its own range as "warp" does with 8 elements per lane, but
@@ -388,6 +426,28 @@ int main(int argc, char **argv) {
             std::printf(",\n  {\"ctas_per_sm\": 3, \"work_fma_per_lane\": %d, \"layout\": \"warp\", \"cache\": \"%s\", "
                         "\"elements_per_lane\": 8, \"ms\": %.4f, \"GB_per_s\": %.1f, \"fraction_of_copy\": %.4f}",
                         work, policy ? "nc.L1::no_allocate + wb" : "cs", ms, gbs, gbs / copy_gbs);
+            std::fflush(stdout);
+        }
+    }
+    // The check's read alone, 3 CTAs per SM; GB/s of the gradients' bytes (n), against the copy.
+    for (int mode = 0; mode < 3; ++mode) {
+        for (int loads : {4, 8}) {
+            const dim3 grid(3 * sms), block(256);
+            auto launch = [&] {
+                if (loads == 4) mode == 0 ? read_check<4, 0><<<grid, block>>>(g, n, sink)
+                                : mode == 1 ? read_check<4, 1><<<grid, block>>>(g, n, sink)
+                                            : read_check<4, 2><<<grid, block>>>(g, n, sink);
+                else mode == 0 ? read_check<8, 0><<<grid, block>>>(g, n, sink)
+                     : mode == 1 ? read_check<8, 1><<<grid, block>>>(g, n, sink)
+                                 : read_check<8, 2><<<grid, block>>>(g, n, sink);
+            };
+            const float ms = time_ms(launch, a, b);
+            CHECK(cudaGetLastError());
+            const double gbs = double(n) / (ms * 1e-3) / 1e9;
+            std::printf(",\n  {\"ctas_per_sm\": 3, \"check_read\": \"%s\", \"loads_per_lane\": %d, \"ms\": %.4f, "
+                        "\"GB_per_s\": %.1f, \"fraction_of_copy\": %.4f}",
+                        mode == 0 ? "warp range, forward" : mode == 1 ? "warp range, 4 KB runs back to front" : "grid-stride",
+                        loads, ms, gbs, gbs / copy_gbs);
             std::fflush(stdout);
         }
     }
