@@ -22,6 +22,11 @@
 //            load, L loads in flight per lane), each warp its own range front to back or in 4 KB
 //            runs back to front (the O2 kernel's order), or grid-stride: how fast the check phase
 //            could read (it takes ~104 us for 268 MB in the kernel, launch and grid sync included).
+//   linger   whether gradients loaded at the L2 evict-last priority (to keep them for the update)
+//            keep that priority after the update's evict-first read, and so crowd the L2 for the
+//            kernels after the step: the time of re-reading 24 MB that should fit in L2, after
+//            (a) the gradients read at normal or evict-last priority, (b) read again evict-first,
+//            with or without applypriority.L2::evict_normal, or not at all.
 // Prints GB/s (bytes read + written, as bench_adam.py counts them) and the fraction of a
 // device-to-device copy of 2 GiB measured in the same run (bench_adam.py's ceiling).
 // Build: nvcc -O3 -arch=sm_90 -std=c++17 bench/adam_stream_probe.cu -o adam_stream_probe
@@ -205,6 +210,30 @@ __global__ void __launch_bounds__(256) read_check(const uint8_t *g, int64_t n, f
                 for (int64_t rb = begin + (end - begin - 1) / kRun * kRun; rb >= begin; rb -= kRun)
                     for (int64_t it = rb; it < min(rb + kRun, end); ++it) body(it);
         }
+    }
+    if (acc == 0x12345678u) *sink = float(acc);
+}
+
+// A grid-stride read of n bytes (16 per lane and load) at an L2 priority. MODE 0: normal, 1: evict_last,
+// 2: evict_first, 3: evict_first and then applypriority.L2::evict_normal on each 128-byte line.
+template <int MODE>
+__global__ void __launch_bounds__(256) read_prio(const uint8_t *p, int64_t n, float *sink) {
+    const int64_t lanes = int64_t(gridDim.x) * blockDim.x;
+    uint64_t pol = 0;
+    if (MODE == 1) asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(pol));
+    if (MODE >= 2) asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol));
+    uint32_t acc = 0;
+    for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n / 16; i += lanes) {
+        const uint8_t *a = p + 16 * i;
+        uint4 q;
+        if (MODE == 0)
+            asm volatile("ld.global.nc.v4.u32 {%0,%1,%2,%3}, [%4];" : "=r"(q.x), "=r"(q.y), "=r"(q.z), "=r"(q.w) : "l"(a));
+        else
+            asm volatile("ld.global.nc.L2::cache_hint.v4.u32 {%0,%1,%2,%3}, [%4], %5;"
+                         : "=r"(q.x), "=r"(q.y), "=r"(q.z), "=r"(q.w)
+                         : "l"(a), "l"(pol));
+        if (MODE == 3 && (i % 8) == 0) asm volatile("applypriority.global.L2::evict_normal [%0], 128;" ::"l"(a) : "memory");
+        acc += q.x ^ q.y ^ q.z ^ q.w;
     }
     if (acc == 0x12345678u) *sink = float(acc);
 }
@@ -450,6 +479,45 @@ int main(int argc, char **argv) {
                         loads, ms, gbs, gbs / copy_gbs);
             std::fflush(stdout);
         }
+    }
+    // L2 priority lingering. X: 24 MB (within the 50 MB L2), read once to warm it, then timed.
+    {
+        const int64_t xn = int64_t(24) << 20;
+        const dim3 grid(4 * sms), block(256);
+        const auto read = [&](int mode, const uint8_t *p, int64_t bytes) {
+            if (mode == 0) read_prio<0><<<grid, block>>>(p, bytes, sink);
+            else if (mode == 1) read_prio<1><<<grid, block>>>(p, bytes, sink);
+            else if (mode == 2) read_prio<2><<<grid, block>>>(p, bytes, sink);
+            else read_prio<3><<<grid, block>>>(p, bytes, sink);
+        };
+        struct Case { const char *name; int first, second; };  // second < 0: no second read
+        const Case cases[] = {{"normal, then evict_first", 0, 2},
+                              {"evict_last, no second read", 1, -1},
+                              {"evict_last, then evict_first", 1, 2},
+                              {"evict_last, then evict_first + applypriority evict_normal", 1, 3}};
+        for (const Case &cs : cases) {
+            std::vector<float> t;
+            for (int rep = 0; rep < 5; ++rep) {
+                CHECK(cudaCtxResetPersistingL2Cache());   // every line back to normal
+                read(0, w, 2 * n);                         // fill L2 with other data
+                read(cs.first, g, n);                      // the check's read of the gradients
+                if (cs.second >= 0) read(cs.second, g, n);  // the update's
+                read(0, v, xn);                            // warm X
+                cudaEventRecord(a);
+                read(0, v, xn);                            // X again: from L2 if it has room
+                cudaEventRecord(b);
+                CHECK(cudaEventSynchronize(b));
+                float ms = 0.0f;
+                cudaEventElapsedTime(&ms, a, b);
+                t.push_back(ms);
+            }
+            std::sort(t.begin(), t.end());
+            CHECK(cudaGetLastError());
+            std::printf(",\n  {\"linger\": \"%s\", \"reread_24MB_us\": %.2f, \"GB_per_s\": %.1f}", cs.name,
+                        t[2] * 1e3, double(xn) / (t[2] * 1e-3) / 1e9);
+            std::fflush(stdout);
+        }
+        CHECK(cudaCtxResetPersistingL2Cache());
     }
     std::printf("\n]}\n");
     CHECK(cudaDeviceSynchronize());
