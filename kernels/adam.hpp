@@ -145,6 +145,13 @@ FP8AMP_HD StepScalars step_scalars(const StepConfig &c, float lr, int64_t step) 
     return s;
 }
 
+// The gradient-norm clipping factor (max_norm > 0), torch.nn.utils.clip_grad_norm_'s:
+// min(1, max_norm / (norm + 1e-6)) in float32.
+FP8AMP_HD float clip_coefficient(float max_norm, float norm) {
+    const float coef = fdiv(max_norm, fadd(norm, 1e-6f));
+    return coef > 1.0f ? 1.0f : coef;
+}
+
 // One element of Adam/AdamW in float32, torch.optim's order of operations (non-capturable,
 // non-fused path): g is the unscaled, clipped gradient; p, m, v are updated in place.
 //

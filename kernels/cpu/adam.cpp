@@ -74,11 +74,7 @@ void adam_step(const StepConfig &c) {
     const float lr = c.lr_device ? *c.lr_device : c.lr;
     const StepScalars s = step_scalars(c, lr, step + 1);
     const bool clip = c.max_grad_norm > 0.0f;
-    float coef = 1.0f;
-    if (clip) {
-        coef = fdiv(c.max_grad_norm, fadd(norm, 1e-6f));
-        if (coef > 1.0f) coef = 1.0f;
-    }
+    const float coef = clip ? clip_coefficient(c.max_grad_norm, norm) : 1.0f;
     std::vector<float> np, nm, nv;
     for (int32_t k = 0; k < c.nparams; ++k) {
         const Param &p = c.params[k];

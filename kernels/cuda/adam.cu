@@ -540,10 +540,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) adam_kernel(const __grid
     const StepScalars s = step_scalars(c, lr, step + 1);
     const bool clip = c.max_grad_norm > 0.0f;
     float coef = 1.0f;
-    if (clip) {
-        coef = fdiv(c.max_grad_norm, fadd(norm, 1e-6f));
-        if (coef > 1.0f) coef = 1.0f;
-    }
+    if (clip) coef = clip_coefficient(c.max_grad_norm, norm);
 
     // ---- phase 1b: per-tensor amax of the new state ----
     if (per_tensor && (M8 || V16 || MASTER)) {
@@ -1374,10 +1371,7 @@ __global__ void __launch_bounds__(kThreads, kFastMinBlocks) adam_fast_kernel(con
     k.omb1 = ss.one_minus_beta1, k.omb2 = ss.one_minus_beta2, k.beta2 = in_register(c.beta2), k.eps = in_register(c.eps);
     k.bc2 = ss.bc2_sqrt, k.step_size = ss.step_size, k.decay = ss.decay, k.wd = in_register(c.weight_decay), k.coef = 1.0f;
     k.div = make_const_div(ss.bc2_sqrt);
-    if (CLIP) {
-        k.coef = fdiv(c.max_grad_norm, fadd(norm, 1e-6f));
-        if (k.coef > 1.0f) k.coef = 1.0f;
-    }
+    if (CLIP) k.coef = clip_coefficient(c.max_grad_norm, norm);
     {
         int kk = ub < ue ? find_param(c, ub) : 0;
         for (int64_t u = ub; u < ue;) {
