@@ -49,33 +49,70 @@
     } while (0)
 
 // BYTES bytes at p (16-byte aligned when BYTES >= 16, else BYTES-aligned) as 32-bit words.
-template <int BYTES> struct Words {
+// POLICY false: ld/st.global.cs (streaming); true: the Adam kernel's O2 policy (ld.global.nc
+// without L1 allocation, write-back stores).
+template <int BYTES> struct alignas(BYTES >= 16 ? 16 : BYTES) Words {
     uint32_t w[BYTES / 4];
 };
-template <int BYTES>
+template <bool POLICY, class T>
+__device__ __forceinline__ T ld(const T *p) {
+    if constexpr (!POLICY) {
+        return __ldcs(p);
+    } else if constexpr (sizeof(T) == 8) {
+        T q;
+        asm volatile("ld.global.nc.L1::no_allocate.v2.u32 {%0,%1}, [%2];" : "=r"(q.x), "=r"(q.y) : "l"(p));
+        return q;
+    } else {
+        T q;
+        asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];" : "=r"(q.x), "=r"(q.y), "=r"(q.z), "=r"(q.w) : "l"(p));
+        return q;
+    }
+}
+template <bool POLICY, class T>
+__device__ __forceinline__ void st(T *p, T v) {
+    if constexpr (POLICY) __stwb(p, v);
+    else __stcs(p, v);
+}
+template <int BYTES, bool POLICY = false>
 __device__ __forceinline__ Words<BYTES> load(const uint8_t *p) {
     Words<BYTES> r;
     if constexpr (BYTES == 8) {
-        const uint2 q = __ldcs(reinterpret_cast<const uint2 *>(p));
+        const uint2 q = ld<POLICY>(reinterpret_cast<const uint2 *>(p));
         r.w[0] = q.x, r.w[1] = q.y;
     } else {
 #pragma unroll
         for (int k = 0; k < BYTES / 16; ++k) {
-            const uint4 q = __ldcs(reinterpret_cast<const uint4 *>(p) + k);
+            const uint4 q = ld<POLICY>(reinterpret_cast<const uint4 *>(p) + k);
             r.w[4 * k] = q.x, r.w[4 * k + 1] = q.y, r.w[4 * k + 2] = q.z, r.w[4 * k + 3] = q.w;
         }
     }
     return r;
 }
-template <int BYTES>
+template <int BYTES, bool POLICY = false>
 __device__ __forceinline__ void store(uint8_t *p, const Words<BYTES> &r) {
     if constexpr (BYTES == 8) {
-        __stcs(reinterpret_cast<uint2 *>(p), make_uint2(r.w[0], r.w[1]));
+        st<POLICY>(reinterpret_cast<uint2 *>(p), make_uint2(r.w[0], r.w[1]));
     } else {
 #pragma unroll
         for (int k = 0; k < BYTES / 16; ++k)
-            __stcs(reinterpret_cast<uint4 *>(p) + k, make_uint4(r.w[4 * k], r.w[4 * k + 1], r.w[4 * k + 2], r.w[4 * k + 3]));
+            st<POLICY>(reinterpret_cast<uint4 *>(p) + k, make_uint4(r.w[4 * k], r.w[4 * k + 1], r.w[4 * k + 2], r.w[4 * k + 3]));
     }
+}
+
+// The stores of a lane's EPL elements, written back from the loaded words: m ^= g ^ t, the weight
+// and v from those (t, 0 or 1, comes from the arithmetic, so the stores wait for it).
+template <int EPL, bool POLICY = false>
+__device__ __forceinline__ void store_mixed(uint8_t *w, uint8_t *m, uint8_t *v, int64_t e, const Words<EPL> &gg,
+                                            Words<2 * EPL> ww, Words<EPL> mm, Words<2 * EPL> vv, uint32_t t) {
+#pragma unroll
+    for (int k = 0; k < EPL / 4; ++k) {
+        mm.w[k] ^= gg.w[k] ^ t;
+        ww.w[2 * k] ^= gg.w[k], ww.w[2 * k + 1] ^= mm.w[k];
+        vv.w[2 * k] ^= ww.w[2 * k], vv.w[2 * k + 1] ^= ww.w[2 * k + 1];
+    }
+    store<2 * EPL, POLICY>(w + 2 * e, ww);
+    store<EPL, POLICY>(m + e, mm);
+    store<2 * EPL, POLICY>(v + 2 * e, vv);
 }
 
 template <int EPL, bool GRID>
@@ -101,48 +138,14 @@ __global__ void __launch_bounds__(256) mix(const uint8_t *g, uint8_t *w, uint8_t
 #pragma unroll 4
         for (int i = 0; i < spin; ++i) x = __fmaf_rn(x, 0.999999f, 1e-7f);
         acc += x;
-        const uint32_t t = __float_as_uint(x) & 0x1u;  // 0 or 1: keeps the stores after the chain
-#pragma unroll
-        for (int k = 0; k < EPL / 4; ++k) {
-            mm.w[k] ^= gg.w[k] ^ t;
-            ww.w[2 * k] ^= gg.w[k], ww.w[2 * k + 1] ^= mm.w[k];
-            vv.w[2 * k] ^= ww.w[2 * k], vv.w[2 * k + 1] ^= ww.w[2 * k + 1];
-        }
-        store<2 * EPL>(w + 2 * e, ww);
-        store<EPL>(m + e, mm);
-        store<2 * EPL>(v + 2 * e, vv);
+        store_mixed<EPL>(w, m, v, e, gg, ww, mm, vv, __float_as_uint(x) & 0x1u);  // after the chain
     }
     if (acc == 12345.0f) *sink = acc;  // never true; keeps the chain alive
 }
 
 // The update's shape with issue-bound arithmetic: 8 elements per lane, each warp its own range, `work`
 // FMAs per lane in eight chains seeded by the loaded words; the stores depend on all of them.
-// POLICY: false, ld/st.cs; true, the kernel's O2 policy (nc + L1::no_allocate loads, wb stores).
-template <bool POLICY>
-__device__ __forceinline__ uint4 ld16(const uint8_t *p) {
-    if constexpr (POLICY) {
-        uint4 q;
-        asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];" : "=r"(q.x), "=r"(q.y), "=r"(q.z), "=r"(q.w) : "l"(p));
-        return q;
-    } else {
-        return __ldcs(reinterpret_cast<const uint4 *>(p));
-    }
-}
-template <bool POLICY>
-__device__ __forceinline__ uint2 ld8(const uint8_t *p) {
-    if constexpr (POLICY) {
-        uint2 q;
-        asm volatile("ld.global.nc.L1::no_allocate.v2.u32 {%0,%1}, [%2];" : "=r"(q.x), "=r"(q.y) : "l"(p));
-        return q;
-    } else {
-        return __ldcs(reinterpret_cast<const uint2 *>(p));
-    }
-}
-template <bool POLICY, class T>
-__device__ __forceinline__ void st(uint8_t *p, T v) {
-    if constexpr (POLICY) __stwb(reinterpret_cast<T *>(p), v);
-    else __stcs(reinterpret_cast<T *>(p), v);
-}
+// POLICY: as load / store.
 template <bool POLICY>
 __global__ void __launch_bounds__(256) mix_work(const uint8_t *g, uint8_t *w, uint8_t *m, uint8_t *v, int64_t n, int work,
                                                 float *sink) {
@@ -155,11 +158,11 @@ __global__ void __launch_bounds__(256) mix_work(const uint8_t *g, uint8_t *w, ui
     float acc = 0.0f;
     for (int64_t c = begin; c < end; ++c) {
         const int64_t e = c * kChunk + int64_t(lane) * 8;
-        const uint2 g2 = ld8<POLICY>(g + e);
-        uint4 w4 = ld16<POLICY>(w + 2 * e);
-        uint2 m2 = ld8<POLICY>(m + e);
-        uint4 v4 = ld16<POLICY>(v + 2 * e);
-        const uint32_t seed[8] = {g2.x, g2.y, w4.x, w4.y, w4.z, w4.w, m2.x, v4.x};
+        const Words<8> gg = load<8, POLICY>(g + e);
+        Words<16> ww = load<16, POLICY>(w + 2 * e);
+        Words<8> mm = load<8, POLICY>(m + e);
+        Words<16> vv = load<16, POLICY>(v + 2 * e);
+        const uint32_t seed[8] = {gg.w[0], gg.w[1], ww.w[0], ww.w[1], ww.w[2], ww.w[3], mm.w[0], vv.w[0]};
         float x[8];
 #pragma unroll
         for (int j = 0; j < 8; ++j) x[j] = __uint_as_float((seed[j] & 0x007FFFFFu) | 0x3F800000u);
@@ -170,12 +173,7 @@ __global__ void __launch_bounds__(256) mix_work(const uint8_t *g, uint8_t *w, ui
         uint32_t t = 0;
 #pragma unroll
         for (int j = 0; j < 8; ++j) t ^= __float_as_uint(x[j]) & 0x1u, acc += x[j];
-        m2.x ^= g2.x ^ t, m2.y ^= g2.y;
-        w4.x ^= g2.x, w4.y ^= m2.x, w4.z ^= g2.y, w4.w ^= m2.y;
-        v4.x ^= w4.x, v4.y ^= w4.y, v4.z ^= w4.z, v4.w ^= w4.w;
-        st<POLICY>(w + 2 * e, w4);
-        st<POLICY>(m + e, m2);
-        st<POLICY>(v + 2 * e, v4);
+        store_mixed<8, POLICY>(w, m, v, e, gg, ww, mm, vv, t);
     }
     if (acc == 12345.0f) *sink = acc;
 }
@@ -306,35 +304,22 @@ __global__ void __launch_bounds__(256) mix_bulk(const uint8_t *g, uint8_t *w, ui
         for (int it = 0; it < G; ++it) {
             const int64_t e = (begin + k * G + it) * kChunk + lane * 8;
             const int o = it * int(kChunk) + lane * 8;
-            const uint2 g2 = *reinterpret_cast<const uint2 *>(sg + o);
-            uint4 w4 = *reinterpret_cast<const uint4 *>(sw + 2 * o);
-            uint2 m2 = *reinterpret_cast<const uint2 *>(sm + o);
-            uint4 v4 = *reinterpret_cast<const uint4 *>(sv + 2 * o);
-            float x = __uint_as_float((g2.x & 0x007FFFFFu) | 0x3F800000u);
+            const Words<8> gg = *reinterpret_cast<const Words<8> *>(sg + o);
+            const Words<16> ww = *reinterpret_cast<const Words<16> *>(sw + 2 * o);
+            const Words<8> mm = *reinterpret_cast<const Words<8> *>(sm + o);
+            const Words<16> vv = *reinterpret_cast<const Words<16> *>(sv + 2 * o);
+            float x = __uint_as_float((gg.w[0] & 0x007FFFFFu) | 0x3F800000u);
 #pragma unroll 4
             for (int i = 0; i < spin; ++i) x = __fmaf_rn(x, 0.999999f, 1e-7f);
             acc += x;
-            const uint32_t t = __float_as_uint(x) & 0x1u;
-            m2.x ^= g2.x ^ t, m2.y ^= g2.y;
-            w4.x ^= g2.x, w4.y ^= m2.x, w4.z ^= g2.y, w4.w ^= m2.y;
-            v4.x ^= w4.x, v4.y ^= w4.y, v4.z ^= w4.z, v4.w ^= w4.w;
-            __stcs(reinterpret_cast<uint4 *>(w + 2 * e), w4);
-            __stcs(reinterpret_cast<uint2 *>(m + e), m2);
-            __stcs(reinterpret_cast<uint4 *>(v + 2 * e), v4);
+            store_mixed<8>(w, m, v, e, gg, ww, mm, vv, __float_as_uint(x) & 0x1u);
         }
         __syncwarp();  // every lane has read the stage
         if (lane == 0 && k + 2 < groups) issue(s, k + 2);
     }
     for (int64_t c = begin + groups * G; c < end; ++c) {  // the range's last chunks, loaded directly
         const int64_t e = c * kChunk + lane * 8;
-        const uint2 g2 = __ldcs(reinterpret_cast<const uint2 *>(g + e));
-        uint4 w4 = __ldcs(reinterpret_cast<const uint4 *>(w + 2 * e));
-        uint2 m2 = __ldcs(reinterpret_cast<const uint2 *>(m + e));
-        uint4 v4 = __ldcs(reinterpret_cast<const uint4 *>(v + 2 * e));
-        m2.x ^= g2.x, w4.x ^= m2.y, v4.x ^= w4.y;
-        __stcs(reinterpret_cast<uint4 *>(w + 2 * e), w4);
-        __stcs(reinterpret_cast<uint2 *>(m + e), m2);
-        __stcs(reinterpret_cast<uint4 *>(v + 2 * e), v4);
+        store_mixed<8>(w, m, v, e, load<8>(g + e), load<16>(w + 2 * e), load<8>(m + e), load<16>(v + 2 * e), 0u);
     }
     if (acc == 12345.0f) *sink = acc;
 }

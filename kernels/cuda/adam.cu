@@ -1003,21 +1003,17 @@ template <class C> struct Raw8 {
     float m_inv, v_inv, w_inv;
 };
 
-// Block blk's old scale_inv of m, v and the master (1 where there is none).
-template <class C>
-__device__ __forceinline__ void load_scales(const Seg &s, uint32_t blk, Raw8<C> &r) {
-    r.m_inv = C::M8 ? s.m_si[blk] : 1.0f;
-    r.v_inv = C::V16 ? s.v_si[blk] : 1.0f;
-    r.w_inv = C::MASTER ? s.w_si[blk] : 1.0f;
-}
-
+// One lane's 8 elements from e, and block blk's old scale_inv of m, v and the master (1 where there
+// is none).
 template <class C, bool GUARD>
 __device__ __forceinline__ void load_raw8(const Seg &s, uint32_t e, uint32_t blk, int n, Raw8<C> &r) {
     r.g = load8<C::GB, GUARD, C::CACHE>(s.grad + e * C::GB, n);
     r.w = load8<C::WB, GUARD, C::CACHE>((C::MASTER ? s.master : s.param) + e * C::WB, n);
     r.m = load8<C::M8 ? 1 : 4, GUARD, C::CACHE>(s.m + e * (C::M8 ? 1 : 4), n);
     r.v = load8<C::V16 ? 2 : 4, GUARD, C::CACHE>(s.v + e * (C::V16 ? 2 : 4), n);
-    load_scales(s, blk, r);
+    r.m_inv = C::M8 ? s.m_si[blk] : 1.0f;
+    r.v_inv = C::V16 ? s.v_si[blk] : 1.0f;
+    r.w_inv = C::MASTER ? s.w_si[blk] : 1.0f;
 }
 
 // The new values of one lane's 8 elements. FAST: sqrt(v) / bc2_sqrt by div_const, the parameter's
@@ -1477,7 +1473,7 @@ __global__ void scaler_update_kernel(ScalerState *scaler, ScalerConfig config, c
 
 template <class Kernel>
 void launch_kernel(Kernel kernel, int device, cudaStream_t stream, const StepConfig &config, int max_partials) {
-    const int per_sm = resident_blocks_per_sm(reinterpret_cast<const void *>(kernel), device, kThreads, 0);
+    const int per_sm = resident_blocks_per_sm(reinterpret_cast<const void *>(kernel), device, kThreads);
     int grid = per_sm * multiprocessor_count(device);
     if (grid > max_partials) grid = max_partials;
     if (grid < 1) fail(FP8AMP_ERROR_CUDA, "adam_kernel: no block fits on a multiprocessor");

@@ -92,7 +92,7 @@ __device__ __forceinline__ void finish_block(Tally t, ScalingState *meta, float 
 // there is less work. max_shared: see resident_blocks_per_sm (the dequantize table).
 template <class Kernel>
 unsigned persistent_grid(int device, Kernel kernel, size_t work_items, bool max_shared = false) {
-    const int per_sm = resident_blocks_per_sm(reinterpret_cast<const void *>(kernel), device, kThreads, 0, max_shared);
+    const int per_sm = resident_blocks_per_sm(reinterpret_cast<const void *>(kernel), device, kThreads, max_shared);
     const size_t wanted = (work_items + kThreads - 1) / kThreads;
     const size_t cap = size_t(multiprocessor_count(device)) * size_t(per_sm > 0 ? per_sm : 1);
     return static_cast<unsigned>(wanted == 0 ? 1 : (wanted < cap ? wanted : cap));

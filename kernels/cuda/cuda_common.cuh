@@ -45,13 +45,12 @@ private:
 // Streaming multiprocessors of a device (cached).
 int multiprocessor_count(int device);
 
-// How many blocks of `threads` threads and `smem` bytes of dynamic shared memory of `kernel` can be
-// resident on one multiprocessor at once: the size of a persistent grid. Asked of the runtime once per
-// (kernel, device), since the query costs microseconds of host time that a launch made every forward
-// or every optimizer step should not pay; so a kernel must always be asked with the same threads and
-// smem. smem above 48 KiB is allowed for the kernel first (cudaFuncAttributeMaxDynamicSharedMemorySize).
+// How many blocks of `threads` threads of `kernel` (no dynamic shared memory) can be resident on one
+// multiprocessor at once: the size of a persistent grid. Asked of the runtime once per (kernel,
+// device), since the query costs microseconds of host time that a launch made every forward or every
+// optimizer step should not pay; so a kernel must always be asked with the same threads.
 // max_shared: ask for the largest shared-memory carveout first (kernels whose static shared memory,
 // not their registers, limits how many blocks fit), so that the occupancy found is the launch's.
-int resident_blocks_per_sm(const void *kernel, int device, int threads, int smem = 0, bool max_shared = false);
+int resident_blocks_per_sm(const void *kernel, int device, int threads, bool max_shared = false);
 
 }  // namespace fp8amp::kernels::cuda

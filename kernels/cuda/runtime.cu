@@ -56,7 +56,7 @@ int multiprocessor_count(int device) {
     return n;
 }
 
-int resident_blocks_per_sm(const void *kernel, int device, int threads, int smem, bool max_shared) {
+int resident_blocks_per_sm(const void *kernel, int device, int threads, bool max_shared) {
     static std::mutex mutex;
     static std::map<std::pair<const void *, int>, int> cache;
     std::lock_guard<std::mutex> lock(mutex);
@@ -65,11 +65,8 @@ int resident_blocks_per_sm(const void *kernel, int device, int threads, int smem
     if (max_shared)
         check(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, int(cudaSharedmemCarveoutMaxShared)),
               "cudaFuncSetAttribute (shared-memory carveout)");
-    if (smem > 48 * 1024)
-        check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
-              "cudaFuncSetAttribute (dynamic shared memory)");
     int per_sm = 0;
-    check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, size_t(smem)),
+    check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, 0),
           "cudaOccupancyMaxActiveBlocksPerMultiprocessor");
     cache.emplace(std::make_pair(kernel, device), per_sm);
     return per_sm;
