@@ -6,10 +6,12 @@
 # Each variant also runs test_optimizer against its library (LD_LIBRARY_PATH), except those whose
 # name starts with "p1" (timing-only builds such as FP8AMP_ADAM_PHASE1_ONLY or FP8AMP_ADAM_SKIP_CHECK, whose steps are not real updates).
 # Usage (repository root): OUT=dir CMOCKA_PREFIX=... WHEELS=dir bash bench/adam_device_run.sh [name:"-DFOO=1" ...]
+# A variant named name@dir builds the sources in dir instead (an older commit's tree, from git archive).
 # SUITE=0: skip the test suite and the default build's full bench (variant runs only).
 # PROBE=1: first run bench/adam_stream_probe.cu (probe.json), while the variants build.
-# ONLY: the bench cases the variants are timed on (default: the two O2 cases). NCU_LIB: the library
-# Nsight Compute profiles (default build-gpu/libfp8amp.so); NCU_BEFORE: skip it past this many seconds.
+# ONLY: the bench cases the variants are timed on (default: the two O2 cases). NCU_LIBS: the libraries
+# Nsight Compute profiles in turn (default NCU_LIB, else build-gpu/libfp8amp.so); NCU_BEFORE: skip it
+# past this many seconds.
 set -uo pipefail
 out=${OUT:-build-adam-run}
 mkdir -p "$out"
@@ -18,8 +20,9 @@ export PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv,noheader | tee "$out/gpu.txt"
 pids=()
 for v in "$@"; do  # variants build alongside the default build and the tests
-  name=${v%%:*}; flags=${v#*:}
-  ( cmake -S . -B "build-$name" -G Ninja -DFP8AMP_CUDA=ON -DFP8AMP_BUILD_TESTS=OFF -DCMAKE_CUDA_FLAGS="$flags" >"$out/configure-$name.log" 2>&1 &&
+  name=${v%%:*}; flags=${v#*:}; src=.
+  if [[ $name == *@* ]]; then src=${name#*@}; name=${name%%@*}; fi  # name@dir: the sources in dir (an older tree)
+  ( cmake -S "$src" -B "$PWD/build-$name" -G Ninja -DFP8AMP_CUDA=ON -DFP8AMP_BUILD_TESTS=OFF -DCMAKE_CUDA_FLAGS="$flags" >"$out/configure-$name.log" 2>&1 &&
     cmake --build "build-$name" -j 4 --target fp8amp >"$out/build-$name.log" 2>&1 ) &
   pids+=($!)
 done
@@ -49,7 +52,7 @@ else  # the default build on the variants' cases, as their baseline in this run
 fi
 for p in "${pids[@]}"; do wait "$p"; done
 for v in "$@"; do
-  name=${v%%:*}
+  name=${v%%:*}; name=${name%%@*}
   if [ -f "build-$name/libfp8amp.so" ]; then
     timeout 90 python3 bench/bench_adam.py --lib "build-$name/libfp8amp.so" --only "${ONLY:-fp8amp.O2.bf16_p.e4m3_g,fp8amp.O2.f32_p.f32_g}" \
       --out "$out/adam-$name.json" >"$out/bench-$name.log" 2>&1
@@ -66,12 +69,19 @@ done
 echo "benches done at ${SECONDS} s"
 ncu_bin=$(command -v ncu || ls /usr/local/cuda/bin/ncu 2>/dev/null || true)
 if [ -n "$ncu_bin" ] && [ "$SECONDS" -lt "${NCU_BEFORE:-230}" ]; then
-  timeout $(( ${NCU_BEFORE:-230} + 60 - SECONDS )) "$ncu_bin" --kernel-name regex:adam_fast --launch-count 1 \
-    --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
-    --section InstructionStats --section SchedulerStats \
-    python3 bench/bench_adam.py --lib "${NCU_LIB:-build-gpu/libfp8amp.so}" --params 67108864 --only fp8amp.O2.bf16_p.e4m3_g \
-    --out "$out/ncu-bench.json" >"$out/ncu.txt" 2>&1
-  grep -E "Duration|DRAM Throughput|Compute \(SM\) Throughput|Registers Per|Achieved Occupancy|Theoretical Occupancy|Executed Ipc A|Issue Slots Busy|Executed Instructions  |Warp Cycles Per Issued|No Eligible" "$out/ncu.txt" | head -20
+  # NCU_LIBS: the libraries profiled in turn (default: NCU_LIB); one O2 step of 64M parameters each
+  for lib in ${NCU_LIBS:-${NCU_LIB:-build-gpu/libfp8amp.so}}; do
+    tag=$(basename "$(dirname "$lib")")
+    timeout $(( ${NCU_BEFORE:-230} + 60 - SECONDS )) "$ncu_bin" --kernel-name regex:adam_fast --launch-count 1 \
+      --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
+      --section InstructionStats --section SchedulerStats --section MemoryWorkloadAnalysis \
+      --metrics dram__bytes_read.sum,dram__bytes_write.sum,sm__cycles_elapsed.avg.per_second,lts__t_sectors_srcunit_tex_op_read.sum,lts__t_sectors_srcunit_tex_op_write.sum,lts__t_sector_op_read_hit_rate.pct,lts__t_sector_op_write_hit_rate.pct,regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio \
+      python3 bench/bench_adam.py --lib "$lib" --params 67108864 --only fp8amp.O2.bf16_p.e4m3_g \
+      --out "$out/ncu-bench-$tag.json" >"$out/ncu-$tag.txt" 2>&1
+    echo "== ncu $tag"
+    grep -E "Duration|DRAM Throughput|Compute \(SM\) Throughput|Registers Per|Achieved Occupancy|Executed Ipc A|Issue Slots Busy|Executed Instructions  |Warp Cycles Per Issued|No Eligible|dram__bytes|sm__cycles_elapsed|lts__t_sector" "$out/ncu-$tag.txt" | head -24
+    grep -E "issue_stalled" "$out/ncu-$tag.txt" | sort -k3 -g -r | head -8
+  done
 else
   echo "ncu: ${ncu_bin:-none}, skipped at ${SECONDS} s"
 fi
