@@ -145,16 +145,25 @@ __global__ void __launch_bounds__(256) mix(const uint8_t *g, uint8_t *w, uint8_t
 
 // The update's shape with issue-bound arithmetic: 8 elements per lane, each warp its own range, `work`
 // FMAs per lane in eight chains seeded by the loaded words; the stores depend on all of them.
-// POLICY: as load / store.
-template <bool POLICY>
+// POLICY: as load / store. EXTRA, the kernel's other per-iteration work, bits: 1 each half-warp loads
+// its block's two 4-byte scales (ms, vs: one float per 128 elements), 2 the half's first lane stores
+// two new ones, 4 two half-warp max reductions (the blocks' amax) that the stores wait for, 8 the new
+// scales staged in shared memory and stored 64 bytes per array every 8 iterations instead, 16 the same
+// stored per whole 128-byte line of the scale arrays, 32 the single-lane stores into 4 KB only (L2-resident),
+// 64 the scales loaded per 128-byte line (one float per lane) and taken by shuffles.
+template <bool POLICY, int EXTRA = 0>
 __global__ void __launch_bounds__(256) mix_work(const uint8_t *g, uint8_t *w, uint8_t *m, uint8_t *v, int64_t n, int work,
-                                                float *sink) {
+                                                float *sink, float *ms = nullptr, float *vs = nullptr) {
     constexpr int64_t kChunk = 256;
     const int lane = threadIdx.x % 32;
     const int64_t warp = int64_t(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
     const int64_t warps = int64_t(gridDim.x) * (blockDim.x / 32);
     const int64_t chunks = n / kChunk;
     const int64_t begin = chunks * warp / warps, end = chunks * (warp + 1) / warps;
+    __shared__ float st_m[8][32], st_v[8][32];  // EXTRA & 8, 16: each warp's staged scales
+    const int wib = threadIdx.x / 32;
+    int64_t gstart = 2 * begin;  // EXTRA & 16: the first block not yet stored
+    float lm = 0.0f, lv = 0.0f;   // EXTRA & 64: this lane's scales of the current line
     float acc = 0.0f;
     for (int64_t c = begin; c < end; ++c) {
         const int64_t e = c * kChunk + int64_t(lane) * 8;
@@ -173,6 +182,46 @@ __global__ void __launch_bounds__(256) mix_work(const uint8_t *g, uint8_t *w, ui
         uint32_t t = 0;
 #pragma unroll
         for (int j = 0; j < 8; ++j) t ^= __float_as_uint(x[j]) & 0x1u, acc += x[j];
+        const int64_t blk = 2 * c + (lane >= 16 ? 1 : 0);
+        if (EXTRA & 1) t ^= (__float_as_uint(ms[blk]) ^ __float_as_uint(vs[blk])) & 0x1u;
+        if (EXTRA & 64) {  // loads staged per 128-byte line: lane i holds block (line + i)'s scales
+            if (c == begin || ((2 * c) & 31) == 0) {
+                const int64_t line = (2 * c) & ~int64_t(31), lb = line + lane;
+                lm = lb >= 2 * begin && lb < 2 * end ? ms[lb] : 0.0f;
+                lv = lb >= 2 * begin && lb < 2 * end ? vs[lb] : 0.0f;
+            }
+            const int src = int(blk & 31);
+            t ^= (__float_as_uint(__shfl_sync(0xFFFFFFFFu, lm, src)) ^ __float_as_uint(__shfl_sync(0xFFFFFFFFu, lv, src))) & 0x1u;
+        }
+        if (EXTRA & 4) {
+            uint32_t a0 = __float_as_uint(x[0]), a1 = __float_as_uint(x[1]);
+#pragma unroll
+            for (int d = 8; d >= 1; d /= 2) a0 = max(a0, __shfl_xor_sync(0xFFFFFFFFu, a0, d)), a1 = max(a1, __shfl_xor_sync(0xFFFFFFFFu, a1, d));
+            t ^= (a0 ^ a1) & 0x1u;
+        }
+        if ((EXTRA & 2) && (lane & 15) == 0) ms[blk] = x[0], vs[blk] = x[1];
+        if ((EXTRA & 32) && (lane & 15) == 0) ms[blk & 1023] = x[0], vs[blk & 1023] = x[1];  // 4 KB: stays in L2
+        if (EXTRA & 8) {  // staged: the half's first lane writes shared memory; 64 bytes per array every 8 iterations
+            const int slot = int((c - begin) & 7) * 2 + (lane >= 16 ? 1 : 0);
+            if ((lane & 15) == 0) st_m[wib][slot] = x[0], st_v[wib][slot] = x[1];
+            if (((c - begin) & 7) == 7 || c + 1 == end) {
+                __syncwarp();
+                const int64_t first = 2 * (c - ((c - begin) & 7));
+                const int count = 2 * int(((c - begin) & 7) + 1);
+                if (lane < count) ms[first + lane] = st_m[wib][lane], vs[first + lane] = st_v[wib][lane];
+                __syncwarp();
+            }
+        }
+        if (EXTRA & 16) {  // staged, flushed per 128-byte line of the scale arrays (32 blocks): whole lines
+            const int64_t b0 = 2 * c, b1 = b0 + 2;  // this iteration's blocks [b0, b1)
+            if ((lane & 15) == 0) st_m[wib][(b0 + (lane >> 4)) & 31] = x[0], st_v[wib][(b0 + (lane >> 4)) & 31] = x[1];
+            if ((b1 & 31) == 0 || c + 1 == end) {
+                __syncwarp();
+                if (lane < b1 - gstart) ms[gstart + lane] = st_m[wib][(gstart + lane) & 31], vs[gstart + lane] = st_v[wib][(gstart + lane) & 31];
+                __syncwarp();
+                gstart = b1;
+            }
+        }
         store_mixed<8, POLICY>(w, m, v, e, gg, ww, mm, vv, t);
     }
     if (acc == 12345.0f) *sink = acc;
@@ -442,6 +491,56 @@ int main(int argc, char **argv) {
                         work, policy ? "nc.L1::no_allocate + wb" : "cs", ms, gbs, gbs / copy_gbs);
             std::fflush(stdout);
         }
+    }
+    // The kernel's other per-iteration work added to the O2 cache policy's rows (mix_work's EXTRA):
+    // block-scale loads, single-lane scale stores, half-warp amax reductions, and staged forms of the
+    // scale accesses (cudaMalloc's alignment makes block index multiples of 32 start a 128-byte line).
+    // Bytes: 11 per element plus the scales' 2 x 4 per 128 elements read and/or written.
+    {
+        float *ms, *vs;
+        CHECK(cudaMalloc(&ms, n / 128 * sizeof(float)));
+        CHECK(cudaMalloc(&vs, n / 128 * sizeof(float)));
+        CHECK(cudaMemset(ms, 0x3F, n / 128 * sizeof(float)));
+        CHECK(cudaMemset(vs, 0x3F, n / 128 * sizeof(float)));
+        for (int extra : {0, 1, 2, 3, 4, 7, 8, 9, 13, 16, 17, 21, 32, 64, 80, 84}) {
+            for (int work : {0, 512}) {
+                const dim3 grid(3 * sms), block(256);
+                auto launch = [&] {
+                    switch (extra) {
+                    case 0: mix_work<true, 0><<<grid, block>>>(g, w, m, v, n, work, sink, ms, vs); break;
+                    case 1: mix_work<true, 1><<<grid, block>>>(g, w, m, v, n, work, sink, ms, vs); break;
+                    case 2: mix_work<true, 2><<<grid, block>>>(g, w, m, v, n, work, sink, ms, vs); break;
+                    case 3: mix_work<true, 3><<<grid, block>>>(g, w, m, v, n, work, sink, ms, vs); break;
+                    case 4: mix_work<true, 4><<<grid, block>>>(g, w, m, v, n, work, sink, ms, vs); break;
+                    case 8: mix_work<true, 8><<<grid, block>>>(g, w, m, v, n, work, sink, ms, vs); break;
+                    case 9: mix_work<true, 9><<<grid, block>>>(g, w, m, v, n, work, sink, ms, vs); break;
+                    case 13: mix_work<true, 13><<<grid, block>>>(g, w, m, v, n, work, sink, ms, vs); break;
+                    case 16: mix_work<true, 16><<<grid, block>>>(g, w, m, v, n, work, sink, ms, vs); break;
+                    case 17: mix_work<true, 17><<<grid, block>>>(g, w, m, v, n, work, sink, ms, vs); break;
+                    case 21: mix_work<true, 21><<<grid, block>>>(g, w, m, v, n, work, sink, ms, vs); break;
+                    case 32: mix_work<true, 32><<<grid, block>>>(g, w, m, v, n, work, sink, ms, vs); break;
+                    case 64: mix_work<true, 64><<<grid, block>>>(g, w, m, v, n, work, sink, ms, vs); break;
+                    case 80: mix_work<true, 80><<<grid, block>>>(g, w, m, v, n, work, sink, ms, vs); break;
+                    case 84: mix_work<true, 84><<<grid, block>>>(g, w, m, v, n, work, sink, ms, vs); break;
+                    default: mix_work<true, 7><<<grid, block>>>(g, w, m, v, n, work, sink, ms, vs); break;
+                    }
+                };
+                const float ms_t = time_ms(launch, a, b);
+                CHECK(cudaGetLastError());
+                const double extra_bytes = double(n) / 128 * 8 * (((extra & 65) ? 1 : 0) + ((extra & 26) ? 1 : 0));
+                const double gbs = (bytes + extra_bytes) / (ms_t * 1e-3) / 1e9;
+                std::printf(",\n  {\"ctas_per_sm\": 3, \"work_fma_per_lane\": %d, \"cache\": \"nc.L1::no_allocate + wb\", "
+                            "\"extra\": \"%s%s%s%s\", \"ms\": %.4f, \"GB_per_s\": %.1f, \"fraction_of_copy\": %.4f}",
+                            work, (extra & 1) ? "scale loads " : (extra & 64) ? "scale loads per 128-byte line " : "",
+                            (extra & 2) ? "scale stores " : "",
+                            (extra & 8) ? "scale stores staged by 8 iterations " : (extra & 16) ? "scale stores staged by 128-byte lines "
+                                            : (extra & 32) ? "scale stores into 4 KB " : "",
+                            (extra & 4) ? "half-warp amax" : (extra ? "" : "none"), ms_t, gbs, gbs / copy_gbs);
+                std::fflush(stdout);
+            }
+        }
+        CHECK(cudaFree(ms));
+        CHECK(cudaFree(vs));
     }
     // The check's read alone, 3 CTAs per SM; GB/s of the gradients' bytes (n), against the copy.
     for (int mode = 0; mode < 3; ++mode) {
