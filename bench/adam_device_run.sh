@@ -11,7 +11,7 @@
 # PROBE=1: first run bench/adam_stream_probe.cu (probe.json), while the variants build.
 # ONLY: the bench cases the variants are timed on (default: the two O2 cases). NCU_LIBS: the libraries
 # Nsight Compute profiles in turn (default NCU_LIB, else build-gpu/libfp8amp.so); NCU_BEFORE: skip it
-# past this many seconds; NCU_SOURCE=1: also per-instruction stall samples as SASS CSV (not yet run).
+# past this many seconds. The warp-stall breakdown at the timed runs' clocks: bench/adam_ncu_stalls.sh.
 set -uo pipefail
 out=${OUT:-build-adam-run}
 mkdir -p "$out"
@@ -72,24 +72,14 @@ if [ -n "$ncu_bin" ] && [ "$SECONDS" -lt "${NCU_BEFORE:-230}" ]; then
   # NCU_LIBS: the libraries profiled in turn (default: NCU_LIB); one O2 step of 64M parameters each
   for lib in ${NCU_LIBS:-${NCU_LIB:-build-gpu/libfp8amp.so}}; do
     tag=$(basename "$(dirname "$lib")")
-    # NCU_SOURCE=1: also the per-instruction warp stall samples (SourceCounters), exported from the
-    # saved report as CSV of the SASS (sass-TAG.csv): which loads the long-scoreboard stalls wait on
-    src=()
-    if [ "${NCU_SOURCE:-0}" = 1 ]; then src=(--section SourceCounters --import-source no -o "/tmp/ncu-$tag" -f); fi
-    timeout $(( ${NCU_BEFORE:-230} + 60 - SECONDS )) "$ncu_bin" --kernel-name regex:adam_fast --launch-count 1 "${src[@]}" \
+    timeout $(( ${NCU_BEFORE:-230} + 60 - SECONDS )) "$ncu_bin" --kernel-name regex:adam_fast --launch-count 1 \
       --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
       --section InstructionStats --section SchedulerStats --section MemoryWorkloadAnalysis \
-      --metrics dram__bytes_read.sum,dram__bytes_write.sum,sm__cycles_elapsed.avg.per_second,lts__t_sectors_srcunit_tex_op_read.sum,lts__t_sectors_srcunit_tex_op_write.sum,lts__t_sector_op_read_hit_rate.pct,lts__t_sector_op_write_hit_rate.pct,regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio \
+      --metrics dram__bytes_read.sum,dram__bytes_write.sum,sm__cycles_elapsed.avg.per_second,lts__t_sectors_srcunit_tex_op_read.sum,lts__t_sectors_srcunit_tex_op_write.sum,lts__t_sector_op_read_hit_rate.pct,lts__t_sector_op_write_hit_rate.pct \
       python3 bench/bench_adam.py --lib "$lib" --params 67108864 --only fp8amp.O2.bf16_p.e4m3_g \
       --out "$out/ncu-bench-$tag.json" >"$out/ncu-$tag.txt" 2>&1
-    if [ "${NCU_SOURCE:-0}" = 1 ]; then  # with -o the metrics went to the report: print them from it
-      "$ncu_bin" --import "/tmp/ncu-$tag.ncu-rep" >"$out/ncu-$tag.txt" 2>&1
-      "$ncu_bin" --import "/tmp/ncu-$tag.ncu-rep" --page source --print-source sass --csv >"$out/sass-$tag.csv" 2>&1
-      echo "sass-$tag.csv: $(wc -l <"$out/sass-$tag.csv") lines"
-    fi
     echo "== ncu $tag"
     grep -E "Duration|DRAM Throughput|Compute \(SM\) Throughput|Registers Per|Achieved Occupancy|Executed Ipc A|Issue Slots Busy|Executed Instructions  |Warp Cycles Per Issued|No Eligible|dram__bytes|sm__cycles_elapsed|lts__t_sector" "$out/ncu-$tag.txt" | head -24
-    grep -E "issue_stalled" "$out/ncu-$tag.txt" | sort -k3 -g -r | head -8
   done
 else
   echo "ncu: ${ncu_bin:-none}, skipped at ${SECONDS} s"
