@@ -51,9 +51,9 @@ constexpr int kFastMinBlocks = FP8AMP_ADAM_FAST_MIN_BLOCKS;
 #endif
 // 1: the fast kernel's per-element sqrt(v) and m / denom take sqrt_lean / div_lean (adam_div.cuh)
 // with their ranges checked once per lane (a lane outside them is redone on the reference path)
-// instead of a branch and a convergence barrier per element. Prepared for the Adam issue's bandwidth
-// target (docs/performance.md, "Adam", third round: the update is at the knee where its instruction
-// issue holds back its loads); 0 until a device run shows it faster.
+// instead of a branch and a convergence barrier per element. Off: on an H100 it executes 7% fewer
+// instructions but the O2 step takes 3% longer (O1: 2% shorter; docs/performance.md, "Adam", fourth
+// round); kept for the measurements it makes possible, checked by bench/adam_ieee_check.cu.
 #ifndef FP8AMP_ADAM_LEAN
 #define FP8AMP_ADAM_LEAN 0
 #endif
