@@ -45,18 +45,8 @@ constexpr int kMinBlocks = FP8AMP_ADAM_MIN_BLOCKS;
 #define FP8AMP_ADAM_FAST_MIN_BLOCKS 3
 #endif
 constexpr int kFastMinBlocks = FP8AMP_ADAM_FAST_MIN_BLOCKS;
-// 1: the fast kernel issues the next iteration's loads before this one's arithmetic (more registers).
-#ifndef FP8AMP_ADAM_PREFETCH
-#define FP8AMP_ADAM_PREFETCH 0
-#endif
-// 1: the fast kernel's per-element sqrt(v) and m / denom take sqrt_lean / div_lean (adam_div.cuh)
-// with their ranges checked once per lane (a lane outside them is redone on the reference path)
-// instead of a branch and a convergence barrier per element. Off: on an H100 it executes 7% fewer
-// instructions but the O2 step takes 3% longer (O1: 2% shorter; docs/performance.md, "Adam", fourth
-// round); kept for the measurements it makes possible, checked by bench/adam_ieee_check.cu.
-#ifndef FP8AMP_ADAM_LEAN
-#define FP8AMP_ADAM_LEAN 0
-#endif
+
+
 // Measurement only: 1 skips the fast kernel's gradient check (the update then runs as if every
 // gradient were finite), so the update's share of a step can be timed. Never set in a build that trains.
 #ifndef FP8AMP_ADAM_SKIP_CHECK
@@ -974,11 +964,6 @@ __device__ __forceinline__ float in_register(float x) {
 struct Consts {
     float omb1, omb2, beta2, eps, bc2, step_size, decay, wd, coef;
     ConstDiv div;  // of bc2
-#if FP8AMP_ADAM_LEAN
-    // the largest |m| of a lane for div_lean's range (|m| <= 2^100 and |m| / eps <= 2^100); -1 (every
-    // lane on the reference path) when eps is outside [2^-100, 2^70]
-    float am_max;
-#endif
 };
 
 // One parameter as the fast path reads it (loaded once per segment).
@@ -1026,24 +1011,11 @@ template <class C> struct New8 {
     float w[C::MASTER ? 8 : 1];
     uint32_t p[2 * C::PB];  // the parameter's codes, packed
     float am, av, aw;       // the lane's NaN-propagating amax of |m|, |v|, |w|
-#if FP8AMP_ADAM_LEAN
-    // the ranges of sqrt_lean and div_lean over the lane's elements: the least bits(v) - 1 (+0 wraps
-    // to the top) and the largest bits(v) (negatives above FLT_MAX's), the least (bits(m) << 1) - 1
-    // (the sign dropped, +-0 wrapped to the top), the largest denominator
-    uint32_t vlo, vhi, mkey;
-    float dmax;
-#endif
 };
 
 template <class C, bool GUARD, bool FAST>
 __device__ __forceinline__ void compute8(const Consts &k, const Seg &s, const Raw8<C> &r, int n, New8<C> &o) {
     o.am = o.av = o.aw = 0.0f;
-#if FP8AMP_ADAM_LEAN
-    constexpr bool kLean = FAST;
-    if (kLean) o.vlo = o.mkey = 0xFFFFFFFFu, o.vhi = 0u, o.dmax = 0.0f;
-#else
-    constexpr bool kLean = false;
-#endif
     float wk[4];  // weights waiting to be encoded with their neighbours
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
@@ -1060,22 +1032,9 @@ __device__ __forceinline__ void compute8(const Consts &k, const Seg &s, const Ra
         else w = fmul(w, k.decay);
         m = fadd(m, fmul(k.omb1, fsub(g, m)));
         v = fadd(fmul(v, k.beta2), fmul(fmul(k.omb2, g), g));
-#if FP8AMP_ADAM_LEAN
-        if constexpr (kLean) {
-            const float sq = fmaxf(sqrt_lean(v), 0.0f);  // v = +0: NaN -> +0, as fsqrt
-            const float denom = fadd(div_const(sq, k.div), k.eps);
-            w = fsub(w, fmul(k.step_size, div_lean(m, denom)));
-            o.vlo = min(o.vlo, __float_as_uint(v) - 1u);
-            o.vhi = max(o.vhi, __float_as_uint(v));
-            o.mkey = min(o.mkey, (__float_as_uint(m) << 1) - 1u);
-            o.dmax = fmaxf(o.dmax, denom);
-        } else
-#endif
-        {
-            const float sq = fsqrt(v);
-            const float denom = fadd(FAST ? div_const(sq, k.div) : fdiv(sq, k.bc2), k.eps);
-            w = fsub(w, fmul(k.step_size, fdiv(m, denom)));
-        }
+        const float sq = fsqrt(v);
+        const float denom = fadd(FAST ? div_const(sq, k.div) : fdiv(sq, k.bc2), k.eps);
+        w = fsub(w, fmul(k.step_size, fdiv(m, denom)));
         if (GUARD && j >= n) m = v = w = 0.0f;  // missing elements take no part in an amax
         o.m[j] = m, o.v[j] = v;
         if (C::MASTER) o.w[j] = w;
@@ -1144,17 +1103,6 @@ __device__ __forceinline__ void update8(const Consts &k, const Seg &s, const Raw
     // weight NaN (the pair encoders' NaN is not the CPU's), a usable meta scale.
     bool rare = !(o.av <= FLT_MAX);
     // (denom >= eps: with eps >= 2^-100 it is a normal float, at most 2^76 for a finite v)
-#if FP8AMP_ADAM_LEAN
-    {
-        // sqrt_lean: every nonzero v in [2^-101, FLT_MAX]. div_lean: every denominator in [eps, 2^76]
-        // (eps >= 2^-100: k.am_max), every nonzero |m| >= 2^-100 and with it |m| / dmax >= 2^-100
-        // (then every nonzero quotient is >= 2^-100; the product by 2^100 is exact or +inf), and
-        // |m| <= am_max (every quotient <= 2^100)
-        rare |= o.vlo < 0x0CFFFFFFu || o.vhi > 0x7F7FFFFFu || !(o.dmax <= 0x1p76f) || !(o.am <= k.am_max);
-        if (o.mkey != 0xFFFFFFFFu)  // some m is nonzero
-            rare |= o.mkey < 0x1AFFFFFFu || !(fmul(__uint_as_float((o.mkey >> 1) + 1u), 0x1p100f) >= o.dmax);
-    }
-#endif
     if (C::PD != kF32) rare |= o.aw != o.aw;
     if (C::SCALABLE) rare |= s.meta && !s.scale_ok;
     if (__builtin_expect(rare, 0)) {
@@ -1203,9 +1151,8 @@ __device__ __forceinline__ void update8(const Consts &k, const Seg &s, const Raw
     store8<C::PB, GUARD, C::CACHE>(s.param + e * C::PB, pb, n);
 }
 
-// Chunks (128 elements) [ca, cb) of parameter s, this warp's: pairs of chunks per iteration, the
-// next pair's loads issued before this pair's arithmetic (two register sets used in turn, so that no
-// copies are needed between iterations).
+// Chunks (128 elements) [ca, cb) of parameter s, this warp's: pairs of chunks per iteration (the
+// lower half-warp takes the first, the upper the second).
 template <class C>
 __device__ __forceinline__ void run_chunks(const Consts &k, const Seg &s, int64_t ca, int64_t cb, bool vec, int lane,
                                            float &wseg) {
@@ -1216,30 +1163,11 @@ __device__ __forceinline__ void run_chunks(const Consts &k, const Seg &s, int64_
     const uint32_t cfull = uint32_t(vec ? max(ca, min(cb, s.numel / kChunk)) : ca);  // [ca, cfull): full chunks
     uint32_t pairs = (cfull - uint32_t(ca)) / 2;
     uint32_t blk = uint32_t(ca) + (hi ? 1 : 0);
-#if FP8AMP_ADAM_PREFETCH
-    if (pairs > 0) {
-        Raw8<C> a, b;
-        load_raw8<C, false>(s, blk * kChunk + lane_off, blk, 8, a);
-        for (;;) {
-            const bool more1 = pairs > 1;
-            if (more1) load_raw8<C, false>(s, (blk + 2) * kChunk + lane_off, blk + 2, 8, b);
-            update8<C, false>(k, s, a, blk * kChunk + lane_off, blk, 8, hi, lead, wseg);
-            blk += 2, --pairs;
-            if (!more1) break;
-            const bool more2 = pairs > 1;
-            if (more2) load_raw8<C, false>(s, (blk + 2) * kChunk + lane_off, blk + 2, 8, a);
-            update8<C, false>(k, s, b, blk * kChunk + lane_off, blk, 8, hi, lead, wseg);
-            blk += 2, --pairs;
-            if (!more2) break;
-        }
-    }
-#else
     for (; pairs > 0; --pairs, blk += 2) {
         Raw8<C> a;
         load_raw8<C, false>(s, blk * kChunk + lane_off, blk, 8, a);
         update8<C, false>(k, s, a, blk * kChunk + lane_off, blk, 8, hi, lead, wseg);
     }
-#endif
     if ((cfull - uint32_t(ca)) & 1) {  // one full chunk left: the upper half-warp repeats the lower half's
         const uint32_t b1 = cfull - 1;
         Raw8<C> r;
@@ -1417,9 +1345,6 @@ __global__ void __launch_bounds__(kThreads, kFastMinBlocks) adam_fast_kernel(con
     k.omb1 = ss.one_minus_beta1, k.omb2 = ss.one_minus_beta2, k.beta2 = in_register(c.beta2), k.eps = in_register(c.eps);
     k.bc2 = ss.bc2_sqrt, k.step_size = ss.step_size, k.decay = ss.decay, k.wd = in_register(c.weight_decay), k.coef = 1.0f;
     k.div = make_const_div(ss.bc2_sqrt);
-#if FP8AMP_ADAM_LEAN
-    k.am_max = c.eps >= 0x1p-100f && c.eps <= 0x1p70f ? fminf(0x1p100f, fmul(c.eps, 0x1p99f)) : -1.0f;
-#endif
     if (CLIP) k.coef = clip_coefficient(c.max_grad_norm, norm);
     {
         int kk = ub < ue ? find_param(c, ub) : 0;
