@@ -280,16 +280,7 @@ FP8AMP_API fp8amp_status fp8amp_cast(fp8amp_context ctx, fp8amp_tensor src, fp8a
 FP8AMP_API fp8amp_status fp8amp_recipe_init_default(fp8amp_recipe *recipe) {
     FP8AMP_GUARD({
         require(recipe, "recipe");
-        fp8amp_recipe r{};
-        r.struct_size = sizeof(fp8amp_recipe);
-        r.format = FP8AMP_FORMAT_HYBRID;
-        r.mode = FP8AMP_SCALING_DELAYED;
-        r.margin = 0;
-        r.interval = 1;
-        r.amax_history_len = 1024;
-        r.amax_algo = FP8AMP_AMAX_MAX;
-        r.power_of_two_scales = 0;
-        *recipe = r;
+        *recipe = fp8amp::core::default_recipe();
     });
 }
 

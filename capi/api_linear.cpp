@@ -20,18 +20,7 @@ extern "C" {
 FP8AMP_API fp8amp_status fp8amp_linear_desc_init_default(fp8amp_linear_desc *desc) {
     FP8AMP_GUARD({
         require(desc, "desc");
-        fp8amp_linear_desc d{};
-        d.struct_size = sizeof d;
-        d.in_features = 0;
-        d.out_features = 0;
-        d.has_bias = 1;
-        d.weight_dtype = FP8AMP_DTYPE_BF16;
-        d.wgrad_dtype = FP8AMP_DTYPE_E4M3;
-        if (fp8amp_recipe_init_default(&d.recipe) != FP8AMP_SUCCESS)
-            fail(FP8AMP_ERROR_INTERNAL, "fp8amp_recipe_init_default failed");
-        d.policy = FP8AMP_GEMM_AUTO;
-        d.graph_replay = 1;
-        *desc = d;
+        *desc = Linear::default_desc();
     });
 }
 

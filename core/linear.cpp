@@ -67,12 +67,27 @@ struct GemmCall {
     bool fast_accum;
 };
 
+fp8amp_linear_desc Linear::default_desc() {
+    fp8amp_linear_desc d{};
+    d.struct_size = sizeof d;
+    d.in_features = 0;
+    d.out_features = 0;
+    d.has_bias = 1;
+    d.weight_dtype = FP8AMP_DTYPE_BF16;
+    d.wgrad_dtype = FP8AMP_DTYPE_E4M3;
+    d.recipe = default_recipe();
+    d.policy = FP8AMP_GEMM_AUTO;
+    d.graph_replay = 1;
+    return d;
+}
+
 std::shared_ptr<Linear> Linear::create(std::shared_ptr<const Context> ctx, const fp8amp_linear_desc &caller_desc) {
-    // The first layout ended with `policy`: a caller built against it gets graph_replay's default, 1.
+    // The first layout ended with `policy`: a caller built against it gets the defaults of the fields
+    // added since (graph_replay: 1).
     constexpr size_t kFirstLayout = offsetof(fp8amp_linear_desc, graph_replay);
     static_assert(kFirstLayout % alignof(fp8amp_linear_desc) == 0, "the first layout's size is its end");
-    fp8amp_linear_desc desc = read_sized(caller_desc, "desc", "fp8amp_linear_desc", "fp8amp_linear_desc_init_default", kFirstLayout);
-    if (caller_desc.struct_size < sizeof desc) desc.graph_replay = 1;
+    const fp8amp_linear_desc desc = read_sized(caller_desc, "desc", "fp8amp_linear_desc", "fp8amp_linear_desc_init_default",
+                                               kFirstLayout, default_desc());
     // Beyond 2^31 - 1 features cuBLASLt's 32-bit dimensions give out; no real layer comes near.
     constexpr int64_t kMaxFeatures = (int64_t{1} << 31) - 1;
     if (desc.in_features < 1 || desc.in_features > kMaxFeatures)

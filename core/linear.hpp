@@ -19,6 +19,8 @@ class Linear {
 public:
     static constexpr HandleKind kKind = HandleKind::Linear;
 
+    // fp8amp_linear_desc_init_default's descriptor (no features yet: the caller sets them).
+    static fp8amp_linear_desc default_desc();
     // Validates the descriptor (INVALID_ARGUMENT / DTYPE_MISMATCH) and allocates the parameters.
     static std::shared_ptr<Linear> create(std::shared_ptr<const Context> ctx, const fp8amp_linear_desc &caller_desc);
 

@@ -28,6 +28,19 @@ float scaled_dtype_max(fp8amp_dtype dtype) {
     }
 }
 
+fp8amp_recipe default_recipe() {
+    fp8amp_recipe r{};
+    r.struct_size = sizeof(fp8amp_recipe);
+    r.format = FP8AMP_FORMAT_HYBRID;
+    r.mode = FP8AMP_SCALING_DELAYED;
+    r.margin = 0;
+    r.interval = 1;
+    r.amax_history_len = 1024;
+    r.amax_algo = FP8AMP_AMAX_MAX;
+    r.power_of_two_scales = 0;
+    return r;
+}
+
 fp8amp_recipe validate_recipe(const fp8amp_recipe &recipe) {
     fp8amp_recipe r = read_sized(recipe, "recipe", "fp8amp_recipe", "fp8amp_recipe_init_default");
     // Enum fields read as integers (enum_value): an out-of-range value is no valid C++ enum value.

@@ -17,6 +17,10 @@ struct ScalingState;
 
 namespace fp8amp::core {
 
+// fp8amp_recipe_init_default's recipe: HYBRID, delayed scaling, margin 0, interval 1, amax history
+// of 1024 by its maximum, scales not rounded to powers of two.
+fp8amp_recipe default_recipe();
+
 // The recipe fields this library knows, after checking that the caller's struct is large enough and
 // every field is in range (INVALID_ARGUMENT otherwise).
 fp8amp_recipe validate_recipe(const fp8amp_recipe &recipe);

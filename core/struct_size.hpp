@@ -1,9 +1,9 @@
 // Option structs of the public API begin with uint32_t struct_size: the size of the struct the caller
 // was compiled with (docs/api.md 1.6). Every function that takes one reads it through read_sized, so
 // the rule is one piece of code: this library's layout, or a newer, larger one (its known prefix is
-// read, the rest ignored), or an earlier layout named by the caller of read_sized (its fields come
-// back zero; the caller gives them their defaults). Only struct_size bytes of the caller's struct
-// are read; any other size is INVALID_ARGUMENT.
+// read, the rest ignored), or an earlier layout named by the caller of read_sized (the fields added
+// since take their values from `defaults`, the init function's struct). Only struct_size bytes of
+// the caller's struct are read; any other size is INVALID_ARGUMENT.
 #pragma once
 
 #include <algorithm>
@@ -16,9 +16,11 @@
 namespace fp8amp {
 
 // what: how the message names the struct ("desc", "args"); type: its C name; init: the function that
-// fills it. first_layout: the size of an earlier layout also accepted (0: none).
+// fills it. first_layout: the size of an earlier layout also accepted (0: none), whose missing fields
+// come from defaults.
 template <class T>
-T read_sized(const T &caller, const char *what, const char *type, const char *init, size_t first_layout = 0) {
+T read_sized(const T &caller, const char *what, const char *type, const char *init, size_t first_layout = 0,
+             const T &defaults = T{}) {
     const size_t size = caller.struct_size;
     if (size < sizeof(T) && (first_layout == 0 || size != first_layout)) {
         const std::string head = std::string(what) + "->struct_size is " + std::to_string(size);
@@ -29,7 +31,7 @@ T read_sized(const T &caller, const char *what, const char *type, const char *in
                                                 " bytes) nor its first layout (" + std::to_string(first_layout) +
                                                 " bytes): initialize it with " + init);
     }
-    T d{};
+    T d = defaults;
     std::memcpy(&d, &caller, std::min(size, sizeof d));
     d.struct_size = sizeof d;
     return d;
