@@ -227,6 +227,16 @@ __global__ void __launch_bounds__(256) mix_work(const uint8_t *g, uint8_t *w, ui
     if (acc == 12345.0f) *sink = acc;
 }
 
+// The EXTRA combinations main() times, and the launch of mix_work<true, EXTRA> for one of them.
+template <int... E> struct Extras {
+    static constexpr int list[sizeof...(E)] = {E...};
+    static void launch(int extra, dim3 grid, dim3 block, const uint8_t *g, uint8_t *w, uint8_t *m, uint8_t *v, int64_t n,
+                       int work, float *sink, float *ms, float *vs) {
+        ((extra == E ? (void)mix_work<true, E><<<grid, block>>>(g, w, m, v, n, work, sink, ms, vs) : (void)0), ...);
+    }
+};
+using ProbeExtras = Extras<0, 1, 2, 3, 4, 7, 8, 9, 13, 16, 17, 21, 32, 64, 80, 84>;
+
 // The check's read: n bytes of gradients, L 16-byte loads per lane in flight; MODE 0: each warp its
 // range front to back, 1: the same range in runs of 4 KB from the last to the first, 2: grid-stride.
 template <int L, int MODE>
@@ -502,29 +512,10 @@ int main(int argc, char **argv) {
         CHECK(cudaMalloc(&vs, n / 128 * sizeof(float)));
         CHECK(cudaMemset(ms, 0x3F, n / 128 * sizeof(float)));
         CHECK(cudaMemset(vs, 0x3F, n / 128 * sizeof(float)));
-        for (int extra : {0, 1, 2, 3, 4, 7, 8, 9, 13, 16, 17, 21, 32, 64, 80, 84}) {
+        for (int extra : ProbeExtras::list) {
             for (int work : {0, 512}) {
                 const dim3 grid(3 * sms), block(256);
-                auto launch = [&] {
-                    switch (extra) {
-                    case 0: mix_work<true, 0><<<grid, block>>>(g, w, m, v, n, work, sink, ms, vs); break;
-                    case 1: mix_work<true, 1><<<grid, block>>>(g, w, m, v, n, work, sink, ms, vs); break;
-                    case 2: mix_work<true, 2><<<grid, block>>>(g, w, m, v, n, work, sink, ms, vs); break;
-                    case 3: mix_work<true, 3><<<grid, block>>>(g, w, m, v, n, work, sink, ms, vs); break;
-                    case 4: mix_work<true, 4><<<grid, block>>>(g, w, m, v, n, work, sink, ms, vs); break;
-                    case 8: mix_work<true, 8><<<grid, block>>>(g, w, m, v, n, work, sink, ms, vs); break;
-                    case 9: mix_work<true, 9><<<grid, block>>>(g, w, m, v, n, work, sink, ms, vs); break;
-                    case 13: mix_work<true, 13><<<grid, block>>>(g, w, m, v, n, work, sink, ms, vs); break;
-                    case 16: mix_work<true, 16><<<grid, block>>>(g, w, m, v, n, work, sink, ms, vs); break;
-                    case 17: mix_work<true, 17><<<grid, block>>>(g, w, m, v, n, work, sink, ms, vs); break;
-                    case 21: mix_work<true, 21><<<grid, block>>>(g, w, m, v, n, work, sink, ms, vs); break;
-                    case 32: mix_work<true, 32><<<grid, block>>>(g, w, m, v, n, work, sink, ms, vs); break;
-                    case 64: mix_work<true, 64><<<grid, block>>>(g, w, m, v, n, work, sink, ms, vs); break;
-                    case 80: mix_work<true, 80><<<grid, block>>>(g, w, m, v, n, work, sink, ms, vs); break;
-                    case 84: mix_work<true, 84><<<grid, block>>>(g, w, m, v, n, work, sink, ms, vs); break;
-                    default: mix_work<true, 7><<<grid, block>>>(g, w, m, v, n, work, sink, ms, vs); break;
-                    }
-                };
+                auto launch = [&] { ProbeExtras::launch(extra, grid, block, g, w, m, v, n, work, sink, ms, vs); };
                 const float ms_t = time_ms(launch, a, b);
                 CHECK(cudaGetLastError());
                 const double extra_bytes = double(n) / 128 * 8 * (((extra & 65) ? 1 : 0) + ((extra & 26) ? 1 : 0));
