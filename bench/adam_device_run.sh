@@ -9,7 +9,9 @@
 # A variant named name@dir builds the sources in dir instead (an older commit's tree, from git archive).
 # SUITE=0: skip the test suite and the default build's full bench (variant runs only).
 # PROBE=1: first run bench/adam_stream_probe.cu (probe.json), while the variants build.
-# ONLY: the bench cases the variants are timed on (default: the two O2 cases). NCU_LIBS: the libraries
+# ONLY: the bench cases the variants are timed on (default: the two O2 cases). BENCH_ARGS: more
+# bench_adam.py arguments for the variants' runs and the default build's (e.g. "--fresh-grads 4"); with
+# FRESH=K, every library is timed a second time with --fresh-grads K (adam-fresh-*.json). NCU_LIBS: the libraries
 # Nsight Compute profiles in turn (default NCU_LIB, else build-gpu/libfp8amp.so); NCU_BEFORE: skip it
 # past this many seconds. The warp-stall breakdown at the timed runs' clocks: bench/adam_ncu_stalls.sh.
 set -uo pipefail
@@ -43,11 +45,11 @@ if [ "${SUITE:-1}" = 1 ]; then  # SUITE=0: variants only (the default build stil
   echo "tests done at ${SECONDS} s"
   nvcc -O3 -arch=sm_90 -std=c++17 -I kernels bench/adam_ieee_check.cu -o build-gpu/adam_ieee_check &&
     timeout 30 ./build-gpu/adam_ieee_check | tee "$out/ieee_check.txt"
-  timeout 90 python3 bench/bench_adam.py --lib build-gpu/libfp8amp.so --out "$out/adam.json" >"$out/bench.log" 2>&1
+  timeout 90 python3 bench/bench_adam.py --lib build-gpu/libfp8amp.so --out "$out/adam.json" ${BENCH_ARGS:-} >"$out/bench.log" 2>&1
   tail -9 "$out/bench.log"
 else  # the default build on the variants' cases, as their baseline in this run
   timeout 90 python3 bench/bench_adam.py --lib build-gpu/libfp8amp.so --only "${ONLY:-fp8amp.O2.bf16_p.e4m3_g,fp8amp.O2.f32_p.f32_g}" \
-    --out "$out/adam.json" >"$out/bench.log" 2>&1
+    --out "$out/adam.json" ${BENCH_ARGS:-} >"$out/bench.log" 2>&1
   echo "== default"; grep -E "^fp8amp" "$out/bench.log" | tail -4
 fi
 for p in "${pids[@]}"; do wait "$p"; done
@@ -55,7 +57,7 @@ for v in "$@"; do
   name=${v%%:*}; name=${name%%@*}
   if [ -f "build-$name/libfp8amp.so" ]; then
     timeout 90 python3 bench/bench_adam.py --lib "build-$name/libfp8amp.so" --only "${ONLY:-fp8amp.O2.bf16_p.e4m3_g,fp8amp.O2.f32_p.f32_g}" \
-      --out "$out/adam-$name.json" >"$out/bench-$name.log" 2>&1
+      --out "$out/adam-$name.json" ${BENCH_ARGS:-} >"$out/bench-$name.log" 2>&1
     echo "== $name"; grep -E "^fp8amp" "$out/bench-$name.log" | tail -4
     if [[ $name != p1* ]]; then
       LD_LIBRARY_PATH="$PWD/build-$name:${LD_LIBRARY_PATH:-}" timeout 90 build-gpu/tests/capi/test_optimizer >"$out/test-$name.log" 2>&1
@@ -66,6 +68,15 @@ for v in "$@"; do
     echo "== $name: build failed"; tail -3 "$out/build-$name.log"
   fi
 done
+if [ -n "${FRESH:-}" ]; then  # every library again, each step with the next of FRESH gradient sets
+  for lib in build-gpu/libfp8amp.so $(for v in "$@"; do n=${v%%:*}; echo "build-${n%%@*}/libfp8amp.so"; done); do
+    [ -f "$lib" ] || continue
+    tag=$(basename "$(dirname "$lib")")
+    timeout 120 python3 bench/bench_adam.py --lib "$lib" --only "${ONLY:-fp8amp.O2.bf16_p.e4m3_g,fp8amp.O2.f32_p.f32_g}" \
+      --fresh-grads "$FRESH" --out "$out/adam-fresh-$tag.json" >"$out/bench-fresh-$tag.log" 2>&1
+    echo "== fresh $tag"; grep -E "^fp8amp" "$out/bench-fresh-$tag.log" | tail -4
+  done
+fi
 echo "benches done at ${SECONDS} s"
 ncu_bin=$(command -v ncu || ls /usr/local/cuda/bin/ncu 2>/dev/null || true)
 if [ -n "$ncu_bin" ] && [ "$SECONDS" -lt "${NCU_BEFORE:-230}" ]; then

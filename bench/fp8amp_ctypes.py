@@ -90,17 +90,22 @@ class Lib:
         return s
 
 
-def bench(fn, rotations=None, warmup=3, reps=20, backlog_cycles=1_000_000):
+def bench(fn, rotations=None, warmup=3, reps=20, backlog_cycles=1_000_000, prep=None):
     """Median milliseconds of fn() -- or of fn(i) with i cycling over `rotations` input buffers --
     timed with CUDA events. A sleep kernel queued before each timed region keeps the host enqueueing
-    off the clock, so the events time the GPU work."""
+    off the clock, so the events time the GPU work. prep(i), if given, runs before every call
+    (warm-up and timed), off the clock: new inputs for call i."""
     call = fn if rotations is None else None
     for i in range(warmup):
+        if prep:
+            prep(i)
         fn() if call else fn(i % rotations)
     torch.cuda.synchronize()
     times = []
     for i in range(reps):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        if prep:
+            prep(warmup + i)
         torch.cuda._sleep(backlog_cycles)
         start.record()
         fn() if call else fn(i % rotations)
