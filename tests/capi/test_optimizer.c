@@ -759,6 +759,7 @@ typedef struct {
     int adamw, maximize;
     float wd;
     fp8amp_dtype pdt[3], gdt[3];
+    int32_t block; /* state_block_size; 0: the level's */
 } many_blocks_case;
 
 /* Three steps of each case on the CPU and on CUDA from the same values, then the same checkpoint. */
@@ -771,6 +772,7 @@ static void many_blocks_run(const many_blocks_case *cases, size_t ncases, const 
         d.adamw = cc->adamw;
         d.maximize = cc->maximize;
         d.weight_decay = cc->wd;
+        if (cc->block) d.state_block_size = cc->block;
         fill_uniform(p0, 3, shapes, -1, 1);
         /* b starts from the same original values: problem_init overwrites p0 with what a's tensors
          * hold, and a scaled parameter's meta records the amax of the values quantized into it, so
@@ -822,6 +824,10 @@ static void test_cpu_cuda_bit_identical_many_blocks(void **state) {
         {FP8AMP_OPT_LEVEL_O2, 0, 1, 0.05f, {F16S, BF16, BF16}, {E4M3, BF16, E4M3}},
         {FP8AMP_OPT_LEVEL_O1, 1, 0, 0.01f, {F32, F32, F32}, {F32, F32, F32}},
         {FP8AMP_OPT_LEVEL_O1, 0, 1, 0.05f, {F16S, BF16, BF16}, {E4M3, E4M3, BF16}},
+        /* O1 with units of 2 and 8 chunks: the last unit of the 4477 elements holds an empty chunk
+         * (256) or several (1024), which the update's chunk numbering skips */
+        {FP8AMP_OPT_LEVEL_O1, 1, 0, 0.01f, {F32, BF16, BF16}, {F32, E4M3, BF16}, 256},
+        {FP8AMP_OPT_LEVEL_O1, 0, 0, 0.0f, {BF16, F32, F16S}, {E4M3, F32, E4M3}, 1024},
         {FP8AMP_OPT_LEVEL_O3, 1, 0, 0.01f, {E4M3, E4M3, BF16}, {E4M3, E4M3, E4M3}},
         {FP8AMP_OPT_LEVEL_O3, 0, 1, 0.05f, {F16S, BF16, E4M3}, {E4M3, BF16, E4M3}},
     };
