@@ -67,7 +67,7 @@ struct ScalerConfig {
 struct Partial {
     double sumsq;
     int32_t bad;
-    int32_t pad_;
+    uint32_t next_run;  // CTA 0's: the CUDA update's next run of pairs to take
 };
 
 // Everything one step needs, passed by value to the kernel.

@@ -687,9 +687,10 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) adam_kernel(const __grid
 // and every parameter's (param dtype, grad dtype) pair is in FastPairs below; otherwise the generic
 // kernel above runs. The same three phases and the same arithmetic (kernels/adam.hpp, bit-identical
 // to kernels/cpu/adam.cpp); what differs is the cost per element (docs/performance.md, "Adam"):
-//  - a half-warp per 128-element block: 16 lanes x 8 contiguous elements, two blocks per warp
-//    iteration, 8- and 16-byte vector loads, the next iteration's loads issued before this one's
-//    arithmetic (raw bits only: a few registers);
+//  - a half-warp per 128-element block: 16 lanes x 8 contiguous elements, two blocks (a pair of
+//    chunks) per warp iteration, 8- and 16-byte vector loads; each warp takes a contiguous range of
+//    pairs, and the last 10% of the pairs go in runs of 16 to whichever warp is free (run_pairs);
+//  - a block's scale_inv is stored only where it changed (update8);
 //  - dtypes, the weight-decay form and clipping are template parameters: no per-element switches;
 //  - a block's amax is a NaN-propagating float max per lane (one FMNMX per value) and one
 //    redux.sync per half-warp; its power-of-two scale comes from the amax bits by integer operations
@@ -701,9 +702,9 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) adam_kernel(const __grid
 //  - the gradient check reads 16 bytes per lane and sums squares in float64; it needs no per-element
 //    finiteness test: a float64 sum of squares of finite float32 values is finite (< 2^31 * 2^256),
 //    and one inf/NaN element makes it inf/NaN, so the sum itself says whether the step must skip.
-// A warp's last iteration of a parameter with an odd number of blocks gives its second half-warp
-// the first half's block again: both halves compute the same values and store the same bytes to the
-// same addresses in the same instructions, so no lane needs a predicate.
+// A pair of which only one chunk is the parameter's (its first or its last) gives its second
+// half-warp the first half's chunk again: both halves compute the same values and store the same
+// bytes to the same addresses in the same instructions, so no lane needs a predicate.
 
 constexpr int kF32 = FP8AMP_DTYPE_F32, kF16 = FP8AMP_DTYPE_F16, kBF16 = FP8AMP_DTYPE_BF16,
               kE4M3 = FP8AMP_DTYPE_E4M3, kE5M2 = FP8AMP_DTYPE_E5M2;
@@ -1092,7 +1093,9 @@ __device__ __noinline__ void compute8_reference(const Consts &k, const Seg &s, u
 }
 
 // One lane's 8 elements of block `blk` (first element e): update, block scales, stores. hi: the
-// lane is in the upper half-warp; lead: the half's first lane (writes the block's scales). wseg: the
+// lane is in the upper half-warp; lead: the half's first lane (writes the block's scales, and only
+// where they changed: a power of two that most blocks keep from step to step, so that most lines of
+// the scale arrays stay clean and are never written back; the same bytes either way). wseg: the
 // lane's amax of its new weights over the segment (scaled parameters' metas).
 template <class C, bool GUARD>
 __device__ __forceinline__ void update8(const Consts &k, const Seg &s, const Raw8<C> &r, uint32_t e, uint32_t blk, int n,
@@ -1119,7 +1122,8 @@ __device__ __forceinline__ void update8(const Consts &k, const Seg &s, const Raw
 #pragma unroll
         for (int j = 0; j < 8; ++j) y[j] = fmul(o.m[j], sc);
         store8<1, GUARD, C::CACHE>(s.m + e, encode8<kE4M3>(y, a < 0x7F800000u), n);
-        if (lead) s.m_si[blk] = __uint_as_float(inverse_bits(sb));
+        if (lead && inverse_bits(sb) != __float_as_uint(r.m_inv))  // only a changed scale
+            s.m_si[blk] = __uint_as_float(inverse_bits(sb));
     } else {
         store8<4, GUARD, C::CACHE>(s.m + e * 4, encode8<kF32>(o.m, true), n);
     }
@@ -1131,7 +1135,8 @@ __device__ __forceinline__ void update8(const Consts &k, const Seg &s, const Raw
 #pragma unroll
         for (int j = 0; j < 8; ++j) y[j] = fmul(o.v[j], sc);
         store8<2, GUARD, C::CACHE>(s.v + e * 2, encode8<kF16>(y, a < 0x7F800000u), n);
-        if (lead) s.v_si[blk] = __uint_as_float(inverse_bits(sb));
+        if (lead && inverse_bits(sb) != __float_as_uint(r.v_inv))  // only a changed scale
+            s.v_si[blk] = __uint_as_float(inverse_bits(sb));
     } else {
         store8<4, GUARD, C::CACHE>(s.v + e * 4, encode8<kF32>(o.v, true), n);
     }
@@ -1143,7 +1148,8 @@ __device__ __forceinline__ void update8(const Consts &k, const Seg &s, const Raw
 #pragma unroll
         for (int j = 0; j < 8; ++j) y[j] = fmul(o.w[j], sc);
         store8<2, GUARD, C::CACHE>(s.master + e * 2, encode8<kF16>(y, a < 0x7F800000u), n);
-        if (lead) s.w_si[blk] = __uint_as_float(inverse_bits(sb));
+        if (lead && inverse_bits(sb) != __float_as_uint(r.w_inv))  // only a changed scale
+            s.w_si[blk] = __uint_as_float(inverse_bits(sb));
     }
     Bits<8 * C::PB> pb;
 #pragma unroll
@@ -1151,53 +1157,96 @@ __device__ __forceinline__ void update8(const Consts &k, const Seg &s, const Raw
     store8<C::PB, GUARD, C::CACHE>(s.param + e * C::PB, pb, n);
 }
 
-// Chunks (128 elements) [ca, cb) of parameter s, this warp's: pairs of chunks per iteration (the
-// lower half-warp takes the first, the upper the second).
+// The update over global chunks [x, xend) of parameter s (chunks are numbered across parameters:
+// s's are [pb, pb + its chunk count); pairs of chunks start at even numbers, the lower half-warp
+// taking the first, the upper the second). x is even, or odd when its pair's first chunk belonged
+// to the parameter before. Returns where it stopped: xend, the end of s's chunks, or the odd second
+// chunk of a pair cut by s's end (taken with the next parameter).
 template <class C>
-__device__ __forceinline__ void run_chunks(const Consts &k, const Seg &s, int64_t ca, int64_t cb, bool vec, int lane,
-                                           float &wseg) {
+__device__ __forceinline__ int64_t run_pairs(const Consts &k, const Seg &s, int64_t x, int64_t pb, int64_t xend, bool vec,
+                                             int lane, float &wseg) {
     const bool hi = lane >= 16;
     const bool lead = (lane & 15) == 0;
     const uint32_t lane_off = (lane & 15) * 8;
-    // element and block indices, and byte offsets, within the parameter fit 32 bits (launch checks)
-    const uint32_t cfull = uint32_t(vec ? max(ca, min(cb, s.numel / kChunk)) : ca);  // [ca, cfull): full chunks
-    uint32_t pairs = (cfull - uint32_t(ca)) / 2;
-    uint32_t blk = uint32_t(ca) + (hi ? 1 : 0);
-    for (; pairs > 0; --pairs, blk += 2) {
-        Raw8<C> a;
-        load_raw8<C, false>(s, blk * kChunk + lane_off, blk, 8, a);
-        update8<C, false>(k, s, a, blk * kChunk + lane_off, blk, 8, hi, lead, wseg);
-    }
-    if ((cfull - uint32_t(ca)) & 1) {  // one full chunk left: the upper half-warp repeats the lower half's
-        const uint32_t b1 = cfull - 1;
-        Raw8<C> r;
-        load_raw8<C, false>(s, b1 * kChunk + lane_off, b1, 8, r);
-        update8<C, false>(k, s, r, b1 * kChunk + lane_off, b1, 8, hi, lead, wseg);
-    }
-    for (uint32_t c0 = cfull; c0 < uint32_t(cb); c0 += 2) {  // partial last chunk, or a parameter not 16-byte aligned
-        const uint32_t b1 = min(c0 + (hi ? 1u : 0u), uint32_t(cb) - 1);
+    // chunk indices within the parameter fit 32 bits (the launch checks its size)
+    const int64_t lim = xend - pb;
+    const uint32_t nch = uint32_t(min(lim, (s.numel + kChunk - 1) / kChunk));  // s's chunks below xend
+    const uint32_t nfull = vec ? uint32_t(min(lim, s.numel / kChunk)) : 0u;    // ... that are full, aligned
+    const uint32_t odd_base = uint32_t(pb & 1);  // a pair starts at xl where (xl & 1) == odd_base
+    uint32_t xl = uint32_t(x - pb);
+    for (;;) {
+        if ((xl & 1) == odd_base) {
+            for (; xl + 2 <= nfull; xl += 2) {
+                const uint32_t blk = xl + (hi ? 1 : 0);
+                Raw8<C> a;
+                load_raw8<C, false>(s, blk * kChunk + lane_off, blk, 8, a);
+                update8<C, false>(k, s, a, blk * kChunk + lane_off, blk, 8, hi, lead, wseg);
+            }
+        }
+        if (xl >= nch) break;
+        // A pair cut by the parameter's start or end, or holding its last partial (or unaligned)
+        // chunk: its chunks of this parameter, guarded.
+        const bool pair_start = (xl & 1) == odd_base;
+        const uint32_t second = pair_start && xl + 1 < nch ? xl + 1 : xl;
+        const uint32_t b1 = hi ? second : xl;
         const uint32_t e = b1 * kChunk + lane_off;
         const int n = int(max(int64_t(0), min(int64_t(8), s.numel - int64_t(e))));
         Raw8<C> r;
         load_raw8<C, true>(s, e, b1, n, r);
         update8<C, true>(k, s, r, e, b1, n, hi, lead, wseg);
+        if (pair_start && second == xl) return pb + xl + 1;  // the pair's second chunk is past this parameter
+        xl = (pair_start ? xl : xl - 1) + 2;
     }
+    return pb + xl;
 }
 
-template <bool M8, bool V16, bool MASTER, bool L2, bool CLIP, int CODE, int... REST>
-__device__ __forceinline__ void dispatch_pair(int code, const Consts &k, const Seg &s, int64_t ca, int64_t cb, bool vec,
-                                              int lane, float &wseg) {
+// Calls body(Cfg<...>{}) with the configuration of pair `code` (one of FastPairs' codes).
+template <bool M8, bool V16, bool MASTER, bool L2, bool CLIP, int CODE, int... REST, class Body>
+__device__ __forceinline__ void dispatch_pair(int code, Body &&body) {
     if (code == CODE) {
-        run_chunks<Cfg<CODE / 5, CODE % 5, M8, V16, MASTER, L2, CLIP>>(k, s, ca, cb, vec, lane, wseg);
+        body(Cfg<CODE / 5, CODE % 5, M8, V16, MASTER, L2, CLIP>{});
     } else if constexpr (sizeof...(REST) > 0) {
-        dispatch_pair<M8, V16, MASTER, L2, CLIP, REST...>(code, k, s, ca, cb, vec, lane, wseg);
+        dispatch_pair<M8, V16, MASTER, L2, CLIP, REST...>(code, body);
     }
 }
 
-template <bool M8, bool V16, bool MASTER, bool L2, bool CLIP, size_t... I>
-__device__ __forceinline__ void dispatch_pairs(std::index_sequence<I...>, int code, const Consts &k, const Seg &s,
-                                               int64_t ca, int64_t cb, bool vec, int lane, float &wseg) {
-    dispatch_pair<M8, V16, MASTER, L2, CLIP, FastPairs<M8, V16, MASTER>::codes[I]...>(code, k, s, ca, cb, vec, lane, wseg);
+template <bool M8, bool V16, bool MASTER, bool L2, bool CLIP, class Body, size_t... I>
+__device__ __forceinline__ void dispatch_pairs_of(std::index_sequence<I...>, int code, Body &&body) {
+    dispatch_pair<M8, V16, MASTER, L2, CLIP, FastPairs<M8, V16, MASTER>::codes[I]...>(code, body);
+}
+
+template <bool M8, bool V16, bool MASTER, bool L2, bool CLIP, class Body>
+__device__ __forceinline__ void dispatch_pairs(int code, Body &&body) {
+    dispatch_pairs_of<M8, V16, MASTER, L2, CLIP>(
+        std::make_index_sequence<sizeof(FastPairs<M8, V16, MASTER>::codes) / sizeof(int)>(), code, body);
+}
+
+// Parameter p as the update's loops read it.
+__device__ __forceinline__ Seg make_seg(const StepConfig &c, const Param &p, float loss_scale_inv) {
+    Seg s;
+    s.grad = static_cast<const uint8_t *>(p.grad);
+    s.param = static_cast<uint8_t *>(p.param);
+    s.m = static_cast<uint8_t *>(p.m);
+    s.v = static_cast<uint8_t *>(p.v);
+    s.master = static_cast<uint8_t *>(p.master);
+    s.m_si = p.m_scale_inv + p.scale_begin;
+    s.v_si = p.v_scale_inv + p.scale_begin;
+    s.w_si = p.master_scale_inv + p.scale_begin;
+    s.numel = p.numel;
+    s.f = grad_factor(c, p, loss_scale_inv);
+    if (c.maximize) s.f = -s.f;
+    s.param_inv = p.param_scale_inv ? *p.param_scale_inv : 1.0f;
+    s.meta = p.param_meta != nullptr;
+    s.param_scale = s.meta ? p.param_meta->scale : 1.0f;
+    s.scale_ok = s.param_scale != 0.0f && fabsf(s.param_scale) <= FLT_MAX;
+    return s;
+}
+
+// A scaled parameter's meta gets the warp's amax of the new weights it wrote.
+__device__ __forceinline__ void record_weight_amax(const Param &p, float wseg, int lane) {
+    uint32_t a = __reduce_max_sync(kFull, __float_as_uint(wseg));
+    if (a > 0x7F800000u) a = 0x7F800000u;  // NaN counts as inf (amax_bits_of)
+    if (lane == 0) atomicMax(&p.param_meta->amax_bits, a);
 }
 
 // The largest finite value of an 8- or 16-bit gradient dtype.
@@ -1331,6 +1380,8 @@ __global__ void __launch_bounds__(kThreads, kFastMinBlocks) adam_fast_kernel(con
     } else {
         check_units(ub, ue);
     }
+    // the update's run counter (below), first read after end_check's grid sync
+    if (blockIdx.x == 0 && threadIdx.x == 0) c.partials[0].next_run = 0;
     const CheckResult check = end_check<true>(c, grid, acc0 + acc1, bad, lane, step);
     if (check.found) return;  // uniform across the grid: nothing is written
     const float norm = check.norm;
@@ -1347,42 +1398,42 @@ __global__ void __launch_bounds__(kThreads, kFastMinBlocks) adam_fast_kernel(con
     k.div = make_const_div(ss.bc2_sqrt);
     if (CLIP) k.coef = clip_coefficient(c.max_grad_norm, norm);
     {
-        int kk = ub < ue ? find_param(c, ub) : 0;
-        for (int64_t u = ub; u < ue;) {
-            while (kk + 1 < c.nparams && c.params[kk + 1].unit_begin <= u) ++kk;
-            const Param &p = c.params[kk];
-            const int64_t next = kk + 1 < c.nparams ? c.params[kk + 1].unit_begin : c.total_units;
-            const int64_t stop = min(ue, next);
-            Seg s;
-            s.grad = static_cast<const uint8_t *>(p.grad);
-            s.param = static_cast<uint8_t *>(p.param);
-            s.m = static_cast<uint8_t *>(p.m);
-            s.v = static_cast<uint8_t *>(p.v);
-            s.master = static_cast<uint8_t *>(p.master);
-            s.m_si = p.m_scale_inv + p.scale_begin;
-            s.v_si = p.v_scale_inv + p.scale_begin;
-            s.w_si = p.master_scale_inv + p.scale_begin;
-            s.numel = p.numel;
-            s.f = grad_factor(c, p, loss_scale_inv);
-            if (c.maximize) s.f = -s.f;
-            s.param_inv = p.param_scale_inv ? *p.param_scale_inv : 1.0f;
-            s.meta = p.param_meta != nullptr;
-            s.param_scale = s.meta ? p.param_meta->scale : 1.0f;
-            s.scale_ok = s.param_scale != 0.0f && fabsf(s.param_scale) <= FLT_MAX;
-            // chunks of 128 elements: units are 128 (scaled state) or multiples of it (O1)
-            const int64_t per = unit_elems / kChunk;
-            const int64_t ca = (u - p.unit_begin) * per;
-            const int64_t cb = min((stop - p.unit_begin) * per, (p.numel + kChunk - 1) / kChunk);
-            float wseg = 0.0f;
-            dispatch_pairs<M8, V16, MASTER, L2, CLIP>(
-                std::make_index_sequence<sizeof(FastPairs<M8, V16, MASTER>::codes) / sizeof(int)>(),
-                p.param_dtype * 5 + p.grad_dtype, k, s, ca, cb, p.vec_ok != 0, lane, wseg);
-            if (s.meta) {
-                uint32_t a = __reduce_max_sync(kFull, __float_as_uint(wseg));
-                if (a > 0x7F800000u) a = 0x7F800000u;  // NaN counts as inf (amax_bits_of)
-                if (lane == 0) atomicMax(&p.param_meta->amax_bits, a);
+        // chunks of 128 elements: units are 128 (scaled state) or multiples of it (O1)
+        const int64_t per = unit_elems / kChunk;
+        // Each warp its own contiguous share of the first 90% of the pairs, then runs of kRun pairs
+        // of the rest, taken in turn from a counter: warps do not all stream at the same rate, and
+        // with fixed shares alone the first warps finished their update about 10% of the step before
+        // the last (H100; docs/performance.md, "Fifth round").
+        constexpr int64_t kRun = 16, kFixedPercent = 90;
+        const int64_t total_chunks = c.total_units * per;
+        const int64_t pairs = (total_chunks + 1) / 2;
+        const int64_t fixed = pairs * kFixedPercent / 100;
+        // Chunks are numbered across parameters: parameter k's start at params[k].unit_begin * per.
+        int64_t x = 2 * (fixed * warp / warps), xend = min(total_chunks, 2 * (fixed * (warp + 1) / warps));
+        for (;;) {
+            // chunks [x, xend), parameter by parameter
+            int kk = x < xend ? find_param(c, x / per) : 0;
+            while (x < xend) {
+                while (kk + 1 < c.nparams && c.params[kk + 1].unit_begin * per <= x) ++kk;
+                const Param &p = c.params[kk];
+                const int64_t pb = p.unit_begin * per;
+                if (x >= pb + (p.numel + kChunk - 1) / kChunk) {  // past the parameter's last element (O1 units)
+                    ++x;
+                    continue;
+                }
+                const Seg s = make_seg(c, p, loss_scale_inv);
+                float wseg = 0.0f;
+                dispatch_pairs<M8, V16, MASTER, L2, CLIP>(p.param_dtype * 5 + p.grad_dtype, [&](auto cfg) {
+                    x = run_pairs<decltype(cfg)>(k, s, x, pb, xend, p.vec_ok != 0, lane, wseg);
+                });
+                if (s.meta) record_weight_amax(p, wseg, lane);
             }
-            u = stop;
+            uint32_t r = 0;
+            if (lane == 0) r = atomicAdd(&c.partials[0].next_run, 1u);
+            r = __shfl_sync(kFull, r, 0);
+            const int64_t p0 = fixed + int64_t(r) * kRun;
+            if (p0 >= pairs) break;
+            x = 2 * p0, xend = min(total_chunks, 2 * (p0 + kRun));
         }
     }
 
