@@ -2,7 +2,8 @@
 // for every parameter of the optimizer, no allocation, no host synchronization (graph-capturable).
 //
 // Work is a list of units: state blocks (per-tensor mode: 128-element chunks) of all parameters,
-// numbered globally; each warp takes one contiguous range of units, and each lane handles 4
+// numbered globally; each warp takes one contiguous range of units (the fast kernel's update: most
+// of them, the rest in runs from a counter, see run_pairs), and each lane handles 4
 // contiguous elements of a 128-element chunk, so a block's new amax is a warp reduction of values
 // still in registers (block_size 128) or of a first pass over the block (larger blocks).
 //   phase 1  every gradient: finiteness (NaN/inf codes, overflow of the unscaling, an inf amax in an
