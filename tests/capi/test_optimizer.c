@@ -836,8 +836,9 @@ static void test_cpu_cuda_bit_identical_many_blocks(void **state) {
 }
 
 /* The same with about 23 state blocks per warp of an H100's grid (3168 warps), where the test above
- * gives each warp 3: long runs of the fast kernel's pair loop, an odd last block after them, and
- * warp ranges that end inside one parameter and go on in the next; O2 and O3 (the block scales).
+ * gives each warp 3: long runs of the fast kernel's pair loop, pairs cut by a parameter's end, warp
+ * ranges and the update's counter-dealt runs of 16 pairs that end inside one parameter and go on in
+ * the next; O2 and O3 (the block scales).
  * With millions of elements this is also where the reported gradient norm can differ in its last
  * bit between the two devices (expect_same_checkpoint). */
 static void test_cpu_cuda_bit_identical_long_ranges(void **state) {
