@@ -16,6 +16,7 @@
 # past this many seconds. The warp-stall breakdown at the timed runs' clocks: bench/adam_ncu_stalls.sh.
 set -uo pipefail
 out=${OUT:-build-adam-run}
+only=${ONLY:-fp8amp.O2.bf16_p.e4m3_g,fp8amp.O2.f32_p.f32_g}  # the cases the variants are timed on
 mkdir -p "$out"
 . tests/gpu_env.sh  # CMOCKA_PREFIX, WHEELS
 export PYTHONUNBUFFERED=1
@@ -48,7 +49,7 @@ if [ "${SUITE:-1}" = 1 ]; then  # SUITE=0: variants only (the default build stil
   timeout 90 python3 bench/bench_adam.py --lib build-gpu/libfp8amp.so --out "$out/adam.json" ${BENCH_ARGS:-} >"$out/bench.log" 2>&1
   tail -9 "$out/bench.log"
 else  # the default build on the variants' cases, as their baseline in this run
-  timeout 90 python3 bench/bench_adam.py --lib build-gpu/libfp8amp.so --only "${ONLY:-fp8amp.O2.bf16_p.e4m3_g,fp8amp.O2.f32_p.f32_g}" \
+  timeout 90 python3 bench/bench_adam.py --lib build-gpu/libfp8amp.so --only "$only" \
     --out "$out/adam.json" ${BENCH_ARGS:-} >"$out/bench.log" 2>&1
   echo "== default"; grep -E "^fp8amp" "$out/bench.log" | tail -4
 fi
@@ -56,7 +57,7 @@ for p in "${pids[@]}"; do wait "$p"; done
 for v in "$@"; do
   name=${v%%:*}; name=${name%%@*}
   if [ -f "build-$name/libfp8amp.so" ]; then
-    timeout 90 python3 bench/bench_adam.py --lib "build-$name/libfp8amp.so" --only "${ONLY:-fp8amp.O2.bf16_p.e4m3_g,fp8amp.O2.f32_p.f32_g}" \
+    timeout 90 python3 bench/bench_adam.py --lib "build-$name/libfp8amp.so" --only "$only" \
       --out "$out/adam-$name.json" ${BENCH_ARGS:-} >"$out/bench-$name.log" 2>&1
     echo "== $name"; grep -E "^fp8amp" "$out/bench-$name.log" | tail -4
     if [[ $name != p1* ]]; then
@@ -72,7 +73,7 @@ if [ -n "${FRESH:-}" ]; then  # every library again, each step with the next of 
   for lib in build-gpu/libfp8amp.so $(for v in "$@"; do n=${v%%:*}; echo "build-${n%%@*}/libfp8amp.so"; done); do
     [ -f "$lib" ] || continue
     tag=$(basename "$(dirname "$lib")")
-    timeout 120 python3 bench/bench_adam.py --lib "$lib" --only "${ONLY:-fp8amp.O2.bf16_p.e4m3_g,fp8amp.O2.f32_p.f32_g}" \
+    timeout 120 python3 bench/bench_adam.py --lib "$lib" --only "$only" \
       --fresh-grads "$FRESH" --out "$out/adam-fresh-$tag.json" >"$out/bench-fresh-$tag.log" 2>&1
     echo "== fresh $tag"; grep -E "^fp8amp" "$out/bench-fresh-$tag.log" | tail -4
   done

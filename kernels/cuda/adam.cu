@@ -1161,7 +1161,7 @@ __device__ __forceinline__ void update8(const Consts &k, const Seg &s, const Raw
 // The update over global chunks [x, xend) of parameter s (chunks are numbered across parameters:
 // s's are [pb, pb + its chunk count); pairs of chunks start at even numbers, the lower half-warp
 // taking the first, the upper the second). x is even, or odd when its pair's first chunk belonged
-// to the parameter before. Returns where it stopped: xend, the end of s's chunks, or the odd second
+// to the parameter before (or to the empty rest of its last unit). Returns where it stopped: xend, the end of s's chunks, or the odd second
 // chunk of a pair cut by s's end (taken with the next parameter).
 template <class C>
 __device__ __forceinline__ int64_t run_pairs(const Consts &k, const Seg &s, int64_t x, int64_t pb, int64_t xend, bool vec,
@@ -1418,8 +1418,10 @@ __global__ void __launch_bounds__(kThreads, kFastMinBlocks) adam_fast_kernel(con
                 while (kk + 1 < c.nparams && c.params[kk + 1].unit_begin * per <= x) ++kk;
                 const Param &p = c.params[kk];
                 const int64_t pb = p.unit_begin * per;
-                if (x >= pb + (p.numel + kChunk - 1) / kChunk) {  // past the parameter's last element (O1 units)
-                    ++x;
+                if (x >= pb + (p.numel + kChunk - 1) / kChunk) {
+                    // past the parameter's last element, in the rest of its last unit (O1 units of
+                    // several chunks): on to the next parameter's first chunk
+                    x = min(xend, kk + 1 < c.nparams ? c.params[kk + 1].unit_begin * per : total_chunks);
                     continue;
                 }
                 const Seg s = make_seg(c, p, loss_scale_inv);
