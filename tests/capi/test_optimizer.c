@@ -831,8 +831,9 @@ static void test_cpu_cuda_bit_identical_many_blocks(void **state) {
         {FP8AMP_OPT_LEVEL_O3, 1, 0, 0.01f, {E4M3, E4M3, BF16}, {E4M3, E4M3, E4M3}},
         {FP8AMP_OPT_LEVEL_O3, 0, 1, 0.05f, {F16S, BF16, E4M3}, {E4M3, BF16, E4M3}},
     };
-    const int64_t shapes[3] = {1000003, 262144, 4477}; /* 7813 blocks (the last partial), 2048, 35 */
-    many_blocks_run(cases, sizeof cases / sizeof cases[0], shapes);
+    const int64_t full[3] = {1000003, 262144, 4477}; /* 7813 blocks (the last partial), 2048, 35 */
+    const int64_t small[3] = {100003, 26240, 4477};  /* 782 blocks (the last partial), 205, 35 */
+    many_blocks_run(cases, sizeof cases / sizeof cases[0], test_small() ? small : full);
 }
 
 /* The same with about 23 state blocks per warp of an H100's grid (3168 warps), where the test above
@@ -848,8 +849,10 @@ static void test_cpu_cuda_bit_identical_long_ranges(void **state) {
         {FP8AMP_OPT_LEVEL_O2, 1, 0, 0.01f, {BF16, BF16, F32}, {E4M3, E4M3, F32}},
         {FP8AMP_OPT_LEVEL_O3, 0, 1, 0.05f, {F16S, BF16, E4M3}, {E4M3, BF16, E4M3}},
     };
-    const int64_t shapes[3] = {9000011, 262151, 4477}; /* 70313 blocks, 2049, 35 (the last ones partial) */
-    many_blocks_run(cases, sizeof cases / sizeof cases[0], shapes);
+    const int64_t full[3] = {9000011, 262151, 4477}; /* 70313 blocks, 2049, 35 (the last ones partial) */
+    /* under the sanitizers (test_small) about 3 blocks per warp, as the test above */
+    const int64_t small[3] = {1000011, 26247, 4477}; /* 7813, 206, 35 (the last ones partial) */
+    many_blocks_run(cases, sizeof cases / sizeof cases[0], test_small() ? small : full);
 }
 
 /* The gradient check of E4M3 gradients, whose CUDA fast kernel sums the squares of the codes in

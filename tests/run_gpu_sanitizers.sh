@@ -1,0 +1,82 @@
+#!/usr/bin/env bash
+# Runs the C test suite on a GPU under compute-sanitizer's memcheck (with device leak checks),
+# racecheck and synccheck, one test executable at a time, and prints one summary line per tool.
+# A GPU-only job (CI has no GPU): run it on a GPU machine before a kernel change lands, and quote
+# its summaries (docs/reliability.md). Usage: tests/run_gpu_sanitizers.sh [tool ...]
+#   (default tools: memcheck racecheck synccheck)
+# Env: LOGS (one log per tool and test, and summary.txt; default build-gpu/sanitizers),
+# BUILD (an existing CUDA build dir with the tests;
+# default: configure and build build-gpu), TIMEOUT (seconds per test and tool, default 300),
+# CMOCKA_PREFIX / WHEELS as in tests/gpu_env.sh.
+# FP8AMP_TEST_SMALL=1 is set for every test: the few tests whose point is size (the optimizer's
+# 9M-element bit-identity runs, the batched scaling update over thousands of metas) shrink to sizes
+# that still cross the same boundaries, so that racecheck, which serializes shared-memory accesses,
+# finishes in minutes (tests/capi/test_util.h test_small()).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+tools=("$@")
+[ ${#tools[@]} -gt 0 ] || tools=(memcheck racecheck synccheck)
+out=${LOGS:-build-gpu/sanitizers}
+mkdir -p "$out"
+. tests/gpu_env.sh
+build=${BUILD:-}
+if [ -z "$build" ]; then
+  build=build-gpu
+  cmake -S . -B "$build" -G Ninja -DFP8AMP_CUDA=ON -DFP8AMP_BUILD_EXAMPLES=OFF "${prefix_args[@]}" \
+    >"$out/configure.log" 2>&1 || { tail -30 "$out/configure.log"; exit 1; }
+  cmake --build "$build" -j "$(nproc)" >"$out/build.log" 2>&1 || { grep -E "error" -A3 "$out/build.log" | head -60; exit 1; }
+fi
+sanitizer=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
+[ -x "$sanitizer" ] || { echo "compute-sanitizer not found"; exit 1; }
+export FP8AMP_TEST_SMALL=1
+timeout_s=${TIMEOUT:-300}
+failed=0
+summary="$out/summary.txt"
+: >"$summary"
+rm -f "$out"/*.res
+jobs=${JOBS:-4}  # test executables under the sanitizer at once (each its own process and context)
+run_one() {  # tool test: one run, one line "tool name rc errors skipped seconds" into its .res file
+  local tool=$1 test=$2 name log start rc errors skipped extra=()
+  name=$(basename "$test")
+  log="$out/$tool-$name.log"
+  # CUDA API errors are not reported: the tests provoke some on purpose (an allocation larger than
+  # the GPU, to check OUT_OF_MEMORY), and the library turns every API error into a status, which the
+  # tests check. What the tools look for is in the kernels: out-of-bounds and misaligned accesses,
+  # leaks of device memory at exit, shared-memory races, invalid barrier use.
+  extra=(--report-api-errors no)
+  [ "$tool" = memcheck ] && extra+=(--leak-check full)
+  start=$(date +%s)
+  timeout "$timeout_s" "$sanitizer" --tool "$tool" "${extra[@]}" --error-exitcode 99 --print-limit 50 "$test" >"$log" 2>&1
+  rc=$?
+  # memcheck and synccheck end with "ERROR SUMMARY: N errors", racecheck with
+  # "RACECHECK SUMMARY: H hazards displayed (N errors, W warnings)"; warnings count as not clean too.
+  if [ "$tool" = racecheck ]; then
+    errors=$(grep -Eo "RACECHECK SUMMARY: [0-9]+ hazard" "$log" | tail -1 | grep -Eo "[0-9]+")
+  else
+    errors=$(grep -Eo "ERROR SUMMARY: [0-9]+ error" "$log" | tail -1 | grep -Eo "[0-9]+")
+  fi
+  # CMocka marks a skipped test "[  SKIPPED ]"; under the sanitizer on a GPU nothing may skip.
+  skipped=$(grep -c "^\[  SKIPPED \]" "$log")
+  echo "$tool $name $rc ${errors:-?} $skipped $(($(date +%s) - start))" >"$out/$tool-$name.res"
+}
+for tool in "${tools[@]}"; do
+  for test in "$build"/tests/capi/test_*; do
+    [ -x "$test" ] || continue
+    while [ "$(jobs -rp | wc -l)" -ge "$jobs" ]; do wait -n; done
+    run_one "$tool" "$test" &
+  done
+done
+wait
+for tool in "${tools[@]}"; do
+  n=0 clean=0 bad=()
+  for res in "$out/$tool"-*.res; do
+    read -r _ name rc errors skipped secs <"$res"
+    printf "%-10s %-28s rc=%-3s errors=%-3s skipped=%-2s %5s s\n" "$tool" "$name" "$rc" "$errors" "$skipped" "$secs" | tee -a "$summary"
+    n=$((n + 1))
+    if [ "$rc" = 0 ] && [ "$errors" = 0 ] && [ "$skipped" = 0 ]; then clean=$((clean + 1)); else bad+=("$name"); fi
+  done
+  line="compute-sanitizer $tool: $clean of $n test executables clean (0 errors, every test passed, none skipped)"
+  [ ${#bad[@]} -gt 0 ] && line="$line; not clean: ${bad[*]}" && failed=1
+  echo "$line" | tee -a "$summary"
+done
+exit $failed
