@@ -35,36 +35,48 @@ summary="$out/summary.txt"
 : >"$summary"
 rm -f "$out"/*.res
 jobs=${JOBS:-4}  # test executables under the sanitizer at once (each its own process and context)
-run_one() {  # tool test: one run, one line "tool name rc errors skipped seconds" into its .res file
-  local tool=$1 test=$2 name log start rc errors skipped extra=()
-  name=$(basename "$test")
+run_one() {  # tool name command...: one run, one line "tool name rc errors skipped seconds" in a .res file
+  local tool=$1 name=$2 log start rc errors skipped extra=()
+  shift 2
   log="$out/$tool-$name.log"
   # CUDA API errors are not reported: the tests provoke some on purpose (an allocation larger than
   # the GPU, to check OUT_OF_MEMORY), and the library turns every API error into a status, which the
   # tests check. What the tools look for is in the kernels: out-of-bounds and misaligned accesses,
   # leaks of device memory at exit, shared-memory races, invalid barrier use.
-  extra=(--report-api-errors no)
+  extra=(--report-api-errors no --target-processes all)
   [ "$tool" = memcheck ] && extra+=(--leak-check full)
   start=$(date +%s)
-  timeout "$timeout_s" "$sanitizer" --tool "$tool" "${extra[@]}" --error-exitcode 99 --print-limit 50 "$test" >"$log" 2>&1
+  timeout "$timeout_s" "$sanitizer" --tool "$tool" "${extra[@]}" --error-exitcode 99 --print-limit 50 "$@" >"$log" 2>&1
   rc=$?
   # memcheck and synccheck end with "ERROR SUMMARY: N errors", racecheck with
-  # "RACECHECK SUMMARY: H hazards displayed (N errors, W warnings)"; warnings count as not clean too.
+  # "RACECHECK SUMMARY: H hazards displayed (N errors, W warnings)"; a warning is not clean either.
   if [ "$tool" = racecheck ]; then
     errors=$(grep -Eo "RACECHECK SUMMARY: [0-9]+ hazard" "$log" | tail -1 | grep -Eo "[0-9]+")
   else
     errors=$(grep -Eo "ERROR SUMMARY: [0-9]+ error" "$log" | tail -1 | grep -Eo "[0-9]+")
   fi
-  # CMocka marks a skipped test "[  SKIPPED ]"; under the sanitizer on a GPU nothing may skip.
+  # A GPU variant that skips (CMocka "[  SKIPPED ]", pytest "N skipped" of a CUDA test) is not a run.
   skipped=$(grep -c "^\[  SKIPPED \]" "$log")
   echo "$tool $name $rc ${errors:-?} $skipped $(($(date +%s) - start))" >"$out/$tool-$name.res"
 }
+lib=$(ls "$build"/libfp8amp.so.0)
 for tool in "${tools[@]}"; do
-  for test in "$build"/tests/capi/test_*; do
-    [ -x "$test" ] || continue
+  # The suite: every CMocka test executable, and the ml_dtypes cross-check of the CUDA codecs.
+  # (The Python binding's pytest suite calls the same entry points through CFFI and runs PyTorch's
+  # own kernels besides; PYTHON=1 adds it under memcheck only, where it takes minutes.)
+  items=()
+  for test in "$build"/tests/capi/test_*; do [ -x "$test" ] && [ -f "$test" ] && items+=("$(basename "$test")"); done
+  for name in "${items[@]}" reference_cuda; do
     while [ "$(jobs -rp | wc -l)" -ge "$jobs" ]; do wait -n; done
-    run_one "$tool" "$test" &
+    if [ "$name" = reference_cuda ]; then
+      run_one "$tool" "$name" python3 tests/reference/codecs_vs_ml_dtypes.py "$lib" cuda &
+    else
+      run_one "$tool" "$name" "$build/tests/capi/$name" &
+    fi
   done
+  if [ "$tool" = memcheck ] && [ "${PYTHON:-0}" = 1 ]; then
+    run_one "$tool" python_bindings bash bindings/python/run_tests.sh "$build" "$PWD" &
+  fi
 done
 wait
 for tool in "${tools[@]}"; do
