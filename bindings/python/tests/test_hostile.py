@@ -481,3 +481,38 @@ def test_unbinding_a_linears_weight_grad_does_not_crash_backward(device, rng):
     r = subprocess.run([sys.executable, "-c", UNBIND_WGRAD, device, str(int(rng.integers(2**31)))],
                        capture_output=True, text=True, timeout=120, env=dict(os.environ))
     assert r.returncode == 0 and r.stdout.strip() == "ok", (r.returncode, r.stdout, r.stderr[-2000:])
+
+
+# ---- the PyTorch front, where it takes fp8amp objects (skipped without torch) --------------------
+
+def test_torch_front_closed_and_wrong_objects(device, rng):
+    torch = pytest.importorskip("torch")
+    import fp8amp.torch as ft
+
+    t = torch.from_numpy(rng.standard_normal(8).astype(np.float32)).to(device)
+    c = f.Context(device)
+    c.close()
+    # a closed context is not "no context": to_fp8amp does not fall back to the front's own
+    fp8_error(f.InvalidHandleError, lambda: ft.to_fp8amp(t, c), "ctx", "closed")
+    type_error(lambda: ft.to_fp8amp(t, "cpu"), "ctx")
+    # the front's shared context, closed by user code, is replaced rather than handed out closed
+    ft.context(device).close()
+    assert not ft.context(device).closed
+
+    torch.manual_seed(int(rng.integers(2**31)))
+    model = torch.nn.Sequential(torch.nn.Linear(32, 16)).to(device)
+    model, opt = ft.initialize(model, torch.optim.AdamW(model.parameters(), lr=1e-2), opt_level="O1", policy="fp8")
+    x = torch.from_numpy(rng.standard_normal((16, 32)).astype(np.float32)).to(device)
+    model(x).square().sum().backward()
+    steps = [o.step_count for o in opt.fp8amp_optimizers]
+    weights = [p.detach().clone() for p in model.parameters()]
+    type_error(lambda: opt.step(scaler="not a scaler"), "scaler")
+    type_error(lambda: opt.step(scaler=f.GradScaler(ft.context(device))), "scaler")
+    s = ft.GradScaler(device)
+    s._scaler.close()  # a closed scaler must not mean "no scaler" (the step would not unscale)
+    fp8_error(f.InvalidHandleError, lambda: opt.step(scaler=s), "scaler", "closed")
+    assert [o.step_count for o in opt.fp8amp_optimizers] == steps
+    for p, w0 in zip(model.parameters(), weights):
+        assert torch.equal(p.detach(), w0)
+    opt.step(scaler=ft.GradScaler(device, init_scale=1.0))
+    assert [o.step_count for o in opt.fp8amp_optimizers] == [n + 1 for n in steps]

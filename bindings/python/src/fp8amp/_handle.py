@@ -3,8 +3,10 @@ GradScaler, Communicator).
 
 A handle is destroyed exactly once: by ``close()``, by leaving a ``with`` block, or by a finalizer
 when the object is garbage collected (or at interpreter exit). After ``close()`` the object holds
-NULL, so any further call reaches the C library with a NULL handle and raises InvalidHandleError
-with the library's own message; ``close()`` again does nothing.
+NULL, so any further method call reaches the C library with a NULL handle and raises
+InvalidHandleError with the library's own message; ``close()`` again does nothing. Where an object
+is an *argument*, its handle is taken through ``_args.handle_of``, never ``.handle``: a C function
+with an optional handle reads NULL as "absent", so a closed object must be refused before the call.
 """
 from __future__ import annotations
 

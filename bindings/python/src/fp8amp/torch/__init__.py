@@ -64,7 +64,7 @@ def context(device: Any) -> fp8amp.Context:
     d = _norm_device(device)
     key = str(d)
     ctx = _CONTEXTS.get(key)
-    if ctx is None:
+    if ctx is None or ctx.closed:  # one closed by user code is replaced, not handed out forever
         ctx = fp8amp.Context(key)
         if d.type == "cuda":
             ctx.set_stream(torch.cuda.current_stream(d).cuda_stream)
@@ -618,6 +618,9 @@ class Optimizer(torch.optim.Optimizer):
 
     @torch.no_grad()
     def step(self, closure: Any = None, scaler: Optional["GradScaler"] = None) -> Any:  # type: ignore[override]
+        if scaler is not None and not isinstance(scaler, GradScaler):
+            raise TypeError("fp8amp.torch.Optimizer.step: scaler must be an fp8amp.torch.GradScaler or None, not %s"
+                            % type(scaler).__name__)
         loss = None
         if closure is not None:
             with torch.enable_grad():
@@ -639,7 +642,7 @@ class Optimizer(torch.optim.Optimizer):
         self._rebind_grads()
         assert self._ctx is not None and self._device is not None
         _on_current_stream(self._ctx, self._device)
-        c_scaler = scaler._scaler if scaler is not None else None
+        c_scaler = scaler._scaler if scaler is not None else None  # closed: the fp8amp step raises
         groups = self.param_groups
         if c_scaler is not None and len(self._opts) > 1:
             inv /= c_scaler.scale  # several fp8amp optimizers: one host read of the scale, then one update
