@@ -302,6 +302,14 @@ TYPE_PROBES = [
     ("Device index a float", lambda w: f.Device("cuda", 0.5), "index"),
     ("update_many metas not a sequence", lambda w: f.update_many(w.ctx, 5), "metas"),
     ("from_dlpack an int", lambda w: f.from_dlpack(5, w.ctx), "capsule"),
+    ("dtype None", lambda w: f.Tensor(w.ctx, (2,), None), "dtype"),
+    ("dtype a bool", lambda w: f.Tensor(w.ctx, (2,), True), "dtype"),
+    ("__dlpack__ max_version of strs", lambda w: w.x.__dlpack__(max_version=("a", "b")), "max_version"),
+    ("__dlpack__ max_version not a pair", lambda w: w.x.__dlpack__(max_version=1), "max_version"),
+    ("Optimizer params not iterable", lambda w: f.Optimizer(w.ctx, "O1", 5), "params"),
+    ("Optimizer params not pairs", lambda w: f.Optimizer(w.ctx, "O1", [(w.p,)]), "params[0]"),
+    ("Scaling recipe a dict", lambda w: f.Scaling(w.ctx, {"margin": 1}), "recipe"),
+    ("Linear recipe a str", lambda w: f.Linear(w.ctx, 32, 16, recipe="current"), "recipe"),
 ]
 
 
@@ -337,6 +345,16 @@ VALUE_PROBES = [
     ("from_dlpack non-contiguous", lambda w: f.from_dlpack(w.xa[:, ::2], w.ctx), f.NotSupportedError, "contiguous"),
     ("from_dlpack float64", lambda w: f.from_dlpack(np.ones(4), w.ctx), f.NotSupportedError, "dtype"),
     ("wrap NULL", lambda w: f.Tensor.wrap(w.ctx, 0, (4,), f.F32), IA, "NULL"),
+    ("wrap a negative address", lambda w: f.Tensor.wrap(w.ctx, -8, (4,), f.F32), IA, "address"),
+    ("rebind a negative address", lambda w: f.Tensor.wrap(w.ctx, w.p.data_ptr, (4,), f.F32).rebind(-8, (4,)), IA,
+     "address"),
+    ("from_numpy float16 as bf16 codes", lambda w: f.Tensor.from_numpy(w.ctx, np.ones(3, np.float16), f.BF16), DM,
+     "float16"),
+    ("from_numpy uint8 as f32 codes", lambda w: f.Tensor.from_numpy(w.ctx, np.ones(3, np.uint8), f.F32), DM, "uint8"),
+    ("set_stream beyond uintptr", lambda w: w.ctx.set_stream(2**64), IA, "stream"),
+    ("Linear too big to allocate", lambda w: f.Linear(w.ctx, 2**20, 2**20), f.OutOfMemoryError, ""),
+    ("AdamConfig master E5M2", lambda w: f.Optimizer(w.ctx, f.AdamConfig(master_dtype=f.E5M2)), IA, "master_dtype"),
+    ("AdamConfig master out of range", lambda w: f.Optimizer(w.ctx, f.AdamConfig(master_dtype=99)), IA, "99"),
     ("rebind an owning tensor", lambda w: w.x.rebind(w.p.data_ptr, (4,)), IA, ""),
     ("scale_inv of an unbound tensor", lambda w: w.x.scale_inv(), IA, ""),
     ("set_scaling of another dtype", lambda w: w.q.set_scaling(f.Scaling(w.ctx, CURRENT, f.E5M2)), DM, "e5m2"),
@@ -444,6 +462,25 @@ def test_bad_values_raise_their_status_class(w, name, call, cls, fragment):
         fp8_error(cls, lambda: call(w), fragment)
     after = snapshot(w)
     assert after == before
+
+
+def test_hostile_but_valid_inputs_work(w, rng):
+    """Inputs that look odd but are within the contract: non-contiguous and reversed arrays (copied in
+    C order), 0-d tensors, bytes-like checkpoints, an empty update_many."""
+    a = rng.standard_normal((8, 6)).astype(np.float32)
+    np.testing.assert_array_equal(f.Tensor.from_numpy(w.ctx, a[:, ::-1]).numpy(), a[:, ::-1])
+    np.testing.assert_array_equal(f.Tensor.from_numpy(w.ctx, a[::2, 1::2]).numpy(), a[::2, 1::2])
+    b = rng.standard_normal((32, 16)).astype(np.float32)
+    w.x.copy_from_numpy(b.T)
+    np.testing.assert_array_equal(w.x.numpy(), b.T)
+    v = np.float32(rng.standard_normal())
+    t0 = f.Tensor.from_numpy(w.ctx, v)
+    assert t0.shape == () and t0.numpy() == v
+    blob = w.opt.save()
+    for data in (bytearray(blob), memoryview(blob), np.frombuffer(blob, np.uint8)):
+        w.opt.load(data)
+        assert w.opt.save() == blob
+    f.update_many(w.ctx, [])
 
 
 def test_every_fp8amp_error_is_also_a_builtin():

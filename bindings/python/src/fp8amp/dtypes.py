@@ -60,17 +60,20 @@ def as_dtype(d: Any) -> DType:
     counterpart DtypeMismatchError (a TypeError too)."""
     if isinstance(d, DType):
         return d
-    if isinstance(d, int) and not isinstance(d, bool):
+    if d is None or isinstance(d, bool):  # not a dtype at all (np.dtype(None) would be float64)
+        raise TypeError("fp8amp_dtype: a dtype must be a DType, its value, a name or a NumPy/torch dtype, not %s"
+                        % type(d).__name__)
+    if isinstance(d, int):
         try:
             return DType(d)
         except ValueError:
-            raise InvalidArgumentError(lib.FP8AMP_ERROR_INVALID_ARGUMENT, "dtype %d is not an fp8amp_dtype (%s)" % (
+            raise InvalidArgumentError(lib.FP8AMP_ERROR_INVALID_ARGUMENT, "fp8amp_dtype: %d is not an fp8amp_dtype (%s)" % (
                 d, ", ".join("%s=%d" % (m.short_name, m.value) for m in DType))) from None
     if isinstance(d, str):
         try:
             return _NAMES[d.lower()]
         except KeyError:
-            raise DtypeMismatchError(lib.FP8AMP_ERROR_DTYPE_MISMATCH, "dtype %r names no fp8amp dtype (f32, f16, "
+            raise DtypeMismatchError(lib.FP8AMP_ERROR_DTYPE_MISMATCH, "fp8amp_dtype: %r names no fp8amp dtype (f32, f16, "
                                      "bf16, e4m3 and e5m2 exist)" % d) from None
     name = str(d)
     if name.startswith("torch."):
@@ -86,4 +89,4 @@ def as_dtype(d: Any) -> DType:
         return _NAMES[name]
     except KeyError:
         raise DtypeMismatchError(lib.FP8AMP_ERROR_DTYPE_MISMATCH,
-                                 "dtype %r has no fp8amp counterpart (f32, f16, bf16, e4m3 and e5m2 exist)" % (d,)) from None
+                                 "fp8amp_dtype: %r has no fp8amp counterpart (f32, f16, bf16, e4m3 and e5m2 exist)" % (d,)) from None

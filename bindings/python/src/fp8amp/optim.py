@@ -188,8 +188,16 @@ class Optimizer(Handle):
         self._params: List[Tuple[Tensor, Tensor]] = []  # keeps the Python objects alive with the C ones
         self._args = ffi.new("fp8amp_adam_step_args *")
         check(lib.fp8amp_adam_step_args_init_default(self._args))
-        for p, g in params:
-            self.add_param(p, g)
+        try:
+            pairs = [tuple(pg) for pg in params]
+        except TypeError:
+            raise TypeError("fp8amp_optimizer_add_param: params must be an iterable of (param, grad) pairs, not %s"
+                            % type(params).__name__) from None
+        for i, pg in enumerate(pairs):
+            if len(pg) != 2:
+                raise TypeError("fp8amp_optimizer_add_param: params[%d] must be a (param, grad) pair, not %d items"
+                                % (i, len(pg)))
+            self.add_param(*pg)
 
     @property
     def context(self) -> Context:

@@ -1,6 +1,7 @@
 """Tensors: contiguous row-major arrays on a context's device, with NumPy and DLPack interop."""
 from __future__ import annotations
 
+import operator
 from typing import TYPE_CHECKING, Any, Optional, Sequence, Tuple
 
 from . import _dlpack
@@ -224,7 +225,13 @@ class Tensor(Handle):
             self._context.synchronize()
         out = ffi.new("struct DLManagedTensorVersioned **")
         check(lib.fp8amp_tensor_to_dlpack(self._h, out))
-        legacy = max_version is None or int(max_version[0]) < 1
+        if max_version is not None:
+            try:
+                major, _ = (operator.index(v) for v in max_version)
+            except (TypeError, ValueError):
+                raise TypeError("__dlpack__: max_version must be a (major, minor) pair of ints, not %r"
+                                % (max_version,)) from None
+        legacy = max_version is None or major < 1
         return _dlpack.make_capsule(out[0], legacy)
 
     @classmethod
