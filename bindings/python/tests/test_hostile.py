@@ -553,3 +553,6 @@ def test_torch_front_closed_and_wrong_objects(device, rng):
         assert torch.equal(p.detach(), w0)
     opt.step(scaler=ft.GradScaler(device, init_scale=1.0))
     assert [o.step_count for o in opt.fp8amp_optimizers] == [n + 1 for n in steps]
+    # an input dtype fp8amp does not have: DtypeMismatchError (a TypeError too), as in the core binding
+    e = fp8_error(f.DtypeMismatchError, lambda: model(x.double()), "float64")
+    assert isinstance(e, TypeError)

@@ -26,7 +26,7 @@ from torch import nn
 
 import fp8amp
 from fp8amp._ffi import NULL, ffi, lib
-from fp8amp.errors import check
+from fp8amp.errors import DtypeMismatchError, check
 from fp8amp.linear import GemmPolicy, Role, _as_policy
 from fp8amp.optim import AdamConfig, as_opt_level
 
@@ -95,7 +95,8 @@ def _wrap(ctx_h: Any, t: torch.Tensor) -> Any:
     out = ffi.new("fp8amp_tensor *")
     dt = _DT.get(t.dtype)
     if dt is None:
-        raise TypeError("fp8amp takes float32, float16, bfloat16 or float8 tensors, not %s" % t.dtype)
+        raise DtypeMismatchError(lib.FP8AMP_ERROR_DTYPE_MISMATCH, "fp8amp_tensor_wrap: fp8amp takes float32, float16, "
+                                 "bfloat16 or float8 tensors, not %s" % t.dtype)  # also a TypeError
     check(lib.fp8amp_tensor_wrap(ctx_h, dt, t.dim(), ffi.new("int64_t[]", t.shape), ffi.cast("void *", t.data_ptr()),
                                  out))
     return out[0]
@@ -172,7 +173,8 @@ def _new_view(st: _Hot, table: Dict[torch.dtype, _View], t: torch.Tensor) -> _Vi
     st.keep, which destroys it with the module)."""
     dt = _DT.get(t.dtype)
     if dt is None:
-        raise TypeError("fp8amp takes float32, float16, bfloat16 or float8 tensors, not %s" % t.dtype)
+        raise DtypeMismatchError(lib.FP8AMP_ERROR_DTYPE_MISMATCH, "fp8amp_tensor_wrap: fp8amp takes float32, float16, "
+                                 "bfloat16 or float8 tensors, not %s" % t.dtype)  # also a TypeError
     out = ffi.new("fp8amp_tensor *")
     check(lib.fp8amp_tensor_wrap(st.ctx_h, dt, t.dim(), list(t.shape), _cast(_VOIDP, t.data_ptr()), out))
     st.keep.append(fp8amp.Tensor._new(out[0], st.ctx))
