@@ -56,8 +56,8 @@ def as_device(d: DeviceLike) -> Device:
     if isinstance(d, Device):
         return d
     if not isinstance(d, str) and type(d).__name__ != "device":  # torch.device, without importing torch
-        raise TypeError("fp8amp_context_create: device must be a Device, a str ('cpu', 'cuda', 'cuda:N') or a torch.device, not %s"
-                        % type(d).__name__)
+        raise TypeError("fp8amp_context_create: device must be a Device, a str ('cpu', 'cuda', 'cuda:N') or a "
+                        "torch.device, not %s" % type(d).__name__)
     text = str(d)
     if text == "cpu":
         return Device("cpu", 0)
@@ -66,7 +66,8 @@ def as_device(d: DeviceLike) -> Device:
     if text.startswith("cuda:") and text[5:].isdigit():
         return Device("cuda", int(text[5:]))
     raise InvalidArgumentError(lib.FP8AMP_ERROR_INVALID_ARGUMENT,
-                               "fp8amp_context_create: device %r is not a device (use 'cpu', 'cuda' or 'cuda:N')" % (text,))
+                               "fp8amp_context_create: device %r is not a device (use 'cpu', 'cuda' or 'cuda:N')"
+                               % (text,))
 
 
 def device_count(device_type: str = "cuda") -> int:

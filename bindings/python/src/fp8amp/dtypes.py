@@ -67,14 +67,15 @@ def as_dtype(d: Any) -> DType:
         try:
             return DType(d)
         except ValueError:
-            raise InvalidArgumentError(lib.FP8AMP_ERROR_INVALID_ARGUMENT, "fp8amp_dtype: %d is not an fp8amp_dtype (%s)" % (
-                d, ", ".join("%s=%d" % (m.short_name, m.value) for m in DType))) from None
+            raise InvalidArgumentError(lib.FP8AMP_ERROR_INVALID_ARGUMENT, "fp8amp_dtype: %d is not an fp8amp_dtype (%s)"
+                                       % (d, ", ".join("%s=%d" % (m.short_name, m.value) for m in DType))) from None
     if isinstance(d, str):
         try:
             return _NAMES[d.lower()]
         except KeyError:
-            raise DtypeMismatchError(lib.FP8AMP_ERROR_DTYPE_MISMATCH, "fp8amp_dtype: %r names no fp8amp dtype (f32, f16, "
-                                     "bf16, e4m3 and e5m2 exist)" % d) from None
+            raise DtypeMismatchError(lib.FP8AMP_ERROR_DTYPE_MISMATCH,
+                                     "fp8amp_dtype: %r names no fp8amp dtype (f32, f16, bf16, e4m3 and e5m2 exist)"
+                                     % d) from None
     name = str(d)
     if name.startswith("torch."):
         name = name[len("torch."):]
@@ -89,4 +90,5 @@ def as_dtype(d: Any) -> DType:
         return _NAMES[name]
     except KeyError:
         raise DtypeMismatchError(lib.FP8AMP_ERROR_DTYPE_MISMATCH,
-                                 "fp8amp_dtype: %r has no fp8amp counterpart (f32, f16, bf16, e4m3 and e5m2 exist)" % (d,)) from None
+                                 "fp8amp_dtype: %r has no fp8amp counterpart (f32, f16, bf16, e4m3 and e5m2 exist)"
+                                 % (d,)) from None

@@ -72,7 +72,8 @@ class Linear(Handle):
         in_features = as_int(in_features, "fp8amp_linear_create", "in_features")
         out_features = as_int(out_features, "fp8amp_linear_create", "out_features")
         if recipe is not None and not isinstance(recipe, Recipe):
-            raise TypeError("fp8amp_linear_create: recipe must be an fp8amp.Recipe or None, not %s" % type(recipe).__name__)
+            raise TypeError("fp8amp_linear_create: recipe must be an fp8amp.Recipe or None, not %s"
+                            % type(recipe).__name__)
         d = ffi.new("fp8amp_linear_desc *")
         check(lib.fp8amp_linear_desc_init_default(d))
         d.in_features = in_features

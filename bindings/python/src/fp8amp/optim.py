@@ -221,9 +221,10 @@ class Optimizer(Handle):
         """One update. lr None takes the config's (the C API's negative lr; from Python a negative or
         non-finite lr is refused rather than read as "the default"). A closed scaler raises
         InvalidHandleError (it is not None: the step would skip the unscaling)."""
-        lr_c = -1.0 if lr is None else finite_nonnegative(as_float(lr, "fp8amp_optimizer_step", "lr"), "fp8amp_optimizer_step", "lr")
-        gsi = as_float(grad_scale_inv, "fp8amp_optimizer_step", "grad_scale_inv")
-        s_h = handle_of(scaler, GradScaler, "fp8amp_optimizer_step", "scaler", optional=True)
+        where = "fp8amp_optimizer_step"
+        lr_c = -1.0 if lr is None else finite_nonnegative(as_float(lr, where, "lr"), where, "lr")
+        gsi = as_float(grad_scale_inv, where, "grad_scale_inv")
+        s_h = handle_of(scaler, GradScaler, where, "scaler", optional=True)
         a = self._args
         a.lr, a.grad_scale_inv, a.scaler = lr_c, gsi, s_h
         try:
@@ -275,7 +276,8 @@ class Optimizer(Handle):
         try:
             data = memoryview(data).tobytes()
         except TypeError:
-            raise TypeError("fp8amp_optimizer_load: data must be a bytes-like object, not %s" % type(data).__name__) from None
+            raise TypeError("fp8amp_optimizer_load: data must be a bytes-like object, not %s"
+                            % type(data).__name__) from None
         check(lib.fp8amp_optimizer_load(self._h, ffi.from_buffer(data), len(data)))
 
     def __repr__(self) -> str:

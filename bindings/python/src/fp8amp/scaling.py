@@ -87,7 +87,8 @@ class Scaling(Handle):
     def __init__(self, ctx: Context, recipe: Optional[Recipe] = None, dtype: Any = DType.E4M3) -> None:
         ctx_h = handle_of(ctx, Context, "fp8amp_scaling_create", "ctx")
         if recipe is not None and not isinstance(recipe, Recipe):
-            raise TypeError("fp8amp_scaling_create: recipe must be an fp8amp.Recipe or None, not %s" % type(recipe).__name__)
+            raise TypeError("fp8amp_scaling_create: recipe must be an fp8amp.Recipe or None, not %s"
+                            % type(recipe).__name__)
         self._recipe = dataclasses.replace(recipe) if recipe is not None else Recipe()
         self._dtype = as_dtype(dtype)
         out = ffi.new("fp8amp_scaling *")

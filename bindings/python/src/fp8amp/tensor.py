@@ -110,8 +110,8 @@ class Tensor(Handle):
             d = as_dtype(dtype)
             if a.dtype != d.numpy():
                 if a.dtype.itemsize != d.itemsize or a.dtype.kind not in "uiV":
-                    raise DtypeMismatchError(lib.FP8AMP_ERROR_DTYPE_MISMATCH, "fp8amp_tensor_copy_from_host: a %s array cannot hold "
-                                             "%s codes" % (a.dtype, d.short_name))
+                    raise DtypeMismatchError(lib.FP8AMP_ERROR_DTYPE_MISMATCH, "fp8amp_tensor_copy_from_host: a %s "
+                                             "array cannot hold %s codes" % (a.dtype, d.short_name))
                 a = a.view(d.numpy())
         t = cls(ctx, a.shape, d)
         try:
