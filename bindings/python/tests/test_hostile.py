@@ -243,6 +243,30 @@ def test_a_closed_objects_methods_raise_invalid_handle(w, kind, i):
     assert o.closed
 
 
+@pytest.mark.parametrize("kind", ["Context", "Tensor", "Scaling", "Linear", "Optimizer", "GradScaler"])
+def test_objects_cannot_be_copied_or_pickled(w, kind):
+    """A shallow copy used to share the handle: closing the copy destroyed the original's C object
+    while the original still said closed == False."""
+    import copy
+    import pickle
+
+    o = {"Context": w.ctx, "Tensor": w.x, "Scaling": w.meta, "Linear": w.lin, "Optimizer": w.opt,
+         "GradScaler": w.scaler}[kind]
+    for fn in (copy.copy, copy.deepcopy, pickle.dumps):
+        type_error(lambda: fn(o), "cannot be copied")
+    assert not o.closed
+    if kind == "Tensor":
+        np.testing.assert_array_equal(o.numpy(), w.xa)
+
+
+def test_check_takes_statuses_only():
+    type_error(lambda: f.check("abc"))
+    type_error(lambda: f.error_class(None))
+    with pytest.raises(f.InvalidArgumentError):
+        f.check(f._lib.FP8AMP_ERROR_INVALID_ARGUMENT)
+    f.check(f._lib.FP8AMP_SUCCESS)
+
+
 def test_objects_outlive_their_closed_context(device, rng):
     ctx = f.Context(device)
     a = rng.standard_normal(8).astype(np.float32)

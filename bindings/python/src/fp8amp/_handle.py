@@ -46,6 +46,13 @@ class Handle:
             handle, self._h = self._h, NULL
             check(type(self)._destroy(handle))
 
+    def _no_copy(self, *args: Any) -> Any:
+        # A copy would share the handle without owning it: closing either would leave the other
+        # holding a destroyed handle while it reports closed == False. There is no C copy to call.
+        raise TypeError("fp8amp.%s owns a C handle and cannot be copied or pickled" % type(self).__name__)
+
+    __copy__ = __deepcopy__ = __reduce__ = __reduce_ex__ = _no_copy
+
     def __enter__(self):
         return self
 
