@@ -582,3 +582,26 @@ def test_torch_front_closed_and_wrong_objects(device, rng):
     # an input dtype fp8amp does not have: DtypeMismatchError (a TypeError too), as in the core binding
     e = fp8_error(f.DtypeMismatchError, lambda: model(x.double()), "float64")
     assert isinstance(e, TypeError)
+
+
+BAD_HOOK = textwrap.dedent("""
+    import sys, numpy as np, fp8amp as f
+    ret = eval(sys.argv[2])  # what the allocation hook returns
+    ctx = f.Context(sys.argv[1])
+    ctx.set_allocator(lambda n, d, s: ret, lambda p, n, d, s: None)
+    try:
+        t = f.Tensor(ctx, (64,), f.F32)
+        t.copy_from_numpy(np.ones(64, np.float32))  # writes to the block
+    except f.OutOfMemoryError as e:
+        print("OutOfMemoryError", e.message)
+""")
+
+
+@pytest.mark.parametrize("ret", ["-256", "256.0", "2**64", "'0x1000'", "object()"])
+def test_an_allocation_hook_returning_no_address_gives_out_of_memory(ret):
+    """Only an int in 1..2**64-1 is an address: a negative int was cast to a pointer near 2**64 and
+    a float truncated, and the library wrote there (a segfault). Run in a child process."""
+    r = subprocess.run([sys.executable, "-c", BAD_HOOK, "cpu", ret], capture_output=True, text=True, timeout=120,
+                       env=dict(os.environ))
+    assert r.returncode == 0 and r.stdout.startswith("OutOfMemoryError"), (r.returncode, r.stdout, r.stderr[-2000:])
+    assert "allocation hook" in r.stderr

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
+import operator
 import sys
 import threading
 from typing import Any, Callable, Dict, Optional, Union
@@ -113,12 +114,19 @@ def _alloc_failed(exc_type, exc, tb) -> None:
 def fp8amp_py_alloc(user_data, nbytes, device, stream):
     a: _Allocator = ffi.from_handle(user_data)
     ptr = a.alloc(int(nbytes), Device._from_c(device), int(ffi.cast("uintptr_t", stream)))
-    if not ptr:
+    if ptr is None or ptr == 0:
         return NULL
+    # Only an int address reaches the library: int(1.5) would be 1, and a negative int cast to a
+    # pointer is an address near 2**64 that the library would write to. Raising here answers NULL
+    # (onerror), so the call raises OutOfMemoryError; what the hook returned is not freed (it is
+    # no block this binding can name).
+    address = operator.index(ptr)
+    if not 0 < address < 2**64:
+        raise ValueError("it returned %d, which is not an address" % address)
     with _LIVE_LOCK:
         a.live += 1
         _LIVE[id(a)] = a
-    return ffi.cast("void *", int(ptr))
+    return ffi.cast("void *", address)
 
 
 @ffi.def_extern()
