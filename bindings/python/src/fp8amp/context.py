@@ -8,7 +8,7 @@ import threading
 from typing import Any, Callable, Dict, Optional, Union
 
 from ._ffi import NULL, ffi, lib
-from ._args import as_int, handle_of
+from ._args import as_int
 from ._handle import Handle
 from .errors import InvalidArgumentError, check
 
