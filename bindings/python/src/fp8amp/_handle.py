@@ -3,8 +3,10 @@ GradScaler, Communicator).
 
 A handle is destroyed exactly once: by ``close()``, by leaving a ``with`` block, or by a finalizer
 when the object is garbage collected (or at interpreter exit). After ``close()`` the object holds
-NULL, so any further call reaches the C library with a NULL handle and raises InvalidHandleError
-with the library's own message; ``close()`` again does nothing.
+NULL, so any further method call reaches the C library with a NULL handle and raises
+InvalidHandleError with the library's own message; ``close()`` again does nothing. Where an object
+is an *argument*, its handle is taken through ``_args.handle_of``, never ``.handle``: a C function
+with an optional handle reads NULL as "absent", so a closed object must be refused before the call.
 """
 from __future__ import annotations
 
@@ -43,6 +45,13 @@ class Handle:
         if self._finalizer.detach() is not None:
             handle, self._h = self._h, NULL
             check(type(self)._destroy(handle))
+
+    def _no_copy(self, *args: Any) -> Any:
+        # A copy would share the handle without owning it: closing either would leave the other
+        # holding a destroyed handle while it reports closed == False. There is no C copy to call.
+        raise TypeError("fp8amp.%s owns a C handle and cannot be copied or pickled" % type(self).__name__)
+
+    __copy__ = __deepcopy__ = __reduce__ = __reduce_ex__ = _no_copy
 
     def __enter__(self):
         return self

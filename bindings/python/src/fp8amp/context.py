@@ -2,13 +2,15 @@
 from __future__ import annotations
 
 import dataclasses
+import operator
 import sys
 import threading
 from typing import Any, Callable, Dict, Optional, Union
 
 from ._ffi import NULL, ffi, lib
+from ._args import as_int
 from ._handle import Handle
-from .errors import check
+from .errors import InvalidArgumentError, check
 
 
 @dataclasses.dataclass(frozen=True)
@@ -17,6 +19,20 @@ class Device:
 
     type: str
     index: int = 0
+
+    def __post_init__(self) -> None:
+        # Checked here, not only by the library: _c() maps the type to the C enum, and an unknown
+        # type must not become CUDA silently.
+        if not isinstance(self.type, str):
+            raise TypeError("fp8amp_device: type must be a str ('cpu' or 'cuda'), not %s" % type(self.type).__name__)
+        if self.type not in ("cpu", "cuda"):
+            raise InvalidArgumentError(lib.FP8AMP_ERROR_INVALID_ARGUMENT,
+                                       "fp8amp_device: type %r is not a device type ('cpu' or 'cuda')" % (self.type,))
+        index = as_int(self.index, "fp8amp_device", "index", "int32_t")
+        if index < 0:
+            raise InvalidArgumentError(lib.FP8AMP_ERROR_INVALID_ARGUMENT,
+                                       "fp8amp_device: index %d is negative" % index)
+        object.__setattr__(self, "index", index)
 
     def __str__(self) -> str:
         return "cpu" if self.type == "cpu" else "cuda:%d" % self.index
@@ -36,9 +52,13 @@ DeviceLike = Union[Device, str, Any]
 
 
 def as_device(d: DeviceLike) -> Device:
-    """A Device from a Device, "cpu", "cuda", "cuda:1", or a torch.device."""
+    """A Device from a Device, "cpu", "cuda", "cuda:1", or a torch.device (anything else: TypeError;
+    a string that names no device: InvalidArgumentError)."""
     if isinstance(d, Device):
         return d
+    if not isinstance(d, str) and type(d).__name__ != "device":  # torch.device, without importing torch
+        raise TypeError("fp8amp_context_create: device must be a Device, a str ('cpu', 'cuda', 'cuda:N') or a "
+                        "torch.device, not %s" % type(d).__name__)
     text = str(d)
     if text == "cpu":
         return Device("cpu", 0)
@@ -46,12 +66,19 @@ def as_device(d: DeviceLike) -> Device:
         return Device("cuda", 0)
     if text.startswith("cuda:") and text[5:].isdigit():
         return Device("cuda", int(text[5:]))
-    raise ValueError("not a device: %r (use 'cpu', 'cuda' or 'cuda:N')" % (d,))
+    raise InvalidArgumentError(lib.FP8AMP_ERROR_INVALID_ARGUMENT,
+                               "fp8amp_context_create: device %r is not a device (use 'cpu', 'cuda' or 'cuda:N')"
+                               % (text,))
 
 
 def device_count(device_type: str = "cuda") -> int:
     """How many devices of a type this process can use (0 GPUs without a GPU, driver or CUDA build)."""
     n = ffi.new("int32_t *")
+    if device_type not in ("cpu", "cuda"):
+        if not isinstance(device_type, str):
+            raise TypeError("fp8amp_device_count: device_type must be a str, not %s" % type(device_type).__name__)
+        raise InvalidArgumentError(lib.FP8AMP_ERROR_INVALID_ARGUMENT,
+                                   "fp8amp_device_count: device_type %r is not 'cpu' or 'cuda'" % (device_type,))
     t = lib.FP8AMP_DEVICE_CPU if device_type == "cpu" else lib.FP8AMP_DEVICE_CUDA
     check(lib.fp8amp_device_count(t, n))
     return int(n[0])
@@ -87,12 +114,19 @@ def _alloc_failed(exc_type, exc, tb) -> None:
 def fp8amp_py_alloc(user_data, nbytes, device, stream):
     a: _Allocator = ffi.from_handle(user_data)
     ptr = a.alloc(int(nbytes), Device._from_c(device), int(ffi.cast("uintptr_t", stream)))
-    if not ptr:
+    if ptr is None or ptr == 0:
         return NULL
+    # Only an int address reaches the library: int(1.5) would be 1, and a negative int cast to a
+    # pointer is an address near 2**64 that the library would write to. Raising here answers NULL
+    # (onerror), so the call raises OutOfMemoryError; what the hook returned is not freed (it is
+    # no block this binding can name).
+    address = operator.index(ptr)
+    if not 0 < address < 2**64:
+        raise ValueError("it returned %d, which is not an address" % address)
     with _LIVE_LOCK:
         a.live += 1
         _LIVE[id(a)] = a
-    return ffi.cast("void *", int(ptr))
+    return ffi.cast("void *", address)
 
 
 @ffi.def_extern()
@@ -144,14 +178,16 @@ class Context(Handle):
         the stream alive while the context uses it."""
         if stream is None:
             raw = 0
-        elif isinstance(stream, int):
-            raw = stream
         elif hasattr(stream, "cuda_stream"):
-            raw = int(stream.cuda_stream)
+            raw = as_int(stream.cuda_stream, "fp8amp_context_set_stream", "stream.cuda_stream", "uintptr_t")
         elif hasattr(stream, "ptr"):
-            raw = int(stream.ptr)
+            raw = as_int(stream.ptr, "fp8amp_context_set_stream", "stream.ptr", "uintptr_t")
         else:
-            raise TypeError("not a CUDA stream: %r" % (stream,))
+            try:
+                raw = as_int(stream, "fp8amp_context_set_stream", "stream", "uintptr_t")
+            except TypeError:
+                raise TypeError("fp8amp_context_set_stream: stream must be None, an int handle or a stream object "
+                                "(cuda_stream or ptr), not %s" % type(stream).__name__) from None
         check(lib.fp8amp_context_set_stream(self._h, ffi.cast("void *", raw)))
 
     def set_allocator(self, alloc: Optional[AllocFn], free: Optional[FreeFn]) -> None:
@@ -163,7 +199,12 @@ class Context(Handle):
         memory then raises OutOfMemoryError; so does an exception in the hook).
         ``free(address, nbytes, device, stream)`` releases a block. Each block is freed through the
         hooks that allocated it, also after they were replaced or the context was closed. The hooks
-        must not call fp8amp."""
+        must not call fp8amp. A hook that is not callable raises TypeError here, not at the first
+        allocation."""
+        for name, fn in (("alloc", alloc), ("free", free)):
+            if fn is not None and not callable(fn):
+                raise TypeError("fp8amp_context_set_allocator: %s must be callable or None, not %s"
+                                % (name, type(fn).__name__))
         if (alloc is None) != (free is None):
             check(lib.fp8amp_context_set_allocator(self._h, lib.fp8amp_py_alloc if alloc else NULL,
                                                    lib.fp8amp_py_free if free else NULL, NULL))

@@ -5,6 +5,7 @@ import enum
 from typing import Any
 
 from ._ffi import cstr, lib
+from .errors import DtypeMismatchError, InvalidArgumentError
 
 
 class DType(enum.IntEnum):
@@ -54,16 +55,27 @@ _NAMES = {"f32": F32, "float32": F32, "f16": F16, "float16": F16, "half": F16, "
 
 def as_dtype(d: Any) -> DType:
     """A DType from a DType, its int value, a name ("e4m3", "float8_e4m3fn", "bfloat16"...), a NumPy
-    dtype (ml_dtypes included) or a torch dtype."""
+    dtype (ml_dtypes included) or a torch dtype. An int that is no fp8amp_dtype value raises
+    InvalidArgumentError (as the library does for a bad enum); a name or dtype with no fp8amp
+    counterpart DtypeMismatchError (a TypeError too)."""
     if isinstance(d, DType):
         return d
-    if isinstance(d, int) and not isinstance(d, bool):
-        return DType(d)
+    if d is None or isinstance(d, bool):  # not a dtype at all (np.dtype(None) would be float64)
+        raise TypeError("fp8amp_dtype: a dtype must be a DType, its value, a name or a NumPy/torch dtype, not %s"
+                        % type(d).__name__)
+    if isinstance(d, int):
+        try:
+            return DType(d)
+        except ValueError:
+            raise InvalidArgumentError(lib.FP8AMP_ERROR_INVALID_ARGUMENT, "fp8amp_dtype: %d is not an fp8amp_dtype (%s)"
+                                       % (d, ", ".join("%s=%d" % (m.short_name, m.value) for m in DType))) from None
     if isinstance(d, str):
         try:
             return _NAMES[d.lower()]
         except KeyError:
-            raise TypeError("unknown fp8amp dtype name %r" % d) from None
+            raise DtypeMismatchError(lib.FP8AMP_ERROR_DTYPE_MISMATCH,
+                                     "fp8amp_dtype: %r names no fp8amp dtype (f32, f16, bf16, e4m3 and e5m2 exist)"
+                                     % d) from None
     name = str(d)
     if name.startswith("torch."):
         name = name[len("torch."):]
@@ -77,4 +89,6 @@ def as_dtype(d: Any) -> DType:
     try:
         return _NAMES[name]
     except KeyError:
-        raise TypeError("%r has no fp8amp dtype (f32, f16, bf16, e4m3 and e5m2 exist)" % (d,)) from None
+        raise DtypeMismatchError(lib.FP8AMP_ERROR_DTYPE_MISMATCH,
+                                 "fp8amp_dtype: %r has no fp8amp counterpart (f32, f16, bf16, e4m3 and e5m2 exist)"
+                                 % (d,)) from None

@@ -7,6 +7,7 @@ e4m3[8, 4] on cpu"``). Where a built-in exception means the same, the class deri
 """
 from __future__ import annotations
 
+import operator
 from typing import Dict, Type
 
 from ._ffi import cstr, lib
@@ -96,10 +97,11 @@ _BY_STATUS: Dict[int, Type[Error]] = {
 
 def error_class(status: int) -> Type[Error]:
     """The exception class of a status (Error itself for a status this binding does not know)."""
-    return _BY_STATUS.get(int(status), Error)
+    return _BY_STATUS.get(operator.index(status), Error)  # a status is an int: TypeError otherwise
 
 
 def check(status: int) -> None:
     """Raises the exception of a failed call's status, with the thread's last error message."""
+    status = operator.index(status)
     if status != lib.FP8AMP_SUCCESS:
         raise error_class(status)(int(status), cstr(lib.fp8amp_last_error_message()))

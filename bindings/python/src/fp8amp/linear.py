@@ -5,6 +5,7 @@ import dataclasses
 import enum
 from typing import Any, Optional
 
+from ._args import as_enum, as_int, handle_of
 from ._ffi import NULL, ffi, lib
 from ._handle import Handle
 from .context import Context
@@ -41,14 +42,12 @@ class Role(enum.IntEnum):
     WEIGHT_STORAGE = lib.FP8AMP_ROLE_WEIGHT_STORAGE
 
 
-def _as_policy(policy: Any) -> GemmPolicy:
-    if isinstance(policy, str):
-        names = {"auto": GemmPolicy.AUTO, "fp8": GemmPolicy.ALWAYS_FP8, "always_fp8": GemmPolicy.ALWAYS_FP8,
+_POLICY_NAMES = {"auto": GemmPolicy.AUTO, "fp8": GemmPolicy.ALWAYS_FP8, "always_fp8": GemmPolicy.ALWAYS_FP8,
                  "bf16": GemmPolicy.NEVER_FP8, "never_fp8": GemmPolicy.NEVER_FP8}
-        if policy.lower() not in names:
-            raise ValueError("unknown GEMM policy %r (auto, fp8, bf16)" % (policy,))
-        return names[policy.lower()]
-    return GemmPolicy(policy)
+
+
+def _as_policy(policy: Any) -> GemmPolicy:
+    return as_enum(GemmPolicy, policy, "fp8amp_linear_create", "policy", _POLICY_NAMES)
 
 
 class Linear(Handle):
@@ -69,10 +68,16 @@ class Linear(Handle):
     def __init__(self, ctx: Context, in_features: int, out_features: int, bias: bool = True,
                  weight_dtype: Any = DType.BF16, wgrad_dtype: Any = DType.E4M3, recipe: Optional[Recipe] = None,
                  policy: Any = GemmPolicy.AUTO, graph_replay: bool = True) -> None:
+        ctx_h = handle_of(ctx, Context, "fp8amp_linear_create", "ctx")
+        in_features = as_int(in_features, "fp8amp_linear_create", "in_features")
+        out_features = as_int(out_features, "fp8amp_linear_create", "out_features")
+        if recipe is not None and not isinstance(recipe, Recipe):
+            raise TypeError("fp8amp_linear_create: recipe must be an fp8amp.Recipe or None, not %s"
+                            % type(recipe).__name__)
         d = ffi.new("fp8amp_linear_desc *")
         check(lib.fp8amp_linear_desc_init_default(d))
-        d.in_features = int(in_features)
-        d.out_features = int(out_features)
+        d.in_features = in_features
+        d.out_features = out_features
         d.has_bias = 1 if bias else 0
         d.weight_dtype = as_dtype(weight_dtype)
         d.wgrad_dtype = as_dtype(wgrad_dtype)
@@ -81,7 +86,7 @@ class Linear(Handle):
         d.policy = int(_as_policy(policy))
         d.graph_replay = 1 if graph_replay else 0
         out = ffi.new("fp8amp_linear *")
-        check(lib.fp8amp_linear_create(ctx.handle, d, out))
+        check(lib.fp8amp_linear_create(ctx_h, d, out))
         super().__init__(out[0])
         self._context = ctx
         self.in_features, self.out_features, self.has_bias = int(in_features), int(out_features), bool(bias)
@@ -96,6 +101,7 @@ class Linear(Handle):
         "O3"), as the C library's fp8amp_opt_level_config gives them (its Adam half is
         ``AdamConfig.for_level``)."""
         from .optim import as_opt_level  # optim imports this module
+        handle_of(ctx, Context, "fp8amp_linear_create", "ctx")
         d = ffi.new("fp8amp_linear_desc *")
         check(lib.fp8amp_opt_level_config(int(as_opt_level(level)), d, NULL))
         return cls(ctx, in_features, out_features, bias=bias, weight_dtype=DType(d.weight_dtype),
@@ -147,7 +153,7 @@ class Linear(Handle):
 
     def scaling(self, role: Any) -> Scaling:
         """A Scaling object for one of the Linear's metas (a new handle sharing the meta)."""
-        role = Role(role)
+        role = as_enum(Role, role, "fp8amp_linear_scaling", "role")
         out = ffi.new("fp8amp_scaling *")
         check(lib.fp8amp_linear_scaling(self._h, int(role), out))
         if role in (Role.INPUT, Role.WEIGHT, Role.WEIGHT_GRAD):
@@ -166,13 +172,17 @@ class Linear(Handle):
     def forward(self, x: Tensor, y: Tensor, training: bool = False) -> None:
         """y = x W^T + b (x [..., in], y [..., out]; F32, F16 or BF16). With training, x is kept (in
         FP8 on the FP8 path) for the next backward."""
-        check(lib.fp8amp_linear_forward(self._h, x.handle, y.handle, 1 if training else 0))
+        x_h = handle_of(x, Tensor, "fp8amp_linear_forward", "x")
+        y_h = handle_of(y, Tensor, "fp8amp_linear_forward", "y")
+        check(lib.fp8amp_linear_forward(self._h, x_h, y_h, 1 if training else 0))
 
     def backward(self, dy: Tensor, dx: Optional[Tensor] = None, accumulate: bool = False) -> None:
         """The backward of the last training forward: dx (None skips it), and the weight and bias
-        gradients, overwritten (accumulate False) or added to (micro-batches; the sum is FP32)."""
-        check(lib.fp8amp_linear_backward(self._h, dy.handle, dx.handle if dx is not None else NULL,
-                                         1 if accumulate else 0))
+        gradients, overwritten (accumulate False) or added to (micro-batches; the sum is FP32). A closed
+        dx raises InvalidHandleError (it is not None) and changes nothing."""
+        dy_h = handle_of(dy, Tensor, "fp8amp_linear_backward", "dy")
+        dx_h = handle_of(dx, Tensor, "fp8amp_linear_backward", "dx", optional=True)
+        check(lib.fp8amp_linear_backward(self._h, dy_h, dx_h, 1 if accumulate else 0))
 
     @property
     def gemm_kind(self) -> GemmKind:

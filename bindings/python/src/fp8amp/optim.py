@@ -9,11 +9,12 @@ import dataclasses
 import enum
 from typing import Any, Iterable, List, Optional, Tuple
 
+from ._args import as_enum, as_float, as_int, finite_nonnegative, handle_of
 from ._ffi import NULL, ffi, lib
 from ._handle import Handle
 from .context import Context
-from .dtypes import DType
-from .errors import NotSupportedError, check
+from .dtypes import DType, as_dtype
+from .errors import InvalidArgumentError, NotSupportedError, check
 from .tensor import Tensor
 
 
@@ -36,13 +37,13 @@ class OptLevel(enum.IntEnum):
     O3 = 3
 
 
+_LEVEL_NAMES = {"o1": OptLevel.O1, "o2": OptLevel.O2, "o3": OptLevel.O3}
+
+
 def as_opt_level(level: Any) -> OptLevel:
-    if isinstance(level, str):
-        try:
-            return OptLevel[level.upper()]
-        except KeyError:
-            raise ValueError("unknown opt level %r (O1, O2, O3)" % (level,)) from None
-    return OptLevel(level)
+    """An OptLevel from a member, 1..3 or "O1".."O3" (another value: InvalidArgumentError, a
+    ValueError; another type: TypeError)."""
+    return as_enum(OptLevel, level, "fp8amp_opt_level_config", "level", _LEVEL_NAMES)
 
 
 @dataclasses.dataclass
@@ -78,14 +79,15 @@ class AdamConfig:
         d = ffi.new("fp8amp_adam_desc *")
         check(lib.fp8amp_adam_desc_init_default(d))
         d.adamw = 1 if self.adamw else 0
-        d.lr, d.beta1, d.beta2, d.eps = float(self.lr), float(self.beta1), float(self.beta2), float(self.eps)
-        d.weight_decay = float(self.weight_decay)
+        # NaN, inf and out-of-range values go to the library, which refuses them naming the field;
+        # wrong types and integers a field cannot hold are refused here (never truncated).
+        for field in ("lr", "beta1", "beta2", "eps", "weight_decay", "max_grad_norm"):
+            setattr(d, field, as_float(getattr(self, field), "fp8amp_optimizer_create", field))
         d.maximize = 1 if self.maximize else 0
-        d.exp_avg_dtype = int(self.exp_avg_dtype)
-        d.exp_avg_sq_dtype = int(self.exp_avg_sq_dtype)
-        d.master_dtype = lib.FP8AMP_NO_MASTER if self.master_dtype is None else int(self.master_dtype)
-        d.state_block_size = int(self.state_block_size)
-        d.max_grad_norm = float(self.max_grad_norm)
+        d.exp_avg_dtype = as_dtype(self.exp_avg_dtype)
+        d.exp_avg_sq_dtype = as_dtype(self.exp_avg_sq_dtype)
+        d.master_dtype = lib.FP8AMP_NO_MASTER if self.master_dtype is None else as_dtype(self.master_dtype)
+        d.state_block_size = as_int(self.state_block_size, "fp8amp_optimizer_create", "state_block_size", "int32_t")
         return d
 
 
@@ -101,12 +103,16 @@ class GradScaler(Handle):
                  backoff_factor: float = 0.5, growth_interval: int = 2000, hysteresis: int = 1) -> None:
         _require()
         type(self)._destroy = lib.fp8amp_grad_scaler_destroy
+        ctx_h = handle_of(ctx, Context, "fp8amp_grad_scaler_create", "ctx")
         d = ffi.new("fp8amp_grad_scaler_desc *")
         check(lib.fp8amp_grad_scaler_desc_init_default(d))
-        d.init_scale, d.growth_factor, d.backoff_factor = float(init_scale), float(growth_factor), float(backoff_factor)
-        d.growth_interval, d.hysteresis = int(growth_interval), int(hysteresis)
+        d.init_scale = as_float(init_scale, "fp8amp_grad_scaler_create", "init_scale")
+        d.growth_factor = as_float(growth_factor, "fp8amp_grad_scaler_create", "growth_factor")
+        d.backoff_factor = as_float(backoff_factor, "fp8amp_grad_scaler_create", "backoff_factor")
+        d.growth_interval = as_int(growth_interval, "fp8amp_grad_scaler_create", "growth_interval", "int32_t")
+        d.hysteresis = as_int(hysteresis, "fp8amp_grad_scaler_create", "hysteresis", "int32_t")
         out = ffi.new("fp8amp_grad_scaler *")
-        check(lib.fp8amp_grad_scaler_create(ctx.handle, d, out))
+        check(lib.fp8amp_grad_scaler_create(ctx_h, d, out))
         super().__init__(out[0])
         self._context = ctx
 
@@ -134,15 +140,26 @@ class GradScaler(Handle):
                 "hysteresis_left": int(s.hysteresis_left)}
 
     def load_state_dict(self, state: dict) -> None:
+        """Restores a state_dict() (validated by the library: a failure changes nothing)."""
+        where = "fp8amp_grad_scaler_set_state"
+        if not hasattr(state, "keys") or not hasattr(state, "__getitem__"):
+            raise TypeError("%s: state must be a dict (scale, growth_tracker, hysteresis_left), not %s"
+                            % (where, type(state).__name__))
+        missing = [k for k in ("scale", "growth_tracker", "hysteresis_left") if k not in state]
+        if missing:
+            raise InvalidArgumentError(lib.FP8AMP_ERROR_INVALID_ARGUMENT, "%s: state has no %s"
+                                       % (where, ", ".join(missing)))
         s = ffi.new("fp8amp_grad_scaler_state *")
-        s.scale, s.growth_tracker = float(state["scale"]), int(state["growth_tracker"])
-        s.hysteresis_left = int(state["hysteresis_left"])
+        s.scale = as_float(state["scale"], where, "scale")
+        s.growth_tracker = as_int(state["growth_tracker"], where, "growth_tracker", "int32_t")
+        s.hysteresis_left = as_int(state["hysteresis_left"], where, "hysteresis_left", "int32_t")
         check(lib.fp8amp_grad_scaler_set_state(self._h, s))
 
     def update(self, optimizer: "Optimizer") -> None:
         """Updates the scale from the found_inf of the optimizer's last step, for steps not given
         this scaler (a step given it already did)."""
-        check(lib.fp8amp_grad_scaler_update(self._h, optimizer.handle))
+        opt_h = handle_of(optimizer, Optimizer, "fp8amp_grad_scaler_update", "optimizer")
+        check(lib.fp8amp_grad_scaler_update(self._h, opt_h))
 
 
 class Optimizer(Handle):
@@ -160,18 +177,27 @@ class Optimizer(Handle):
     def __init__(self, ctx: Context, config: Any = "O1", params: Iterable[Tuple[Tensor, Tensor]] = ()) -> None:
         _require()
         type(self)._destroy = lib.fp8amp_optimizer_destroy
+        ctx_h = handle_of(ctx, Context, "fp8amp_optimizer_create", "ctx")
         if not isinstance(config, AdamConfig):
             config = AdamConfig.for_level(config)
         self._config = dataclasses.replace(config)
         out = ffi.new("fp8amp_optimizer *")
-        check(lib.fp8amp_optimizer_create(ctx.handle, self._config._c(), out))
+        check(lib.fp8amp_optimizer_create(ctx_h, self._config._c(), out))
         super().__init__(out[0])
         self._context = ctx
         self._params: List[Tuple[Tensor, Tensor]] = []  # keeps the Python objects alive with the C ones
         self._args = ffi.new("fp8amp_adam_step_args *")
         check(lib.fp8amp_adam_step_args_init_default(self._args))
-        for p, g in params:
-            self.add_param(p, g)
+        try:
+            pairs = [tuple(pg) for pg in params]
+        except TypeError:
+            raise TypeError("fp8amp_optimizer_add_param: params must be an iterable of (param, grad) pairs, not %s"
+                            % type(params).__name__) from None
+        for i, pg in enumerate(pairs):
+            if len(pg) != 2:
+                raise TypeError("fp8amp_optimizer_add_param: params[%d] must be a (param, grad) pair, not %d items"
+                                % (i, len(pg)))
+            self.add_param(*pg)
 
     @property
     def context(self) -> Context:
@@ -182,7 +208,9 @@ class Optimizer(Handle):
         return dataclasses.replace(self._config)
 
     def add_param(self, param: Tensor, grad: Tensor) -> None:
-        check(lib.fp8amp_optimizer_add_param(self._h, param.handle, grad.handle))
+        p_h = handle_of(param, Tensor, "fp8amp_optimizer_add_param", "param")
+        g_h = handle_of(grad, Tensor, "fp8amp_optimizer_add_param", "grad")
+        check(lib.fp8amp_optimizer_add_param(self._h, p_h, g_h))
         self._params.append((param, grad))
 
     @property
@@ -190,11 +218,19 @@ class Optimizer(Handle):
         return list(self._params)
 
     def step(self, lr: Optional[float] = None, grad_scale_inv: float = 1.0, scaler: Optional[GradScaler] = None) -> None:
+        """One update. lr None takes the config's (the C API's negative lr; from Python a negative or
+        non-finite lr is refused rather than read as "the default"). A closed scaler raises
+        InvalidHandleError (it is not None: the step would skip the unscaling)."""
+        where = "fp8amp_optimizer_step"
+        lr_c = -1.0 if lr is None else finite_nonnegative(as_float(lr, where, "lr"), where, "lr")
+        gsi = as_float(grad_scale_inv, where, "grad_scale_inv")
+        s_h = handle_of(scaler, GradScaler, where, "scaler", optional=True)
         a = self._args
-        a.lr = -1.0 if lr is None else float(lr)
-        a.grad_scale_inv = float(grad_scale_inv)
-        a.scaler = scaler.handle if scaler is not None else NULL
-        check(lib.fp8amp_optimizer_step(self._h, a))
+        a.lr, a.grad_scale_inv, a.scaler = lr_c, gsi, s_h
+        try:
+            check(lib.fp8amp_optimizer_step(self._h, a))
+        finally:
+            a.scaler = NULL  # no handle kept in the reused args between steps
 
     @property
     def found_inf(self) -> bool:
@@ -236,7 +272,12 @@ class Optimizer(Handle):
 
     def load(self, data: bytes) -> None:
         """Restores a checkpoint made by save() (validated first: a failure changes nothing)."""
-        data = bytes(data)
+        # bytes(5) would be five zero bytes: only a bytes-like object is a checkpoint.
+        try:
+            data = memoryview(data).tobytes()
+        except TypeError:
+            raise TypeError("fp8amp_optimizer_load: data must be a bytes-like object, not %s"
+                            % type(data).__name__) from None
         check(lib.fp8amp_optimizer_load(self._h, ffi.from_buffer(data), len(data)))
 
     def __repr__(self) -> str:

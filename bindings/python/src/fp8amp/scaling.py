@@ -5,6 +5,7 @@ import dataclasses
 import enum
 from typing import Any, NamedTuple, Optional, Sequence
 
+from ._args import as_enum, as_float, as_int, handle_of
 from ._ffi import ffi, lib
 from ._handle import Handle
 from .context import Context
@@ -54,12 +55,13 @@ class Recipe:
     def _c(self) -> Any:
         r = ffi.new("fp8amp_recipe *")
         check(lib.fp8amp_recipe_init_default(r))  # struct_size and any field this class does not know
-        r.format = int(self.format)
-        r.mode = int(self.mode)
-        r.margin = int(self.margin)
-        r.interval = int(self.interval)
-        r.amax_history_len = int(self.amax_history_len)
-        r.amax_algo = int(self.amax_algo)
+        # Integers as they are (the library checks the enums' and fields' ranges); a value the C field
+        # cannot hold is refused here rather than truncated, a non-integer is a TypeError.
+        r.format = as_enum(Format, self.format, "fp8amp_recipe", "format")
+        r.mode = as_enum(ScalingMode, self.mode, "fp8amp_recipe", "mode")
+        r.amax_algo = as_enum(AmaxAlgo, self.amax_algo, "fp8amp_recipe", "amax_algo")
+        for field in ("margin", "interval", "amax_history_len"):
+            setattr(r, field, as_int(getattr(self, field), "fp8amp_recipe", field, "int32_t"))
         r.power_of_two_scales = 1 if self.power_of_two_scales else 0
         return r
 
@@ -83,10 +85,14 @@ class Scaling(Handle):
     _destroy = lib.fp8amp_scaling_destroy
 
     def __init__(self, ctx: Context, recipe: Optional[Recipe] = None, dtype: Any = DType.E4M3) -> None:
+        ctx_h = handle_of(ctx, Context, "fp8amp_scaling_create", "ctx")
+        if recipe is not None and not isinstance(recipe, Recipe):
+            raise TypeError("fp8amp_scaling_create: recipe must be an fp8amp.Recipe or None, not %s"
+                            % type(recipe).__name__)
         self._recipe = dataclasses.replace(recipe) if recipe is not None else Recipe()
         self._dtype = as_dtype(dtype)
         out = ffi.new("fp8amp_scaling *")
-        check(lib.fp8amp_scaling_create(ctx.handle, self._recipe._c(), self._dtype, out))
+        check(lib.fp8amp_scaling_create(ctx_h, self._recipe._c(), self._dtype, out))
         super().__init__(out[0])
         self._context = ctx
 
@@ -145,7 +151,7 @@ class Scaling(Handle):
 
     def set_scale(self, scale: float) -> None:
         """Sets scale (and scale_inv = 1/scale); scale must be a normal float > 0."""
-        check(lib.fp8amp_scaling_set_scale(self._h, float(scale)))
+        check(lib.fp8amp_scaling_set_scale(self._h, as_float(scale, "fp8amp_scaling_set_scale", "scale")))
 
     def enable_stats(self, enable: bool = True) -> None:
         check(lib.fp8amp_scaling_enable_stats(self._h, 1 if enable else 0))
@@ -165,5 +171,12 @@ class Scaling(Handle):
 
 def update_many(ctx: Context, metas: Sequence[Scaling]) -> None:
     """fp8amp_scaling_update of every meta in one launch (per 1024 metas) on ctx's stream."""
-    handles = ffi.new("fp8amp_scaling[]", [m.handle for m in metas] or [ffi.NULL])
-    check(lib.fp8amp_scaling_update_many(ctx.handle, len(metas), handles))
+    ctx_h = handle_of(ctx, Context, "fp8amp_scaling_update_many", "ctx")
+    try:
+        metas = list(metas)
+    except TypeError:
+        raise TypeError("fp8amp_scaling_update_many: metas must be a sequence of fp8amp.Scaling, not %s"
+                        % type(metas).__name__) from None
+    handles = ffi.new("fp8amp_scaling[]", [handle_of(m, Scaling, "fp8amp_scaling_update_many", "metas[%d]" % i)
+                                           for i, m in enumerate(metas)] or [ffi.NULL])
+    check(lib.fp8amp_scaling_update_many(ctx_h, len(metas), handles))

@@ -1,19 +1,20 @@
 """Tensors: contiguous row-major arrays on a context's device, with NumPy and DLPack interop."""
 from __future__ import annotations
 
+import operator
 from typing import TYPE_CHECKING, Any, Optional, Sequence, Tuple
 
 from . import _dlpack
+from ._args import as_int, as_shape, handle_of
 from ._ffi import NULL, ffi, lib
 from ._handle import Handle
 from .context import Context, Device
 from .dtypes import DType, as_dtype
 from .errors import DtypeMismatchError, ShapeMismatchError, check
+from .scaling import Scaling
 
 if TYPE_CHECKING:  # pragma: no cover
     import numpy as np
-
-    from .scaling import Scaling
 
 
 class Tensor(Handle):
@@ -27,17 +28,18 @@ class Tensor(Handle):
     _destroy = lib.fp8amp_tensor_destroy
 
     def __init__(self, ctx: Context, shape: Sequence[int], dtype: Any = DType.F32) -> None:
+        ctx_h = handle_of(ctx, Context, "fp8amp_tensor_create", "ctx")
         d = as_dtype(dtype)
-        shape = tuple(int(s) for s in shape)
+        shape = as_shape(shape, "fp8amp_tensor_create")
         c_shape = ffi.new("int64_t[]", list(shape) or [0])
         out = ffi.new("fp8amp_tensor *")
-        check(lib.fp8amp_tensor_create(ctx.handle, d, len(shape), c_shape, out))
+        check(lib.fp8amp_tensor_create(ctx_h, d, len(shape), c_shape, out))
         self._adopt(out[0], ctx)
 
     def _adopt(self, handle: Any, ctx: Context) -> None:
         super().__init__(handle)
         self._context = ctx  # the context whose stream __dlpack__ waits for
-        self._scaling: Optional["Scaling"] = None
+        self._scaling: Optional[Scaling] = None
         self._owner: Any = None  # what keeps a wrapped tensor's memory alive (Tensor.wrap/rebind)
         dtype = ffi.new("fp8amp_dtype *")
         check(lib.fp8amp_tensor_dtype(handle, dtype))
@@ -62,11 +64,12 @@ class Tensor(Handle):
         element of a contiguous row-major block on ctx's device. `owner` (any object, e.g. the
         NumPy array or torch tensor holding the memory) is kept alive with the Tensor; otherwise the
         caller keeps the memory alive while the tensor refers to it."""
+        ctx_h = handle_of(ctx, Context, "fp8amp_tensor_wrap", "ctx")
         d = as_dtype(dtype)
-        shape = tuple(int(s) for s in shape)
+        shape = as_shape(shape, "fp8amp_tensor_wrap")
+        address = as_int(address, "fp8amp_tensor_wrap", "address", "uintptr_t")
         out = ffi.new("fp8amp_tensor *")
-        check(lib.fp8amp_tensor_wrap(ctx.handle, d, len(shape), list(shape) or NULL, ffi.cast("void *", int(address)),
-                                     out))
+        check(lib.fp8amp_tensor_wrap(ctx_h, d, len(shape), list(shape) or NULL, ffi.cast("void *", address), out))
         t = cls._new(out[0], ctx)
         t._owner = owner
         return t
@@ -76,8 +79,9 @@ class Tensor(Handle):
         dtype and context); `owner` replaces the object kept alive. Refused (InvalidArgumentError) for
         tensors that own or imported their memory, were ever bound to a Scaling, or belong to an
         Optimizer; a failed call changes nothing."""
-        shape = tuple(int(s) for s in shape)
-        check(lib.fp8amp_tensor_rebind(self._h, ffi.cast("void *", int(address)), len(shape), list(shape) or NULL))
+        shape = as_shape(shape, "fp8amp_tensor_rebind")
+        address = as_int(address, "fp8amp_tensor_rebind", "address", "uintptr_t")
+        check(lib.fp8amp_tensor_rebind(self._h, ffi.cast("void *", address), len(shape), list(shape) or NULL))
         self._shape = shape
         self._owner = owner
 
@@ -98,6 +102,7 @@ class Tensor(Handle):
         codes (the bytes of FP8 data, e.g. from a framework that cannot name the FP8 dtype)."""
         import numpy as np
 
+        handle_of(ctx, Context, "fp8amp_tensor_create", "ctx")
         a = np.asarray(array)
         if dtype is None:
             d = as_dtype(a.dtype)
@@ -105,8 +110,8 @@ class Tensor(Handle):
             d = as_dtype(dtype)
             if a.dtype != d.numpy():
                 if a.dtype.itemsize != d.itemsize or a.dtype.kind not in "uiV":
-                    raise DtypeMismatchError(lib.FP8AMP_ERROR_DTYPE_MISMATCH,
-                                             "from_numpy: a %s array cannot hold %s codes" % (a.dtype, d.short_name))
+                    raise DtypeMismatchError(lib.FP8AMP_ERROR_DTYPE_MISMATCH, "fp8amp_tensor_copy_from_host: a %s "
+                                             "array cannot hold %s codes" % (a.dtype, d.short_name))
                 a = a.view(d.numpy())
         t = cls(ctx, a.shape, d)
         try:
@@ -120,14 +125,15 @@ class Tensor(Handle):
         """Copies a host array of the tensor's shape and dtype into the tensor (synchronous)."""
         import numpy as np
 
+        h = handle_of(self, Tensor, "fp8amp_tensor_copy_from_host", "self")  # a closed tensor first, as in C
         a = np.asarray(array, order="C")  # (ascontiguousarray would make a 0-d array 1-d)
         if a.dtype != self._dtype.numpy():
-            raise DtypeMismatchError(lib.FP8AMP_ERROR_DTYPE_MISMATCH,
-                                     "copy_from_numpy: the array is %s, the tensor %s" % (a.dtype, self._dtype.short_name))
+            raise DtypeMismatchError(lib.FP8AMP_ERROR_DTYPE_MISMATCH, "fp8amp_tensor_copy_from_host: the array is %s, "
+                                     "the tensor %s" % (a.dtype, self._dtype.short_name))
         if tuple(a.shape) != self._shape:
-            raise ShapeMismatchError(lib.FP8AMP_ERROR_SHAPE_MISMATCH,
-                                     "copy_from_numpy: the array is %s, the tensor %s" % (a.shape, self._shape))
-        check(lib.fp8amp_tensor_copy_from_host(self._h, ffi.cast("void *", a.ctypes.data), a.nbytes))
+            raise ShapeMismatchError(lib.FP8AMP_ERROR_SHAPE_MISMATCH, "fp8amp_tensor_copy_from_host: the array is %s, "
+                                     "the tensor %s" % (a.shape, self._shape))
+        check(lib.fp8amp_tensor_copy_from_host(h, ffi.cast("void *", a.ctypes.data), a.nbytes))
 
     def numpy(self) -> "np.ndarray":
         """A host copy as a NumPy array (ml_dtypes for BF16 and FP8; ``.view(np.uint8)`` gives the
@@ -182,14 +188,16 @@ class Tensor(Handle):
         return self._context
 
     @property
-    def scaling(self) -> Optional["Scaling"]:
+    def scaling(self) -> Optional[Scaling]:
         """The Scaling this tensor is bound to (through this object), or None."""
         return self._scaling
 
-    def set_scaling(self, scaling: Optional["Scaling"]) -> None:
+    def set_scaling(self, scaling: Optional[Scaling]) -> None:
         """Binds this E4M3/E5M2/F16 tensor to a Scaling of the same dtype and device (None unbinds);
-        the tensor's own scale_inv copy becomes the meta's current scale_inv."""
-        check(lib.fp8amp_tensor_set_scaling(self._h, scaling.handle if scaling is not None else NULL))
+        the tensor's own scale_inv copy becomes the meta's current scale_inv. A closed Scaling raises
+        InvalidHandleError (it is not None) and leaves the binding as it was."""
+        s_h = handle_of(scaling, Scaling, "fp8amp_tensor_set_scaling", "scaling", optional=True)
+        check(lib.fp8amp_tensor_set_scaling(self._h, s_h))
         self._scaling = scaling
 
     def __repr__(self) -> str:
@@ -217,7 +225,13 @@ class Tensor(Handle):
             self._context.synchronize()
         out = ffi.new("struct DLManagedTensorVersioned **")
         check(lib.fp8amp_tensor_to_dlpack(self._h, out))
-        legacy = max_version is None or int(max_version[0]) < 1
+        if max_version is not None:
+            try:
+                major, _ = (operator.index(v) for v in max_version)
+            except (TypeError, ValueError):
+                raise TypeError("__dlpack__: max_version must be a (major, minor) pair of ints, not %r"
+                                % (max_version,)) from None
+        legacy = max_version is None or major < 1
         return _dlpack.make_capsule(out[0], legacy)
 
     @classmethod
@@ -226,6 +240,7 @@ class Tensor(Handle):
         float32/float16) or a DLPack capsule without copying: fp8amp then shares its memory and keeps
         it alive. The memory must be on ctx's device, contiguous, of an fp8amp dtype. For a CUDA
         context the producer is asked to make the data ready on the context's stream."""
+        ctx_h = handle_of(ctx, Context, "fp8amp_tensor_from_dlpack", "ctx")
         capsule = obj
         if hasattr(obj, "__dlpack__"):
             stream = None
@@ -236,7 +251,7 @@ class Tensor(Handle):
             except TypeError:  # a producer that predates max_version
                 capsule = obj.__dlpack__(stream=stream)
         out = ffi.new("fp8amp_tensor *")
-        check(_dlpack.consume(capsule, lambda managed: lib.fp8amp_tensor_from_dlpack(ctx.handle, managed, out)))
+        check(_dlpack.consume(capsule, lambda managed: lib.fp8amp_tensor_from_dlpack(ctx_h, managed, out)))
         return cls._new(out[0], ctx)
 
 

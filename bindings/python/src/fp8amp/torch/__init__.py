@@ -26,7 +26,7 @@ from torch import nn
 
 import fp8amp
 from fp8amp._ffi import NULL, ffi, lib
-from fp8amp.errors import check
+from fp8amp.errors import DtypeMismatchError, check
 from fp8amp.linear import GemmPolicy, Role, _as_policy
 from fp8amp.optim import AdamConfig, as_opt_level
 
@@ -64,7 +64,7 @@ def context(device: Any) -> fp8amp.Context:
     d = _norm_device(device)
     key = str(d)
     ctx = _CONTEXTS.get(key)
-    if ctx is None:
+    if ctx is None or ctx.closed:  # one closed by user code is replaced, not handed out forever
         ctx = fp8amp.Context(key)
         if d.type == "cuda":
             ctx.set_stream(torch.cuda.current_stream(d).cuda_stream)
@@ -95,7 +95,8 @@ def _wrap(ctx_h: Any, t: torch.Tensor) -> Any:
     out = ffi.new("fp8amp_tensor *")
     dt = _DT.get(t.dtype)
     if dt is None:
-        raise TypeError("fp8amp takes float32, float16, bfloat16 or float8 tensors, not %s" % t.dtype)
+        raise DtypeMismatchError(lib.FP8AMP_ERROR_DTYPE_MISMATCH, "fp8amp_tensor_wrap: fp8amp takes float32, float16, "
+                                 "bfloat16 or float8 tensors, not %s" % t.dtype)  # also a TypeError
     check(lib.fp8amp_tensor_wrap(ctx_h, dt, t.dim(), ffi.new("int64_t[]", t.shape), ffi.cast("void *", t.data_ptr()),
                                  out))
     return out[0]
@@ -172,7 +173,8 @@ def _new_view(st: _Hot, table: Dict[torch.dtype, _View], t: torch.Tensor) -> _Vi
     st.keep, which destroys it with the module)."""
     dt = _DT.get(t.dtype)
     if dt is None:
-        raise TypeError("fp8amp takes float32, float16, bfloat16 or float8 tensors, not %s" % t.dtype)
+        raise DtypeMismatchError(lib.FP8AMP_ERROR_DTYPE_MISMATCH, "fp8amp_tensor_wrap: fp8amp takes float32, float16, "
+                                 "bfloat16 or float8 tensors, not %s" % t.dtype)  # also a TypeError
     out = ffi.new("fp8amp_tensor *")
     check(lib.fp8amp_tensor_wrap(st.ctx_h, dt, t.dim(), list(t.shape), _cast(_VOIDP, t.data_ptr()), out))
     st.keep.append(fp8amp.Tensor._new(out[0], st.ctx))
@@ -618,6 +620,9 @@ class Optimizer(torch.optim.Optimizer):
 
     @torch.no_grad()
     def step(self, closure: Any = None, scaler: Optional["GradScaler"] = None) -> Any:  # type: ignore[override]
+        if scaler is not None and not isinstance(scaler, GradScaler):
+            raise TypeError("fp8amp.torch.Optimizer.step: scaler must be an fp8amp.torch.GradScaler or None, not %s"
+                            % type(scaler).__name__)
         loss = None
         if closure is not None:
             with torch.enable_grad():
@@ -639,7 +644,7 @@ class Optimizer(torch.optim.Optimizer):
         self._rebind_grads()
         assert self._ctx is not None and self._device is not None
         _on_current_stream(self._ctx, self._device)
-        c_scaler = scaler._scaler if scaler is not None else None
+        c_scaler = scaler._scaler if scaler is not None else None  # closed: the fp8amp step raises
         groups = self.param_groups
         if c_scaler is not None and len(self._opts) > 1:
             inv /= c_scaler.scale  # several fp8amp optimizers: one host read of the scale, then one update
