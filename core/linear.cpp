@@ -159,7 +159,22 @@ std::shared_ptr<Linear> Linear::create(std::shared_ptr<const Context> ctx, const
         lin->bias_grad_ = Tensor::create(ctx, FP8AMP_DTYPE_F32, 1, &n);
         zeros(lin->bias_grad_);
     }
+    // The tensors handed out are the Linear's: unbinding the E4M3 weight gradient (or binding it
+    // elsewhere) would leave the backward quantizing without its meta, unbinding a scaled weight would
+    // make the Linear read its codes unscaled. Refusing such calls (set_owner) is cheaper than
+    // re-checking every binding on every call. The owners' names go into the refusal messages.
+    lin->weight_->set_owner("a Linear's weight");
+    lin->weight_grad_->set_owner("a Linear's weight gradient");
+    if (lin->bias_) {
+        lin->bias_->set_owner("a Linear's bias");
+        lin->bias_grad_->set_owner("a Linear's bias gradient");
+    }
     return lin;
+}
+
+Linear::~Linear() {
+    for (const auto *t : {&weight_, &bias_, &weight_grad_, &bias_grad_})
+        if (*t) (*t)->set_owner(nullptr);
 }
 
 const std::shared_ptr<Tensor> &Linear::bias() const {

@@ -23,6 +23,9 @@ public:
     static fp8amp_linear_desc default_desc();
     // Validates the descriptor (INVALID_ARGUMENT / DTYPE_MISMATCH) and allocates the parameters.
     static std::shared_ptr<Linear> create(std::shared_ptr<const Context> ctx, const fp8amp_linear_desc &caller_desc);
+    ~Linear();  // releases its tensors (see Tensor::set_owner): handles to them may outlive it
+    Linear(const Linear &) = delete;
+    Linear &operator=(const Linear &) = delete;
 
     const std::shared_ptr<Tensor> &weight() const { return weight_; }
     const std::shared_ptr<Tensor> &bias() const;  // INVALID_ARGUMENT without a bias

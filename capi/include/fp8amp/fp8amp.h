@@ -377,7 +377,8 @@ FP8AMP_API fp8amp_status fp8amp_scaling_reset_stats(fp8amp_scaling s);
 /** Binds an E4M3, E5M2 or F16 tensor to a scaling meta (of the same dtype and device): quantizing
  *  into it uses the meta's scale and records amax into the meta; the tensor keeps its own copy of the
  *  scale_inv it was quantized with, which dequantize uses. Binding sets that copy to the meta's
- *  current scale_inv. NULL unbinds. Statuses: SUCCESS; INVALID_HANDLE; DTYPE_MISMATCH (tensor not
+ *  current scale_inv. NULL unbinds. Statuses: SUCCESS; INVALID_HANDLE; INVALID_ARGUMENT (t is a
+ *  live Linear's weight, bias or gradient: the Linear owns its binding); DTYPE_MISMATCH (tensor not
  *  E4M3/E5M2/F16, or of another dtype than the meta); DEVICE_MISMATCH; OUT_OF_MEMORY; CUDA. */
 FP8AMP_API fp8amp_status fp8amp_tensor_set_scaling(fp8amp_tensor t, fp8amp_scaling s);
 
@@ -500,7 +501,10 @@ FP8AMP_API fp8amp_status fp8amp_linear_destroy(fp8amp_linear lin);
  *  bound to the WEIGHT_GRAD meta); bias_grad [out] F32. Write the weight through these handles
  *  (fp8amp_tensor_copy_from_host, fp8amp_cast, fp8amp_quantize, the optimizer): the Linear notices
  *  and re-quantizes its FP8 copy on the next forward. Memory written any other way (a DLPack
- *  producer, a raw pointer) needs fp8amp_linear_weight_changed.
+ *  producer, a raw pointer) needs fp8amp_linear_weight_changed. While the Linear lives these
+ *  tensors are its own: fp8amp_tensor_set_scaling (unbinding, binding elsewhere, re-binding) and
+ *  fp8amp_tensor_rebind on them are refused (INVALID_ARGUMENT, the message names the Linear); once
+ *  the Linear is destroyed, handles still held are ordinary tensors.
  *  Statuses: SUCCESS; INVALID_HANDLE; INVALID_ARGUMENT (NULL out; bias without has_bias). */
 FP8AMP_API fp8amp_status fp8amp_linear_weight(fp8amp_linear lin, fp8amp_tensor *out);
 FP8AMP_API fp8amp_status fp8amp_linear_bias(fp8amp_linear lin, fp8amp_tensor *out);
