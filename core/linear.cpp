@@ -210,8 +210,12 @@ Tensor &Linear::buffer(std::shared_ptr<Tensor> &slot, fp8amp_dtype dtype, int64_
     if (!slot || slot->dtype() != dtype || slot->shape()[0] != rows || slot->shape()[1] != cols) {
         slot.reset();  // give the old memory back before asking for the new
         const int64_t shape[2] = {rows, cols};
-        slot = Tensor::create(ctx_, dtype, 2, shape);
-        if (meta) slot->set_scaling(meta);
+        // Stored only once bound: binding allocates too (the scale_inv slot), and a tensor left in the
+        // slot unbound would be taken as ready by the next call (a quantize without a meta, a GEMM
+        // reading a missing scale_inv: a crash or silently wrong weight gradients).
+        std::shared_ptr<Tensor> made = Tensor::create(ctx_, dtype, 2, shape);
+        if (meta) made->set_scaling(meta);
+        slot = std::move(made);
     }
     return *slot;
 }
@@ -224,8 +228,10 @@ Tensor &Linear::scratch(std::shared_ptr<Tensor> &slot, size_t pool_slot, fp8amp_
         slot->shape()[1] != cols) {
         slot.reset();
         const int64_t shape[2] = {rows, cols};
-        slot = Tensor::wrap(ctx_, dtype, 2, shape, data);  // the context's memory: not owned by the view
-        if (meta) slot->set_scaling(meta);
+        // the context's memory: not owned by the view. Stored only once bound, as in buffer().
+        std::shared_ptr<Tensor> made = Tensor::wrap(ctx_, dtype, 2, shape, data);
+        if (meta) made->set_scaling(meta);
+        slot = std::move(made);
     }
     return *slot;
 }
@@ -367,10 +373,10 @@ void Linear::quantize(const void *src, fp8amp_dtype src_dtype, size_t rows, size
     if (dst_t) dst_t->mark_written();
 }
 
-// Undoes the cache bookkeeping of a call that failed: describing a call's work records the copies
-// it will make (weight FP8/BF16, bias casts) as fresh before they are launched, so after a failure
-// (an allocation while describing, a launch) no cached copy is trusted and nothing is left for a
-// backward.
+// Undoes the cache bookkeeping of a forward that failed: describing a forward's work records the
+// copies it will make (weight FP8/BF16, bias casts) as fresh before they are launched, so after a
+// failure (an allocation while describing, a launch) no cached copy is trusted and nothing is left
+// for a backward (the saved-input buffers may have been re-made for the new shape).
 struct Linear::FailureGuard {
     Linear &lin;
     bool done = false;
@@ -464,11 +470,14 @@ void Linear::backward(const Tensor &dy, Tensor *dx, bool accumulate) {
     // Linear's FP32 buffer, from which the delivered E4M3/BF16 tensor is re-made below.
     // A buffer made just now holds no sum yet: accumulating into it is overwriting it.
     const bool direct_wgrad = desc_.wgrad_dtype == FP8AMP_DTYPE_F32;
-    FailureGuard guard{*this};
+    // No failure guard here: describing a backward records no cache as fresh and touches nothing the
+    // forward saved (x8t / the wide x, w8t), so a backward that fails (out of memory while describing)
+    // leaves the saved forward for a retry, as "a failed call changes nothing" promises.
     steps_.clear();
-    const Tensor *previous_sum = wgrad_acc_.get();
     Tensor &wsum = direct_wgrad ? *weight_grad_ : buffer(wgrad_acc_, FP8AMP_DTYPE_F32, n, k);
-    const bool add = accumulate && (direct_wgrad || wgrad_acc_.get() == previous_sum);
+    // The FP32 buffer holds a sum only once a backward into it ran: one made by a backward that then
+    // failed holds garbage, so accumulating into it is overwriting it.
+    const bool add = accumulate && (direct_wgrad || wgrad_sum_valid_);
 
     if (kind_ == FP8AMP_GEMM_KIND_FP8) {
         const fp8amp_dtype gdtype = grad_output_meta_->dtype();
@@ -519,7 +528,7 @@ void Linear::backward(const Tensor &dy, Tensor *dx, bool accumulate) {
         bias_grad_->mark_written();
     }
     backward_replay_.run(*ctx_, steps_);
-    guard.done = true;
+    wgrad_sum_valid_ = !direct_wgrad;
     saved_ = false;
 }
 

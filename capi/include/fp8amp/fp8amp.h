@@ -547,7 +547,8 @@ FP8AMP_API fp8amp_status fp8amp_linear_forward(fp8amp_linear lin, fp8amp_tensor 
  *  FP32 (split) accumulation; the bias gradient is summed in FP32 from dy itself.
  *  Statuses: SUCCESS; INVALID_HANDLE; INVALID_ARGUMENT (no training forward since the last backward
  *  or since creation; read-only dx; overlaps); DTYPE_MISMATCH; SHAPE_MISMATCH (dy or dx not matching
- *  the forward's y and x); DEVICE_MISMATCH; OUT_OF_MEMORY; CUBLAS; CUDA. */
+ *  the forward's y and x); DEVICE_MISMATCH; OUT_OF_MEMORY; CUBLAS; CUDA. A failed backward keeps the
+ *  saved forward (retry it); a failed forward leaves none (docs/linear.md section 2). */
 FP8AMP_API fp8amp_status fp8amp_linear_backward(fp8amp_linear lin, fp8amp_tensor dy, fp8amp_tensor dx,
                                                 int32_t accumulate_wgrad);
 
