@@ -388,6 +388,17 @@ struct Linear::FailureGuard {
     }
 };
 
+// Refuses an argument whose memory is one of this Linear's tensors that the call reads while writing
+// the argument, or writes while reading it: the result would depend on the order of the steps (on
+// CUDA, a race).
+void Linear::check_not_own(const Tensor &t, const char *argument,
+                           std::initializer_list<std::pair<const Tensor *, const char *>> own) const {
+    for (const auto &[mine, name] : own)
+        if (mine && t.overlaps(*mine))
+            fail(FP8AMP_ERROR_INVALID_ARGUMENT, std::string(argument) + " overlaps this Linear's " + name +
+                                                    " in memory, which the call also reads or writes");
+}
+
 void Linear::forward(const Tensor &x, Tensor &y, bool training) {
     const int64_t n = desc_.out_features, k = desc_.in_features;
     check_wide(x, "x");
@@ -407,6 +418,8 @@ void Linear::forward(const Tensor &x, Tensor &y, bool training) {
     if (m == 0) fail(FP8AMP_ERROR_SHAPE_MISMATCH, "x is " + x.describe() + ": it holds no rows");
     check_writable(y, "y");
     if (x.overlaps(y)) fail(FP8AMP_ERROR_INVALID_ARGUMENT, "x and y overlap in memory");
+    // The GEMM that writes y reads the weight (or a copy made from it in the same call) and the bias.
+    check_not_own(y, "y", {{weight_.get(), "weight"}, {bias_.get(), "bias"}});
 
     const fp8amp_gemm_kind kind = choose_kind(m, training, y);
     saved_ = false;  // a failure below leaves nothing for a backward to use
@@ -463,7 +476,12 @@ void Linear::backward(const Tensor &dy, Tensor *dx, bool accumulate) {
     if (dx) {
         check_writable(*dx, "dx");
         if (dy.overlaps(*dx)) fail(FP8AMP_ERROR_INVALID_ARGUMENT, "dy and dx overlap in memory");
+        // dX's GEMM may read the weight itself; the gradients are written by the same call.
+        check_not_own(*dx, "dx",
+                      {{weight_.get(), "weight"}, {weight_grad_.get(), "weight gradient"}, {bias_grad_.get(), "bias gradient"}});
     }
+    // dy is read again (the bias gradient's column sums) after the weight gradient is written.
+    check_not_own(dy, "dy", {{weight_grad_.get(), "weight gradient"}, {bias_grad_.get(), "bias gradient"}});
     const int64_t m = saved_m_;
     const bool e4m3_weight = desc_.weight_dtype == FP8AMP_DTYPE_E4M3;
     // The weight gradient is summed in FP32: into weight_grad itself when it is F32, else into the

@@ -2,8 +2,10 @@
 // the BF16 GEMMs it falls back to where FP8 does not pay or cannot run.
 #pragma once
 
+#include <initializer_list>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "context.hpp"
@@ -62,6 +64,8 @@ private:
     // Adds a quantize step to steps_ and marks its destinations written.
     void quantize(const void *src, fp8amp_dtype src_dtype, size_t rows, size_t cols, Tensor &dst, Tensor *dst_t);
     struct FailureGuard;  // linear.cpp
+    void check_not_own(const Tensor &t, const char *argument,
+                       std::initializer_list<std::pair<const Tensor *, const char *>> own) const;
 
     std::shared_ptr<const Context> ctx_;
     fp8amp_linear_desc desc_{};

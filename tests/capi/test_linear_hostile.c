@@ -168,9 +168,93 @@ static void test_owned_tensors_refuse_rebinding(void **state) {
     }
 }
 
+/* The Linear's own tensors as the outputs or inputs of its calls. A backward given its own weight
+ * gradient as dy overwrote dy with dW before summing the bias gradient from it (a wrong bias
+ * gradient, SUCCESS); dx over the weight, or over a gradient the same call writes, and y over the
+ * weight or bias (read by the GEMM that writes y: a race on CUDA) are just as wrong. Each is
+ * INVALID_ARGUMENT naming the tensor, and the refused call changes nothing: a forward and backward
+ * afterwards match an untouched twin's. A square F32 Linear (M = N = K), so that the shapes fit. */
+static void test_own_tensors_as_arguments(void **state) {
+    require_variant(state);
+    enum { S = 32 };
+    const fp8amp_device dev = variant_device(state);
+    static const fp8amp_gemm_policy policies[2] = {FP8AMP_GEMM_NEVER_FP8, FP8AMP_GEMM_ALWAYS_FP8};
+    for (int pi = 0; pi < 2; ++pi) {
+        fp8amp_context ctx = make_context(dev);
+        fp8amp_linear lin[2];
+        fp8amp_tensor w[2], b[2], wg[2], bg[2];
+        float *wv = random_floats(S * S), *bv = random_floats(S), *xv = random_floats(S * S), *dyv = random_floats(S * S);
+        fp8amp_tensor x = f32_tensor(ctx, S, S, xv), dy = f32_tensor(ctx, S, S, dyv), y = f32_tensor(ctx, S, S, xv),
+                      dx = f32_tensor(ctx, S, S, xv), w_src = f32_tensor(ctx, S, S, wv), bias_view;
+        unsigned char *got[2];
+        print_message("policy %d\n", (int)policies[pi]);
+        for (int i = 0; i < 2; ++i) {
+            fp8amp_linear_desc d;
+            EXPECT_OK(fp8amp_linear_desc_init_default(&d));
+            d.in_features = d.out_features = S;
+            d.weight_dtype = FP8AMP_DTYPE_F32;
+            d.wgrad_dtype = FP8AMP_DTYPE_F32;
+            d.policy = policies[pi];
+            d.recipe.mode = FP8AMP_SCALING_CURRENT;
+            EXPECT_OK(fp8amp_linear_create(ctx, &d, &lin[i]));
+            EXPECT_OK(fp8amp_linear_weight(lin[i], &w[i]));
+            EXPECT_OK(fp8amp_cast(ctx, w_src, w[i]));
+            EXPECT_OK(fp8amp_linear_bias(lin[i], &b[i]));
+            EXPECT_OK(fp8amp_tensor_copy_from_host(b[i], bv, S * sizeof(float)));
+            EXPECT_OK(fp8amp_linear_weight_grad(lin[i], &wg[i]));
+            EXPECT_OK(fp8amp_linear_bias_grad(lin[i], &bg[i]));
+            got[i] = xmalloc((3 * S * S + S) * sizeof(float));
+        }
+        /* y over the weight; y over the bias (a 1-row view of the bias: [1, S] = x's 1 row) */
+        EXPECT_STATUS(fp8amp_linear_forward(lin[0], x, w[0], 1), FP8AMP_ERROR_INVALID_ARGUMENT);
+        assert_non_null(strstr(fp8amp_last_error_message(), "weight"));
+        {
+            void *bias_data;
+            const int64_t row[2] = {1, S};
+            fp8amp_tensor x_row;
+            EXPECT_OK(fp8amp_tensor_data(b[0], &bias_data));
+            EXPECT_OK(fp8amp_tensor_wrap(ctx, FP8AMP_DTYPE_F32, 2, row, bias_data, &bias_view));
+            x_row = f32_tensor(ctx, 1, S, xv);
+            EXPECT_STATUS(fp8amp_linear_forward(lin[0], x_row, bias_view, 0), FP8AMP_ERROR_INVALID_ARGUMENT);
+            assert_non_null(strstr(fp8amp_last_error_message(), "bias"));
+            EXPECT_OK(fp8amp_tensor_destroy(x_row));
+        }
+        for (int i = 0; i < 2; ++i) EXPECT_OK(fp8amp_linear_forward(lin[i], x, y, 1));
+        /* dy over the weight gradient (written by the same call, then read for the bias gradient) */
+        EXPECT_OK(fp8amp_tensor_copy_from_host(wg[0], dyv, S * S * sizeof(float)));
+        EXPECT_STATUS(fp8amp_linear_backward(lin[0], wg[0], dx, 0), FP8AMP_ERROR_INVALID_ARGUMENT);
+        assert_non_null(strstr(fp8amp_last_error_message(), "weight gradient"));
+        /* dx over the weight (read by the dX GEMM), over the weight gradient (written by the dW GEMM) */
+        EXPECT_STATUS(fp8amp_linear_backward(lin[0], dy, w[0], 0), FP8AMP_ERROR_INVALID_ARGUMENT);
+        assert_non_null(strstr(fp8amp_last_error_message(), "weight"));
+        EXPECT_STATUS(fp8amp_linear_backward(lin[0], dy, wg[0], 0), FP8AMP_ERROR_INVALID_ARGUMENT);
+        assert_non_null(strstr(fp8amp_last_error_message(), "weight gradient"));
+        /* Refused calls changed nothing: the saved forward is there, the results match the twin's. */
+        for (int i = 0; i < 2; ++i) {
+            EXPECT_OK(fp8amp_linear_backward(lin[i], dy, dx, 0));
+            EXPECT_OK(fp8amp_tensor_copy_to_host(dx, got[i], S * S * sizeof(float)));
+            EXPECT_OK(fp8amp_tensor_copy_to_host(wg[i], got[i] + S * S * sizeof(float), S * S * sizeof(float)));
+            EXPECT_OK(fp8amp_tensor_copy_to_host(bg[i], got[i] + 2 * S * S * sizeof(float), S * sizeof(float)));
+            EXPECT_OK(fp8amp_tensor_copy_to_host(w[i], got[i] + (2 * S * S + S) * sizeof(float), S * S * sizeof(float)));
+        }
+        assert_memory_equal(got[0], got[1], (3 * S * S + S) * sizeof(float));
+        for (int i = 0; i < 2; ++i) {
+            fp8amp_tensor ts[4] = {w[i], b[i], wg[i], bg[i]};
+            for (int j = 0; j < 4; ++j) EXPECT_OK(fp8amp_tensor_destroy(ts[j]));
+            EXPECT_OK(fp8amp_linear_destroy(lin[i]));
+            free(got[i]);
+        }
+        fp8amp_tensor rest[] = {x, dy, y, dx, w_src, bias_view};
+        for (size_t j = 0; j < sizeof rest / sizeof rest[0]; ++j) EXPECT_OK(fp8amp_tensor_destroy(rest[j]));
+        EXPECT_OK(fp8amp_context_destroy(ctx));
+        free(wv), free(bv), free(xv), free(dyv);
+    }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         DEVICE_TESTS(test_owned_tensors_refuse_rebinding),
+        DEVICE_TESTS(test_own_tensors_as_arguments),
     };
     return cmocka_run_group_tests(tests, test_setup_rng, NULL);
 }

@@ -533,7 +533,7 @@ FP8AMP_API fp8amp_status fp8amp_linear_weight_changed(fp8amp_linear lin);
  *  Asynchronous on CUDA (the Linear's context's stream).
  *  Statuses: SUCCESS; INVALID_HANDLE; DTYPE_MISMATCH (x or y FP8); SHAPE_MISMATCH (x's last dim !=
  *  in, y's shape != x's leading dims + [out]); DEVICE_MISMATCH; INVALID_ARGUMENT (read-only y, x and
- *  y overlapping); NOT_SUPPORTED (ALWAYS_FP8 with a shape or GPU FP8 GEMMs cannot take: the message
+ *  y overlapping, y overlapping the Linear's weight or bias); NOT_SUPPORTED (ALWAYS_FP8 with a shape or GPU FP8 GEMMs cannot take: the message
  *  says which); OUT_OF_MEMORY; CUBLAS; CUDA. */
 FP8AMP_API fp8amp_status fp8amp_linear_forward(fp8amp_linear lin, fp8amp_tensor x, fp8amp_tensor y,
                                                int32_t training);
@@ -546,7 +546,8 @@ FP8AMP_API fp8amp_status fp8amp_linear_forward(fp8amp_linear lin, fp8amp_tensor 
  *  micro-batches. dY is quantized to GRAD_OUTPUT's dtype; dX = dY W and dW = dY^T X run in FP8 with
  *  FP32 (split) accumulation; the bias gradient is summed in FP32 from dy itself.
  *  Statuses: SUCCESS; INVALID_HANDLE; INVALID_ARGUMENT (no training forward since the last backward
- *  or since creation; read-only dx; overlaps); DTYPE_MISMATCH; SHAPE_MISMATCH (dy or dx not matching
+ *  or since creation; read-only dx; dy and dx overlapping; dx overlapping the Linear's weight or
+ *  gradients; dy overlapping its gradients); DTYPE_MISMATCH; SHAPE_MISMATCH (dy or dx not matching
  *  the forward's y and x); DEVICE_MISMATCH; OUT_OF_MEMORY; CUBLAS; CUDA. A failed backward keeps the
  *  saved forward (retry it); a failed forward leaves none (docs/linear.md section 2). */
 FP8AMP_API fp8amp_status fp8amp_linear_backward(fp8amp_linear lin, fp8amp_tensor dy, fp8amp_tensor dx,
