@@ -18,7 +18,9 @@
  * Covered: allocations through the context's hook (tensors, the Linear's buffers and the context's
  * scratch, scale_inv slots, the GEMM workspace on CUDA). Host allocations (std::bad_alloc, turned
  * into OUT_OF_MEMORY by the boundary guard) are not injected here. The optimizer step and load make
- * no allocation through the hook (the loop checks that and reports the count). CPU here; the CUDA
+ * no allocation through the hook (the loop checks that and reports the count). Also: an optimizer
+ * add_param (its state and device-side list are allocated; a failure must leave the optimizer as it
+ * was, which save() shows). CPU here; the CUDA
  * variant runs the same cases when a GPU is present (SKIPPED otherwise). Fresh random data. */
 #include "test_util.h"
 
@@ -315,20 +317,21 @@ static void warm_up(rig_t *r) {
     EXPECT_OK(fp8amp_linear_backward(r->lin, r->dy1, r->dx1, 0));
 }
 
-static void make_optimizer(rig_t *r, const cfg_t *cfg) {
+/* with_weight 0: the weight is left for the add_param case to add. */
+static void make_optimizer(rig_t *r, const cfg_t *cfg, int with_weight) {
     fp8amp_adam_desc ad;
     EXPECT_OK(fp8amp_opt_level_adam_config(cfg->level, &ad));
     ad.max_grad_norm = 1.0f;
     EXPECT_OK(fp8amp_optimizer_create(r->ctx, &ad, &r->opt));
-    EXPECT_OK(fp8amp_optimizer_add_param(r->opt, r->w, r->wg));
     /* An O3 optimizer keeps an F16 master copy, which an F32 parameter cannot have. */
     if (cfg->level != FP8AMP_OPT_LEVEL_O3) EXPECT_OK(fp8amp_optimizer_add_param(r->opt, r->b, r->bg));
+    if (with_weight) EXPECT_OK(fp8amp_optimizer_add_param(r->opt, r->w, r->wg));
 }
 
 /* The operation under test, and what comes after it in the run. */
-typedef enum { OP_FORWARD, OP_BACKWARD, OP_STEP, OP_LOAD } op_t;
+typedef enum { OP_FORWARD, OP_BACKWARD, OP_STEP, OP_LOAD, OP_ADD_PARAM } op_t;
 static const char *const kOpNames[] = {"fp8amp_linear_forward", "fp8amp_linear_backward", "fp8amp_optimizer_step",
-                                       "fp8amp_optimizer_load"};
+                                       "fp8amp_optimizer_load", "fp8amp_optimizer_add_param"};
 
 typedef struct {
     unsigned char *ckpt; /* OP_LOAD: the checkpoint loaded (saved after the first step) */
@@ -339,9 +342,9 @@ typedef struct {
 static void run_prefix(rig_t *r, op_t op, const cfg_t *cfg, int warm, extra_t *x) {
     if (warm) warm_up(r);
     if (op == OP_BACKWARD) EXPECT_OK(fp8amp_linear_forward(r->lin, r->x2, r->y2, 1));
-    if (op == OP_STEP || op == OP_LOAD) {
+    if (op == OP_STEP || op == OP_LOAD || op == OP_ADD_PARAM) {
         if (!warm) warm_up(r);
-        make_optimizer(r, cfg);
+        make_optimizer(r, cfg, op != OP_ADD_PARAM);
         EXPECT_OK(fp8amp_linear_forward(r->lin, r->x2, r->y2, 1));
         EXPECT_OK(fp8amp_linear_backward(r->lin, r->dy2, r->dx2, 0));
     }
@@ -364,6 +367,7 @@ static fp8amp_status run_op(rig_t *r, op_t op, const extra_t *x) {
     case OP_BACKWARD: return fp8amp_linear_backward(r->lin, r->dy2, r->dx2, 1);
     case OP_STEP: return fp8amp_optimizer_step(r->opt, NULL);
     case OP_LOAD: return fp8amp_optimizer_load(r->opt, x->ckpt, x->ckpt_size);
+    case OP_ADD_PARAM: return fp8amp_optimizer_add_param(r->opt, r->w, r->wg);
     }
     return FP8AMP_ERROR_INTERNAL;
 }
@@ -372,7 +376,7 @@ static fp8amp_status run_op(rig_t *r, op_t op, const extra_t *x) {
  * saved buffer left wrong by a failure shows here). */
 static void run_suffix(rig_t *r, op_t op) {
     if (op == OP_FORWARD) EXPECT_OK(fp8amp_linear_backward(r->lin, r->dy2, r->dx2, 1));
-    if (op == OP_STEP || op == OP_LOAD) EXPECT_OK(fp8amp_optimizer_step(r->opt, NULL));
+    if (op == OP_STEP || op == OP_LOAD || op == OP_ADD_PARAM) EXPECT_OK(fp8amp_optimizer_step(r->opt, NULL));
     EXPECT_OK(fp8amp_linear_forward(r->lin, r->x2, r->y2, 1));
     EXPECT_OK(fp8amp_linear_backward(r->lin, r->dy2, r->dx2, 1));
 }
@@ -481,12 +485,18 @@ static void test_load_faults(void **state) {
     fault_case(variant_device(state), OP_LOAD);
 }
 
+static void test_add_param_faults(void **state) {
+    require_variant(state);
+    fault_case(variant_device(state), OP_ADD_PARAM);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         DEVICE_TESTS(test_forward_faults),
         DEVICE_TESTS(test_backward_faults),
         DEVICE_TESTS(test_step_faults),
         DEVICE_TESTS(test_load_faults),
+        DEVICE_TESTS(test_add_param_faults),
     };
     return cmocka_run_group_tests(tests, test_setup_rng, NULL);
 }
