@@ -486,7 +486,6 @@ void Linear::backward(const Tensor &dy, Tensor *dx, bool accumulate) {
     const bool e4m3_weight = desc_.weight_dtype == FP8AMP_DTYPE_E4M3;
     // The weight gradient is summed in FP32: into weight_grad itself when it is F32, else into the
     // Linear's FP32 buffer, from which the delivered E4M3/BF16 tensor is re-made below.
-    // A buffer made just now holds no sum yet: accumulating into it is overwriting it.
     const bool direct_wgrad = desc_.wgrad_dtype == FP8AMP_DTYPE_F32;
     // No failure guard here: describing a backward records no cache as fresh and touches nothing the
     // forward saved (x8t / the wide x, w8t), so a backward that fails (out of memory while describing)

@@ -533,8 +533,8 @@ FP8AMP_API fp8amp_status fp8amp_linear_weight_changed(fp8amp_linear lin);
  *  Asynchronous on CUDA (the Linear's context's stream).
  *  Statuses: SUCCESS; INVALID_HANDLE; DTYPE_MISMATCH (x or y FP8); SHAPE_MISMATCH (x's last dim !=
  *  in, y's shape != x's leading dims + [out]); DEVICE_MISMATCH; INVALID_ARGUMENT (read-only y, x and
- *  y overlapping, y overlapping the Linear's weight or bias); NOT_SUPPORTED (ALWAYS_FP8 with a shape or GPU FP8 GEMMs cannot take: the message
- *  says which); OUT_OF_MEMORY; CUBLAS; CUDA. */
+ *  y overlapping, y overlapping the Linear's weight or bias); NOT_SUPPORTED (ALWAYS_FP8 with a
+ *  shape or GPU FP8 GEMMs cannot take: the message says which); OUT_OF_MEMORY; CUBLAS; CUDA. */
 FP8AMP_API fp8amp_status fp8amp_linear_forward(fp8amp_linear lin, fp8amp_tensor x, fp8amp_tensor y,
                                                int32_t training);
 
