@@ -114,6 +114,10 @@ Args LaunchList::args_of(const Step &step) {
 
 void LaunchList::quantize(const void *src, fp8amp_dtype src_dtype, size_t rows, size_t cols, const Tensor &dst,
                           const Tensor *dst_t) {
+    // The callers bind their destinations first; a missing binding would be a null dereference here
+    // (or a null scale_inv the kernels skip, leaving a stale scale): refuse it instead.
+    if (!dst.scaling() || (dst_t && !dst_t->scale_inv()))
+        fail(FP8AMP_ERROR_INTERNAL, "quantize into " + dst.describe() + " that is not bound to a scaling meta");
     const ScalingMeta &meta = *dst.scaling();
     push(Kind::quantize, QuantizeArgs{src, word(src_dtype), dst.data(), dst_t ? dst_t->data() : nullptr,
                                       word(dst.dtype()), rows, cols, meta.state(), dst.scale_inv(),

@@ -159,7 +159,22 @@ std::shared_ptr<Linear> Linear::create(std::shared_ptr<const Context> ctx, const
         lin->bias_grad_ = Tensor::create(ctx, FP8AMP_DTYPE_F32, 1, &n);
         zeros(lin->bias_grad_);
     }
+    // The tensors handed out are the Linear's: unbinding the E4M3 weight gradient (or binding it
+    // elsewhere) would leave the backward quantizing without its meta, unbinding a scaled weight would
+    // make the Linear read its codes unscaled. Refusing such calls (set_owner) is cheaper than
+    // re-checking every binding on every call. The owners' names go into the refusal messages.
+    lin->weight_->set_owner("a Linear's weight");
+    lin->weight_grad_->set_owner("a Linear's weight gradient");
+    if (lin->bias_) {
+        lin->bias_->set_owner("a Linear's bias");
+        lin->bias_grad_->set_owner("a Linear's bias gradient");
+    }
     return lin;
+}
+
+Linear::~Linear() {
+    for (const auto *t : {&weight_, &bias_, &weight_grad_, &bias_grad_})
+        if (*t) (*t)->set_owner(nullptr);
 }
 
 const std::shared_ptr<Tensor> &Linear::bias() const {
@@ -195,8 +210,12 @@ Tensor &Linear::buffer(std::shared_ptr<Tensor> &slot, fp8amp_dtype dtype, int64_
     if (!slot || slot->dtype() != dtype || slot->shape()[0] != rows || slot->shape()[1] != cols) {
         slot.reset();  // give the old memory back before asking for the new
         const int64_t shape[2] = {rows, cols};
-        slot = Tensor::create(ctx_, dtype, 2, shape);
-        if (meta) slot->set_scaling(meta);
+        // Stored only once bound: binding allocates too (the scale_inv slot), and a tensor left in the
+        // slot unbound would be taken as ready by the next call (a quantize without a meta, a GEMM
+        // reading a missing scale_inv: a crash or silently wrong weight gradients).
+        std::shared_ptr<Tensor> made = Tensor::create(ctx_, dtype, 2, shape);
+        if (meta) made->set_scaling(meta);
+        slot = std::move(made);
     }
     return *slot;
 }
@@ -209,8 +228,10 @@ Tensor &Linear::scratch(std::shared_ptr<Tensor> &slot, size_t pool_slot, fp8amp_
         slot->shape()[1] != cols) {
         slot.reset();
         const int64_t shape[2] = {rows, cols};
-        slot = Tensor::wrap(ctx_, dtype, 2, shape, data);  // the context's memory: not owned by the view
-        if (meta) slot->set_scaling(meta);
+        // the context's memory: not owned by the view. Stored only once bound, as in buffer().
+        std::shared_ptr<Tensor> made = Tensor::wrap(ctx_, dtype, 2, shape, data);
+        if (meta) made->set_scaling(meta);
+        slot = std::move(made);
     }
     return *slot;
 }
@@ -352,10 +373,10 @@ void Linear::quantize(const void *src, fp8amp_dtype src_dtype, size_t rows, size
     if (dst_t) dst_t->mark_written();
 }
 
-// Undoes the cache bookkeeping of a call that failed: describing a call's work records the copies
-// it will make (weight FP8/BF16, bias casts) as fresh before they are launched, so after a failure
-// (an allocation while describing, a launch) no cached copy is trusted and nothing is left for a
-// backward.
+// Undoes the cache bookkeeping of a forward that failed: describing a forward's work records the
+// copies it will make (weight FP8/BF16, bias casts) as fresh before they are launched, so after a
+// failure (an allocation while describing, a launch) no cached copy is trusted and nothing is left
+// for a backward (the saved-input buffers may have been re-made for the new shape).
 struct Linear::FailureGuard {
     Linear &lin;
     bool done = false;
@@ -366,6 +387,17 @@ struct Linear::FailureGuard {
         lin.saved_ = false;
     }
 };
+
+// Refuses an argument whose memory is one of this Linear's tensors that the call reads while writing
+// the argument, or writes while reading it: the result would depend on the order of the steps (on
+// CUDA, a race).
+void Linear::check_not_own(const Tensor &t, const char *argument,
+                           std::initializer_list<std::pair<const Tensor *, const char *>> own) const {
+    for (const auto &[mine, name] : own)
+        if (mine && t.overlaps(*mine))
+            fail(FP8AMP_ERROR_INVALID_ARGUMENT, std::string(argument) + " overlaps this Linear's " + name +
+                                                    " in memory, which the call also reads or writes");
+}
 
 void Linear::forward(const Tensor &x, Tensor &y, bool training) {
     const int64_t n = desc_.out_features, k = desc_.in_features;
@@ -386,6 +418,8 @@ void Linear::forward(const Tensor &x, Tensor &y, bool training) {
     if (m == 0) fail(FP8AMP_ERROR_SHAPE_MISMATCH, "x is " + x.describe() + ": it holds no rows");
     check_writable(y, "y");
     if (x.overlaps(y)) fail(FP8AMP_ERROR_INVALID_ARGUMENT, "x and y overlap in memory");
+    // The GEMM that writes y reads the weight (or a copy made from it in the same call) and the bias.
+    check_not_own(y, "y", {{weight_.get(), "weight"}, {bias_.get(), "bias"}});
 
     const fp8amp_gemm_kind kind = choose_kind(m, training, y);
     saved_ = false;  // a failure below leaves nothing for a backward to use
@@ -442,18 +476,25 @@ void Linear::backward(const Tensor &dy, Tensor *dx, bool accumulate) {
     if (dx) {
         check_writable(*dx, "dx");
         if (dy.overlaps(*dx)) fail(FP8AMP_ERROR_INVALID_ARGUMENT, "dy and dx overlap in memory");
+        // dX's GEMM may read the weight itself; the gradients are written by the same call.
+        check_not_own(*dx, "dx",
+                      {{weight_.get(), "weight"}, {weight_grad_.get(), "weight gradient"}, {bias_grad_.get(), "bias gradient"}});
     }
+    // dy is read again (the bias gradient's column sums) after the weight gradient is written.
+    check_not_own(dy, "dy", {{weight_grad_.get(), "weight gradient"}, {bias_grad_.get(), "bias gradient"}});
     const int64_t m = saved_m_;
     const bool e4m3_weight = desc_.weight_dtype == FP8AMP_DTYPE_E4M3;
     // The weight gradient is summed in FP32: into weight_grad itself when it is F32, else into the
     // Linear's FP32 buffer, from which the delivered E4M3/BF16 tensor is re-made below.
-    // A buffer made just now holds no sum yet: accumulating into it is overwriting it.
     const bool direct_wgrad = desc_.wgrad_dtype == FP8AMP_DTYPE_F32;
-    FailureGuard guard{*this};
+    // No failure guard here: describing a backward records no cache as fresh and touches nothing the
+    // forward saved (x8t / the wide x, w8t), so a backward that fails (out of memory while describing)
+    // leaves the saved forward for a retry, as "a failed call changes nothing" promises.
     steps_.clear();
-    const Tensor *previous_sum = wgrad_acc_.get();
     Tensor &wsum = direct_wgrad ? *weight_grad_ : buffer(wgrad_acc_, FP8AMP_DTYPE_F32, n, k);
-    const bool add = accumulate && (direct_wgrad || wgrad_acc_.get() == previous_sum);
+    // The FP32 buffer holds a sum only once a backward into it ran: one made by a backward that then
+    // failed holds garbage, so accumulating into it is overwriting it.
+    const bool add = accumulate && (direct_wgrad || wgrad_sum_valid_);
 
     if (kind_ == FP8AMP_GEMM_KIND_FP8) {
         const fp8amp_dtype gdtype = grad_output_meta_->dtype();
@@ -504,7 +545,7 @@ void Linear::backward(const Tensor &dy, Tensor *dx, bool accumulate) {
         bias_grad_->mark_written();
     }
     backward_replay_.run(*ctx_, steps_);
-    guard.done = true;
+    wgrad_sum_valid_ = !direct_wgrad;
     saved_ = false;
 }
 

@@ -2,8 +2,10 @@
 // the BF16 GEMMs it falls back to where FP8 does not pay or cannot run.
 #pragma once
 
+#include <initializer_list>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "context.hpp"
@@ -23,6 +25,9 @@ public:
     static fp8amp_linear_desc default_desc();
     // Validates the descriptor (INVALID_ARGUMENT / DTYPE_MISMATCH) and allocates the parameters.
     static std::shared_ptr<Linear> create(std::shared_ptr<const Context> ctx, const fp8amp_linear_desc &caller_desc);
+    ~Linear();  // releases its tensors (see Tensor::set_owner): handles to them may outlive it
+    Linear(const Linear &) = delete;
+    Linear &operator=(const Linear &) = delete;
 
     const std::shared_ptr<Tensor> &weight() const { return weight_; }
     const std::shared_ptr<Tensor> &bias() const;  // INVALID_ARGUMENT without a bias
@@ -59,6 +64,8 @@ private:
     // Adds a quantize step to steps_ and marks its destinations written.
     void quantize(const void *src, fp8amp_dtype src_dtype, size_t rows, size_t cols, Tensor &dst, Tensor *dst_t);
     struct FailureGuard;  // linear.cpp
+    void check_not_own(const Tensor &t, const char *argument,
+                       std::initializer_list<std::pair<const Tensor *, const char *>> own) const;
 
     std::shared_ptr<const Context> ctx_;
     fp8amp_linear_desc desc_{};
@@ -78,6 +85,7 @@ private:
     // FP32 weight-gradient sum (E4M3/BF16 weight gradients), a F32 staging output, bias-grad scratch.
     // w_f32_, out_stage_ and dy_wide_ are views of the context's scratch (see Linear::scratch).
     std::shared_ptr<Tensor> w_f32_, bias_cast_, bias_f32_, wgrad_acc_, out_stage_, colsum_scratch_;
+    bool wgrad_sum_valid_ = false;  // wgrad_acc_ holds a sum (a backward into it ran)
     uint64_t bias_cast_version_ = kStale, bias_f32_version_ = kStale;
 
     // What the last training forward left for backward.

@@ -109,6 +109,9 @@ std::shared_ptr<Tensor> Tensor::wrap(std::shared_ptr<const Context> ctx, fp8amp_
 }
 
 void Tensor::rebind(void *data, int32_t ndim, const int64_t *shape) {
+    if (const char *owner = owner_.load(std::memory_order_relaxed))
+        fail(FP8AMP_ERROR_INVALID_ARGUMENT, "t (" + describe() + ") is " + owner +
+                                                ", which keeps its memory: it cannot be pointed at other memory");
     if (!borrowed_)
         fail(FP8AMP_ERROR_INVALID_ARGUMENT,
              "t (" + describe() + ") was not made by fp8amp_tensor_wrap: only a wrapped tensor can be pointed at "
@@ -303,6 +306,13 @@ std::shared_ptr<Tensor> Tensor::scale_inv_tensor() const {
 }
 
 void Tensor::set_scaling(std::shared_ptr<ScalingMeta> meta) {
+    // Unbinding, binding to another meta, even re-binding to the same one (which resets the scale_inv
+    // the codes stand for) would break the owner, which quantizes into or reads the tensor through the
+    // binding it made.
+    if (const char *owner = owner_.load(std::memory_order_relaxed))
+        fail(FP8AMP_ERROR_INVALID_ARGUMENT, "t (" + describe() + ") is " + owner +
+                                                ", which keeps its scaling binding: it cannot be unbound or re-bound "
+                                                "while the owner lives");
     if (!meta) {
         scaling_.reset();  // the scale_inv slot stays: the data keeps the scale it was quantized with
         return;

@@ -43,6 +43,11 @@ public:
     // pins it while it lives: rebind() is refused meanwhile.
     void pin_address() { address_pins_.fetch_add(1, std::memory_order_relaxed); }
     void unpin_address() { address_pins_.fetch_sub(1, std::memory_order_relaxed); }
+    // A library object that relies on this tensor's binding (a Linear quantizes into its E4M3 weight
+    // gradient with the meta it bound, reads its scaled weight through its own) marks it owned while
+    // it lives: set_scaling() and rebind() are refused with a message naming `owner` (a static
+    // string, e.g. "a Linear's weight"); null releases it.
+    void set_owner(const char *owner) { owner_.store(owner, std::memory_order_relaxed); }
 
     fp8amp_dtype dtype() const { return dtype_; }
     int32_t ndim() const { return ndim_; }
@@ -102,6 +107,7 @@ private:
     bool read_only_ = false;
     bool borrowed_ = false;  // made by wrap(): the memory is the caller's, with no owner to keep
     std::atomic<int32_t> address_pins_{0};
+    std::atomic<const char *> owner_{nullptr};  // see set_owner
     std::shared_ptr<const Context> ctx_;
     std::shared_ptr<bool> dlpack_armed_;
     std::shared_ptr<Storage> storage_;  // keeps the memory alive; also held by exported DLPack views

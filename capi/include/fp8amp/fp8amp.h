@@ -377,7 +377,8 @@ FP8AMP_API fp8amp_status fp8amp_scaling_reset_stats(fp8amp_scaling s);
 /** Binds an E4M3, E5M2 or F16 tensor to a scaling meta (of the same dtype and device): quantizing
  *  into it uses the meta's scale and records amax into the meta; the tensor keeps its own copy of the
  *  scale_inv it was quantized with, which dequantize uses. Binding sets that copy to the meta's
- *  current scale_inv. NULL unbinds. Statuses: SUCCESS; INVALID_HANDLE; DTYPE_MISMATCH (tensor not
+ *  current scale_inv. NULL unbinds. Statuses: SUCCESS; INVALID_HANDLE; INVALID_ARGUMENT (t is a
+ *  live Linear's weight, bias or gradient: the Linear owns its binding); DTYPE_MISMATCH (tensor not
  *  E4M3/E5M2/F16, or of another dtype than the meta); DEVICE_MISMATCH; OUT_OF_MEMORY; CUDA. */
 FP8AMP_API fp8amp_status fp8amp_tensor_set_scaling(fp8amp_tensor t, fp8amp_scaling s);
 
@@ -500,7 +501,10 @@ FP8AMP_API fp8amp_status fp8amp_linear_destroy(fp8amp_linear lin);
  *  bound to the WEIGHT_GRAD meta); bias_grad [out] F32. Write the weight through these handles
  *  (fp8amp_tensor_copy_from_host, fp8amp_cast, fp8amp_quantize, the optimizer): the Linear notices
  *  and re-quantizes its FP8 copy on the next forward. Memory written any other way (a DLPack
- *  producer, a raw pointer) needs fp8amp_linear_weight_changed.
+ *  producer, a raw pointer) needs fp8amp_linear_weight_changed. While the Linear lives these
+ *  tensors are its own: fp8amp_tensor_set_scaling (unbinding, binding elsewhere, re-binding) and
+ *  fp8amp_tensor_rebind on them are refused (INVALID_ARGUMENT, the message names the Linear); once
+ *  the Linear is destroyed, handles still held are ordinary tensors.
  *  Statuses: SUCCESS; INVALID_HANDLE; INVALID_ARGUMENT (NULL out; bias without has_bias). */
 FP8AMP_API fp8amp_status fp8amp_linear_weight(fp8amp_linear lin, fp8amp_tensor *out);
 FP8AMP_API fp8amp_status fp8amp_linear_bias(fp8amp_linear lin, fp8amp_tensor *out);
@@ -529,8 +533,8 @@ FP8AMP_API fp8amp_status fp8amp_linear_weight_changed(fp8amp_linear lin);
  *  Asynchronous on CUDA (the Linear's context's stream).
  *  Statuses: SUCCESS; INVALID_HANDLE; DTYPE_MISMATCH (x or y FP8); SHAPE_MISMATCH (x's last dim !=
  *  in, y's shape != x's leading dims + [out]); DEVICE_MISMATCH; INVALID_ARGUMENT (read-only y, x and
- *  y overlapping); NOT_SUPPORTED (ALWAYS_FP8 with a shape or GPU FP8 GEMMs cannot take: the message
- *  says which); OUT_OF_MEMORY; CUBLAS; CUDA. */
+ *  y overlapping, y overlapping the Linear's weight or bias); NOT_SUPPORTED (ALWAYS_FP8 with a
+ *  shape or GPU FP8 GEMMs cannot take: the message says which); OUT_OF_MEMORY; CUBLAS; CUDA. */
 FP8AMP_API fp8amp_status fp8amp_linear_forward(fp8amp_linear lin, fp8amp_tensor x, fp8amp_tensor y,
                                                int32_t training);
 
@@ -542,8 +546,10 @@ FP8AMP_API fp8amp_status fp8amp_linear_forward(fp8amp_linear lin, fp8amp_tensor 
  *  micro-batches. dY is quantized to GRAD_OUTPUT's dtype; dX = dY W and dW = dY^T X run in FP8 with
  *  FP32 (split) accumulation; the bias gradient is summed in FP32 from dy itself.
  *  Statuses: SUCCESS; INVALID_HANDLE; INVALID_ARGUMENT (no training forward since the last backward
- *  or since creation; read-only dx; overlaps); DTYPE_MISMATCH; SHAPE_MISMATCH (dy or dx not matching
- *  the forward's y and x); DEVICE_MISMATCH; OUT_OF_MEMORY; CUBLAS; CUDA. */
+ *  or since creation; read-only dx; dy and dx overlapping; dx overlapping the Linear's weight or
+ *  gradients; dy overlapping its gradients); DTYPE_MISMATCH; SHAPE_MISMATCH (dy or dx not matching
+ *  the forward's y and x); DEVICE_MISMATCH; OUT_OF_MEMORY; CUBLAS; CUDA. A failed backward keeps the
+ *  saved forward (retry it); a failed forward leaves none (docs/linear.md section 2). */
 FP8AMP_API fp8amp_status fp8amp_linear_backward(fp8amp_linear lin, fp8amp_tensor dy, fp8amp_tensor dx,
                                                 int32_t accumulate_wgrad);
 
