@@ -132,7 +132,7 @@ void Optimizer::add_param(std::shared_ptr<Tensor> param, std::shared_ptr<Tensor>
             fail(FP8AMP_ERROR_INVALID_ARGUMENT, "grad overlaps parameter #" + std::to_string(i));
         if (e.grad->overlaps(p))
             fail(FP8AMP_ERROR_INVALID_ARGUMENT, "param overlaps the gradient of parameter #" + std::to_string(i));
-        if (p.scaling() && e.param->scaling() == p.scaling())
+        if (p.scaling() && e.param_meta.get() == p.scaling())
             fail(FP8AMP_ERROR_INVALID_ARGUMENT, "param's meta is already the meta of parameter #" + std::to_string(i) +
                                                     " (the optimizer folds each parameter's meta once per step)");
     }
@@ -192,8 +192,8 @@ void Optimizer::add_param(std::shared_ptr<Tensor> param, std::shared_ptr<Tensor>
         to_device(e.master->data(), codes.data(), nn * 2);
         to_device(e.master_scale->data(), scale_inv.data(), scale_bytes);
     }
-    e.param_meta = p.scaling();
-    e.grad_meta = g.scaling();
+    e.param_meta = p.scaling_shared();
+    e.grad_meta = g.scaling_shared();
     e.param = std::move(param);
     e.grad = std::move(grad);
     entries_.push_back(std::move(e));
@@ -235,12 +235,14 @@ void Optimizer::rebuild_list() {
         q.v_scale_inv = e.v_scale ? static_cast<float *>(e.v_scale->data()) : nullptr;
         q.master = e.master ? e.master->data() : nullptr;
         q.master_scale_inv = e.master_scale ? static_cast<float *>(e.master_scale->data()) : nullptr;
-        q.param_meta = p.scaling() ? p.scaling()->state() : nullptr;
-        q.param_scale_inv = p.scaling() ? p.scale_inv() : nullptr;
+        // The metas bound at add_param (a later add_param must not pick up an earlier parameter's
+        // re-binding: the step refuses one, and binding back must find the list as it was).
+        q.param_meta = e.param_meta ? e.param_meta->state() : nullptr;
+        q.param_scale_inv = e.param_meta ? p.scale_inv() : nullptr;
         // A gradient's value is code * its scale_inv when it is scaled: FP8 (which always carries the
         // scale it was quantized with, bound or not) or F16 bound to a meta (scaled F16).
-        q.grad_meta = g.scaling() ? g.scaling()->state() : nullptr;
-        q.grad_scale_inv = (g.scaling() || is_fp8(g.dtype())) ? g.scale_inv() : nullptr;
+        q.grad_meta = e.grad_meta ? e.grad_meta->state() : nullptr;
+        q.grad_scale_inv = (e.grad_meta || is_fp8(g.dtype())) ? g.scale_inv() : nullptr;
         q.numel = p.numel();
         q.unit_begin = unit;
         q.scale_begin = 0;
@@ -265,6 +267,24 @@ void Optimizer::rebuild_list() {
     max_numel_ = max_numel;
 }
 
+void Optimizer::check_bindings(bool grads, const char *what) const {
+    auto changed = [](const ScalingMeta *now, const ScalingMeta *then) {
+        return std::string(!now ? "is no longer bound to the scaling meta it had at fp8amp_optimizer_add_param"
+                           : then ? "is bound to another scaling meta than at fp8amp_optimizer_add_param"
+                                  : "was bound to a scaling meta after fp8amp_optimizer_add_param (it had none then)") +
+               "; bind it back as it was";
+    };
+    for (size_t i = 0; i < entries_.size(); ++i) {
+        const Entry &e = entries_[i];
+        if (e.param->scaling() != e.param_meta.get())
+            fail(FP8AMP_ERROR_INVALID_ARGUMENT, std::string("cannot ") + what + ": parameter #" + std::to_string(i) + " " +
+                                                    changed(e.param->scaling(), e.param_meta.get()));
+        if (grads && e.grad->scaling() != e.grad_meta.get())
+            fail(FP8AMP_ERROR_INVALID_ARGUMENT, std::string("cannot ") + what + ": the gradient of parameter #" +
+                                                    std::to_string(i) + " " + changed(e.grad->scaling(), e.grad_meta.get()));
+    }
+}
+
 void Optimizer::step(float lr, const float *lr_device, float grad_scale_inv, GradScaler *scaler) {
     if (!(std::isfinite(grad_scale_inv)))
         fail(FP8AMP_ERROR_INVALID_ARGUMENT, "args->grad_scale_inv " + num(grad_scale_inv) + " is not finite");
@@ -272,14 +292,9 @@ void Optimizer::step(float lr, const float *lr_device, float grad_scale_inv, Gra
     if (scaler && !same_device(scaler->device(), device()))
         fail(FP8AMP_ERROR_DEVICE_MISMATCH, "args->scaler is on " + device_name(scaler->device()) + ", the optimizer on " +
                                                device_name(device()));
-    // The device list holds the metas the tensors were bound to at add_param: a re-binding since then
-    // would leave it pointing at another (possibly freed) meta.
-    for (size_t i = 0; i < entries_.size(); ++i) {
-        const Entry &e = entries_[i];
-        if (e.param->scaling() != e.param_meta || e.grad->scaling() != e.grad_meta)
-            fail(FP8AMP_ERROR_INVALID_ARGUMENT, "the scaling meta of parameter #" + std::to_string(i) +
-                                                    " or of its gradient changed since fp8amp_optimizer_add_param");
-    }
+    // The device list holds the metas the tensors were bound to at add_param (kept alive by the
+    // entries); a tensor re-bound since then would be written or read with a meta it no longer has.
+    check_bindings(true, "step");
     adam::StepConfig c{};
     c.params = static_cast<const adam::Param *>(list_ ? list_->data() : nullptr);
     c.nparams = num_params();
@@ -439,6 +454,9 @@ void Optimizer::serialize(checkpoint::Writer &w) const {
 
 size_t Optimizer::save(unsigned char *buffer) const {
     require_little_endian();
+    // A checkpoint pairs each parameter's data and scale_inv slot with its meta's state: after a
+    // re-binding the slot belongs to another meta (or to none).
+    check_bindings(false, "save");
     checkpoint::Writer counter(nullptr);
     serialize(counter);
     const size_t total = counter.size() + 4;  // + CRC-32
@@ -453,6 +471,7 @@ size_t Optimizer::save(unsigned char *buffer) const {
 
 void Optimizer::load(const unsigned char *data, size_t size) {
     require_little_endian();
+    check_bindings(false, "load");  // as save: each parameter's slot and meta are restored together
     using checkpoint::Reader;
     // 1. The envelope: magic, size, checksum, version, endianness.
     if (size < 28 + 4)
