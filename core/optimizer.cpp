@@ -286,9 +286,11 @@ void Optimizer::check_bindings(bool grads, const char *what) const {
 }
 
 void Optimizer::step(float lr, const float *lr_device, float grad_scale_inv, GradScaler *scaler) {
-    if (!(std::isfinite(grad_scale_inv)))
-        fail(FP8AMP_ERROR_INVALID_ARGUMENT, "args->grad_scale_inv " + num(grad_scale_inv) + " is not finite");
-    if (!(lr <= FLT_MAX)) fail(FP8AMP_ERROR_INVALID_ARGUMENT, "args->lr " + num(lr) + " is not finite");
+    // A negative grad_scale_inv would silently turn descent into ascent (maximize is the way to ask
+    // for that); -inf lr is "not finite" before it is "negative" (the header's promise).
+    if (!(grad_scale_inv >= 0.0f && grad_scale_inv <= FLT_MAX))
+        fail(FP8AMP_ERROR_INVALID_ARGUMENT, "args->grad_scale_inv " + num(grad_scale_inv) + " is not a finite value >= 0");
+    if (!std::isfinite(lr)) fail(FP8AMP_ERROR_INVALID_ARGUMENT, "args->lr " + num(lr) + " is not finite");
     if (scaler && !same_device(scaler->device(), device()))
         fail(FP8AMP_ERROR_DEVICE_MISMATCH, "args->scaler is on " + device_name(scaler->device()) + ", the optimizer on " +
                                                device_name(device()));

@@ -1,7 +1,9 @@
-/* Hostile inputs to the optimizer (issue 22, defect 1), through the public API only:
+/* Hostile inputs to the optimizer (issue 22, defects 1 and 6), through the public API only:
  *   - a parameter's scaling meta unbound (and its handle destroyed) or re-bound to another meta after
  *     fp8amp_optimizer_add_param: step, save and load refuse (INVALID_ARGUMENT, naming the parameter)
  *     instead of reading or writing a freed meta, and work again once the original binding is back;
+ *   - step arguments and desc fields out of their documented domains (lr = -inf, NaN, inf, negative
+ *     grad_scale_inv, betas outside [0, 1), ...): INVALID_ARGUMENT, nothing changed;
  * Every test runs on the CPU and on CUDA (skipped without a GPU) on fresh random data. */
 #include <float.h>
 #include <math.h>
@@ -198,10 +200,80 @@ static void test_rebound_meta_is_refused_until_restored(void **state) {
     problem_free(&pb);
 }
 
+/* ---- defect 6: hyperparameters of the step and of the desc ------------------------------------- */
+
+static void test_step_refuses_out_of_domain_arguments(void **state) {
+    require_variant(state);
+    problem pb;
+    problem_init(&pb, variant_device(state), FP8AMP_OPT_LEVEL_O2);
+    problem_steps(&pb, 1);
+    size_t n = 0, n2 = 0;
+    unsigned char *before = save_all(pb.opt, &n);
+    for (int k = 0; k < NP; ++k) upload_random(pb.g[k], kNumel[k]);
+    const float bad_lr[3] = {-INFINITY, INFINITY, NAN};
+    for (int i = 0; i < 3; ++i) {
+        fp8amp_adam_step_args a;
+        EXPECT_OK(fp8amp_adam_step_args_init_default(&a));
+        a.lr = bad_lr[i];
+        EXPECT_STATUS(fp8amp_optimizer_step(pb.opt, &a), FP8AMP_ERROR_INVALID_ARGUMENT);
+        assert_non_null(strstr(fp8amp_last_error_message(), "args->lr"));
+    }
+    const float bad_inv[5] = {-INFINITY, INFINITY, NAN, -1.0f, -(float)test_rng_uniform(1e-30, 1e30)};
+    for (int i = 0; i < 5; ++i) {
+        fp8amp_adam_step_args a;
+        EXPECT_OK(fp8amp_adam_step_args_init_default(&a));
+        a.grad_scale_inv = bad_inv[i];
+        EXPECT_STATUS(fp8amp_optimizer_step(pb.opt, &a), FP8AMP_ERROR_INVALID_ARGUMENT);
+        assert_non_null(strstr(fp8amp_last_error_message(), "args->grad_scale_inv"));
+    }
+    unsigned char *after = save_all(pb.opt, &n2);
+    assert_int_equal(n, n2);
+    assert_memory_equal(before, after, n);
+    /* a finite negative lr still means the desc's, and grad_scale_inv 0 is a valid (null) update */
+    fp8amp_adam_step_args a;
+    EXPECT_OK(fp8amp_adam_step_args_init_default(&a));
+    a.lr = -(float)test_rng_uniform(1, 1e30);
+    EXPECT_OK(fp8amp_optimizer_step(pb.opt, &a));
+    a.grad_scale_inv = 0.0f;
+    EXPECT_OK(fp8amp_optimizer_step(pb.opt, &a));
+    int64_t step = 0;
+    EXPECT_OK(fp8amp_optimizer_get_step(pb.opt, &step));
+    assert_int_equal(step, 3);
+    free(before), free(after);
+    problem_free(&pb);
+}
+
+static void test_create_refuses_out_of_domain_desc(void **state) {
+    require_variant(state);
+    fp8amp_context ctx = make_context(variant_device(state));
+    fp8amp_adam_desc d;
+    EXPECT_OK(fp8amp_adam_desc_init_default(&d));
+    const float nonneg_bad[5] = {-1.0f, -INFINITY, INFINITY, NAN, -FLT_MIN};
+    const float beta_bad[6] = {-0.1f, 1.0f, 1.5f, INFINITY, -INFINITY, NAN};
+    enum { LR, EPS, WD, MGN, B1, B2, FIELDS };
+    const char *names[FIELDS] = {"desc->lr", "desc->eps", "desc->weight_decay", "desc->max_grad_norm", "desc->beta1", "desc->beta2"};
+    for (int f = 0; f < FIELDS; ++f) {
+        const int nvals = f < B1 ? 5 : 6;
+        for (int i = 0; i < nvals; ++i) {
+            fp8amp_adam_desc bad = d;
+            const float x = f < B1 ? nonneg_bad[i] : beta_bad[i];
+            float *field[FIELDS] = {&bad.lr, &bad.eps, &bad.weight_decay, &bad.max_grad_norm, &bad.beta1, &bad.beta2};
+            *field[f] = x;
+            fp8amp_optimizer opt = NULL;
+            EXPECT_STATUS(fp8amp_optimizer_create(ctx, &bad, &opt), FP8AMP_ERROR_INVALID_ARGUMENT);
+            assert_non_null(strstr(fp8amp_last_error_message(), names[f]));
+            assert_null(opt);
+        }
+    }
+    EXPECT_OK(fp8amp_context_destroy(ctx));
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         DEVICE_TESTS(test_unbound_and_destroyed_meta_is_refused),
         DEVICE_TESTS(test_rebound_meta_is_refused_until_restored),
+        DEVICE_TESTS(test_step_refuses_out_of_domain_arguments),
+        DEVICE_TESTS(test_create_refuses_out_of_domain_desc),
     };
     return cmocka_run_group_tests(tests, test_setup_rng, NULL);
 }

@@ -638,10 +638,12 @@ FP8AMP_API fp8amp_status fp8amp_optimizer_add_param(fp8amp_optimizer opt, fp8amp
 /** Per-step arguments. Initialize with fp8amp_adam_step_args_init_default. */
 typedef struct fp8amp_adam_step_args {
     uint32_t struct_size;   /**< sizeof(fp8amp_adam_step_args) */
-    float lr;               /**< this step's learning rate; negative (the default) = the desc's lr */
+    float lr;               /**< this step's learning rate; finite; negative (the default) = the desc's lr */
     const float *lr_device; /**< optional: a float in the optimizer device's memory read by the step
-                                 itself (for a schedule inside a captured CUDA graph); overrides lr */
-    float grad_scale_inv;   /**< every gradient is multiplied by this (e.g. 1/world_size); default 1 */
+                                 itself (for a schedule inside a captured CUDA graph); overrides lr.
+                                 Its value is not checked (the host never sees it): keep it finite, >= 0 */
+    float grad_scale_inv;   /**< every gradient is multiplied by this (e.g. 1/world_size); default 1;
+                                 finite and >= 0 (ascent is desc.maximize's) */
     fp8amp_grad_scaler scaler; /**< optional: gradients are also divided by the scaler's loss scale
                                     (read on the device) and the scaler is updated from this step's
                                     found_inf on the device, in the same launch */
@@ -659,7 +661,8 @@ FP8AMP_API fp8amp_status fp8amp_adam_step_args_init_default(fp8amp_adam_step_arg
  *  Otherwise it clips (max_grad_norm), updates, and advances the step count. found_inf, the step
  *  count and the norm live on the device: read them with the getters below. args may be NULL (the
  *  defaults). Statuses: SUCCESS; INVALID_HANDLE (opt, args->scaler); INVALID_ARGUMENT (struct_size
- *  too small, grad_scale_inv or lr non-finite); DEVICE_MISMATCH (a scaler of another device);
+ *  too small; lr not finite, -inf included; grad_scale_inv negative or not finite; a parameter's or
+ *  gradient's meta re-bound since add_param); DEVICE_MISMATCH (a scaler of another device);
  *  CUDA. A step with no parameters records found_inf 0 and advances the step count. */
 FP8AMP_API fp8amp_status fp8amp_optimizer_step(fp8amp_optimizer opt, const fp8amp_adam_step_args *args);
 
