@@ -629,6 +629,73 @@ static void test_step_after_largest_step_count(void **state) {
     problem_free(&pb);
 }
 
+/* The loss scaler's state is not in the optimizer's checkpoint (it is saved beside it with
+ * fp8amp_grad_scaler_get_state): its restore, fp8amp_grad_scaler_set_state, and its desc refuse every
+ * value outside their domains, naming the field, and leave the scaler as it was. */
+static void test_grad_scaler_state_domains(void **state) {
+    require_variant(state);
+    fp8amp_context ctx = make_context(variant_device(state));
+    fp8amp_grad_scaler_desc sd;
+    EXPECT_OK(fp8amp_grad_scaler_desc_init_default(&sd));
+    sd.growth_interval = 2 + (int32_t)(test_rng_u64() % 100);
+    sd.hysteresis = 2 + (int32_t)(test_rng_u64() % 5);
+    fp8amp_grad_scaler sc = NULL;
+    EXPECT_OK(fp8amp_grad_scaler_create(ctx, &sd, &sc));
+    const fp8amp_grad_scaler_state good = {(float)test_rng_uniform(1, 1e6), sd.growth_interval - 1, sd.hysteresis};
+    EXPECT_OK(fp8amp_grad_scaler_set_state(sc, &good));
+    const float bad_scale[6] = {NAN, INFINITY, -INFINITY, 0.0f, -1.0f, FLT_MIN / 2};
+    for (int i = 0; i < 6; ++i) {
+        fp8amp_grad_scaler_state st = good;
+        st.scale = bad_scale[i];
+        EXPECT_STATUS(fp8amp_grad_scaler_set_state(sc, &st), FP8AMP_ERROR_INVALID_ARGUMENT);
+        assert_non_null(strstr(fp8amp_last_error_message(), "scale"));
+    }
+    const int32_t bad_tracker[3] = {-1, sd.growth_interval, INT32_MIN};
+    for (int i = 0; i < 3; ++i) {
+        fp8amp_grad_scaler_state st = good;
+        st.growth_tracker = bad_tracker[i];
+        EXPECT_STATUS(fp8amp_grad_scaler_set_state(sc, &st), FP8AMP_ERROR_INVALID_ARGUMENT);
+        assert_non_null(strstr(fp8amp_last_error_message(), "growth_tracker"));
+    }
+    const int32_t bad_hyst[3] = {-1, sd.hysteresis + 1, INT32_MAX};
+    for (int i = 0; i < 3; ++i) {
+        fp8amp_grad_scaler_state st = good;
+        st.hysteresis_left = bad_hyst[i];
+        EXPECT_STATUS(fp8amp_grad_scaler_set_state(sc, &st), FP8AMP_ERROR_INVALID_ARGUMENT);
+        assert_non_null(strstr(fp8amp_last_error_message(), "hysteresis_left"));
+    }
+    fp8amp_grad_scaler_state back;
+    EXPECT_OK(fp8amp_grad_scaler_get_state(sc, &back));
+    assert_memory_equal(&back, &good, sizeof good);
+    /* the desc */
+    struct {
+        const char *name;
+        float init_scale, growth, backoff;
+        int32_t interval, hyst;
+    } bad_desc[] = {
+        {"init_scale", NAN, 2, 0.5f, 10, 1},      {"init_scale", INFINITY, 2, 0.5f, 10, 1},
+        {"init_scale", FLT_MIN / 4, 2, 0.5f, 10, 1}, {"growth_factor", 1, 1.0f, 0.5f, 10, 1},
+        {"growth_factor", 1, NAN, 0.5f, 10, 1},   {"growth_factor", 1, INFINITY, 0.5f, 10, 1},
+        {"backoff_factor", 1, 2, 0.0f, 10, 1},    {"backoff_factor", 1, 2, 1.0f, 10, 1},
+        {"backoff_factor", 1, 2, NAN, 10, 1},     {"growth_interval", 1, 2, 0.5f, 0, 1},
+        {"hysteresis", 1, 2, 0.5f, 10, -1},
+    };
+    for (size_t i = 0; i < sizeof bad_desc / sizeof bad_desc[0]; ++i) {
+        fp8amp_grad_scaler_desc d = sd;
+        d.init_scale = bad_desc[i].init_scale;
+        d.growth_factor = bad_desc[i].growth;
+        d.backoff_factor = bad_desc[i].backoff;
+        d.growth_interval = bad_desc[i].interval;
+        d.hysteresis = bad_desc[i].hyst;
+        fp8amp_grad_scaler other = NULL;
+        EXPECT_STATUS(fp8amp_grad_scaler_create(ctx, &d, &other), FP8AMP_ERROR_INVALID_ARGUMENT);
+        assert_non_null(strstr(fp8amp_last_error_message(), bad_desc[i].name));
+        assert_null(other);
+    }
+    EXPECT_OK(fp8amp_grad_scaler_destroy(sc));
+    EXPECT_OK(fp8amp_context_destroy(ctx));
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         DEVICE_TESTS(test_unbound_and_destroyed_meta_is_refused),
@@ -637,6 +704,7 @@ int main(void) {
         DEVICE_TESTS(test_create_refuses_out_of_domain_desc),
         DEVICE_TESTS(test_load_refuses_invalid_values_behind_a_valid_checksum),
         DEVICE_TESTS(test_step_after_largest_step_count),
+        DEVICE_TESTS(test_grad_scaler_state_domains),
     };
     return cmocka_run_group_tests(tests, test_setup_rng, NULL);
 }
