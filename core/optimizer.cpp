@@ -571,10 +571,13 @@ void Optimizer::load(const unsigned char *data, size_t size) {
     const int64_t block = desc_.state_block_size;
     auto check_values = [block](const unsigned char *p, const unsigned char *scales, int64_t n, int32_t dtype,
                                 bool nonneg, const std::string &who, const char *what) {
+        const size_t es = fp8amp_dtype_size(static_cast<fp8amp_dtype>(dtype));
         for (int64_t j = 0; j < n; ++j) {
             float inv = 1.0f;
             if (scales) std::memcpy(&inv, scales + 4 * (block > 0 ? j / block : 0), 4);
-            const float x = adam::fmul(adam::load_value(p, dtype, j), inv);
+            uint32_t code = 0;  // the blob's arrays are not aligned: copy the element out first
+            std::memcpy(&code, p + static_cast<size_t>(j) * es, es);
+            const float x = adam::fmul(adam::load_value(&code, dtype, 0), inv);
             if (!(x <= FLT_MAX && x >= (nonneg ? 0.0f : -FLT_MAX)))
                 fail(FP8AMP_ERROR_CORRUPT_DATA, "checkpoint " + who + ": " + what + " element " + std::to_string(j) + " is " +
                                                     num(x) + (scales ? " (code times its block's scale_inv)" : "") +
