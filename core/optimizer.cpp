@@ -132,7 +132,7 @@ void Optimizer::add_param(std::shared_ptr<Tensor> param, std::shared_ptr<Tensor>
             fail(FP8AMP_ERROR_INVALID_ARGUMENT, "grad overlaps parameter #" + std::to_string(i));
         if (e.grad->overlaps(p))
             fail(FP8AMP_ERROR_INVALID_ARGUMENT, "param overlaps the gradient of parameter #" + std::to_string(i));
-        if (p.scaling() && e.param->scaling() == p.scaling())
+        if (p.scaling() && e.param_meta.get() == p.scaling())
             fail(FP8AMP_ERROR_INVALID_ARGUMENT, "param's meta is already the meta of parameter #" + std::to_string(i) +
                                                     " (the optimizer folds each parameter's meta once per step)");
     }
@@ -192,8 +192,8 @@ void Optimizer::add_param(std::shared_ptr<Tensor> param, std::shared_ptr<Tensor>
         to_device(e.master->data(), codes.data(), nn * 2);
         to_device(e.master_scale->data(), scale_inv.data(), scale_bytes);
     }
-    e.param_meta = p.scaling();
-    e.grad_meta = g.scaling();
+    e.param_meta = p.scaling_shared();
+    e.grad_meta = g.scaling_shared();
     e.param = std::move(param);
     e.grad = std::move(grad);
     entries_.push_back(std::move(e));
@@ -235,12 +235,14 @@ void Optimizer::rebuild_list() {
         q.v_scale_inv = e.v_scale ? static_cast<float *>(e.v_scale->data()) : nullptr;
         q.master = e.master ? e.master->data() : nullptr;
         q.master_scale_inv = e.master_scale ? static_cast<float *>(e.master_scale->data()) : nullptr;
-        q.param_meta = p.scaling() ? p.scaling()->state() : nullptr;
-        q.param_scale_inv = p.scaling() ? p.scale_inv() : nullptr;
+        // The metas bound at add_param (a later add_param must not pick up an earlier parameter's
+        // re-binding: the step refuses one, and binding back must find the list as it was).
+        q.param_meta = e.param_meta ? e.param_meta->state() : nullptr;
+        q.param_scale_inv = e.param_meta ? p.scale_inv() : nullptr;
         // A gradient's value is code * its scale_inv when it is scaled: FP8 (which always carries the
         // scale it was quantized with, bound or not) or F16 bound to a meta (scaled F16).
-        q.grad_meta = g.scaling() ? g.scaling()->state() : nullptr;
-        q.grad_scale_inv = (g.scaling() || is_fp8(g.dtype())) ? g.scale_inv() : nullptr;
+        q.grad_meta = e.grad_meta ? e.grad_meta->state() : nullptr;
+        q.grad_scale_inv = (e.grad_meta || is_fp8(g.dtype())) ? g.scale_inv() : nullptr;
         q.numel = p.numel();
         q.unit_begin = unit;
         q.scale_begin = 0;
@@ -265,21 +267,36 @@ void Optimizer::rebuild_list() {
     max_numel_ = max_numel;
 }
 
+void Optimizer::check_bindings(bool grads, const char *what) const {
+    auto changed = [](const ScalingMeta *now, const ScalingMeta *then) {
+        return std::string(!now ? "is no longer bound to the scaling meta it had at fp8amp_optimizer_add_param"
+                           : then ? "is bound to another scaling meta than at fp8amp_optimizer_add_param"
+                                  : "was bound to a scaling meta after fp8amp_optimizer_add_param (it had none then)") +
+               "; bind it back as it was";
+    };
+    for (size_t i = 0; i < entries_.size(); ++i) {
+        const Entry &e = entries_[i];
+        if (e.param->scaling() != e.param_meta.get())
+            fail(FP8AMP_ERROR_INVALID_ARGUMENT, std::string("cannot ") + what + ": parameter #" + std::to_string(i) + " " +
+                                                    changed(e.param->scaling(), e.param_meta.get()));
+        if (grads && e.grad->scaling() != e.grad_meta.get())
+            fail(FP8AMP_ERROR_INVALID_ARGUMENT, std::string("cannot ") + what + ": the gradient of parameter #" +
+                                                    std::to_string(i) + " " + changed(e.grad->scaling(), e.grad_meta.get()));
+    }
+}
+
 void Optimizer::step(float lr, const float *lr_device, float grad_scale_inv, GradScaler *scaler) {
-    if (!(std::isfinite(grad_scale_inv)))
-        fail(FP8AMP_ERROR_INVALID_ARGUMENT, "args->grad_scale_inv " + num(grad_scale_inv) + " is not finite");
-    if (!(lr <= FLT_MAX)) fail(FP8AMP_ERROR_INVALID_ARGUMENT, "args->lr " + num(lr) + " is not finite");
+    // A negative grad_scale_inv would silently turn descent into ascent (maximize is the way to ask
+    // for that); -inf lr is "not finite" before it is "negative" (the header's promise).
+    if (!(grad_scale_inv >= 0.0f && grad_scale_inv <= FLT_MAX))
+        fail(FP8AMP_ERROR_INVALID_ARGUMENT, "args->grad_scale_inv " + num(grad_scale_inv) + " is not a finite value >= 0");
+    if (!std::isfinite(lr)) fail(FP8AMP_ERROR_INVALID_ARGUMENT, "args->lr " + num(lr) + " is not finite");
     if (scaler && !same_device(scaler->device(), device()))
         fail(FP8AMP_ERROR_DEVICE_MISMATCH, "args->scaler is on " + device_name(scaler->device()) + ", the optimizer on " +
                                                device_name(device()));
-    // The device list holds the metas the tensors were bound to at add_param: a re-binding since then
-    // would leave it pointing at another (possibly freed) meta.
-    for (size_t i = 0; i < entries_.size(); ++i) {
-        const Entry &e = entries_[i];
-        if (e.param->scaling() != e.param_meta || e.grad->scaling() != e.grad_meta)
-            fail(FP8AMP_ERROR_INVALID_ARGUMENT, "the scaling meta of parameter #" + std::to_string(i) +
-                                                    " or of its gradient changed since fp8amp_optimizer_add_param");
-    }
+    // The device list holds the metas the tensors were bound to at add_param (kept alive by the
+    // entries); a tensor re-bound since then would be written or read with a meta it no longer has.
+    check_bindings(true, "step");
     adam::StepConfig c{};
     c.params = static_cast<const adam::Param *>(list_ ? list_->data() : nullptr);
     c.nparams = num_params();
@@ -371,9 +388,10 @@ void write_meta(checkpoint::Writer &w, const ScalingState &s, const float *histo
     for (uint32_t k = 0; k < s.history_len; ++k) w.f32(history[k]);
 }
 
-bool pow2_normal(float x) {  // a block scale_inv: a power of two within the normal floats
+// A block scale_inv as the steps write it: 1 / 2^k with k in [-126, 126] (adam::pow2_exponent).
+bool pow2_normal(float x) {
     const uint32_t b = codec::f32_bits(x);
-    return (b & 0x807FFFFFu) == 0 && (b >> 23) >= 1 && (b >> 23) <= 254;
+    return (b & 0x807FFFFFu) == 0 && (b >> 23) >= 1 && (b >> 23) <= 253;
 }
 
 }  // namespace
@@ -439,6 +457,9 @@ void Optimizer::serialize(checkpoint::Writer &w) const {
 
 size_t Optimizer::save(unsigned char *buffer) const {
     require_little_endian();
+    // A checkpoint pairs each parameter's data and scale_inv slot with its meta's state: after a
+    // re-binding the slot belongs to another meta (or to none).
+    check_bindings(false, "save");
     checkpoint::Writer counter(nullptr);
     serialize(counter);
     const size_t total = counter.size() + 4;  // + CRC-32
@@ -453,6 +474,7 @@ size_t Optimizer::save(unsigned char *buffer) const {
 
 void Optimizer::load(const unsigned char *data, size_t size) {
     require_little_endian();
+    check_bindings(false, "load");  // as save: each parameter's slot and meta are restored together
     using checkpoint::Reader;
     // 1. The envelope: magic, size, checksum, version, endianness.
     if (size < 28 + 4)
@@ -490,6 +512,11 @@ void Optimizer::load(const unsigned char *data, size_t size) {
     d.master_dtype = r.i32("desc");
     d.state_block_size = r.i32("desc");
     d.max_grad_norm = r.f32("desc");
+    // save writes the flags as 0 or 1; validate_adam_desc would quietly read any other value as 1.
+    if (d.adamw != 0 && d.adamw != 1)
+        fail(FP8AMP_ERROR_CORRUPT_DATA, "checkpoint desc.adamw is " + std::to_string(d.adamw) + ", not 0 or 1");
+    if (d.maximize != 0 && d.maximize != 1)
+        fail(FP8AMP_ERROR_CORRUPT_DATA, "checkpoint desc.maximize is " + std::to_string(d.maximize) + ", not 0 or 1");
     try {
         d = validate_adam_desc(d);
     } catch (const Error &e) {
@@ -507,8 +534,17 @@ void Optimizer::load(const unsigned char *data, size_t size) {
     st.step = r.i64("step");
     st.found_inf = r.i32("found_inf");
     st.grad_norm = r.f32("grad_norm");
-    if (st.step < 0 || (st.found_inf != 0 && st.found_inf != 1))
-        fail(FP8AMP_ERROR_CORRUPT_DATA, "checkpoint holds an invalid step count or found_inf");
+    if (st.step < 0 || st.step > adam::kMaxStep)
+        fail(FP8AMP_ERROR_CORRUPT_DATA, "checkpoint step count " + std::to_string(st.step) + " is outside 0.." +
+                                            std::to_string(adam::kMaxStep) + " (a count the steps' int64 arithmetic cannot overflow)");
+    if (st.found_inf != 0 && st.found_inf != 1)
+        fail(FP8AMP_ERROR_CORRUPT_DATA, "checkpoint found_inf is " + std::to_string(st.found_inf) + ", not 0 or 1");
+    // A step records the norm of its gradients (>= 0; +inf when their sum of squares overflows
+    // float32), or NaN when it found a non-finite gradient and skipped.
+    if (st.found_inf ? !std::isnan(st.grad_norm) : !(st.grad_norm >= 0.0f))
+        fail(FP8AMP_ERROR_CORRUPT_DATA, "checkpoint grad_norm " + num(st.grad_norm) +
+                                            (st.found_inf ? " is not NaN, though found_inf is 1 (a skipped step records NaN)"
+                                                          : " is negative or NaN, though found_inf is 0"));
     const uint32_t count = r.u32("parameter count");
     if (count != entries_.size())
         fail(FP8AMP_ERROR_SHAPE_MISMATCH, "checkpoint holds " + std::to_string(count) + " parameters, the optimizer " +
@@ -521,18 +557,38 @@ void Optimizer::load(const unsigned char *data, size_t size) {
         std::vector<unsigned char> meta;  // ScalingState + history, ready to copy
     };
     std::vector<Plan> plans(count);
-    auto check_scales = [](const unsigned char *p, int64_t n, size_t i) {
+    auto check_scales = [](const unsigned char *p, int64_t n, const std::string &who, const char *what) {
         for (int64_t k = 0; k < n; ++k) {
             float x;
             std::memcpy(&x, p + 4 * k, 4);
             if (!pow2_normal(x))
-                fail(FP8AMP_ERROR_CORRUPT_DATA, "checkpoint parameter #" + std::to_string(i) + " holds an invalid block scale");
+                fail(FP8AMP_ERROR_CORRUPT_DATA, "checkpoint " + who + ": " + what + " block scale " + std::to_string(k) + " (" +
+                                                    num(x) + ") is not a power of two in [2^-126, 2^126]");
+        }
+    };
+    // Every state element as the step reads it -- its code (or float) times its block's scale_inv --
+    // must be finite (v also >= 0): valid codes and valid scales can still overflow together.
+    const int64_t block = desc_.state_block_size;
+    auto check_values = [block](const unsigned char *p, const unsigned char *scales, int64_t n, int32_t dtype,
+                                bool nonneg, const std::string &who, const char *what) {
+        const size_t es = fp8amp_dtype_size(static_cast<fp8amp_dtype>(dtype));
+        for (int64_t j = 0; j < n; ++j) {
+            float inv = 1.0f;
+            if (scales) std::memcpy(&inv, scales + 4 * (block > 0 ? j / block : 0), 4);
+            uint32_t code = 0;  // the blob's arrays are not aligned: copy the element out first
+            std::memcpy(&code, p + static_cast<size_t>(j) * es, es);
+            const float x = adam::fmul(adam::load_value(&code, dtype, 0), inv);
+            if (!(x <= FLT_MAX && x >= (nonneg ? 0.0f : -FLT_MAX)))
+                fail(FP8AMP_ERROR_CORRUPT_DATA, "checkpoint " + who + ": " + what + " element " + std::to_string(j) + " is " +
+                                                    num(x) + (scales ? " (code times its block's scale_inv)" : "") +
+                                                    (nonneg ? ", not a finite value >= 0" : ", not finite"));
         }
     };
     for (size_t i = 0; i < count; ++i) {
         const Entry &e = entries_[i];
         const Tensor &p = *e.param;
         const std::string who = "parameter #" + std::to_string(i);
+        const int64_t numel = p.numel();
         const int32_t pd = r.i32("parameter dtype"), gd = r.i32("gradient dtype"), ndim = r.i32("ndim");
         if (pd != p.dtype() || gd != e.grad->dtype())
             fail(FP8AMP_ERROR_DTYPE_MISMATCH, "checkpoint " + who + " has dtypes (" + fp8amp_dtype_name(static_cast<fp8amp_dtype>(pd)) +
@@ -545,7 +601,10 @@ void Optimizer::load(const unsigned char *data, size_t size) {
             same = same && k < p.ndim() && extent == p.shape()[k];
         }
         if (!same) fail(FP8AMP_ERROR_SHAPE_MISMATCH, "checkpoint " + who + " has another shape than " + p.describe());
-        const bool has_meta = r.u8("meta flag") != 0;
+        const uint8_t meta_flag = r.u8("meta flag");
+        if (meta_flag > 1)
+            fail(FP8AMP_ERROR_CORRUPT_DATA, "checkpoint " + who + ": meta flag is " + std::to_string(meta_flag) + ", not 0 or 1");
+        const bool has_meta = meta_flag != 0;
         if (has_meta != (e.param_meta != nullptr))
             fail(FP8AMP_ERROR_DTYPE_MISMATCH, "checkpoint " + who + (has_meta ? " is" : " is not") +
                                                   " bound to a scaling meta, the optimizer's parameter" + (has_meta ? " is not" : " is"));
@@ -578,22 +637,49 @@ void Optimizer::load(const unsigned char *data, size_t size) {
                 s.power_of_two != (rec.power_of_two_scales ? 1u : 0u) || s.current != 0u ||
                 s.fp8_max != scaled_dtype_max(e.param_meta->dtype()))
                 fail(FP8AMP_ERROR_DTYPE_MISMATCH, "checkpoint " + who + "'s scaling meta has another recipe than the optimizer's");
-            if (s.head >= s.history_len || !(s.scale >= FLT_MIN && s.scale <= FLT_MAX) || !(s.scale_inv > 0.0f) ||
-                !(plan.slot > 0.0f && plan.slot <= FLT_MAX))
-                fail(FP8AMP_ERROR_CORRUPT_DATA, "checkpoint " + who + "'s scaling meta holds invalid values");
+            // The domains every writer of a meta keeps (fp8amp_scaling_set_scale, the updates): a normal
+            // scale, scale_inv = 1/scale exactly, amaxes recorded as non-negative floats or +inf (NaN is
+            // recorded as +inf). The tensor's slot can be written by the caller: finite and > 0.
+            const std::string bad = "checkpoint " + who + ": ";
+            if (!(plan.slot > 0.0f && plan.slot <= FLT_MAX))
+                fail(FP8AMP_ERROR_CORRUPT_DATA, bad + "its tensor's scale_inv " + num(plan.slot) + " is not a finite value > 0");
+            if (!(s.scale >= FLT_MIN && s.scale <= FLT_MAX))
+                fail(FP8AMP_ERROR_CORRUPT_DATA, bad + "meta scale " + num(s.scale) + " is not a normal float > 0");
+            if (codec::f32_bits(s.scale_inv) != codec::f32_bits(1.0f / s.scale))
+                fail(FP8AMP_ERROR_CORRUPT_DATA, bad + "meta scale_inv " + num(s.scale_inv) + " is not 1/scale (" +
+                                                    num(1.0f / s.scale) + ")");
+            if (s.amax_bits > 0x7F800000u)
+                fail(FP8AMP_ERROR_CORRUPT_DATA, bad + "meta recorded amax " + num(codec::bits_f32(s.amax_bits)) +
+                                                    " is negative or NaN");
+            if (s.head >= s.history_len)
+                fail(FP8AMP_ERROR_CORRUPT_DATA, bad + "meta history head " + std::to_string(s.head) +
+                                                    " is not below the history length " + std::to_string(s.history_len));
+            if (s.stats_enabled > 1)
+                fail(FP8AMP_ERROR_CORRUPT_DATA, bad + "meta stats_enabled is " + std::to_string(s.stats_enabled) + ", not 0 or 1");
             s.stats_enabled = e.param_meta->stats_enabled() ? 1u : 0u;  // the live meta's setting (host mirror) stays
             plan.meta.resize(ScalingState::bytes(s.history_len));
             std::memcpy(plan.meta.data(), &s, sizeof s);
-            std::memcpy(plan.meta.data() + sizeof s, r.take(4u * s.history_len, "amax history"), 4u * s.history_len);
+            const unsigned char *history = r.take(4u * s.history_len, "amax history");
+            for (uint32_t k = 0; k < s.history_len; ++k) {
+                const uint32_t bits = uint32_t(history[4 * k]) | uint32_t(history[4 * k + 1]) << 8 |
+                                      uint32_t(history[4 * k + 2]) << 16 | uint32_t(history[4 * k + 3]) << 24;
+                if (bits > 0x7F800000u)
+                    fail(FP8AMP_ERROR_CORRUPT_DATA, bad + "meta amax history[" + std::to_string(k) + "] " +
+                                                        num(codec::bits_f32(bits)) + " is negative or NaN");
+            }
+            std::memcpy(plan.meta.data() + sizeof s, history, 4u * s.history_len);
         }
         const size_t scale_bytes = static_cast<size_t>(e.nscales) * 4;
         plan.m = r.take(e.m->nbytes(), "m");
-        if (m8) check_scales(plan.m_scale = r.take(scale_bytes, "m scales"), e.nscales, i);
+        if (m8) check_scales(plan.m_scale = r.take(scale_bytes, "m scales"), e.nscales, who, "m");
+        check_values(plan.m, plan.m_scale, numel, m8 ? FP8AMP_DTYPE_E4M3 : FP8AMP_DTYPE_F32, false, who, "m");
         plan.v = r.take(e.v->nbytes(), "v");
-        if (v16) check_scales(plan.v_scale = r.take(scale_bytes, "v scales"), e.nscales, i);
+        if (v16) check_scales(plan.v_scale = r.take(scale_bytes, "v scales"), e.nscales, who, "v");
+        check_values(plan.v, plan.v_scale, numel, v16 ? FP8AMP_DTYPE_F16 : FP8AMP_DTYPE_F32, true, who, "v");
         if (e.master) {
             plan.master = r.take(e.master->nbytes(), "master");
-            check_scales(plan.master_scale = r.take(scale_bytes, "master scales"), e.nscales, i);
+            check_scales(plan.master_scale = r.take(scale_bytes, "master scales"), e.nscales, who, "master");
+            check_values(plan.master, plan.master_scale, numel, FP8AMP_DTYPE_F16, false, who, "master");
         }
     }
     if (r.remaining() != 0) fail(FP8AMP_ERROR_CORRUPT_DATA, "checkpoint has trailing bytes before its checksum");

@@ -51,7 +51,9 @@ private:
     struct Entry {
         std::shared_ptr<Tensor> param, grad;
         std::shared_ptr<Storage> m, v, master, m_scale, v_scale, master_scale;
-        const ScalingMeta *param_meta = nullptr, *grad_meta = nullptr;  // as bound at add_param
+        // The metas as bound at add_param, kept alive here: the device list points into their state and
+        // save/load read and write it, so a meta unbound and destroyed by the caller must not be freed.
+        std::shared_ptr<const ScalingMeta> param_meta, grad_meta;
         int64_t nscales = 0;
         int64_t units = 0;
     };
@@ -60,6 +62,9 @@ private:
     void to_host(void *dst, const void *src, size_t n) const;
     void to_device(void *dst, const void *src, size_t n) const;
     void serialize(checkpoint::Writer &w) const;
+    // INVALID_ARGUMENT when a parameter (and, with grads, a gradient) is no longer bound to the meta it
+    // had at add_param: `what` names the refused operation.
+    void check_bindings(bool grads, const char *what) const;
 
     std::shared_ptr<const Context> ctx_;
     fp8amp_adam_desc desc_;

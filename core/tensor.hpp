@@ -69,6 +69,8 @@ public:
     // unbinds) and sets the tensor's scale_inv slot to the meta's current scale_inv.
     void set_scaling(std::shared_ptr<ScalingMeta> meta);
     ScalingMeta *scaling() const { return scaling_.get(); }
+    // The binding itself, for an owner that must keep the meta alive (the optimizer: a parameter's meta).
+    const std::shared_ptr<ScalingMeta> &scaling_shared() const { return scaling_; }
     // The scale_inv this tensor was last quantized with (device memory; 4 bytes from the context's
     // allocator, made by the first binding), or null if it was never bound.
     float *scale_inv() const { return scale_inv_ ? static_cast<float *>(scale_inv_->data()) : nullptr; }

@@ -19,6 +19,11 @@ namespace fp8amp::kernels::adam {
 
 constexpr int kChunk = 128;  // elements per warp iteration (32 lanes x 4); state blocks are multiples
 
+// The largest step count a checkpoint may hold (fp8amp_optimizer_load refuses more). Each step adds
+// one to the count (step + 1 in both backends' int64 arithmetic), so from here it would take another
+// 2^62 steps -- over 100,000 years at a million steps a second -- to overflow.
+constexpr int64_t kMaxStep = int64_t(1) << 62;
+
 // One registered parameter, as the step reads it. All pointers are device (CPU backend: host) memory.
 struct Param {
     void *param;

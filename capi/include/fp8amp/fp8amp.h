@@ -632,6 +632,9 @@ FP8AMP_API fp8amp_status fp8amp_optimizer_destroy(fp8amp_optimizer opt);
  *  scaling (a Linear's WEIGHT_STORAGE meta does). The optimizer owns a bound parameter's meta from
  *  now on: each step writes the parameter with the meta's scale
  *  and records its amax, then folds the meta (delayed scaling: the new scale applies next step).
+ *  It keeps the metas param and grad are bound to now alive (destroying their handles is safe); a
+ *  tensor unbound or re-bound to another meta later makes step (param or grad), save and load
+ *  (param) fail with INVALID_ARGUMENT until it is bound back to the same meta.
  *  grad: F32, F16, BF16, or E4M3/E5M2 (value = code * its scale_inv; likewise a scaled F16
  *  gradient, bound to a meta); same shape as param. Every parameter must be added before the first step.
  *  Statuses: SUCCESS; INVALID_HANDLE; INVALID_ARGUMENT (param added twice, param read-only, param
@@ -644,10 +647,12 @@ FP8AMP_API fp8amp_status fp8amp_optimizer_add_param(fp8amp_optimizer opt, fp8amp
 /** Per-step arguments. Initialize with fp8amp_adam_step_args_init_default. */
 typedef struct fp8amp_adam_step_args {
     uint32_t struct_size;   /**< sizeof(fp8amp_adam_step_args) */
-    float lr;               /**< this step's learning rate; negative (the default) = the desc's lr */
+    float lr;               /**< this step's learning rate; finite; negative (the default) = the desc's lr */
     const float *lr_device; /**< optional: a float in the optimizer device's memory read by the step
-                                 itself (for a schedule inside a captured CUDA graph); overrides lr */
-    float grad_scale_inv;   /**< every gradient is multiplied by this (e.g. 1/world_size); default 1 */
+                                 itself (for a schedule inside a captured CUDA graph); overrides lr.
+                                 Its value is not checked (the host never sees it): keep it finite, >= 0 */
+    float grad_scale_inv;   /**< every gradient is multiplied by this (e.g. 1/world_size); default 1;
+                                 finite and >= 0 (ascent is desc.maximize's) */
     fp8amp_grad_scaler scaler; /**< optional: gradients are also divided by the scaler's loss scale
                                     (read on the device) and the scaler is updated from this step's
                                     found_inf on the device, in the same launch */
@@ -665,7 +670,8 @@ FP8AMP_API fp8amp_status fp8amp_adam_step_args_init_default(fp8amp_adam_step_arg
  *  Otherwise it clips (max_grad_norm), updates, and advances the step count. found_inf, the step
  *  count and the norm live on the device: read them with the getters below. args may be NULL (the
  *  defaults). Statuses: SUCCESS; INVALID_HANDLE (opt, args->scaler); INVALID_ARGUMENT (struct_size
- *  too small, grad_scale_inv or lr non-finite); DEVICE_MISMATCH (a scaler of another device);
+ *  too small; lr not finite, -inf included; grad_scale_inv negative or not finite; a parameter's or
+ *  gradient's meta re-bound since add_param); DEVICE_MISMATCH (a scaler of another device);
  *  CUDA. A step with no parameters records found_inf 0 and advances the step count. */
 FP8AMP_API fp8amp_status fp8amp_optimizer_step(fp8amp_optimizer opt, const fp8amp_adam_step_args *args);
 
@@ -690,7 +696,8 @@ FP8AMP_API fp8amp_status fp8amp_optimizer_state_bytes(fp8amp_optimizer opt, size
  *  every block scale) into the versioned, little-endian, CRC-32-checked format of docs/api.md
  *  section 12.6. buffer NULL: *size receives the byte count. Otherwise capacity must be at least
  *  that, and *size receives the bytes written. Synchronizes (reads device memory).
- *  Statuses: SUCCESS; INVALID_HANDLE; INVALID_ARGUMENT (NULL size, capacity too small); CUDA. */
+ *  Statuses: SUCCESS; INVALID_HANDLE; INVALID_ARGUMENT (NULL size, capacity too small, a parameter's
+ *  meta re-bound since add_param); CUDA. */
 FP8AMP_API fp8amp_status fp8amp_optimizer_save(fp8amp_optimizer opt, void *buffer, size_t capacity, size_t *size);
 
 /** Restores what fp8amp_optimizer_save wrote into an optimizer with the same state dtypes, block
@@ -698,8 +705,14 @@ FP8AMP_API fp8amp_status fp8amp_optimizer_save(fp8amp_optimizer opt, void *buffe
  *  CUDA optimizer and back). Hyperparameters (lr, betas, eps, weight decay, maximize, adamw,
  *  max_grad_norm) are taken from the checkpoint. Everything is validated before anything changes: a
  *  failure leaves the optimizer, its parameters and metas untouched.
- *  Statuses: SUCCESS; INVALID_HANDLE; INVALID_ARGUMENT (NULL data); CORRUPT_DATA (truncated, bad
- *  magic or endianness marker, checksum mismatch, inconsistent sizes or values); NOT_SUPPORTED (a
+ *  The checksum only catches accidents: every field is also checked against its domain (docs/api.md
+ *  12.6 lists them: flags 0/1, hyperparameters as at create, a step count in 0..2^62, m finite, v
+ *  finite and >= 0, the master finite -- each as code times its block scale --, block scales powers
+ *  of two in [2^-126, 2^126], a meta's scale normal with scale_inv = 1/scale, amaxes >= 0, ...), the
+ *  message naming the field and the parameter. Parameter values are restored as stored.
+ *  Statuses: SUCCESS; INVALID_HANDLE; INVALID_ARGUMENT (NULL data, a parameter's meta re-bound since
+ *  add_param); CORRUPT_DATA (truncated, bad magic or endianness marker, checksum mismatch,
+ *  inconsistent sizes, a value outside its field's domain); NOT_SUPPORTED (a
  *  format version this library does not read); SHAPE_MISMATCH (parameter count or a shape differs);
  *  DTYPE_MISMATCH (state dtypes, block size, master, or a parameter/gradient dtype or meta differs);
  *  CUDA. */
