@@ -66,7 +66,7 @@ class AdamConfig:
     def for_level(cls, level: Any = "O1", **overrides: Any) -> "AdamConfig":
         _require()
         d = ffi.new("fp8amp_adam_desc *")
-        check(lib.fp8amp_opt_level_adam_config(int(as_opt_level(level)), d))
+        check(lib.fp8amp_opt_level_adam_init(int(as_opt_level(level)), d, ffi.sizeof("fp8amp_adam_desc")))
         c = cls(adamw=bool(d.adamw), lr=float(d.lr), beta1=float(d.beta1), beta2=float(d.beta2), eps=float(d.eps),
                 weight_decay=float(d.weight_decay), maximize=bool(d.maximize), exp_avg_dtype=DType(d.exp_avg_dtype),
                 exp_avg_sq_dtype=DType(d.exp_avg_sq_dtype),
@@ -76,7 +76,7 @@ class AdamConfig:
 
     def _c(self) -> Any:
         d = ffi.new("fp8amp_adam_desc *")
-        check(lib.fp8amp_adam_desc_init_default(d))
+        check(lib.fp8amp_adam_desc_init(d, ffi.sizeof("fp8amp_adam_desc")))
         d.adamw = 1 if self.adamw else 0
         d.lr, d.beta1, d.beta2, d.eps = float(self.lr), float(self.beta1), float(self.beta2), float(self.eps)
         d.weight_decay = float(self.weight_decay)
@@ -102,7 +102,7 @@ class GradScaler(Handle):
         _require()
         type(self)._destroy = lib.fp8amp_grad_scaler_destroy
         d = ffi.new("fp8amp_grad_scaler_desc *")
-        check(lib.fp8amp_grad_scaler_desc_init_default(d))
+        check(lib.fp8amp_grad_scaler_desc_init(d, ffi.sizeof("fp8amp_grad_scaler_desc")))
         d.init_scale, d.growth_factor, d.backoff_factor = float(init_scale), float(growth_factor), float(backoff_factor)
         d.growth_interval, d.hysteresis = int(growth_interval), int(hysteresis)
         out = ffi.new("fp8amp_grad_scaler *")
@@ -169,7 +169,7 @@ class Optimizer(Handle):
         self._context = ctx
         self._params: List[Tuple[Tensor, Tensor]] = []  # keeps the Python objects alive with the C ones
         self._args = ffi.new("fp8amp_adam_step_args *")
-        check(lib.fp8amp_adam_step_args_init_default(self._args))
+        check(lib.fp8amp_adam_step_args_init(self._args, ffi.sizeof("fp8amp_adam_step_args")))
         for p, g in params:
             self.add_param(p, g)
 

@@ -31,11 +31,11 @@ class AmaxAlgo(enum.IntEnum):
 
 def _c_defaults() -> Any:
     r = ffi.new("fp8amp_recipe *")
-    check(lib.fp8amp_recipe_init_default(r))
+    check(lib.fp8amp_recipe_init(r, ffi.sizeof("fp8amp_recipe")))
     return r
 
 
-_DEFAULT = _c_defaults()  # the library's defaults (fp8amp_recipe_init_default), not copies of them
+_DEFAULT = _c_defaults()  # the library's defaults (fp8amp_recipe_init), not copies of them
 
 
 @dataclasses.dataclass
@@ -53,7 +53,7 @@ class Recipe:
 
     def _c(self) -> Any:
         r = ffi.new("fp8amp_recipe *")
-        check(lib.fp8amp_recipe_init_default(r))  # struct_size and any field this class does not know
+        check(lib.fp8amp_recipe_init(r, ffi.sizeof("fp8amp_recipe")))  # struct_size and any field this class does not know
         r.format = int(self.format)
         r.mode = int(self.mode)
         r.margin = int(self.margin)
