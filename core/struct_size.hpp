@@ -5,11 +5,12 @@
 // - an earlier layout named by the caller of read_sized (the fields added since take their values
 //   from `defaults`, the init function's struct);
 // - a newer, larger one (a caller built against a newer header): its known prefix is read, and the
-//   rest -- the newer fields, plus this library's own tail padding, which may hold one of them -- must
-//   be zero (the Linux kernel's copy_struct_from_user rule). A zero there is what an init function of
-//   this library writes, and a field appended later must mean "as before" at 0; a non-zero byte is a
-//   field the caller set that this library cannot honour, refused with NOT_SUPPORTED rather than
-//   silently ignored.
+//   rest -- the newer fields -- must be zero (the Linux kernel's copy_struct_from_user rule). A zero
+//   there is what an init function of this library writes, and a field appended later must mean "as
+//   before" at 0; a non-zero byte is a field the caller set that this library cannot honour, refused
+//   with NOT_SUPPORTED rather than silently ignored. New fields begin at or after the old sizeof
+//   (docs/api.md 1.6; tests/abi checks it): a field put in a struct's tail padding would leave the
+//   size unchanged, and an older library could not tell it from padding, which C leaves undefined.
 // Only struct_size bytes of the caller's struct are read or written; any other size is
 // INVALID_ARGUMENT.
 #pragma once
@@ -23,8 +24,9 @@
 
 namespace fp8amp {
 
-// The end of the last field this library knows of each option struct: from there on the caller's
-// bytes are this library's tail padding or a newer header's fields. A new option struct adds a line.
+// The end of the last field this library knows of each option struct: the init functions write zeros
+// from there (the tail padding too), so that what they write is fully defined. A new option struct
+// adds a line.
 inline constexpr size_t fields_end(const fp8amp_recipe *) { return offsetof(fp8amp_recipe, power_of_two_scales) + 4; }
 inline constexpr size_t fields_end(const fp8amp_linear_desc *) { return offsetof(fp8amp_linear_desc, graph_replay) + 4; }
 inline constexpr size_t fields_end(const fp8amp_adam_desc *) { return offsetof(fp8amp_adam_desc, max_grad_norm) + 4; }
@@ -78,9 +80,9 @@ T read_sized(const T &caller, const char *what, const char *type, const char *in
     detail::check_size<T>(size, std::string(what) + "->struct_size", type, std::string("initialize it with ") + init,
                           first_layout);
     if (size > sizeof(T)) {
-        // The caller's struct really is `size` bytes (it says so): the bytes past the known fields.
+        // The caller's struct really is `size` bytes (it says so): the bytes past this library's struct.
         const unsigned char *bytes = reinterpret_cast<const unsigned char *>(&caller);
-        for (size_t i = fields_end(&caller); i < size; ++i)
+        for (size_t i = sizeof(T); i < size; ++i)
             if (bytes[i] != 0)
                 fail(FP8AMP_ERROR_NOT_SUPPORTED,
                      std::string(what) + "->struct_size is " + std::to_string(size) + ", more than the " +
@@ -104,7 +106,7 @@ void write_sized(void *out, size_t size, const T &defaults, const char *type, si
     detail::check_size<T>(size, "size", type, std::string("pass sizeof(") + type + ")", first_layout);
     unsigned char image[kMaxStructSize] = {};
     std::memcpy(image, &defaults, sizeof(T));
-    // The library's own tail padding is part of a newer caller's tail: zero, not whatever `defaults` held.
+    // Padding too: zero, not whatever `defaults` held.
     std::memset(image + fields_end(&defaults), 0, sizeof(T) - fields_end(&defaults));
     const uint32_t struct_size = static_cast<uint32_t>(size);
     std::memcpy(image + offsetof(T, struct_size), &struct_size, sizeof struct_size);
