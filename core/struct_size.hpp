@@ -2,8 +2,8 @@
 // was compiled with (docs/api.md 1.6). Every function that takes one reads it through read_sized, and
 // every init function writes it through write_sized, so each rule is one piece of code:
 // - this library's layout;
-// - an earlier layout named by the caller of read_sized (the fields added since take their values
-//   from `defaults`, the init function's struct);
+// - an earlier layout: 0.1.0's (released_size), or one named by the caller of read_sized (the fields
+//   added since take their values from `defaults`, the init function's struct);
 // - a newer, larger one (a caller built against a newer header): its known prefix is read, and the
 //   rest -- the newer fields -- must be zero (the Linux kernel's copy_struct_from_user rule). A zero
 //   there is what an init function of this library writes, and a field appended later must mean "as
@@ -38,9 +38,22 @@ inline constexpr size_t fields_end(const fp8amp_grad_scaler_desc *) {
 }
 
 // The sizes fp8amp 0.1.0 (the first release, FP8AMP_0) gave the structs: what the ..._init_default
-// entry points of FP8AMP_0 write forever, since the binaries that call them were compiled with these.
+// entry points of FP8AMP_0 write forever, since the binaries that call them were compiled with these,
+// and a layout every later library accepts (read and init) once the struct has grown, the fields
+// added since at their zero (which means the old behaviour: docs/api.md 1.6).
 inline constexpr size_t kReleased010Recipe = 32, kReleased010LinearDesc = 80, kReleased010AdamDesc = 52,
                         kReleased010StepArgs = 32, kReleased010ScalerDesc = 24;
+inline constexpr size_t released_size(const fp8amp_recipe *) { return kReleased010Recipe; }
+inline constexpr size_t released_size(const fp8amp_linear_desc *) { return kReleased010LinearDesc; }
+inline constexpr size_t released_size(const fp8amp_adam_desc *) { return kReleased010AdamDesc; }
+inline constexpr size_t released_size(const fp8amp_adam_step_args *) { return kReleased010StepArgs; }
+inline constexpr size_t released_size(const fp8amp_grad_scaler_desc *) { return kReleased010ScalerDesc; }
+// Structs only grow; fp8amp_recipe, embedded in fp8amp_linear_desc, never does within FP8AMP_0.
+static_assert(sizeof(fp8amp_recipe) == kReleased010Recipe, "fp8amp_recipe is frozen (docs/api.md 1.6)");
+static_assert(sizeof(fp8amp_linear_desc) >= kReleased010LinearDesc && sizeof(fp8amp_adam_desc) >= kReleased010AdamDesc &&
+                  sizeof(fp8amp_adam_step_args) >= kReleased010StepArgs &&
+                  sizeof(fp8amp_grad_scaler_desc) >= kReleased010ScalerDesc,
+              "an option struct shrank");
 
 // The largest struct_size taken for a struct of a newer header: a bound on how far past the fields
 // this library knows it reads or writes the caller's memory, so that a garbage struct_size (an
@@ -51,7 +64,8 @@ namespace detail {
 template <class T>
 // hint: what the caller should do ("initialize it with ...").
 void check_size(size_t size, const std::string &head, const char *type, const std::string &hint, size_t first_layout) {
-    const bool known = size == sizeof(T) || (first_layout != 0 && size == first_layout);
+    const bool known = size == sizeof(T) || size == released_size(static_cast<const T *>(nullptr)) ||
+                       (first_layout != 0 && size == first_layout);
     const bool newer = size > sizeof(T) && size <= kMaxStructSize && size % alignof(T) == 0;
     if (known || newer) return;
     std::string what = std::string(head) + " is " + std::to_string(size);
