@@ -63,7 +63,8 @@ typedef enum fp8amp_status {
     FP8AMP_ERROR_DTYPE_MISMATCH = 4,
     FP8AMP_ERROR_DEVICE_MISMATCH = 5,  /**< objects of different devices in one call */
     FP8AMP_ERROR_OUT_OF_MEMORY = 6,
-    FP8AMP_ERROR_NOT_SUPPORTED = 7,    /**< this build or this machine cannot do it; the message says why */
+    FP8AMP_ERROR_NOT_SUPPORTED = 7,    /**< this build, this machine or this library version (a newer
+                                            header's struct field set) cannot do it; the message says why */
     FP8AMP_ERROR_CUDA = 8,
     FP8AMP_ERROR_CUBLAS = 9,
     FP8AMP_ERROR_NCCL = 10,
