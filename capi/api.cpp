@@ -13,6 +13,7 @@
 #include "kernels.hpp"
 #include "ops.hpp"
 #include "scaling_meta.hpp"
+#include "struct_size.hpp"
 #include "tensor.hpp"
 
 using fp8amp::Error;
@@ -277,10 +278,19 @@ FP8AMP_API fp8amp_status fp8amp_cast(fp8amp_context ctx, fp8amp_tensor src, fp8a
 
 /* ---- recipes and scaling meta ---- */
 
-FP8AMP_API fp8amp_status fp8amp_recipe_init_default(fp8amp_recipe *recipe) {
+// The sized init writes the caller's sizeof; the FP8AMP_0 entry point (named in parentheses: the
+// header's macro of that name means the sized one) writes 0.1.0's layout, which its callers have.
+FP8AMP_API fp8amp_status fp8amp_recipe_init(fp8amp_recipe *recipe, size_t size) {
     FP8AMP_GUARD({
         require(recipe, "recipe");
-        *recipe = fp8amp::core::default_recipe();
+        fp8amp::write_sized(recipe, size, fp8amp::core::default_recipe(), "fp8amp_recipe");
+    });
+}
+
+FP8AMP_API fp8amp_status(fp8amp_recipe_init_default)(fp8amp_recipe *recipe) {
+    FP8AMP_GUARD({
+        require(recipe, "recipe");
+        fp8amp::write_sized(recipe, fp8amp::kReleased010Recipe, fp8amp::core::default_recipe(), "fp8amp_recipe");
     });
 }
 

@@ -5,6 +5,7 @@
 #include "context.hpp"
 #include "linear.hpp"
 #include "scaling_meta.hpp"
+#include "struct_size.hpp"
 #include "tensor.hpp"
 
 using fp8amp::fail;
@@ -17,10 +18,19 @@ using namespace fp8amp::capi;
 
 extern "C" {
 
-FP8AMP_API fp8amp_status fp8amp_linear_desc_init_default(fp8amp_linear_desc *desc) {
+// The sized init writes the caller's sizeof (the first layout's 72 bytes too); the FP8AMP_0 entry
+// point (named in parentheses: the header's macro of that name means the sized one) writes 0.1.0's.
+FP8AMP_API fp8amp_status fp8amp_linear_desc_init(fp8amp_linear_desc *desc, size_t size) {
     FP8AMP_GUARD({
         require(desc, "desc");
-        *desc = Linear::default_desc();
+        fp8amp::write_sized(desc, size, Linear::default_desc(), "fp8amp_linear_desc", Linear::kFirstLayout);
+    });
+}
+
+FP8AMP_API fp8amp_status(fp8amp_linear_desc_init_default)(fp8amp_linear_desc *desc) {
+    FP8AMP_GUARD({
+        require(desc, "desc");
+        fp8amp::write_sized(desc, fp8amp::kReleased010LinearDesc, Linear::default_desc(), "fp8amp_linear_desc");
     });
 }
 
@@ -118,21 +128,38 @@ FP8AMP_API fp8amp_status fp8amp_linear_graph_replays(fp8amp_linear lin, uint64_t
     });
 }
 
-FP8AMP_API fp8amp_status fp8amp_opt_level_config(fp8amp_opt_level level, fp8amp_linear_desc *linear_desc,
-                                                 fp8amp_adam_desc *adam_desc) {
+namespace {
+// fp8amp_opt_level_init and its FP8AMP_0 spelling: both descriptors are checked (sizes included)
+// before either is written.
+void opt_level_init(fp8amp_opt_level level, fp8amp_linear_desc *linear_desc, size_t linear_size,
+                    fp8amp_adam_desc *adam_desc, size_t adam_size) {
+    if (!linear_desc && !adam_desc) fail(FP8AMP_ERROR_INVALID_ARGUMENT, "linear_desc and adam_desc are both NULL");
+    const int32_t l = fp8amp::core::enum_value(level);
+    if (l != FP8AMP_OPT_LEVEL_O1 && l != FP8AMP_OPT_LEVEL_O2 && l != FP8AMP_OPT_LEVEL_O3)
+        fail(FP8AMP_ERROR_INVALID_ARGUMENT, "level " + std::to_string(l) + " is not O1, O2 or O3");
+    fp8amp_linear_desc ld{};
+    fp8amp_adam_desc ad{};
+    if (fp8amp_linear_desc_init(&ld, sizeof ld) != FP8AMP_SUCCESS || fp8amp_opt_level_adam_init(level, &ad, sizeof ad) != FP8AMP_SUCCESS)
+        fail(FP8AMP_ERROR_INTERNAL, "filling the defaults failed");
+    ld.weight_dtype = l == FP8AMP_OPT_LEVEL_O3 ? FP8AMP_DTYPE_E4M3 : FP8AMP_DTYPE_F16;
+    ld.wgrad_dtype = FP8AMP_DTYPE_E4M3;
+    // write_sized checks the size before it writes: the Adam size is checked on a scratch copy first.
+    alignas(fp8amp_adam_desc) unsigned char scratch[fp8amp::kMaxStructSize];
+    if (adam_desc) fp8amp::write_sized(scratch, adam_size, ad, "fp8amp_adam_desc");
+    if (linear_desc) fp8amp::write_sized(linear_desc, linear_size, ld, "fp8amp_linear_desc", Linear::kFirstLayout);
+    if (adam_desc) std::memcpy(adam_desc, scratch, adam_size);
+}
+}  // namespace
+
+FP8AMP_API fp8amp_status fp8amp_opt_level_init(fp8amp_opt_level level, fp8amp_linear_desc *linear_desc, size_t linear_size,
+                                               fp8amp_adam_desc *adam_desc, size_t adam_size) {
+    FP8AMP_GUARD({ opt_level_init(level, linear_desc, linear_size, adam_desc, adam_size); });
+}
+
+FP8AMP_API fp8amp_status(fp8amp_opt_level_config)(fp8amp_opt_level level, fp8amp_linear_desc *linear_desc,
+                                                  fp8amp_adam_desc *adam_desc) {
     FP8AMP_GUARD({
-        if (!linear_desc && !adam_desc) fail(FP8AMP_ERROR_INVALID_ARGUMENT, "linear_desc and adam_desc are both NULL");
-        const int32_t l = fp8amp::core::enum_value(level);
-        if (l != FP8AMP_OPT_LEVEL_O1 && l != FP8AMP_OPT_LEVEL_O2 && l != FP8AMP_OPT_LEVEL_O3)
-            fail(FP8AMP_ERROR_INVALID_ARGUMENT, "level " + std::to_string(l) + " is not O1, O2 or O3");
-        fp8amp_linear_desc ld{};
-        fp8amp_adam_desc ad{};
-        if (fp8amp_linear_desc_init_default(&ld) != FP8AMP_SUCCESS || fp8amp_opt_level_adam_config(level, &ad) != FP8AMP_SUCCESS)
-            fail(FP8AMP_ERROR_INTERNAL, "filling the defaults failed");
-        ld.weight_dtype = l == FP8AMP_OPT_LEVEL_O3 ? FP8AMP_DTYPE_E4M3 : FP8AMP_DTYPE_F16;
-        ld.wgrad_dtype = FP8AMP_DTYPE_E4M3;
-        if (linear_desc) *linear_desc = ld;
-        if (adam_desc) *adam_desc = ad;
+        opt_level_init(level, linear_desc, fp8amp::kReleased010LinearDesc, adam_desc, fp8amp::kReleased010AdamDesc);
     });
 }
 

@@ -23,40 +23,86 @@ using fp8amp::core::Tensor;
 
 extern "C" {
 
-FP8AMP_API fp8amp_status fp8amp_adam_desc_init_default(fp8amp_adam_desc *desc) {
+namespace {
+fp8amp_adam_desc default_adam_desc() {
+    fp8amp_adam_desc d{};
+    d.struct_size = sizeof d;
+    d.adamw = 1;
+    d.lr = 1e-3f;
+    d.beta1 = 0.9f;
+    d.beta2 = 0.999f;
+    d.eps = 1e-8f;
+    d.weight_decay = 0.01f;
+    d.maximize = 0;
+    d.exp_avg_dtype = FP8AMP_DTYPE_F32;
+    d.exp_avg_sq_dtype = FP8AMP_DTYPE_F32;
+    d.master_dtype = FP8AMP_NO_MASTER;
+    d.state_block_size = 128;
+    d.max_grad_norm = 0.0f;
+    return d;
+}
+
+fp8amp_adam_desc level_adam_desc(fp8amp_opt_level level) {
+    if (level != FP8AMP_OPT_LEVEL_O1 && level != FP8AMP_OPT_LEVEL_O2 && level != FP8AMP_OPT_LEVEL_O3)
+        fail(FP8AMP_ERROR_INVALID_ARGUMENT, "level " + std::to_string(static_cast<int>(level)) + " is not O1, O2 or O3");
+    fp8amp_adam_desc d = default_adam_desc();
+    if (level != FP8AMP_OPT_LEVEL_O1) {
+        d.exp_avg_dtype = FP8AMP_DTYPE_E4M3;
+        d.exp_avg_sq_dtype = FP8AMP_DTYPE_F16;
+    }
+    if (level == FP8AMP_OPT_LEVEL_O3) d.master_dtype = FP8AMP_DTYPE_F16;
+    return d;
+}
+
+fp8amp_adam_step_args default_step_args() {
+    fp8amp_adam_step_args a{};
+    a.struct_size = sizeof a;
+    a.lr = -1.0f;
+    a.lr_device = nullptr;
+    a.grad_scale_inv = 1.0f;
+    a.scaler = nullptr;
+    return a;
+}
+
+fp8amp_grad_scaler_desc default_scaler_desc() {
+    fp8amp_grad_scaler_desc d{};
+    d.struct_size = sizeof d;
+    d.init_scale = 65536.0f;
+    d.growth_factor = 2.0f;
+    d.backoff_factor = 0.5f;
+    d.growth_interval = 2000;
+    d.hysteresis = 1;
+    return d;
+}
+}  // namespace
+
+// Each sized init writes the caller's sizeof; each FP8AMP_0 entry point (named in parentheses: the
+// header's macro of that name means the sized one) writes 0.1.0's layout, which its callers have.
+FP8AMP_API fp8amp_status fp8amp_adam_desc_init(fp8amp_adam_desc *desc, size_t size) {
     FP8AMP_GUARD({
         require(desc, "desc");
-        fp8amp_adam_desc d{};
-        d.struct_size = sizeof d;
-        d.adamw = 1;
-        d.lr = 1e-3f;
-        d.beta1 = 0.9f;
-        d.beta2 = 0.999f;
-        d.eps = 1e-8f;
-        d.weight_decay = 0.01f;
-        d.maximize = 0;
-        d.exp_avg_dtype = FP8AMP_DTYPE_F32;
-        d.exp_avg_sq_dtype = FP8AMP_DTYPE_F32;
-        d.master_dtype = FP8AMP_NO_MASTER;
-        d.state_block_size = 128;
-        d.max_grad_norm = 0.0f;
-        *desc = d;
+        fp8amp::write_sized(desc, size, default_adam_desc(), "fp8amp_adam_desc");
     });
 }
 
-FP8AMP_API fp8amp_status fp8amp_opt_level_adam_config(fp8amp_opt_level level, fp8amp_adam_desc *desc) {
+FP8AMP_API fp8amp_status(fp8amp_adam_desc_init_default)(fp8amp_adam_desc *desc) {
     FP8AMP_GUARD({
         require(desc, "desc");
-        if (level != FP8AMP_OPT_LEVEL_O1 && level != FP8AMP_OPT_LEVEL_O2 && level != FP8AMP_OPT_LEVEL_O3)
-            fail(FP8AMP_ERROR_INVALID_ARGUMENT, "level " + std::to_string(static_cast<int>(level)) + " is not O1, O2 or O3");
-        fp8amp_adam_desc d{};
-        (void)fp8amp_adam_desc_init_default(&d);
-        if (level != FP8AMP_OPT_LEVEL_O1) {
-            d.exp_avg_dtype = FP8AMP_DTYPE_E4M3;
-            d.exp_avg_sq_dtype = FP8AMP_DTYPE_F16;
-        }
-        if (level == FP8AMP_OPT_LEVEL_O3) d.master_dtype = FP8AMP_DTYPE_F16;
-        *desc = d;
+        fp8amp::write_sized(desc, fp8amp::kReleased010AdamDesc, default_adam_desc(), "fp8amp_adam_desc");
+    });
+}
+
+FP8AMP_API fp8amp_status fp8amp_opt_level_adam_init(fp8amp_opt_level level, fp8amp_adam_desc *desc, size_t size) {
+    FP8AMP_GUARD({
+        require(desc, "desc");
+        fp8amp::write_sized(desc, size, level_adam_desc(level), "fp8amp_adam_desc");
+    });
+}
+
+FP8AMP_API fp8amp_status(fp8amp_opt_level_adam_config)(fp8amp_opt_level level, fp8amp_adam_desc *desc) {
+    FP8AMP_GUARD({
+        require(desc, "desc");
+        fp8amp::write_sized(desc, fp8amp::kReleased010AdamDesc, level_adam_desc(level), "fp8amp_adam_desc");
     });
 }
 
@@ -84,24 +130,24 @@ FP8AMP_API fp8amp_status fp8amp_optimizer_add_param(fp8amp_optimizer opt, fp8amp
     });
 }
 
-FP8AMP_API fp8amp_status fp8amp_adam_step_args_init_default(fp8amp_adam_step_args *args) {
+FP8AMP_API fp8amp_status fp8amp_adam_step_args_init(fp8amp_adam_step_args *args, size_t size) {
     FP8AMP_GUARD({
         require(args, "args");
-        fp8amp_adam_step_args a{};
-        a.struct_size = sizeof a;
-        a.lr = -1.0f;
-        a.lr_device = nullptr;
-        a.grad_scale_inv = 1.0f;
-        a.scaler = nullptr;
-        *args = a;
+        fp8amp::write_sized(args, size, default_step_args(), "fp8amp_adam_step_args");
+    });
+}
+
+FP8AMP_API fp8amp_status(fp8amp_adam_step_args_init_default)(fp8amp_adam_step_args *args) {
+    FP8AMP_GUARD({
+        require(args, "args");
+        fp8amp::write_sized(args, fp8amp::kReleased010StepArgs, default_step_args(), "fp8amp_adam_step_args");
     });
 }
 
 FP8AMP_API fp8amp_status fp8amp_optimizer_step(fp8amp_optimizer opt, const fp8amp_adam_step_args *args) {
     FP8AMP_GUARD({
         auto o = lookup<Optimizer>(opt, "opt");
-        fp8amp_adam_step_args a{};
-        (void)fp8amp_adam_step_args_init_default(&a);
+        fp8amp_adam_step_args a = default_step_args();
         if (args) a = read_sized(*args, "args", "fp8amp_adam_step_args", "fp8amp_adam_step_args_init_default");
         std::shared_ptr<GradScaler> scaler = a.scaler ? lookup<GradScaler>(a.scaler, "args->scaler") : nullptr;
         o->step(a.lr, a.lr_device, a.grad_scale_inv, scaler.get());
@@ -174,17 +220,17 @@ FP8AMP_API fp8amp_status fp8amp_optimizer_load(fp8amp_optimizer opt, const void 
 
 /* ---- loss scaler ---- */
 
-FP8AMP_API fp8amp_status fp8amp_grad_scaler_desc_init_default(fp8amp_grad_scaler_desc *desc) {
+FP8AMP_API fp8amp_status fp8amp_grad_scaler_desc_init(fp8amp_grad_scaler_desc *desc, size_t size) {
     FP8AMP_GUARD({
         require(desc, "desc");
-        fp8amp_grad_scaler_desc d{};
-        d.struct_size = sizeof d;
-        d.init_scale = 65536.0f;
-        d.growth_factor = 2.0f;
-        d.backoff_factor = 0.5f;
-        d.growth_interval = 2000;
-        d.hysteresis = 1;
-        *desc = d;
+        fp8amp::write_sized(desc, size, default_scaler_desc(), "fp8amp_grad_scaler_desc");
+    });
+}
+
+FP8AMP_API fp8amp_status(fp8amp_grad_scaler_desc_init_default)(fp8amp_grad_scaler_desc *desc) {
+    FP8AMP_GUARD({
+        require(desc, "desc");
+        fp8amp::write_sized(desc, fp8amp::kReleased010ScalerDesc, default_scaler_desc(), "fp8amp_grad_scaler_desc");
     });
 }
 

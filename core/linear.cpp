@@ -82,9 +82,7 @@ fp8amp_linear_desc Linear::default_desc() {
 }
 
 std::shared_ptr<Linear> Linear::create(std::shared_ptr<const Context> ctx, const fp8amp_linear_desc &caller_desc) {
-    // The first layout ended with `policy`: a caller built against it gets the defaults of the fields
-    // added since (graph_replay: 1).
-    constexpr size_t kFirstLayout = offsetof(fp8amp_linear_desc, graph_replay);
+    // A caller built against the first layout gets the defaults of the fields added since (graph_replay: 1).
     static_assert(kFirstLayout % alignof(fp8amp_linear_desc) == 0, "the first layout's size is its end");
     const fp8amp_linear_desc desc = read_sized(caller_desc, "desc", "fp8amp_linear_desc", "fp8amp_linear_desc_init_default",
                                                kFirstLayout, default_desc());
@@ -110,6 +108,13 @@ std::shared_ptr<Linear> Linear::create(std::shared_ptr<const Context> ctx, const
     const int32_t policy = enum_value(desc.policy);
     if (policy != FP8AMP_GEMM_AUTO && policy != FP8AMP_GEMM_ALWAYS_FP8 && policy != FP8AMP_GEMM_NEVER_FP8)
         fail(FP8AMP_ERROR_INVALID_ARGUMENT, "desc->policy " + std::to_string(policy) + " is unknown");
+    // The recipe is embedded by value: its layout is frozen within FP8AMP_0 (docs/api.md 1.6), and a
+    // struct_size other than its sizeof would have read_sized take the fields after it for its tail.
+    if (desc.recipe.struct_size != sizeof(fp8amp_recipe))
+        fail(FP8AMP_ERROR_INVALID_ARGUMENT, "desc->recipe.struct_size is " + std::to_string(desc.recipe.struct_size) +
+                                                ", not the " + std::to_string(sizeof(fp8amp_recipe)) +
+                                                " bytes of the fp8amp_recipe a fp8amp_linear_desc embeds "
+                                                "(initialize it with fp8amp_recipe_init_default)");
     const fp8amp_recipe recipe = validate_recipe(desc.recipe);
     if (desc.graph_replay != 0 && desc.graph_replay != 1)
         fail(FP8AMP_ERROR_INVALID_ARGUMENT, "desc->graph_replay " + std::to_string(desc.graph_replay) + " is not 0 or 1");

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <initializer_list>
+#include <cstddef>
 #include <memory>
 #include <string>
 #include <utility>
@@ -23,6 +24,9 @@ public:
 
     // fp8amp_linear_desc_init_default's descriptor (no features yet: the caller sets them).
     static fp8amp_linear_desc default_desc();
+    // The size of fp8amp_linear_desc's first layout, which ended with `policy` (before 0.1.0): still
+    // accepted by fp8amp_linear_create and fp8amp_linear_desc_init, with graph_replay at its default.
+    static constexpr size_t kFirstLayout = offsetof(fp8amp_linear_desc, graph_replay);
     // Validates the descriptor (INVALID_ARGUMENT / DTYPE_MISMATCH) and allocates the parameters.
     static std::shared_ptr<Linear> create(std::shared_ptr<const Context> ctx, const fp8amp_linear_desc &caller_desc);
     ~Linear();  // releases its tensors (see Tensor::set_owner): handles to them may outlive it

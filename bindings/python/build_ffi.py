@@ -4,8 +4,10 @@ The cdef is generated from the header itself (``cdef_from_header``), never copie
 binding cannot drift from the C API: the header's comments, include guard, ``extern "C"`` block
 and the ``FP8AMP_API`` visibility macro are stripped, and every ``#define NAME value`` becomes
 ``#define NAME ...`` (in API mode cffi then takes the value from the real header when it compiles
-the module). A conditional block that holds anything but those known lines stops the build, so a
-header change that this script does not understand fails loudly instead of losing declarations.
+the module). Function-like macros (``#define fp8amp_recipe_init_default(recipe) ...``, C source's
+spelling of a sized init, docs/api.md 1.6) are dropped: the binding calls the functions they name,
+with ``ffi.sizeof`` of the struct. A conditional block that holds anything but those known lines
+stops the build, so a header change that this script does not understand fails loudly instead of losing declarations.
 
 Where the library is found, first match wins:
   1. FP8AMP_INCLUDE_DIR and FP8AMP_LIB_DIR (explicit paths), or FP8AMP_PREFIX (an install prefix);
@@ -37,7 +39,9 @@ def _strip_comments(text: str) -> str:
 
 def cdef_from_header(text: str) -> str:
     """The cdef for cffi, generated from the text of fp8amp.h."""
-    lines = [ln.strip() for ln in _strip_comments(text).splitlines()]
+    # A preprocessor line continued with a backslash is one line.
+    text = re.sub(r"\\\n", " ", _strip_comments(text))
+    lines = [ln.strip() for ln in text.splitlines()]
     lines = [ln for ln in lines if ln]
     # The include guard: the first #ifndef X immediately followed by #define X, and the last #endif.
     guard = re.match(r"#\s*ifndef\s+(\w+)$", lines[0])
@@ -60,6 +64,8 @@ def cdef_from_header(text: str) -> str:
             continue
         if re.match(r"#\s*include\b", ln):
             continue
+        if re.match(r"#\s*define\s+\w+\(", ln):
+            continue  # a function-like macro: its function is declared too
         m = re.match(r"#\s*define\s+(\w+)\s+(.+)$", ln)
         if m:
             out.append("#define %s ..." % m.group(1))

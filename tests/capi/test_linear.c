@@ -1312,7 +1312,7 @@ static void test_desc_defaults(void **state) {
     assert_int_equal(d.recipe.amax_history_len, r.amax_history_len);
     assert_int_equal(d.recipe.amax_algo, r.amax_algo);
     assert_int_equal(d.recipe.power_of_two_scales, r.power_of_two_scales);
-    EXPECT_STATUS(fp8amp_linear_desc_init_default(NULL), FP8AMP_ERROR_INVALID_ARGUMENT);
+    EXPECT_STATUS(fp8amp_linear_desc_init(NULL, sizeof(fp8amp_linear_desc)), FP8AMP_ERROR_INVALID_ARGUMENT);
 }
 
 /* The O1/O2/O3 presets: MS-AMP's table for the Linear and its optimizer together. */
@@ -1350,9 +1350,9 @@ static void test_opt_level_config(void **state) {
     fp8amp_adam_desc ad;
     memset(&ld, 0x5A, sizeof ld);
     const fp8amp_linear_desc before = ld;
-    EXPECT_STATUS(fp8amp_opt_level_config(FP8AMP_OPT_LEVEL_O1, NULL, NULL), FP8AMP_ERROR_INVALID_ARGUMENT);
-    EXPECT_STATUS(fp8amp_opt_level_config((fp8amp_opt_level)4, &ld, &ad), FP8AMP_ERROR_INVALID_ARGUMENT);
-    EXPECT_STATUS(fp8amp_opt_level_config((fp8amp_opt_level)0, &ld, NULL), FP8AMP_ERROR_INVALID_ARGUMENT);
+    EXPECT_STATUS(fp8amp_opt_level_init(FP8AMP_OPT_LEVEL_O1, NULL, sizeof ld, NULL, sizeof ad), FP8AMP_ERROR_INVALID_ARGUMENT);
+    EXPECT_STATUS(fp8amp_opt_level_init((fp8amp_opt_level)4, &ld, sizeof ld, &ad, sizeof ad), FP8AMP_ERROR_INVALID_ARGUMENT);
+    EXPECT_STATUS(fp8amp_opt_level_init((fp8amp_opt_level)0, &ld, sizeof ld, NULL, sizeof ad), FP8AMP_ERROR_INVALID_ARGUMENT);
     assert_memory_equal(&ld, &before, sizeof ld);
 }
 

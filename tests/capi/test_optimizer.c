@@ -1096,7 +1096,7 @@ static void test_bad_inputs(void **state) {
     bad = d, bad.master_dtype = FP8AMP_DTYPE_BF16;
     EXPECT_STATUS(fp8amp_optimizer_create(ctx, &bad, &opt), FP8AMP_ERROR_INVALID_ARGUMENT);
     assert_null(opt);
-    EXPECT_STATUS(fp8amp_opt_level_adam_config((fp8amp_opt_level)4, &d), FP8AMP_ERROR_INVALID_ARGUMENT);
+    EXPECT_STATUS(fp8amp_opt_level_adam_init((fp8amp_opt_level)4, &d, sizeof d), FP8AMP_ERROR_INVALID_ARGUMENT);
 
     EXPECT_OK(fp8amp_optimizer_create(ctx, &d, &opt));
     const int64_t s10[1] = {10}, s11[1] = {11};
@@ -1264,7 +1264,7 @@ static void test_presets(void **state) {
     assert_int_equal(d.master_dtype, FP8AMP_NO_MASTER);
     EXPECT_OK(fp8amp_opt_level_adam_config(FP8AMP_OPT_LEVEL_O3, &d));
     assert_int_equal(d.master_dtype, FP8AMP_DTYPE_F16);
-    EXPECT_STATUS(fp8amp_adam_desc_init_default(NULL), FP8AMP_ERROR_INVALID_ARGUMENT);
+    EXPECT_STATUS(fp8amp_adam_desc_init(NULL, sizeof(fp8amp_adam_desc)), FP8AMP_ERROR_INVALID_ARGUMENT);
     fp8amp_grad_scaler_desc s;
     EXPECT_OK(fp8amp_grad_scaler_desc_init_default(&s));
     assert_true(s.init_scale == 65536.0f && s.growth_factor == 2.0f && s.backoff_factor == 0.5f);

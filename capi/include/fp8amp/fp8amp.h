@@ -13,8 +13,13 @@
  * with it, are used by one thread at a time (like a CUDA stream); different contexts may be used
  * from different threads concurrently. Error messages are per thread.
  *
- * ABI: enum values are fixed and append-only; option structs begin with uint32_t struct_size so that
- * they can grow; exported symbols carry the version node FP8AMP_0; SONAME libfp8amp.so.0.
+ * ABI (docs/api.md 1.6): enum values are fixed and append-only; option structs begin with uint32_t
+ * struct_size and grow only at their end; the init functions take the caller's sizeof and write
+ * only that many bytes (the ..._init_default spellings are macros that pass it); a struct of a newer
+ * header is accepted by an older library when the fields it does not know are zero, and refused
+ * with FP8AMP_ERROR_NOT_SUPPORTED otherwise; fp8amp_recipe, embedded in fp8amp_linear_desc, keeps
+ * its 32-byte layout within FP8AMP_0. Exported symbols carry the version node of the release that
+ * added them (FP8AMP_0: 0.1.0; FP8AMP_0.2: 0.2.0); SONAME libfp8amp.so.0.
  */
 #ifndef FP8AMP_FP8AMP_H
 #define FP8AMP_FP8AMP_H
@@ -37,7 +42,7 @@ extern "C" {
  * ------------------------------------------------------------------------------------------- */
 
 #define FP8AMP_VERSION_MAJOR 0
-#define FP8AMP_VERSION_MINOR 1
+#define FP8AMP_VERSION_MINOR 2
 #define FP8AMP_VERSION_PATCH 0
 /** The version this header describes, as major * 10000 + minor * 100 + patch. */
 #define FP8AMP_VERSION (FP8AMP_VERSION_MAJOR * 10000 + FP8AMP_VERSION_MINOR * 100 + FP8AMP_VERSION_PATCH)
@@ -58,7 +63,8 @@ typedef enum fp8amp_status {
     FP8AMP_ERROR_DTYPE_MISMATCH = 4,
     FP8AMP_ERROR_DEVICE_MISMATCH = 5,  /**< objects of different devices in one call */
     FP8AMP_ERROR_OUT_OF_MEMORY = 6,
-    FP8AMP_ERROR_NOT_SUPPORTED = 7,    /**< this build or this machine cannot do it; the message says why */
+    FP8AMP_ERROR_NOT_SUPPORTED = 7,    /**< this build, this machine or this library version (a newer
+                                            header's struct field set) cannot do it; the message says why */
     FP8AMP_ERROR_CUDA = 8,
     FP8AMP_ERROR_CUBLAS = 9,
     FP8AMP_ERROR_NCCL = 10,
@@ -309,8 +315,16 @@ typedef struct fp8amp_recipe {
 
 #define FP8AMP_MAX_AMAX_HISTORY 65536
 
-/** Fills *recipe with the defaults above. Statuses: SUCCESS; INVALID_ARGUMENT (NULL). */
-FP8AMP_API fp8amp_status fp8amp_recipe_init_default(fp8amp_recipe *recipe);
+/** Fills the caller's recipe of `size` bytes -- pass sizeof(fp8amp_recipe) -- with the defaults above
+ *  (struct_size = size), writing exactly `size` bytes (docs/api.md 1.6: a size larger than this
+ *  library's struct, from a newer header, gets zeros past the fields it knows). Since 0.2.0.
+ *  Statuses: SUCCESS; INVALID_ARGUMENT (NULL; a size that is neither this library's sizeof, nor a
+ *  larger multiple of its alignment up to 4096). */
+FP8AMP_API fp8amp_status fp8amp_recipe_init(fp8amp_recipe *recipe, size_t size);
+/** Kept for binaries built against 0.1.0: writes its 32-byte fp8amp_recipe. Source code gets the
+ *  macro, which passes the sizeof of the caller's header. */
+FP8AMP_API fp8amp_status (fp8amp_recipe_init_default)(fp8amp_recipe *recipe);
+#define fp8amp_recipe_init_default(recipe) fp8amp_recipe_init((recipe), sizeof(fp8amp_recipe))
 
 typedef struct fp8amp_scaling_s *fp8amp_scaling;
 
@@ -322,7 +336,8 @@ typedef struct fp8amp_scaling_s *fp8amp_scaling;
  *  explicit call (fp8amp_scaling_get and friends).
  *  Statuses: SUCCESS; INVALID_HANDLE; INVALID_ARGUMENT (NULL recipe/out, struct_size too small,
  *  a field out of range: margin, interval, amax_history_len 0 or > FP8AMP_MAX_AMAX_HISTORY, an
- *  unknown enum value); DTYPE_MISMATCH (fp8_dtype not E4M3/E5M2/F16); OUT_OF_MEMORY; CUDA. */
+ *  unknown enum value); DTYPE_MISMATCH (fp8_dtype not E4M3/E5M2/F16); OUT_OF_MEMORY; CUDA;
+ *  NOT_SUPPORTED (a newer header's struct with a field this library lacks set: docs/api.md 1.6). */
 FP8AMP_API fp8amp_status fp8amp_scaling_create(fp8amp_context ctx, const fp8amp_recipe *recipe,
                                                fp8amp_dtype fp8_dtype, fp8amp_scaling *out);
 
@@ -469,16 +484,23 @@ typedef struct fp8amp_linear_desc {
     fp8amp_dtype weight_dtype;  /**< F32, F16, BF16 (default) or E4M3 (O3); F16 (scaled F16) and E4M3
                                      weights are bound to a meta (role WEIGHT_STORAGE) */
     fp8amp_dtype wgrad_dtype;   /**< E4M3 (O1, default), F32 or BF16 */
-    fp8amp_recipe recipe;       /**< default: fp8amp_recipe_init_default */
+    fp8amp_recipe recipe;       /**< default: fp8amp_recipe_init_default. Embedded by value, so
+                                     fp8amp_recipe never grows within FP8AMP_0 (docs/api.md 1.6) and
+                                     this copy's struct_size must be sizeof(fp8amp_recipe) */
     fp8amp_gemm_policy policy;  /**< default AUTO */
     int32_t graph_replay;       /**< CUDA: 1 (default) replays a call whose launches repeat an earlier
                                      call's (same memory, shapes, dtypes, settings) as one CUDA graph
                                      launch; 0 launches every kernel each call (docs/linear.md 6) */
 } fp8amp_linear_desc;
 
-/** Fills *desc with the defaults above and in_features = out_features = 0 (set them).
- *  Statuses: SUCCESS; INVALID_ARGUMENT (NULL). */
-FP8AMP_API fp8amp_status fp8amp_linear_desc_init_default(fp8amp_linear_desc *desc);
+/** Fills the caller's descriptor of `size` bytes -- pass sizeof(fp8amp_linear_desc) -- with the
+ *  defaults above and in_features = out_features = 0 (set them), writing exactly `size` bytes
+ *  (struct_size = size; the first layout's size, 72, is accepted too). Since 0.2.0.
+ *  Statuses: SUCCESS; INVALID_ARGUMENT (NULL; a size as for fp8amp_recipe_init). */
+FP8AMP_API fp8amp_status fp8amp_linear_desc_init(fp8amp_linear_desc *desc, size_t size);
+/** Kept for binaries built against 0.1.0: writes its 80-byte fp8amp_linear_desc. */
+FP8AMP_API fp8amp_status (fp8amp_linear_desc_init_default)(fp8amp_linear_desc *desc);
+#define fp8amp_linear_desc_init_default(desc) fp8amp_linear_desc_init((desc), sizeof(fp8amp_linear_desc))
 
 typedef struct fp8amp_linear_s *fp8amp_linear;
 
@@ -487,7 +509,8 @@ typedef struct fp8amp_linear_s *fp8amp_linear;
  *  Statuses: SUCCESS; INVALID_HANDLE; INVALID_ARGUMENT (NULL desc/out, struct_size neither this
  *  struct's nor its first layout's,
  *  features < 1, a bad recipe, an unknown policy, graph_replay not 0 or 1); DTYPE_MISMATCH
- *  (weight_dtype or wgrad_dtype not allowed); OUT_OF_MEMORY; CUDA. */
+ *  (weight_dtype or wgrad_dtype not allowed); OUT_OF_MEMORY; CUDA; NOT_SUPPORTED (as
+ *  fp8amp_scaling_create). */
 FP8AMP_API fp8amp_status fp8amp_linear_create(fp8amp_context ctx, const fp8amp_linear_desc *desc,
                                               fp8amp_linear *out);
 
@@ -604,20 +627,29 @@ typedef struct fp8amp_adam_desc {
     float max_grad_norm;          /**< global L2 gradient-norm clipping; 0 (default) = off; >= 0 */
 } fp8amp_adam_desc;
 
-/** Fills *desc with the defaults above (O1 AdamW). Statuses: SUCCESS; INVALID_ARGUMENT (NULL). */
-FP8AMP_API fp8amp_status fp8amp_adam_desc_init_default(fp8amp_adam_desc *desc);
+/** Fills the caller's descriptor of `size` bytes -- pass sizeof(fp8amp_adam_desc) -- with the
+ *  defaults above (O1 AdamW), writing exactly `size` bytes (struct_size = size). Since 0.2.0.
+ *  Statuses: SUCCESS; INVALID_ARGUMENT (NULL; a size as for fp8amp_recipe_init). */
+FP8AMP_API fp8amp_status fp8amp_adam_desc_init(fp8amp_adam_desc *desc, size_t size);
+/** Kept for binaries built against 0.1.0: writes its 52-byte fp8amp_adam_desc. */
+FP8AMP_API fp8amp_status (fp8amp_adam_desc_init_default)(fp8amp_adam_desc *desc);
+#define fp8amp_adam_desc_init_default(desc) fp8amp_adam_desc_init((desc), sizeof(fp8amp_adam_desc))
 
-/** Fills *desc with the defaults, then the state dtypes of `level`: O1 (F32 m, F32 v), O2 (E4M3 m,
- *  F16 v), O3 (E4M3 m, F16 v, F16 master). Statuses: SUCCESS; INVALID_ARGUMENT (NULL desc, unknown
- *  level). */
-FP8AMP_API fp8amp_status fp8amp_opt_level_adam_config(fp8amp_opt_level level, fp8amp_adam_desc *desc);
+/** Fills the caller's descriptor of `size` bytes (as fp8amp_adam_desc_init) with the defaults, then
+ *  the state dtypes of `level`: O1 (F32 m, F32 v), O2 (E4M3 m, F16 v), O3 (E4M3 m, F16 v, F16
+ *  master). Since 0.2.0. Statuses: SUCCESS; INVALID_ARGUMENT (NULL desc, unknown level, a bad size). */
+FP8AMP_API fp8amp_status fp8amp_opt_level_adam_init(fp8amp_opt_level level, fp8amp_adam_desc *desc, size_t size);
+/** Kept for binaries built against 0.1.0 (writes 52 bytes); source code gets the macro. */
+FP8AMP_API fp8amp_status (fp8amp_opt_level_adam_config)(fp8amp_opt_level level, fp8amp_adam_desc *desc);
+#define fp8amp_opt_level_adam_config(level, desc) \
+    fp8amp_opt_level_adam_init((level), (desc), sizeof(fp8amp_adam_desc))
 
 /** Creates an optimizer on ctx's device (its steps run on ctx's stream). It holds no parameters yet.
  *  Statuses: SUCCESS; INVALID_HANDLE; INVALID_ARGUMENT (NULL desc/out, struct_size too small, a
  *  field out of range: lr, betas, eps, weight_decay, max_grad_norm negative, non-finite or beta
  *  >= 1; state_block_size not 0 nor a power of two in 128..FP8AMP_MAX_STATE_BLOCK; master_dtype
  *  not FP8AMP_NO_MASTER or F16); DTYPE_MISMATCH (exp_avg_dtype not F32/E4M3, exp_avg_sq_dtype not
- *  F32/F16); OUT_OF_MEMORY; CUDA. */
+ *  F32/F16); OUT_OF_MEMORY; CUDA; NOT_SUPPORTED (as fp8amp_scaling_create). */
 FP8AMP_API fp8amp_status fp8amp_optimizer_create(fp8amp_context ctx, const fp8amp_adam_desc *desc,
                                                  fp8amp_optimizer *out);
 
@@ -658,9 +690,14 @@ typedef struct fp8amp_adam_step_args {
                                     found_inf on the device, in the same launch */
 } fp8amp_adam_step_args;
 
-/** Defaults: lr -1 (use desc.lr), lr_device NULL, grad_scale_inv 1, scaler NULL.
- *  Statuses: SUCCESS; INVALID_ARGUMENT (NULL). */
-FP8AMP_API fp8amp_status fp8amp_adam_step_args_init_default(fp8amp_adam_step_args *args);
+/** Fills the caller's args of `size` bytes -- pass sizeof(fp8amp_adam_step_args) -- with the
+ *  defaults, writing exactly `size` bytes (struct_size = size): lr -1 (use desc.lr), lr_device NULL,
+ *  grad_scale_inv 1, scaler NULL. Since 0.2.0.
+ *  Statuses: SUCCESS; INVALID_ARGUMENT (NULL; a size as for fp8amp_recipe_init). */
+FP8AMP_API fp8amp_status fp8amp_adam_step_args_init(fp8amp_adam_step_args *args, size_t size);
+/** Kept for binaries built against 0.1.0: writes its 32-byte fp8amp_adam_step_args. */
+FP8AMP_API fp8amp_status (fp8amp_adam_step_args_init_default)(fp8amp_adam_step_args *args);
+#define fp8amp_adam_step_args_init_default(args) fp8amp_adam_step_args_init((args), sizeof(fp8amp_adam_step_args))
 
 /** One Adam/AdamW step over every parameter: one kernel launch on CUDA, no allocation and no host
  *  synchronization (capturable in a CUDA graph). It first checks every gradient for inf/NaN (after
@@ -672,7 +709,8 @@ FP8AMP_API fp8amp_status fp8amp_adam_step_args_init_default(fp8amp_adam_step_arg
  *  defaults). Statuses: SUCCESS; INVALID_HANDLE (opt, args->scaler); INVALID_ARGUMENT (struct_size
  *  too small; lr not finite, -inf included; grad_scale_inv negative or not finite; a parameter's or
  *  gradient's meta re-bound since add_param); DEVICE_MISMATCH (a scaler of another device);
- *  CUDA. A step with no parameters records found_inf 0 and advances the step count. */
+ *  CUDA; NOT_SUPPORTED (as fp8amp_scaling_create). A step with no parameters records found_inf 0
+ *  and advances the step count. */
 FP8AMP_API fp8amp_status fp8amp_optimizer_step(fp8amp_optimizer opt, const fp8amp_adam_step_args *args);
 
 /** Synchronizing getters of the device-side results of the last step: found_inf (1 if it was
@@ -732,11 +770,18 @@ typedef struct fp8amp_grad_scaler_desc {
     int32_t hysteresis;    /**< default 1; >= 1 */
 } fp8amp_grad_scaler_desc;
 
-/** Fills *desc with the defaults. Statuses: SUCCESS; INVALID_ARGUMENT (NULL). */
-FP8AMP_API fp8amp_status fp8amp_grad_scaler_desc_init_default(fp8amp_grad_scaler_desc *desc);
+/** Fills the caller's descriptor of `size` bytes -- pass sizeof(fp8amp_grad_scaler_desc) -- with the
+ *  defaults, writing exactly `size` bytes (struct_size = size). Since 0.2.0.
+ *  Statuses: SUCCESS; INVALID_ARGUMENT (NULL; a size as for fp8amp_recipe_init). */
+FP8AMP_API fp8amp_status fp8amp_grad_scaler_desc_init(fp8amp_grad_scaler_desc *desc, size_t size);
+/** Kept for binaries built against 0.1.0: writes its 24-byte fp8amp_grad_scaler_desc. */
+FP8AMP_API fp8amp_status (fp8amp_grad_scaler_desc_init_default)(fp8amp_grad_scaler_desc *desc);
+#define fp8amp_grad_scaler_desc_init_default(desc) \
+    fp8amp_grad_scaler_desc_init((desc), sizeof(fp8amp_grad_scaler_desc))
 
 /** Creates a scaler on ctx's device (its state lives there). Statuses: SUCCESS; INVALID_HANDLE;
- *  INVALID_ARGUMENT (NULL, struct_size too small, a field out of range); OUT_OF_MEMORY; CUDA. */
+ *  INVALID_ARGUMENT (NULL, struct_size too small, a field out of range); OUT_OF_MEMORY; CUDA;
+ *  NOT_SUPPORTED (as fp8amp_scaling_create). */
 FP8AMP_API fp8amp_status fp8amp_grad_scaler_create(fp8amp_context ctx, const fp8amp_grad_scaler_desc *desc,
                                                    fp8amp_grad_scaler *out);
 /** NULL is a no-op success. Statuses: SUCCESS; INVALID_HANDLE. */
@@ -770,13 +815,20 @@ FP8AMP_API fp8amp_status fp8amp_grad_scaler_update(fp8amp_grad_scaler scaler, fp
  * Presets: the O1/O2/O3 optimization levels for a Linear and its optimizer together
  * ------------------------------------------------------------------------------------------- */
 
-/** Fills both descriptors (either may be NULL) with the defaults, then the level's choices
- *  (MS-AMP's table, DESIGN.md section 1): FP8 GEMMs and E4M3 weight gradients at every level;
- *  weights in scaled F16 (O1, O2) or E4M3 (O3); Adam state F32 + F32 (O1), E4M3 + F16 (O2, O3);
- *  an F16 master copy (O3). in_features and out_features stay 0: set them.
- *  Statuses: SUCCESS; INVALID_ARGUMENT (both NULL, unknown level). */
-FP8AMP_API fp8amp_status fp8amp_opt_level_config(fp8amp_opt_level level, fp8amp_linear_desc *linear_desc,
-                                                 fp8amp_adam_desc *adam_desc);
+/** Fills both descriptors (either may be NULL), of linear_size and adam_size bytes (their sizeof
+ *  where the caller was compiled; written exactly, as by the sized init functions), with the
+ *  defaults, then the level's choices (MS-AMP's table, DESIGN.md section 1): FP8 GEMMs and E4M3
+ *  weight gradients at every level; weights in scaled F16 (O1, O2) or E4M3 (O3); Adam state F32 +
+ *  F32 (O1), E4M3 + F16 (O2, O3); an F16 master copy (O3). in_features and out_features stay 0:
+ *  set them. Since 0.2.0. Statuses: SUCCESS; INVALID_ARGUMENT (both NULL, unknown level, a bad size
+ *  of a non-NULL descriptor; then neither is written). */
+FP8AMP_API fp8amp_status fp8amp_opt_level_init(fp8amp_opt_level level, fp8amp_linear_desc *linear_desc,
+                                               size_t linear_size, fp8amp_adam_desc *adam_desc, size_t adam_size);
+/** Kept for binaries built against 0.1.0 (writes 80 and 52 bytes); source code gets the macro. */
+FP8AMP_API fp8amp_status (fp8amp_opt_level_config)(fp8amp_opt_level level, fp8amp_linear_desc *linear_desc,
+                                                   fp8amp_adam_desc *adam_desc);
+#define fp8amp_opt_level_config(level, linear_desc, adam_desc)                                              \
+    fp8amp_opt_level_init((level), (linear_desc), sizeof(fp8amp_linear_desc), (adam_desc), sizeof(fp8amp_adam_desc))
 
 #ifdef __cplusplus
 } /* extern "C" */

@@ -75,7 +75,7 @@ class Linear(Handle):
             raise TypeError("fp8amp_linear_create: recipe must be an fp8amp.Recipe or None, not %s"
                             % type(recipe).__name__)
         d = ffi.new("fp8amp_linear_desc *")
-        check(lib.fp8amp_linear_desc_init_default(d))
+        check(lib.fp8amp_linear_desc_init(d, ffi.sizeof("fp8amp_linear_desc")))
         d.in_features = in_features
         d.out_features = out_features
         d.has_bias = 1 if bias else 0
@@ -98,12 +98,12 @@ class Linear(Handle):
     def for_level(cls, ctx: Context, level: Any, in_features: int, out_features: int, bias: bool = True,
                   recipe: Optional[Recipe] = None, policy: Any = GemmPolicy.AUTO) -> "Linear":
         """A Linear with the weight and weight-gradient dtypes of an optimization level ("O1", "O2",
-        "O3"), as the C library's fp8amp_opt_level_config gives them (its Adam half is
+        "O3"), as the C library's fp8amp_opt_level_init gives them (its Adam half is
         ``AdamConfig.for_level``)."""
         from .optim import as_opt_level  # optim imports this module
         handle_of(ctx, Context, "fp8amp_linear_create", "ctx")
         d = ffi.new("fp8amp_linear_desc *")
-        check(lib.fp8amp_opt_level_config(int(as_opt_level(level)), d, NULL))
+        check(lib.fp8amp_opt_level_init(int(as_opt_level(level)), d, ffi.sizeof("fp8amp_linear_desc"), NULL, 0))
         return cls(ctx, in_features, out_features, bias=bias, weight_dtype=DType(d.weight_dtype),
                    wgrad_dtype=DType(d.wgrad_dtype), recipe=recipe, policy=policy)
 

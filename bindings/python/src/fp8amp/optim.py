@@ -67,7 +67,7 @@ class AdamConfig:
     def for_level(cls, level: Any = "O1", **overrides: Any) -> "AdamConfig":
         _require()
         d = ffi.new("fp8amp_adam_desc *")
-        check(lib.fp8amp_opt_level_adam_config(int(as_opt_level(level)), d))
+        check(lib.fp8amp_opt_level_adam_init(int(as_opt_level(level)), d, ffi.sizeof("fp8amp_adam_desc")))
         c = cls(adamw=bool(d.adamw), lr=float(d.lr), beta1=float(d.beta1), beta2=float(d.beta2), eps=float(d.eps),
                 weight_decay=float(d.weight_decay), maximize=bool(d.maximize), exp_avg_dtype=DType(d.exp_avg_dtype),
                 exp_avg_sq_dtype=DType(d.exp_avg_sq_dtype),
@@ -77,7 +77,7 @@ class AdamConfig:
 
     def _c(self) -> Any:
         d = ffi.new("fp8amp_adam_desc *")
-        check(lib.fp8amp_adam_desc_init_default(d))
+        check(lib.fp8amp_adam_desc_init(d, ffi.sizeof("fp8amp_adam_desc")))
         d.adamw = 1 if self.adamw else 0
         # NaN, inf and out-of-range values go to the library, which refuses them naming the field;
         # wrong types and integers a field cannot hold are refused here (never truncated).
@@ -105,7 +105,7 @@ class GradScaler(Handle):
         type(self)._destroy = lib.fp8amp_grad_scaler_destroy
         ctx_h = handle_of(ctx, Context, "fp8amp_grad_scaler_create", "ctx")
         d = ffi.new("fp8amp_grad_scaler_desc *")
-        check(lib.fp8amp_grad_scaler_desc_init_default(d))
+        check(lib.fp8amp_grad_scaler_desc_init(d, ffi.sizeof("fp8amp_grad_scaler_desc")))
         d.init_scale = as_float(init_scale, "fp8amp_grad_scaler_create", "init_scale")
         d.growth_factor = as_float(growth_factor, "fp8amp_grad_scaler_create", "growth_factor")
         d.backoff_factor = as_float(backoff_factor, "fp8amp_grad_scaler_create", "backoff_factor")
@@ -187,7 +187,7 @@ class Optimizer(Handle):
         self._context = ctx
         self._params: List[Tuple[Tensor, Tensor]] = []  # keeps the Python objects alive with the C ones
         self._args = ffi.new("fp8amp_adam_step_args *")
-        check(lib.fp8amp_adam_step_args_init_default(self._args))
+        check(lib.fp8amp_adam_step_args_init(self._args, ffi.sizeof("fp8amp_adam_step_args")))
         try:
             pairs = [tuple(pg) for pg in params]
         except TypeError:

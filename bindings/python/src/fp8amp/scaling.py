@@ -32,11 +32,11 @@ class AmaxAlgo(enum.IntEnum):
 
 def _c_defaults() -> Any:
     r = ffi.new("fp8amp_recipe *")
-    check(lib.fp8amp_recipe_init_default(r))
+    check(lib.fp8amp_recipe_init(r, ffi.sizeof("fp8amp_recipe")))
     return r
 
 
-_DEFAULT = _c_defaults()  # the library's defaults (fp8amp_recipe_init_default), not copies of them
+_DEFAULT = _c_defaults()  # the library's defaults (fp8amp_recipe_init), not copies of them
 
 
 @dataclasses.dataclass
@@ -54,7 +54,8 @@ class Recipe:
 
     def _c(self) -> Any:
         r = ffi.new("fp8amp_recipe *")
-        check(lib.fp8amp_recipe_init_default(r))  # struct_size and any field this class does not know
+        # struct_size, and any field this class does not know, from the library's defaults
+        check(lib.fp8amp_recipe_init(r, ffi.sizeof("fp8amp_recipe")))
         # Integers as they are (the library checks the enums' and fields' ranges); a value the C field
         # cannot hold is refused here rather than truncated, a non-integer is a TypeError.
         r.format = as_enum(Format, self.format, "fp8amp_recipe", "format")
