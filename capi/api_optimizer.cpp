@@ -47,8 +47,10 @@ FP8AMP_API fp8amp_status fp8amp_adam_desc_init_default(fp8amp_adam_desc *desc) {
 FP8AMP_API fp8amp_status fp8amp_opt_level_adam_config(fp8amp_opt_level level, fp8amp_adam_desc *desc) {
     FP8AMP_GUARD({
         require(desc, "desc");
-        if (level != FP8AMP_OPT_LEVEL_O1 && level != FP8AMP_OPT_LEVEL_O2 && level != FP8AMP_OPT_LEVEL_O3)
-            fail(FP8AMP_ERROR_INVALID_ARGUMENT, "level " + std::to_string(static_cast<int>(level)) + " is not O1, O2 or O3");
+        // Read as an integer (core/enums.hpp): an out-of-range level must not be loaded as the enum.
+        const int32_t l = fp8amp::core::enum_value(level);
+        if (l != FP8AMP_OPT_LEVEL_O1 && l != FP8AMP_OPT_LEVEL_O2 && l != FP8AMP_OPT_LEVEL_O3)
+            fail(FP8AMP_ERROR_INVALID_ARGUMENT, "level " + std::to_string(l) + " is not O1, O2 or O3");
         fp8amp_adam_desc d{};
         (void)fp8amp_adam_desc_init_default(&d);
         if (level != FP8AMP_OPT_LEVEL_O1) {

@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <cstdlib>
 
+#include "enums.hpp"
 #include "kernels.hpp"
 
 namespace fp8amp::core {
@@ -12,15 +13,23 @@ namespace {
 constexpr size_t kHostAlignment = 256;  // what cudaMalloc gives; lets every kernel vectorize
 }
 
-bool same_device(const fp8amp_device &a, const fp8amp_device &b) { return a.type == b.type && a.index == b.index; }
+// Devices may come from callers, so their type is read as an integer (enums.hpp).
+bool same_device(const fp8amp_device &a, const fp8amp_device &b) {
+    return enum_value(a.type) == enum_value(b.type) && a.index == b.index;
+}
 
 std::string device_name(const fp8amp_device &d) {
-    if (d.type == FP8AMP_DEVICE_CPU) return "cpu";
-    if (d.type == FP8AMP_DEVICE_CUDA) return "cuda:" + std::to_string(d.index);
-    return "unknown device type " + std::to_string(static_cast<int>(d.type));
+    const int32_t type = enum_value(d.type);
+    if (type == FP8AMP_DEVICE_CPU) return "cpu";
+    if (type == FP8AMP_DEVICE_CUDA) return "cuda:" + std::to_string(d.index);
+    return "unknown device type " + std::to_string(type);
 }
 
 Context::Context(fp8amp_device device) : device_(device) {
+    // The caller's device.type is validated as an integer; only then is it loaded as the enum.
+    const int32_t type = enum_value(device.type);
+    if (type != FP8AMP_DEVICE_CPU && type != FP8AMP_DEVICE_CUDA)
+        fail(FP8AMP_ERROR_INVALID_ARGUMENT, "device.type " + std::to_string(type) + " is not an fp8amp_device_type");
     if (device.type == FP8AMP_DEVICE_CPU) {
         if (device.index != 0)
             fail(FP8AMP_ERROR_INVALID_ARGUMENT, "a CPU device has index 0, not " + std::to_string(device.index));
@@ -28,8 +37,6 @@ Context::Context(fp8amp_device device) : device_(device) {
         if (device.index < 0)
             fail(FP8AMP_ERROR_INVALID_ARGUMENT, "CUDA device index " + std::to_string(device.index) + " is negative");
         kernels::cuda::check_device(device.index);
-    } else {
-        fail(FP8AMP_ERROR_INVALID_ARGUMENT, "unknown device type " + std::to_string(static_cast<int>(device.type)));
     }
 }
 
