@@ -2,6 +2,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 
 #include "enums.hpp"
@@ -11,6 +12,9 @@ namespace fp8amp::core {
 
 namespace {
 constexpr size_t kHostAlignment = 256;  // what cudaMalloc gives; lets every kernel vectorize
+// What fp8amp_alloc_fn promises (fp8amp.h): the kernels' vector loads and the optimizer's state
+// layout assume it, so a hook's block is checked against it.
+constexpr uintptr_t kHookAlignment = 256;
 }
 
 // Devices may come from callers, so their type is read as an integer (enums.hpp).
@@ -70,6 +74,17 @@ std::shared_ptr<Storage> Context::allocate(size_t nbytes) const {
         if (!data)
             fail(FP8AMP_ERROR_OUT_OF_MEMORY,
                  "the context's allocator hook returned NULL for " + std::to_string(nbytes) + " bytes");
+        if (reinterpret_cast<uintptr_t>(data) % kHookAlignment != 0) {
+            // A misaligned block would give misaligned accesses (a crash, or undefined behaviour):
+            // refuse it, giving it back first so that nothing leaks.
+            const uintptr_t address = reinterpret_cast<uintptr_t>(data);
+            free_fn(user, data, nbytes, device, stream);
+            char hex[2 + 2 * sizeof address + 1];
+            std::snprintf(hex, sizeof hex, "%#llx", static_cast<unsigned long long>(address));
+            fail(FP8AMP_ERROR_INVALID_ARGUMENT, "the context's allocator hook returned " + std::string(hex) + " for " +
+                                                    std::to_string(nbytes) + " bytes, which is not aligned to " +
+                                                    std::to_string(kHookAlignment) + " bytes as fp8amp_alloc_fn must be");
+        }
         try {
             return std::make_shared<Storage>(data, nbytes, device,
                                              [=] { free_fn(user, data, nbytes, device, stream); });

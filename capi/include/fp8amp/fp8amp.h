@@ -145,7 +145,9 @@ FP8AMP_API fp8amp_status fp8amp_context_set_stream(fp8amp_context ctx, void *cud
 FP8AMP_API fp8amp_status fp8amp_context_get_stream(fp8amp_context ctx, void **cuda_stream);
 
 /** Allocation hook: return nbytes of memory on `device`, aligned to at least 256 bytes, usable on
- *  `stream` (the context's stream), or NULL when it cannot. Must not call back into fp8amp. */
+ *  `stream` (the context's stream), or NULL when it cannot. Must not call back into fp8amp. NULL
+ *  makes the call that wanted memory fail with OUT_OF_MEMORY; a misaligned block is given back
+ *  through the free hook at once and that call fails with INVALID_ARGUMENT. */
 typedef void *(*fp8amp_alloc_fn)(void *user_data, size_t nbytes, fp8amp_device device, void *stream);
 /** Release hook: frees what the matching fp8amp_alloc_fn returned. */
 typedef void (*fp8amp_free_fn)(void *user_data, void *ptr, size_t nbytes, fp8amp_device device,
