@@ -9,10 +9,6 @@
 
 #include <cstdint>
 #include <cstring>
-#include <string>
-
-#include "error.hpp"
-#include "fp8amp/fp8amp.h"
 
 namespace fp8amp::core {
 
@@ -33,17 +29,6 @@ Enum enum_from_int(int32_t v) {
     Enum e;
     std::memcpy(&e, &v, sizeof e);
     return e;
-}
-
-// fp8amp's enums are contiguous: throws INVALID_ARGUMENT ("<argument> <v> is not an <type_name>")
-// unless `value` is in first..last, then gives it back, now safe to load as the enum.
-template <class Enum>
-Enum checked_enum(const Enum &value, int32_t first, int32_t last, const char *argument, const char *type_name) {
-    const int32_t v = enum_value(value);
-    if (v < first || v > last)
-        fail(FP8AMP_ERROR_INVALID_ARGUMENT,
-             std::string(argument) + " " + std::to_string(v) + " is not an " + type_name);
-    return enum_from_int<Enum>(v);
 }
 
 }  // namespace fp8amp::core

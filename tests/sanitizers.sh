@@ -5,8 +5,9 @@
 # through CMake's FP8AMP_SANITIZE option, and runs the ctest suite in each. Every sanitizer report
 # aborts the test that made it (-fno-sanitize-recover=all, halt_on_error), so the script exits
 # non-zero on any report, as on any failing test. Installs what it needs when it is missing (clang,
-# its sanitizer runtimes, CMocka, CMake, Ninja, numpy and ml_dtypes for the reference check), as
-# root or through sudo. About 4 minutes on 2 cores from scratch (measured: 4m07s), mostly compiling.
+# its sanitizer runtimes, CMocka, CMake, Ninja, numpy and ml_dtypes for the reference check, the
+# Python binding's build tools), as root or through sudo. About 5 minutes on 2 cores from scratch
+# (measured 4m38s, most of it compiling; the two ctest runs take about 1 minute each).
 # Usage: tests/sanitizers.sh [asan|tsan]... (default: both)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -35,6 +36,14 @@ if ! python3 -c "import numpy, ml_dtypes" 2>/dev/null; then
   python3 -m pip install -q numpy ml_dtypes 2>/dev/null \
     || { $sudo apt-get update -qq && $sudo apt-get install -y -qq python3-numpy python3-ml-dtypes; }
 fi
+# The Python binding's build and tests (ctest python.bindings, run under ASan), as tests/run_all.sh.
+if ! python3 -c "import cffi, pytest, setuptools, wheel" 2>/dev/null; then
+  python3 -m pip install -q cffi pytest setuptools wheel 2>/dev/null \
+    || { $sudo apt-get update -qq && $sudo apt-get install -y -qq python3-cffi python3-pytest python3-setuptools python3-wheel; }
+fi
+if ! python3 -c "import sysconfig, os, sys; sys.exit(not os.path.exists(os.path.join(sysconfig.get_paths()['include'], 'Python.h')))"; then
+  $sudo apt-get update -qq && $sudo apt-get install -y -qq python3-dev
+fi
 
 # Tests that ask for impossible sizes expect OUT_OF_MEMORY, so the allocators return NULL rather
 # than abort. A TSan report must fail the test (halt_on_error) like an ASan/UBSan one does.
@@ -47,18 +56,14 @@ for config in "${configs[@]}"; do
   case "$config" in
     asan)
       sanitize="address,undefined,enum"
-      # python.bindings: the binding's pytest suite compiles a CFFI extension and runs ~200 tests in an
-      # uninstrumented interpreter (minutes on its own; with the preloaded runtime far beyond this
-      # script's budget), through the same C API calls the CMocka suite makes here. The ml_dtypes
-      # reference and the install check do run, with the runtime preloaded (tests/CMakeLists.txt).
-      exclude="^python\.bindings$" ;;
+      # Everything runs; the Python and consumer processes get the runtime preloaded (tests/CMakeLists.txt).
+      exclude="^$" ;;
     tsan)
       sanitize="thread"
       # Processes not built with TSan cannot load a TSan library: clang 14's shared TSan runtime
       # crashes at startup, so there is nothing to preload into Python (python.bindings and the
-      # ml_dtypes reference) or into the install check's plain-cc consumer. Those test no threads of
-      # the library (the reference is single-threaded codec checks; the install check is ABI and
-      # packaging) and run under ASan+UBSan above; every CMocka test runs here.
+      # ml_dtypes reference) or into the install check's plain-cc consumer. They run under
+      # ASan+UBSan above; every CMocka test, test_threads.c included, runs here.
       exclude="^(python\.bindings|reference\..*|install\.consumer)$" ;;
     *) echo "unknown configuration '$config' (asan or tsan)" >&2; exit 2 ;;
   esac
