@@ -47,8 +47,10 @@ extern "C" {
 
 FP8AMP_API uint32_t fp8amp_version(void) { return FP8AMP_VERSION; }
 
+// The getters of constants and fp8amp_device_count switch on the integer a caller's enum holds
+// (core/enums.hpp): a value outside the enum's range must not be loaded as the enum.
 FP8AMP_API const char *fp8amp_status_name(fp8amp_status status) {
-    switch (status) {
+    switch (fp8amp::core::enum_value(status)) {
     case FP8AMP_SUCCESS: return "FP8AMP_SUCCESS";
     case FP8AMP_ERROR_INVALID_ARGUMENT: return "FP8AMP_ERROR_INVALID_ARGUMENT";
     case FP8AMP_ERROR_INVALID_HANDLE: return "FP8AMP_ERROR_INVALID_HANDLE";
@@ -69,7 +71,7 @@ FP8AMP_API const char *fp8amp_status_name(fp8amp_status status) {
 FP8AMP_API const char *fp8amp_last_error_message(void) { return last_error(); }
 
 FP8AMP_API size_t fp8amp_dtype_size(fp8amp_dtype dtype) {
-    switch (dtype) {
+    switch (fp8amp::core::enum_value(dtype)) {
     case FP8AMP_DTYPE_F32: return 4;
     case FP8AMP_DTYPE_F16:
     case FP8AMP_DTYPE_BF16: return 2;
@@ -80,7 +82,7 @@ FP8AMP_API size_t fp8amp_dtype_size(fp8amp_dtype dtype) {
 }
 
 FP8AMP_API const char *fp8amp_dtype_name(fp8amp_dtype dtype) {
-    switch (dtype) {
+    switch (fp8amp::core::enum_value(dtype)) {
     case FP8AMP_DTYPE_F32: return "f32";
     case FP8AMP_DTYPE_F16: return "f16";
     case FP8AMP_DTYPE_BF16: return "bf16";
@@ -93,12 +95,13 @@ FP8AMP_API const char *fp8amp_dtype_name(fp8amp_dtype dtype) {
 FP8AMP_API fp8amp_status fp8amp_device_count(fp8amp_device_type type, int32_t *count) {
     FP8AMP_GUARD({
         require(count, "count");
-        if (type == FP8AMP_DEVICE_CPU) {
+        const int32_t t = fp8amp::core::enum_value(type);
+        if (t == FP8AMP_DEVICE_CPU) {
             *count = 1;
-        } else if (type == FP8AMP_DEVICE_CUDA) {
+        } else if (t == FP8AMP_DEVICE_CUDA) {
             *count = fp8amp::kernels::cuda::device_count(nullptr);
         } else {
-            fail(FP8AMP_ERROR_INVALID_ARGUMENT, "unknown device type " + std::to_string(static_cast<int>(type)));
+            fail(FP8AMP_ERROR_INVALID_ARGUMENT, "unknown device type " + std::to_string(t));
         }
     });
 }
@@ -154,6 +157,7 @@ FP8AMP_API fp8amp_status fp8amp_tensor_create(fp8amp_context ctx, fp8amp_dtype d
     FP8AMP_GUARD({
         auto c = lookup<Context>(ctx, "ctx");
         require(out, "out");
+        fp8amp::core::check_dtype(dtype, "dtype");  // before dtype is passed on (loaded) as the enum
         publish(Tensor::create(std::move(c), dtype, ndim, shape), out);
     });
 }
@@ -163,6 +167,7 @@ FP8AMP_API fp8amp_status fp8amp_tensor_wrap(fp8amp_context ctx, fp8amp_dtype dty
     FP8AMP_GUARD({
         auto c = lookup<Context>(ctx, "ctx");
         require(out, "out");
+        fp8amp::core::check_dtype(dtype, "dtype");  // before dtype is passed on (loaded) as the enum
         publish(Tensor::wrap(std::move(c), dtype, ndim, shape, data), out);
     });
 }
@@ -300,6 +305,9 @@ FP8AMP_API fp8amp_status fp8amp_scaling_create(fp8amp_context ctx, const fp8amp_
         auto c = lookup<Context>(ctx, "ctx");
         require(recipe, "recipe");
         require(out, "out");
+        // A value that is no fp8amp_dtype is INVALID_ARGUMENT (and must not be loaded as the enum);
+        // a real dtype that cannot be scaled is the meta's DTYPE_MISMATCH.
+        fp8amp::core::check_dtype(fp8_dtype, "fp8_dtype");
         publish(std::make_shared<ScalingMeta>(std::move(c), *recipe, fp8_dtype), out);
     });
 }

@@ -43,8 +43,10 @@ fp8amp_adam_desc default_adam_desc() {
 }
 
 fp8amp_adam_desc level_adam_desc(fp8amp_opt_level level) {
-    if (level != FP8AMP_OPT_LEVEL_O1 && level != FP8AMP_OPT_LEVEL_O2 && level != FP8AMP_OPT_LEVEL_O3)
-        fail(FP8AMP_ERROR_INVALID_ARGUMENT, "level " + std::to_string(static_cast<int>(level)) + " is not O1, O2 or O3");
+    // Read as an integer (core/enums.hpp): an out-of-range level must not be loaded as the enum.
+    const int32_t l = fp8amp::core::enum_value(level);
+    if (l != FP8AMP_OPT_LEVEL_O1 && l != FP8AMP_OPT_LEVEL_O2 && l != FP8AMP_OPT_LEVEL_O3)
+        fail(FP8AMP_ERROR_INVALID_ARGUMENT, "level " + std::to_string(l) + " is not O1, O2 or O3");
     fp8amp_adam_desc d = default_adam_desc();
     if (level != FP8AMP_OPT_LEVEL_O1) {
         d.exp_avg_dtype = FP8AMP_DTYPE_E4M3;

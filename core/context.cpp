@@ -2,25 +2,38 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 
+#include "enums.hpp"
 #include "kernels.hpp"
 
 namespace fp8amp::core {
 
 namespace {
 constexpr size_t kHostAlignment = 256;  // what cudaMalloc gives; lets every kernel vectorize
+// What fp8amp_alloc_fn promises (fp8amp.h): the kernels' vector loads and the optimizer's state
+// layout assume it, so a hook's block is checked against it.
+constexpr uintptr_t kHookAlignment = 256;
 }
 
-bool same_device(const fp8amp_device &a, const fp8amp_device &b) { return a.type == b.type && a.index == b.index; }
+// Devices may come from callers, so their type is read as an integer (enums.hpp).
+bool same_device(const fp8amp_device &a, const fp8amp_device &b) {
+    return enum_value(a.type) == enum_value(b.type) && a.index == b.index;
+}
 
 std::string device_name(const fp8amp_device &d) {
-    if (d.type == FP8AMP_DEVICE_CPU) return "cpu";
-    if (d.type == FP8AMP_DEVICE_CUDA) return "cuda:" + std::to_string(d.index);
-    return "unknown device type " + std::to_string(static_cast<int>(d.type));
+    const int32_t type = enum_value(d.type);
+    if (type == FP8AMP_DEVICE_CPU) return "cpu";
+    if (type == FP8AMP_DEVICE_CUDA) return "cuda:" + std::to_string(d.index);
+    return "unknown device type " + std::to_string(type);
 }
 
 Context::Context(fp8amp_device device) : device_(device) {
+    // The caller's device.type is validated as an integer; only then is it loaded as the enum.
+    const int32_t type = enum_value(device.type);
+    if (type != FP8AMP_DEVICE_CPU && type != FP8AMP_DEVICE_CUDA)
+        fail(FP8AMP_ERROR_INVALID_ARGUMENT, "device.type " + std::to_string(type) + " is not an fp8amp_device_type");
     if (device.type == FP8AMP_DEVICE_CPU) {
         if (device.index != 0)
             fail(FP8AMP_ERROR_INVALID_ARGUMENT, "a CPU device has index 0, not " + std::to_string(device.index));
@@ -28,8 +41,6 @@ Context::Context(fp8amp_device device) : device_(device) {
         if (device.index < 0)
             fail(FP8AMP_ERROR_INVALID_ARGUMENT, "CUDA device index " + std::to_string(device.index) + " is negative");
         kernels::cuda::check_device(device.index);
-    } else {
-        fail(FP8AMP_ERROR_INVALID_ARGUMENT, "unknown device type " + std::to_string(static_cast<int>(device.type)));
     }
 }
 
@@ -63,6 +74,17 @@ std::shared_ptr<Storage> Context::allocate(size_t nbytes) const {
         if (!data)
             fail(FP8AMP_ERROR_OUT_OF_MEMORY,
                  "the context's allocator hook returned NULL for " + std::to_string(nbytes) + " bytes");
+        if (reinterpret_cast<uintptr_t>(data) % kHookAlignment != 0) {
+            // A misaligned block would give misaligned accesses (a crash, or undefined behaviour):
+            // refuse it, giving it back first so that nothing leaks.
+            const uintptr_t address = reinterpret_cast<uintptr_t>(data);
+            free_fn(user, data, nbytes, device, stream);
+            char hex[2 + 2 * sizeof address + 1];
+            std::snprintf(hex, sizeof hex, "%#llx", static_cast<unsigned long long>(address));
+            fail(FP8AMP_ERROR_INVALID_ARGUMENT, "the context's allocator hook returned " + std::string(hex) + " for " +
+                                                    std::to_string(nbytes) + " bytes, which is not aligned to " +
+                                                    std::to_string(kHookAlignment) + " bytes as fp8amp_alloc_fn must be");
+        }
         try {
             return std::make_shared<Storage>(data, nbytes, device,
                                              [=] { free_fn(user, data, nbytes, device, stream); });

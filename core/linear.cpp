@@ -93,6 +93,9 @@ std::shared_ptr<Linear> Linear::create(std::shared_ptr<const Context> ctx, const
     if (desc.out_features < 1 || desc.out_features > kMaxFeatures)
         fail(FP8AMP_ERROR_INVALID_ARGUMENT,
              "desc->out_features " + std::to_string(desc.out_features) + " is outside 1..2^31-1");
+    // No fp8amp_dtype at all is INVALID_ARGUMENT; a dtype the role cannot take, DTYPE_MISMATCH.
+    check_dtype(desc.weight_dtype, "desc->weight_dtype");
+    check_dtype(desc.wgrad_dtype, "desc->wgrad_dtype");
     switch (enum_value(desc.weight_dtype)) {
     case FP8AMP_DTYPE_F32: case FP8AMP_DTYPE_F16: case FP8AMP_DTYPE_BF16: case FP8AMP_DTYPE_E4M3: break;
     default:

@@ -44,6 +44,9 @@ fp8amp_adam_desc validate_adam_desc(const fp8amp_adam_desc &desc) {
         fail(FP8AMP_ERROR_INVALID_ARGUMENT, "desc->weight_decay " + num(d.weight_decay) + " is not a finite value >= 0");
     if (!finite_nonneg(d.max_grad_norm))
         fail(FP8AMP_ERROR_INVALID_ARGUMENT, "desc->max_grad_norm " + num(d.max_grad_norm) + " is not a finite value >= 0");
+    // Caller's enum fields: validated as integers before they are loaded as fp8amp_dtype (enums.hpp).
+    check_dtype(d.exp_avg_dtype, "desc->exp_avg_dtype");
+    check_dtype(d.exp_avg_sq_dtype, "desc->exp_avg_sq_dtype");
     if (d.exp_avg_dtype != FP8AMP_DTYPE_F32 && d.exp_avg_dtype != FP8AMP_DTYPE_E4M3)
         fail(FP8AMP_ERROR_DTYPE_MISMATCH, std::string("desc->exp_avg_dtype is ") + fp8amp_dtype_name(d.exp_avg_dtype) +
                                               ": m is stored as f32 (O1) or e4m3 (O2/O3)");
@@ -507,8 +510,8 @@ void Optimizer::load(const unsigned char *data, size_t size) {
     d.eps = r.f32("desc");
     d.weight_decay = r.f32("desc");
     d.maximize = r.i32("desc");
-    d.exp_avg_dtype = static_cast<fp8amp_dtype>(r.i32("desc"));
-    d.exp_avg_sq_dtype = static_cast<fp8amp_dtype>(r.i32("desc"));
+    d.exp_avg_dtype = enum_from_int<fp8amp_dtype>(r.i32("desc"));  // no cast of an unchecked value
+    d.exp_avg_sq_dtype = enum_from_int<fp8amp_dtype>(r.i32("desc"));
     d.master_dtype = r.i32("desc");
     d.state_block_size = r.i32("desc");
     d.max_grad_norm = r.f32("desc");

@@ -10,10 +10,10 @@
 
 namespace fp8amp::core {
 
-void check_dtype(fp8amp_dtype dtype, const char *argument) {
-    if (fp8amp_dtype_size(dtype) == 0)
-        fail(FP8AMP_ERROR_INVALID_ARGUMENT,
-             std::string(argument) + " is not an fp8amp_dtype (" + std::to_string(static_cast<int>(dtype)) + ")");
+void check_dtype(const fp8amp_dtype &dtype, const char *argument) {
+    const int32_t v = enum_value(dtype);
+    if (v < FP8AMP_DTYPE_F32 || v > FP8AMP_DTYPE_E5M2)
+        fail(FP8AMP_ERROR_INVALID_ARGUMENT, std::string(argument) + " is not an fp8amp_dtype (" + std::to_string(v) + ")");
 }
 
 void check_on_device(const Context &ctx, const Tensor &t, const char *argument) {
@@ -189,13 +189,12 @@ std::shared_ptr<Tensor> Tensor::from_dlpack(std::shared_ptr<const Context> ctx, 
     if (!dl.data) fail(FP8AMP_ERROR_INVALID_ARGUMENT, "DLPack tensor has NULL data");
 
     const fp8amp_device &dev = ctx->device();
+    const int32_t dl_type = enum_value(dl.device.device_type);  // the producer's: any int (enums.hpp)
     const bool device_ok = dev.type == FP8AMP_DEVICE_CPU
-                               ? (dl.device.device_type == kDLCPU || dl.device.device_type == kDLCUDAHost)
-                               : ((dl.device.device_type == kDLCUDA || dl.device.device_type == kDLCUDAManaged) &&
-                                  dl.device.device_id == dev.index);
+                               ? (dl_type == kDLCPU || dl_type == kDLCUDAHost)
+                               : ((dl_type == kDLCUDA || dl_type == kDLCUDAManaged) && dl.device.device_id == dev.index);
     if (!device_ok)
-        fail(FP8AMP_ERROR_DEVICE_MISMATCH, "DLPack tensor is on device type " +
-                                               std::to_string(static_cast<int>(dl.device.device_type)) + " id " +
+        fail(FP8AMP_ERROR_DEVICE_MISMATCH, "DLPack tensor is on device type " + std::to_string(dl_type) + " id " +
                                                std::to_string(dl.device.device_id) + ", the context on " +
                                                device_name(dev));
     if (dl.strides) {

@@ -9,6 +9,7 @@
 
 #include "context.hpp"
 #include "dlpack.h"
+#include "enums.hpp"
 
 namespace fp8amp::core {
 
@@ -118,23 +119,14 @@ private:
     uint64_t version_ = 0;
 };
 
-// Throws INVALID_ARGUMENT unless `dtype` is one of fp8amp_dtype's values.
-void check_dtype(fp8amp_dtype dtype, const char *argument);
+// Throws INVALID_ARGUMENT unless `dtype` is one of fp8amp_dtype's values. Taken by reference and read
+// as an integer (enum_value): a caller's out-of-range value must not be loaded as the enum.
+void check_dtype(const fp8amp_dtype &dtype, const char *argument);
 // Throws DEVICE_MISMATCH unless the tensor lives on the context's device.
 void check_on_device(const Context &ctx, const Tensor &t, const char *argument);
 // Throws INVALID_ARGUMENT if the tensor may not be written.
 void check_writable(const Tensor &t, const char *argument);
 // Throws DTYPE_MISMATCH unless t is F32, F16 or BF16 (a plain, unscaled dtype).
 void check_wide(const Tensor &t, const char *argument);
-
-// The value of an enum field a caller passed, read as the integer it holds: an out-of-range value is
-// no valid C++ enum value (reading it as the enum type is undefined), so validation reads this.
-template <class Enum>
-int32_t enum_value(const Enum &field) {
-    static_assert(sizeof(Enum) == sizeof(int32_t), "fp8amp's enums are 32-bit");
-    int32_t v;
-    std::memcpy(&v, &field, sizeof v);
-    return v;
-}
 
 }  // namespace fp8amp::core

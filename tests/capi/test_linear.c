@@ -1378,7 +1378,7 @@ static void test_bad_desc(void **state) {
     BAD_DESC(d.out_features = 0, FP8AMP_ERROR_INVALID_ARGUMENT);
     BAD_DESC(d.in_features = -3, FP8AMP_ERROR_INVALID_ARGUMENT);
     BAD_DESC(d.weight_dtype = FP8AMP_DTYPE_E5M2, FP8AMP_ERROR_DTYPE_MISMATCH);
-    BAD_DESC(d.weight_dtype = (fp8amp_dtype)17, FP8AMP_ERROR_DTYPE_MISMATCH);
+    BAD_DESC(d.weight_dtype = (fp8amp_dtype)17, FP8AMP_ERROR_INVALID_ARGUMENT); /* no fp8amp_dtype at all */
     BAD_DESC(d.wgrad_dtype = FP8AMP_DTYPE_F16, FP8AMP_ERROR_DTYPE_MISMATCH);
     BAD_DESC(d.wgrad_dtype = FP8AMP_DTYPE_E5M2, FP8AMP_ERROR_DTYPE_MISMATCH);
     BAD_DESC(d.policy = (fp8amp_gemm_policy)9, FP8AMP_ERROR_INVALID_ARGUMENT);

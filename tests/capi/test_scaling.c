@@ -313,10 +313,12 @@ static void test_bad_recipes(void **state) {
     EXPECT_BAD_RECIPE(amax_algo, (fp8amp_amax_algo)-1);
 #undef EXPECT_BAD_RECIPE
 
-    /* not a scaled dtype (E4M3, E5M2, F16: test_scaled_f16.c covers F16) */
+    /* not a scaled dtype (E4M3, E5M2, F16: test_scaled_f16.c covers F16): DTYPE_MISMATCH; not an
+     * fp8amp_dtype at all: INVALID_ARGUMENT (test_enums.c) */
     const fp8amp_dtype not_fp8[4] = {FP8AMP_DTYPE_F32, FP8AMP_DTYPE_BF16, (fp8amp_dtype)5, (fp8amp_dtype)99};
     for (int k = 0; k < 4; ++k) {
-        EXPECT_STATUS(fp8amp_scaling_create(ctx, &good, not_fp8[k], &out), FP8AMP_ERROR_DTYPE_MISMATCH);
+        EXPECT_STATUS(fp8amp_scaling_create(ctx, &good, not_fp8[k], &out),
+                      k < 2 ? FP8AMP_ERROR_DTYPE_MISMATCH : FP8AMP_ERROR_INVALID_ARGUMENT);
         assert_true(out == sentinel);
     }
     /* NULLs and handles */

@@ -151,7 +151,9 @@ FP8AMP_API fp8amp_status fp8amp_context_set_stream(fp8amp_context ctx, void *cud
 FP8AMP_API fp8amp_status fp8amp_context_get_stream(fp8amp_context ctx, void **cuda_stream);
 
 /** Allocation hook: return nbytes of memory on `device`, aligned to at least 256 bytes, usable on
- *  `stream` (the context's stream), or NULL when it cannot. Must not call back into fp8amp. */
+ *  `stream` (the context's stream), or NULL when it cannot. Must not call back into fp8amp. NULL
+ *  makes the call that wanted memory fail with OUT_OF_MEMORY; a misaligned block is given back
+ *  through the free hook at once and that call fails with INVALID_ARGUMENT. */
 typedef void *(*fp8amp_alloc_fn)(void *user_data, size_t nbytes, fp8amp_device device, void *stream);
 /** Release hook: frees what the matching fp8amp_alloc_fn returned. */
 typedef void (*fp8amp_free_fn)(void *user_data, void *ptr, size_t nbytes, fp8amp_device device,
@@ -336,8 +338,9 @@ typedef struct fp8amp_scaling_s *fp8amp_scaling;
  *  explicit call (fp8amp_scaling_get and friends).
  *  Statuses: SUCCESS; INVALID_HANDLE; INVALID_ARGUMENT (NULL recipe/out, struct_size too small,
  *  a field out of range: margin, interval, amax_history_len 0 or > FP8AMP_MAX_AMAX_HISTORY, an
- *  unknown enum value); DTYPE_MISMATCH (fp8_dtype not E4M3/E5M2/F16); OUT_OF_MEMORY; CUDA;
- *  NOT_SUPPORTED (a newer header's struct with a field this library lacks set: docs/api.md 1.6). */
+ *  unknown enum value, fp8_dtype included); DTYPE_MISMATCH (fp8_dtype a dtype other than
+ *  E4M3/E5M2/F16); OUT_OF_MEMORY; CUDA; NOT_SUPPORTED (a newer header's struct with a field this
+ *  library lacks set: docs/api.md 1.6). */
 FP8AMP_API fp8amp_status fp8amp_scaling_create(fp8amp_context ctx, const fp8amp_recipe *recipe,
                                                fp8amp_dtype fp8_dtype, fp8amp_scaling *out);
 
@@ -508,9 +511,9 @@ typedef struct fp8amp_linear_s *fp8amp_linear;
  *  zeros), gradient tensors (zeros) and the role metas. Allocates nothing else until the first call.
  *  Statuses: SUCCESS; INVALID_HANDLE; INVALID_ARGUMENT (NULL desc/out, struct_size neither this
  *  struct's nor its first layout's,
- *  features < 1, a bad recipe, an unknown policy, graph_replay not 0 or 1); DTYPE_MISMATCH
- *  (weight_dtype or wgrad_dtype not allowed); OUT_OF_MEMORY; CUDA; NOT_SUPPORTED (as
- *  fp8amp_scaling_create). */
+ *  features < 1, a bad recipe, an unknown policy, graph_replay not 0 or 1, a weight_dtype or
+ *  wgrad_dtype that is no fp8amp_dtype); DTYPE_MISMATCH (weight_dtype or wgrad_dtype a dtype not
+ *  allowed); OUT_OF_MEMORY; CUDA; NOT_SUPPORTED (as fp8amp_scaling_create). */
 FP8AMP_API fp8amp_status fp8amp_linear_create(fp8amp_context ctx, const fp8amp_linear_desc *desc,
                                               fp8amp_linear *out);
 
@@ -648,8 +651,9 @@ FP8AMP_API fp8amp_status (fp8amp_opt_level_adam_config)(fp8amp_opt_level level, 
  *  Statuses: SUCCESS; INVALID_HANDLE; INVALID_ARGUMENT (NULL desc/out, struct_size too small, a
  *  field out of range: lr, betas, eps, weight_decay, max_grad_norm negative, non-finite or beta
  *  >= 1; state_block_size not 0 nor a power of two in 128..FP8AMP_MAX_STATE_BLOCK; master_dtype
- *  not FP8AMP_NO_MASTER or F16); DTYPE_MISMATCH (exp_avg_dtype not F32/E4M3, exp_avg_sq_dtype not
- *  F32/F16); OUT_OF_MEMORY; CUDA; NOT_SUPPORTED (as fp8amp_scaling_create). */
+ *  not FP8AMP_NO_MASTER or F16; exp_avg_dtype or exp_avg_sq_dtype no fp8amp_dtype); DTYPE_MISMATCH
+ *  (exp_avg_dtype a dtype other than F32/E4M3, exp_avg_sq_dtype other than F32/F16); OUT_OF_MEMORY;
+ *  CUDA; NOT_SUPPORTED (as fp8amp_scaling_create). */
 FP8AMP_API fp8amp_status fp8amp_optimizer_create(fp8amp_context ctx, const fp8amp_adam_desc *desc,
                                                  fp8amp_optimizer *out);
 
