@@ -153,8 +153,23 @@ bool LaunchList::operator==(const LaunchList &other) const {
     return n_ == other.n_ && std::memcmp(steps_, other.steps_, n_ * sizeof(Step)) == 0;
 }
 
-void LaunchList::run(const Context &ctx, void *stream) const {
+size_t LaunchList::cpu_scratch_floats() const {
+    size_t need = 0;
+    for (size_t i = 0; i < n_; ++i) {
+        const Step &step = steps_[i];
+        if (static_cast<Kind>(step.kind) == Kind::gemm)
+            need = std::max(need, kernels::cpu::gemm_scratch_floats(to_gemm_args(args_of<GemmStepArgs>(step))));
+        else if (static_cast<Kind>(step.kind) == Kind::column_sum)
+            need = std::max(need, static_cast<size_t>(args_of<ColumnSumArgs>(step).cols));
+    }
+    return need;
+}
+
+void LaunchList::run(const Context &ctx, void *stream, float *cpu_scratch) const {
     const bool cuda = ctx.is_cuda();
+    // Checked before the first step runs: a refusal half-way would leave the earlier steps done.
+    if (!cuda && !cpu_scratch && cpu_scratch_floats() != 0)
+        fail(FP8AMP_ERROR_INTERNAL, "LaunchList::run: CPU steps that need scratch got none");
     const int device = ctx.device().index;
     for (size_t i = 0; i < n_; ++i) {
         const Step &step = steps_[i];
@@ -197,7 +212,7 @@ void LaunchList::run(const Context &ctx, void *stream) const {
             if (cuda)
                 kernels::cuda::gemm(ctx.gemm_engine(), device, stream, to_gemm_args(a), a.workspace, a.workspace_bytes);
             else
-                kernels::cpu::gemm(to_gemm_args(a));
+                kernels::cpu::gemm(to_gemm_args(a), cpu_scratch);
             break;
         }
         case Kind::column_sum: {
@@ -206,7 +221,8 @@ void LaunchList::run(const Context &ctx, void *stream) const {
                 kernels::cuda::column_sum(device, stream, a.src, dtype(a.src_dtype), a.rows, a.cols, a.dst,
                                           a.accumulate != 0, a.partial);
             else
-                kernels::cpu::column_sum(a.src, dtype(a.src_dtype), a.rows, a.cols, a.dst, a.accumulate != 0);
+                kernels::cpu::column_sum(a.src, dtype(a.src_dtype), a.rows, a.cols, a.dst, a.accumulate != 0,
+                                         cpu_scratch);
             break;
         }
         case Kind::transpose_bytes: {
@@ -221,8 +237,16 @@ void LaunchList::run(const Context &ctx, void *stream) const {
     }
 }
 
-void GraphReplay::run(const Context &ctx, const LaunchList &list) {
-    if (!enabled_ || !ctx.is_cuda() || list.size() == 0) return list.run(ctx, ctx.stream());
+void GraphReplay::reserve() {
+    // seen_ and graphs_ never hold more than kSeen / kGraphs lists: with this capacity, remembering a
+    // list after it ran (seen_.push_back) cannot fail with the work already launched.
+    seen_.reserve(kSeen);
+    graphs_.reserve(kGraphs);
+}
+
+void GraphReplay::run(const Context &ctx, const LaunchList &list, float *cpu_scratch) {
+    if (!enabled_ || !ctx.is_cuda() || list.size() == 0) return list.run(ctx, ctx.stream(), cpu_scratch);
+    reserve();  // allocates only if the caller did not reserve() first
     const int device = ctx.device().index;
     void *stream = ctx.stream();
     // The application is capturing its own stream: these launches belong in its graph.
