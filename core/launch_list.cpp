@@ -165,6 +165,15 @@ size_t LaunchList::cpu_scratch_floats() const {
     return need;
 }
 
+void LaunchList::prepare(const Context &ctx) const {
+    if (!ctx.is_cuda()) return;
+    for (size_t i = 0; i < n_; ++i) {
+        if (static_cast<Kind>(steps_[i].kind) != Kind::gemm) continue;
+        const auto a = args_of<GemmStepArgs>(steps_[i]);
+        kernels::cuda::gemm_prepare(ctx.gemm_engine(), ctx.device().index, to_gemm_args(a), a.workspace_bytes);
+    }
+}
+
 void LaunchList::run(const Context &ctx, void *stream, float *cpu_scratch) const {
     const bool cuda = ctx.is_cuda();
     // Checked before the first step runs: a refusal half-way would leave the earlier steps done.

@@ -42,6 +42,9 @@ public:
 
     // The F32 host scratch the CPU kernels of these steps need (their largest; 0 when none does).
     size_t cpu_scratch_floats() const;
+    // CUDA: makes the cuBLASLt plans of the GEMM steps (host memory, a heuristic query), so that
+    // running the steps allocates no host memory of fp8amp's own once the first one was launched.
+    void prepare(const Context &ctx) const;
     // Runs the steps on ctx's backend, on `stream` (CUDA; ignored on the CPU). cpu_scratch: at least
     // cpu_scratch_floats() floats (CPU), so that no step allocates host memory once an earlier step
     // changed state (a quantize records its amax); a CPU step that needs it refuses a null one.

@@ -141,6 +141,9 @@ struct GemmEngine;
 std::shared_ptr<GemmEngine> gemm_engine_create(int device);
 // Empty when the device can run FP8 GEMMs (compute capability >= 8.9), else the reason.
 std::string fp8_gemm_unsupported_reason(int device);
+// Makes (and caches) the plan gemm() will use for these arguments, so that a LaunchList can make it
+// before its first step is launched: a failure (out of host memory, no algorithm) then changes nothing.
+void gemm_prepare(GemmEngine &engine, int device, const GemmArgs &args, size_t workspace_bytes);
 // The GEMM above on `stream`, with `workspace` (workspace_bytes) for cuBLASLt. Throws CUBLAS.
 void gemm(GemmEngine &engine, int device, void *stream, const GemmArgs &args, void *workspace,
           size_t workspace_bytes);

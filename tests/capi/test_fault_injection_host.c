@@ -20,7 +20,15 @@
  *
  * Interposing malloc needs glibc and a process without a sanitizer's allocator: under AddressSanitizer
  * or ThreadSanitizer (FP8AMP_SANITIZE) the interposers are not compiled and the tests skip with a
- * message. CPU and CUDA variants (the CUDA one SKIPPED without a GPU). Fresh random data. */
+ * message. Fresh random data.
+ *
+ * CUDA variants: on a CUDA context the CUDA runtime, the driver and cuBLASLt allocate host memory
+ * inside kernel launches and matmuls, which fp8amp cannot move before its first launch; a refusal
+ * there is a CUDA/cuBLAS error after device work was queued (docs/api.md 1.1's one exception). So on
+ * CUDA a refusal whose message is not fp8amp's own "out of host memory" (std::bad_alloc) is counted
+ * and reported, not checked; fp8amp's own allocations are checked as on the CPU. Since a refused
+ * malloc inside the driver is not known to be handled gracefully by every driver, the CUDA variants
+ * run only with FP8AMP_TEST_HOST_FAULTS_CUDA=1 (SKIPPED otherwise, and without a GPU). */
 #if !defined(_GNU_SOURCE)
 #define _GNU_SOURCE /* RTLD_NEXT */
 #endif
@@ -113,6 +121,15 @@ static void arm(long fail_at) {
 }
 
 static void disarm(void) { __atomic_store_n(&h_armed, 0, __ATOMIC_SEQ_CST); }
+
+/* The CUDA variants are opt-in (see the top of the file). */
+static void require_cuda_opt_in(fp8amp_device dev) {
+    const char *env = getenv("FP8AMP_TEST_HOST_FAULTS_CUDA");
+    if (dev.type != FP8AMP_DEVICE_CUDA || (env && strcmp(env, "1") == 0)) return;
+    print_message("the CUDA runtime allocates host memory inside launches: set FP8AMP_TEST_HOST_FAULTS_CUDA=1 "
+                  "to run the CUDA variant (see the top of test_fault_injection_host.c)\n");
+    skip();
+}
 
 static void require_interposer(void) {
 #if !HOST_FAULTS
@@ -526,7 +543,7 @@ static void fault_case(fp8amp_device dev, op_t op, dims_t dm, const cfg_t *cfgs,
             extra_t x = {NULL, 0};
             snap_t want, before, after, got;
             rig_t r;
-            long k, allocations, threads, refused = 0;
+            long k, allocations, threads, refused = 0, runtime = 0;
             fp8amp_status st;
 
             /* The reference: a run with no failure, counting the operation's host allocations. */
@@ -564,6 +581,16 @@ static void fault_case(fp8amp_device dev, op_t op, dims_t dm, const cfg_t *cfgs,
                      * library did that share itself, and the results must be those of the reference */
                     ++refused;
                     compare = op != OP_FORWARD_OVER_SAVED;
+                } else if (dev.type == FP8AMP_DEVICE_CUDA && !strstr(fp8amp_last_error_message(), "out of host memory")) {
+                    /* refused inside the CUDA runtime/driver/cuBLASLt: a CUDA error after work was
+                     * queued, whose state is unspecified (api.md 1.1); this run is not compared */
+                    if (st != FP8AMP_ERROR_OUT_OF_MEMORY && st != FP8AMP_ERROR_CUDA && st != FP8AMP_ERROR_CUBLAS)
+                        fail_msg("%s (%s, %s): host allocation %ld refused, yet %s: %s", kCaseNames[op], cfg->name, how,
+                                 k, fp8amp_status_name(st), fp8amp_last_error_message());
+                    ++runtime;
+                    snap_free(&before);
+                    rig_free(&r);
+                    continue;
                 } else {
                     if (st != FP8AMP_ERROR_OUT_OF_MEMORY)
                         fail_msg("%s (%s, %s): host allocation %ld refused, yet %s: %s", kCaseNames[op], cfg->name, how,
@@ -592,9 +619,9 @@ static void fault_case(fp8amp_device dev, op_t op, dims_t dm, const cfg_t *cfgs,
                 if (!h_injected) break;
             }
             print_message("%s, %s, %s Linear [%lld x %lld, %lld rows]: %ld host allocation(s) (%ld thread start(s)), "
-                          "each refused in turn; %ld refusal(s) absorbed\n",
+                          "each refused in turn; %ld refusal(s) absorbed, %ld inside the CUDA runtime\n",
                           kCaseNames[op], cfg->name, how, (long long)dm.N, (long long)dm.K, (long long)dm.M2,
-                          allocations, threads, refused);
+                          allocations, threads, refused, runtime);
             snap_free(&want);
             free(x.ckpt);
         }
@@ -610,6 +637,7 @@ static void fault_case(fp8amp_device dev, op_t op, dims_t dm, const cfg_t *cfgs,
 #define HOST_FAULT_TEST(fn, op)                                                                    \
     static void fn(void **state) {                                                                 \
         require_variant(state);                                                                    \
+        require_cuda_opt_in(variant_device(state));                                                \
         require_interposer();                                                                      \
         fault_case(variant_device(state), op, kSmall, kConfigs, N_CONFIGS);                        \
     }
@@ -626,6 +654,7 @@ HOST_FAULT_TEST(test_load_host_faults, OP_LOAD)
 static void test_thread_host_faults(void **state) {
     const cfg_t kThreadConfigs[2] = {kConfigs[0], kConfigs[3]};
     require_variant(state);
+    require_cuda_opt_in(variant_device(state));
     require_interposer();
     fault_case(variant_device(state), OP_FORWARD, kThreads, kThreadConfigs, 2);
     fault_case(variant_device(state), OP_BACKWARD, kThreads, kThreadConfigs, 2);
