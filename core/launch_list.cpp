@@ -253,16 +253,27 @@ void GraphReplay::reserve() {
     graphs_.reserve(kGraphs);
 }
 
-void GraphReplay::run(const Context &ctx, const LaunchList &list, float *cpu_scratch) {
-    if (!enabled_ || !ctx.is_cuda() || list.size() == 0) return list.run(ctx, ctx.stream(), cpu_scratch);
+void GraphReplay::run(const Context &ctx, const LaunchList &list, float *cpu_scratch, bool *launched) {
+    // *launched: set just before the first work reaches the caller's stream (or runs, on the CPU).
+    auto launching = [launched] {
+        if (launched) *launched = true;
+    };
+    if (!enabled_ || !ctx.is_cuda() || list.size() == 0) {
+        launching();
+        return list.run(ctx, ctx.stream(), cpu_scratch);
+    }
     reserve();  // allocates only if the caller did not reserve() first
     const int device = ctx.device().index;
     void *stream = ctx.stream();
     // The application is capturing its own stream: these launches belong in its graph.
-    if (kernels::cuda::stream_is_capturing(device, stream)) return list.run(ctx, stream);
+    if (kernels::cuda::stream_is_capturing(device, stream)) {
+        launching();
+        return list.run(ctx, stream);
+    }
     ++clock_;
     for (Graph &g : graphs_) {
         if (g.list == list) {
+            launching();
             kernels::cuda::launch_graph(*g.exec, stream);
             g.last_use = clock_;
             ++replays_;
@@ -271,6 +282,7 @@ void GraphReplay::run(const Context &ctx, const LaunchList &list, float *cpu_scr
     }
     const auto seen = std::find(seen_.begin(), seen_.end(), list);
     if (seen == seen_.end()) {  // first sighting: run it, remember it
+        launching();
         list.run(ctx, stream);
         if (seen_.size() == kSeen) seen_.erase(seen_.begin());
         seen_.push_back(list);
@@ -298,12 +310,14 @@ void GraphReplay::run(const Context &ctx, const LaunchList &list, float *cpu_scr
         enabled_ = false;
         graphs_.clear();
         seen_.clear();
+        launching();
         return list.run(ctx, stream);
     }
     if (graphs_.size() == kGraphs)
         graphs_.erase(std::min_element(graphs_.begin(), graphs_.end(),
                                        [](const Graph &a, const Graph &b) { return a.last_use < b.last_use; }));
     graphs_.push_back({list, exec, clock_});
+    launching();
     kernels::cuda::launch_graph(*exec, stream);
     ++replays_;
 }

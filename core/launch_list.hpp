@@ -81,7 +81,9 @@ public:
     // Makes the host memory run() needs for its bookkeeping (a failure here changes nothing): after
     // it, run() allocates on the host only while capturing, before anything is launched.
     void reserve();
-    void run(const Context &ctx, const LaunchList &list, float *cpu_scratch = nullptr);
+    // launched (if given) is set just before the first of the list's work is launched on the caller's
+    // stream (a failure before it -- a capture that ran out of memory -- left that stream untouched).
+    void run(const Context &ctx, const LaunchList &list, float *cpu_scratch = nullptr, bool *launched = nullptr);
     uint64_t replays() const { return replays_; }
 
 private:

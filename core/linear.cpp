@@ -244,8 +244,7 @@ void Linear::run_steps(GraphReplay &replay, bool *launched) {
         }
     }
     replay.reserve();
-    if (launched) *launched = true;
-    replay.run(*ctx_, steps_, cpu_scratch_.data());
+    replay.run(*ctx_, steps_, cpu_scratch_.data(), launched);
 }
 
 Tensor &Linear::scratch(std::shared_ptr<Tensor> &slot, size_t pool_slot, fp8amp_dtype dtype, int64_t rows,

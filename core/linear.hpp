@@ -66,7 +66,7 @@ private:
     Tensor &saved_buffer(std::shared_ptr<Tensor> &slot, std::shared_ptr<Tensor> &pending, fp8amp_dtype dtype,
                          int64_t rows, int64_t cols, const std::shared_ptr<ScalingMeta> &meta = nullptr);
     // Makes every host allocation the described steps need, then runs them (see linear.cpp);
-    // *launched (if given) is set just before the first step is launched.
+    // *launched (if given) is set just before the first step is launched (GraphReplay::run).
     void run_steps(GraphReplay &replay, bool *launched = nullptr);
     void run_gemm(const GemmCall &call);
     // Adds a quantize step to steps_ and marks its destinations written.
