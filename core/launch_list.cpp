@@ -153,8 +153,32 @@ bool LaunchList::operator==(const LaunchList &other) const {
     return n_ == other.n_ && std::memcmp(steps_, other.steps_, n_ * sizeof(Step)) == 0;
 }
 
-void LaunchList::run(const Context &ctx, void *stream) const {
+size_t LaunchList::cpu_scratch_floats() const {
+    size_t need = 0;
+    for (size_t i = 0; i < n_; ++i) {
+        const Step &step = steps_[i];
+        if (static_cast<Kind>(step.kind) == Kind::gemm)
+            need = std::max(need, kernels::cpu::gemm_scratch_floats(to_gemm_args(args_of<GemmStepArgs>(step))));
+        else if (static_cast<Kind>(step.kind) == Kind::column_sum)
+            need = std::max(need, static_cast<size_t>(args_of<ColumnSumArgs>(step).cols));
+    }
+    return need;
+}
+
+void LaunchList::prepare(const Context &ctx) const {
+    if (!ctx.is_cuda()) return;
+    for (size_t i = 0; i < n_; ++i) {
+        if (static_cast<Kind>(steps_[i].kind) != Kind::gemm) continue;
+        const auto a = args_of<GemmStepArgs>(steps_[i]);
+        kernels::cuda::gemm_prepare(ctx.gemm_engine(), ctx.device().index, to_gemm_args(a), a.workspace_bytes);
+    }
+}
+
+void LaunchList::run(const Context &ctx, void *stream, float *cpu_scratch) const {
     const bool cuda = ctx.is_cuda();
+    // Checked before the first step runs: a refusal half-way would leave the earlier steps done.
+    if (!cuda && !cpu_scratch && cpu_scratch_floats() != 0)
+        fail(FP8AMP_ERROR_INTERNAL, "LaunchList::run: CPU steps that need scratch got none");
     const int device = ctx.device().index;
     for (size_t i = 0; i < n_; ++i) {
         const Step &step = steps_[i];
@@ -197,7 +221,7 @@ void LaunchList::run(const Context &ctx, void *stream) const {
             if (cuda)
                 kernels::cuda::gemm(ctx.gemm_engine(), device, stream, to_gemm_args(a), a.workspace, a.workspace_bytes);
             else
-                kernels::cpu::gemm(to_gemm_args(a));
+                kernels::cpu::gemm(to_gemm_args(a), cpu_scratch);
             break;
         }
         case Kind::column_sum: {
@@ -206,7 +230,8 @@ void LaunchList::run(const Context &ctx, void *stream) const {
                 kernels::cuda::column_sum(device, stream, a.src, dtype(a.src_dtype), a.rows, a.cols, a.dst,
                                           a.accumulate != 0, a.partial);
             else
-                kernels::cpu::column_sum(a.src, dtype(a.src_dtype), a.rows, a.cols, a.dst, a.accumulate != 0);
+                kernels::cpu::column_sum(a.src, dtype(a.src_dtype), a.rows, a.cols, a.dst, a.accumulate != 0,
+                                         cpu_scratch);
             break;
         }
         case Kind::transpose_bytes: {
@@ -221,15 +246,34 @@ void LaunchList::run(const Context &ctx, void *stream) const {
     }
 }
 
-void GraphReplay::run(const Context &ctx, const LaunchList &list) {
-    if (!enabled_ || !ctx.is_cuda() || list.size() == 0) return list.run(ctx, ctx.stream());
+void GraphReplay::reserve() {
+    // seen_ and graphs_ never hold more than kSeen / kGraphs lists: with this capacity, remembering a
+    // list after it ran (seen_.push_back) cannot fail with the work already launched.
+    seen_.reserve(kSeen);
+    graphs_.reserve(kGraphs);
+}
+
+void GraphReplay::run(const Context &ctx, const LaunchList &list, float *cpu_scratch, bool *launched) {
+    // *launched: set just before the first work reaches the caller's stream (or runs, on the CPU).
+    auto launching = [launched] {
+        if (launched) *launched = true;
+    };
+    if (!enabled_ || !ctx.is_cuda() || list.size() == 0) {
+        launching();
+        return list.run(ctx, ctx.stream(), cpu_scratch);
+    }
+    reserve();  // allocates only if the caller did not reserve() first
     const int device = ctx.device().index;
     void *stream = ctx.stream();
     // The application is capturing its own stream: these launches belong in its graph.
-    if (kernels::cuda::stream_is_capturing(device, stream)) return list.run(ctx, stream);
+    if (kernels::cuda::stream_is_capturing(device, stream)) {
+        launching();
+        return list.run(ctx, stream);
+    }
     ++clock_;
     for (Graph &g : graphs_) {
         if (g.list == list) {
+            launching();
             kernels::cuda::launch_graph(*g.exec, stream);
             g.last_use = clock_;
             ++replays_;
@@ -238,6 +282,7 @@ void GraphReplay::run(const Context &ctx, const LaunchList &list) {
     }
     const auto seen = std::find(seen_.begin(), seen_.end(), list);
     if (seen == seen_.end()) {  // first sighting: run it, remember it
+        launching();
         list.run(ctx, stream);
         if (seen_.size() == kSeen) seen_.erase(seen_.begin());
         seen_.push_back(list);
@@ -265,12 +310,14 @@ void GraphReplay::run(const Context &ctx, const LaunchList &list) {
         enabled_ = false;
         graphs_.clear();
         seen_.clear();
+        launching();
         return list.run(ctx, stream);
     }
     if (graphs_.size() == kGraphs)
         graphs_.erase(std::min_element(graphs_.begin(), graphs_.end(),
                                        [](const Graph &a, const Graph &b) { return a.last_use < b.last_use; }));
     graphs_.push_back({list, exec, clock_});
+    launching();
     kernels::cuda::launch_graph(*exec, stream);
     ++replays_;
 }

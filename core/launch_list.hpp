@@ -40,8 +40,15 @@ public:
                     float *partial);
     void transpose_bytes(const void *src, void *dst, size_t rows, size_t cols);
 
-    // Runs the steps on ctx's backend, on `stream` (CUDA; ignored on the CPU).
-    void run(const Context &ctx, void *stream) const;
+    // The F32 host scratch the CPU kernels of these steps need (their largest; 0 when none does).
+    size_t cpu_scratch_floats() const;
+    // CUDA: makes the cuBLASLt plans of the GEMM steps (host memory, a heuristic query), so that
+    // running the steps allocates no host memory of fp8amp's own once the first one was launched.
+    void prepare(const Context &ctx) const;
+    // Runs the steps on ctx's backend, on `stream` (CUDA; ignored on the CPU). cpu_scratch: at least
+    // cpu_scratch_floats() floats (CPU), so that no step allocates host memory once an earlier step
+    // changed state (a quantize records its amax); a CPU step that needs it refuses a null one.
+    void run(const Context &ctx, void *stream, float *cpu_scratch = nullptr) const;
 
     bool operator==(const LaunchList &other) const;
 
@@ -71,7 +78,12 @@ private:
 class GraphReplay {
 public:
     explicit GraphReplay(bool enabled) : enabled_(enabled) {}
-    void run(const Context &ctx, const LaunchList &list);
+    // Makes the host memory run() needs for its bookkeeping (a failure here changes nothing): after
+    // it, run() allocates on the host only while capturing, before anything is launched.
+    void reserve();
+    // launched (if given) is set just before the first of the list's work is launched on the caller's
+    // stream (a failure before it -- a capture that ran out of memory -- left that stream untouched).
+    void run(const Context &ctx, const LaunchList &list, float *cpu_scratch = nullptr, bool *launched = nullptr);
     uint64_t replays() const { return replays_; }
 
 private:

@@ -228,6 +228,33 @@ Tensor &Linear::buffer(std::shared_ptr<Tensor> &slot, fp8amp_dtype dtype, int64_
     return *slot;
 }
 
+Tensor &Linear::saved_buffer(std::shared_ptr<Tensor> &slot, std::shared_ptr<Tensor> &pending, fp8amp_dtype dtype,
+                             int64_t rows, int64_t cols, const std::shared_ptr<ScalingMeta> &meta) {
+    const bool fits = slot && slot->dtype() == dtype && slot->shape()[0] == rows && slot->shape()[1] == cols;
+    // Without a saved forward the old memory goes back before the new is asked for (buffer()); with
+    // one, both are held for the length of the call (the price of keeping it should the call fail).
+    if (fits || !saved_) return buffer(slot, dtype, rows, cols, meta);
+    return buffer(pending, dtype, rows, cols, meta);
+}
+
+// Every host allocation of the call happens here, before its first step runs: the CPU kernels' scratch,
+// the cuBLASLt plans (CUDA) and the replay's bookkeeping. Once a step ran (a quantize records its amax
+// into a meta, the GEMMs write the outputs), a std::bad_alloc could no longer leave the call's state
+// unchanged (issue 22).
+void Linear::run_steps(GraphReplay &replay, bool *launched) {
+    if (ctx_->is_cuda()) {
+        steps_.prepare(*ctx_);
+    } else {
+        const size_t need = steps_.cpu_scratch_floats();
+        if (cpu_scratch_.size() < need) {
+            std::vector<float>().swap(cpu_scratch_);  // the old block goes back first
+            cpu_scratch_.resize(need);
+        }
+    }
+    replay.reserve();
+    replay.run(*ctx_, steps_, cpu_scratch_.data(), launched);
+}
+
 Tensor &Linear::scratch(std::shared_ptr<Tensor> &slot, size_t pool_slot, fp8amp_dtype dtype, int64_t rows,
                         int64_t cols, const std::shared_ptr<ScalingMeta> &meta) {
     const size_t nbytes = static_cast<size_t>(rows) * static_cast<size_t>(cols) * fp8amp_dtype_size(dtype);
@@ -383,16 +410,22 @@ void Linear::quantize(const void *src, fp8amp_dtype src_dtype, size_t rows, size
 
 // Undoes the cache bookkeeping of a forward that failed: describing a forward's work records the
 // copies it will make (weight FP8/BF16, bias casts) as fresh before they are launched, so after a
-// failure (an allocation while describing, a launch) no cached copy is trusted and nothing is left
-// for a backward (the saved-input buffers may have been re-made for the new shape).
+// failure (an allocation while describing, a launch) no cached copy is trusted. The saved forward
+// survives a failure before the first step was launched: what a backward reads (x8t_ / x_wide_,
+// w8t_, the saved shapes, kind_) was not written, the buffers re-made for a new shape wait in the
+// pending slots (dropped here). Once steps were launched (a CUDA launch that failed) they may have
+// overwritten it: nothing is left for a backward then.
 struct Linear::FailureGuard {
     Linear &lin;
+    bool launched = false;
     bool done = false;
     ~FailureGuard() {
         if (done) return;
         lin.weight_changed();
         lin.weight_fp8t_valid_ = false;
-        lin.saved_ = false;
+        lin.x8t_pending_.reset();
+        lin.x_wide_pending_.reset();
+        if (launched) lin.saved_ = false;
     }
 };
 
@@ -430,13 +463,12 @@ void Linear::forward(const Tensor &x, Tensor &y, bool training) {
     check_not_own(y, "y", {{weight_.get(), "weight"}, {bias_.get(), "bias"}});
 
     const fp8amp_gemm_kind kind = choose_kind(m, training, y);
-    saved_ = false;  // a failure below leaves nothing for a backward to use
     FailureGuard guard{*this};
     steps_.clear();
     if (kind == FP8AMP_GEMM_KIND_FP8) {
         refresh_weight_fp8(training);
         Tensor &x8 = scratch(x8_, kScratchFp8, FP8AMP_DTYPE_E4M3, m, k, input_meta_);
-        Tensor *x8t = training ? &buffer(x8t_, FP8AMP_DTYPE_E4M3, k, m, input_meta_) : nullptr;
+        Tensor *x8t = training ? &saved_buffer(x8t_, x8t_pending_, FP8AMP_DTYPE_E4M3, k, m, input_meta_) : nullptr;
         quantize(x.data(), x.dtype(), static_cast<size_t>(m), static_cast<size_t>(k), x8, x8t);
         const Tensor &w8 = desc_.weight_dtype == FP8AMP_DTYPE_E4M3 ? *weight_ : *w8_;
         run_gemm({m, n, k, x8.data(), FP8AMP_DTYPE_E4M3, true, x8.scale_inv(), w8.data(), FP8AMP_DTYPE_E4M3, true,
@@ -446,7 +478,7 @@ void Linear::forward(const Tensor &x, Tensor &y, bool training) {
         const Tensor &ww = w_wide_ && (weight_->dtype() != wide_dtype_ || weight_->scaling()) ? *w_wide_ : *weight_;
         const void *xw = x.data();
         if (training || x.dtype() != wide_dtype_) {  // training keeps its own copy of x for backward
-            Tensor &copy = buffer(x_wide_, wide_dtype_, m, k);
+            Tensor &copy = saved_buffer(x_wide_, x_wide_pending_, wide_dtype_, m, k);
             steps_.cast(x.data(), x.dtype(), copy.data(), wide_dtype_, static_cast<size_t>(m * k));
             copy.mark_written();
             xw = copy.data();
@@ -454,12 +486,17 @@ void Linear::forward(const Tensor &x, Tensor &y, bool training) {
         run_gemm({m, n, k, xw, wide_dtype_, true, nullptr, ww.data(), wide_dtype_, true, nullptr, y.data(), y.dtype(),
                   false, true, false});
     }
-    forward_replay_.run(*ctx_, steps_);
+    // The saved shapes' memory before anything runs: assign() below must not allocate.
+    saved_x_shape_.reserve(static_cast<size_t>(x.ndim()));
+    saved_y_shape_.reserve(static_cast<size_t>(y.ndim()));
+    run_steps(forward_replay_, &guard.launched);
     guard.done = true;
     y.mark_written();
     kind_ = kind;
+    if (x8t_pending_) x8t_ = std::move(x8t_pending_);  // the saved forward is this one's now
+    if (x_wide_pending_) x_wide_ = std::move(x_wide_pending_);
+    saved_ = training;  // an inference forward leaves none
     if (training) {
-        saved_ = true;
         saved_m_ = m;
         saved_x_shape_.assign(x.shape(), x.shape() + x.ndim());  // reuses the vectors' memory
         saved_y_shape_.assign(y.shape(), y.shape() + y.ndim());
@@ -552,7 +589,7 @@ void Linear::backward(const Tensor &dy, Tensor *dx, bool accumulate) {
                           static_cast<float *>(bias_grad_->data()), accumulate, partial);
         bias_grad_->mark_written();
     }
-    backward_replay_.run(*ctx_, steps_);
+    run_steps(backward_replay_);
     wgrad_sum_valid_ = !direct_wgrad;
     saved_ = false;
 }

@@ -64,6 +64,14 @@ private:
     // The same over the context's scratch slot `pool_slot`, for what lives only within one call.
     Tensor &scratch(std::shared_ptr<Tensor> &slot, size_t pool_slot, fp8amp_dtype dtype, int64_t rows, int64_t cols,
                     const std::shared_ptr<ScalingMeta> &meta = nullptr);
+    // A buffer the saved forward reads (x8t_, x_wide_): while a forward is saved, one that must be
+    // re-made is made in `pending` beside it, and replaces it only once the forward succeeded, so a
+    // forward that fails keeps the saved one (else as buffer()).
+    Tensor &saved_buffer(std::shared_ptr<Tensor> &slot, std::shared_ptr<Tensor> &pending, fp8amp_dtype dtype,
+                         int64_t rows, int64_t cols, const std::shared_ptr<ScalingMeta> &meta = nullptr);
+    // Makes every host allocation the described steps need, then runs them (see linear.cpp);
+    // *launched (if given) is set just before the first step is launched (GraphReplay::run).
+    void run_steps(GraphReplay &replay, bool *launched = nullptr);
     void run_gemm(const GemmCall &call);
     // Adds a quantize step to steps_ and marks its destinations written.
     void quantize(const void *src, fp8amp_dtype src_dtype, size_t rows, size_t cols, Tensor &dst, Tensor *dst_t);
@@ -80,6 +88,7 @@ private:
     // FP8 copies: the weight and its transpose (re-made when the weight's version moves), the input's
     // transpose saved for the weight gradient; views of the context's scratch for x8, dY8 and dY8^T.
     std::shared_ptr<Tensor> w8_, w8t_, x8_, x8t_, dy8_, dy8t_;
+    std::shared_ptr<Tensor> x8t_pending_, x_wide_pending_;  // see saved_buffer()
     uint64_t weight_fp8_version_ = kStale;
     bool weight_fp8t_valid_ = false;
     // The non-FP8 path: the weight in wide_dtype_, the saved input, dY in wide_dtype_.
@@ -99,6 +108,8 @@ private:
     fp8amp_gemm_kind kind_ = FP8AMP_GEMM_KIND_NONE;
     // The current call's GPU work, and its replay as CUDA graphs, per direction (launch_list.hpp).
     LaunchList steps_;
+    // The CPU kernels' F32 scratch (LaunchList::cpu_scratch_floats), grown before a call's steps run.
+    std::vector<float> cpu_scratch_;
     GraphReplay forward_replay_{true}, backward_replay_{true};
     // Why this device cannot run FP8 GEMMs ("" when it can), asked once.
     std::string fp8_unsupported_;

@@ -144,6 +144,9 @@ void Optimizer::add_param(std::shared_ptr<Tensor> param, std::shared_ptr<Tensor>
     Entry e;
     const int64_t n = p.numel();
     const size_t nn = static_cast<size_t>(n);
+    // The CPU step's scratch grows here, where a failure changes nothing, not in the step (issue 22).
+    // Grown beyond the need of a parameter whose add_param then fails, it is only larger.
+    if (!ctx_->is_cuda()) reserve_cpu_scratch(std::max(max_numel_, n));
     e.nscales = scales_of(n);
     e.units = desc_.state_block_size > 0 ? e.nscales : (n + adam::kChunk - 1) / adam::kChunk;
     const bool m8 = desc_.exp_avg_dtype == FP8AMP_DTYPE_E4M3, v16 = desc_.exp_avg_sq_dtype == FP8AMP_DTYPE_F16;
@@ -211,6 +214,11 @@ void Optimizer::add_param(std::shared_ptr<Tensor> param, std::shared_ptr<Tensor>
     entries_.back().param->pin_address();
     entries_.back().grad->pin_address();
     ctx_->synchronize();
+}
+
+void Optimizer::reserve_cpu_scratch(int64_t max_numel) {
+    const size_t need = kernels::cpu::adam_scratch_floats(desc_.state_block_size, max_numel);
+    if (cpu_scratch_.size() < need) cpu_scratch_.resize(need);
 }
 
 Optimizer::~Optimizer() {
@@ -326,10 +334,12 @@ void Optimizer::step(float lr, const float *lr_device, float grad_scale_inv, Gra
     if (scaler) c.scaler_config = scaler->config();
     c.partials = partials_ ? static_cast<adam::Partial *>(partials_->data()) : nullptr;
     c.tensor_amax = tensor_amax_ ? static_cast<uint32_t *>(tensor_amax_->data()) : nullptr;
-    if (ctx_->is_cuda())
+    if (ctx_->is_cuda()) {
         kernels::cuda::adam_step(device().index, ctx_->stream(), c, max_partials_);
-    else
-        kernels::cpu::adam_step(c);
+    } else {
+        reserve_cpu_scratch(max_numel_);  // sized at add_param already: allocates nothing here
+        kernels::cpu::adam_step(c, cpu_scratch_.data());
+    }
     stepped_ = true;
     // The parameters were written (unless the step skips, which only the device knows): a Linear
     // re-quantizes a weight whose version moved.

@@ -65,6 +65,8 @@ private:
     // INVALID_ARGUMENT when a parameter (and, with grads, a gradient) is no longer bound to the meta it
     // had at add_param: `what` names the refused operation.
     void check_bindings(bool grads, const char *what) const;
+    // Grows cpu_scratch_ to what the CPU step needs for parameters of up to max_numel elements.
+    void reserve_cpu_scratch(int64_t max_numel);
 
     std::shared_ptr<const Context> ctx_;
     fp8amp_adam_desc desc_;
@@ -76,6 +78,9 @@ private:
     int64_t total_units_ = 0;
     int max_partials_ = 1;
     std::shared_ptr<Storage> status_, list_, partials_, tensor_amax_;
+    // CPU: the step's per-block values (kernels::cpu::adam_scratch_floats), kept so that the step
+    // allocates no host memory once it started writing.
+    std::vector<float> cpu_scratch_;
 };
 
 }  // namespace fp8amp::core

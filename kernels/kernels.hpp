@@ -81,14 +81,21 @@ void dequantize(const void *src, fp8amp_dtype src_dtype, void *dst, fp8amp_dtype
                 const float *scale_inv);
 // fp8amp_scaling_update of each meta.
 void update_scaling(ScalingState *const *metas, size_t n);
-// The GEMM above, FP32 accumulation.
-void gemm(const GemmArgs &args);
-// dst[c] (+)= sum over rows of src[r, c], in FP32 (bias gradients).
-void column_sum(const void *src, fp8amp_dtype src_dtype, size_t rows, size_t cols, float *dst, bool accumulate);
+// The GEMM above, FP32 accumulation. scratch: gemm_scratch_floats(args) floats of the caller's (the
+// CPU kernels allocate no host memory while they run: a failure there would come after earlier steps
+// of the same call changed state).
+size_t gemm_scratch_floats(const GemmArgs &args);
+void gemm(const GemmArgs &args, float *scratch);
+// dst[c] (+)= sum over rows of src[r, c], in FP32 (bias gradients). scratch: cols floats.
+void column_sum(const void *src, fp8amp_dtype src_dtype, size_t rows, size_t cols, float *dst, bool accumulate,
+                float *scratch);
 // dst[c, r] = src[r, c] for 1-byte elements.
 void transpose_bytes(const void *src, void *dst, size_t rows, size_t cols);
-// One Adam/AdamW step over the parameter list of `config` (kernels/adam.hpp).
-void adam_step(const adam::StepConfig &config);
+// One Adam/AdamW step over the parameter list of `config` (kernels/adam.hpp). scratch:
+// adam_scratch_floats(config.block_size, config.max_numel) floats of the caller's (no host allocation
+// while the step runs: it could fail after part of the update was written).
+size_t adam_scratch_floats(int32_t block_size, int64_t max_numel);
+void adam_step(const adam::StepConfig &config, float *scratch);
 // Loss-scaler update from a step's found_inf.
 void scaler_update(adam::ScalerState *scaler, const adam::ScalerConfig &config, const adam::Status *status);
 }  // namespace cpu
@@ -134,6 +141,9 @@ struct GemmEngine;
 std::shared_ptr<GemmEngine> gemm_engine_create(int device);
 // Empty when the device can run FP8 GEMMs (compute capability >= 8.9), else the reason.
 std::string fp8_gemm_unsupported_reason(int device);
+// Makes (and caches) the plan gemm() will use for these arguments, so that a LaunchList can make it
+// before its first step is launched: a failure (out of host memory, no algorithm) then changes nothing.
+void gemm_prepare(GemmEngine &engine, int device, const GemmArgs &args, size_t workspace_bytes);
 // The GEMM above on `stream`, with `workspace` (workspace_bytes) for cuBLASLt. Throws CUBLAS.
 void gemm(GemmEngine &engine, int device, void *stream, const GemmArgs &args, void *workspace,
           size_t workspace_bytes);

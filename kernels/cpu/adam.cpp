@@ -3,10 +3,11 @@
 // gradient was not finite, update each state block -- compute its new values, take the block's new
 // amax, choose the block's power-of-two scales, store -- and record the parameters' amax, (3) fold
 // the metas of scaled parameters and publish the step's status. Compiled with -ffp-contract=off.
+// Phase 2's per-block values live in the caller's scratch (adam_scratch_floats): no host allocation
+// while the step runs, since one failing there would leave part of the update written (issue 22).
 #include <algorithm>
 #include <cmath>
 #include <cstring>
-#include <vector>
 
 #include "adam.hpp"
 #include "codec.hpp"
@@ -44,7 +45,12 @@ void fold_meta(ScalingState &s, float *slot) {
 
 }  // namespace
 
-void adam_step(const StepConfig &c) {
+size_t adam_scratch_floats(int32_t block_size, int64_t max_numel) {
+    const int64_t block = block_size > 0 ? std::min<int64_t>(block_size, max_numel) : max_numel;
+    return 3 * static_cast<size_t>(std::max<int64_t>(block, 0));
+}
+
+void adam_step(const StepConfig &c, float *scratch) {
     Status &status = *c.status;
     const int64_t step = status.step;
     const float loss_scale_inv = c.scaler ? fdiv(1.0f, c.scaler->scale) : 1.0f;
@@ -75,7 +81,9 @@ void adam_step(const StepConfig &c) {
     const StepScalars s = step_scalars(c, lr, step + 1);
     const bool clip = c.max_grad_norm > 0.0f;
     const float coef = clip ? clip_coefficient(c.max_grad_norm, norm) : 1.0f;
-    std::vector<float> np, nm, nv;
+    // A block's new parameter, m and v values, kept until the block's scales are known.
+    const size_t block_max = adam_scratch_floats(c.block_size, c.max_numel) / 3;
+    float *const np = scratch, *const nm = scratch + block_max, *const nv = scratch + 2 * block_max;
     for (int32_t k = 0; k < c.nparams; ++k) {
         const Param &p = c.params[k];
         const float f = grad_factor(c, p, loss_scale_inv);
@@ -91,9 +99,6 @@ void adam_step(const StepConfig &c) {
             const float m_inv = c.m_fp8 ? p.m_scale_inv[si] : 1.0f;
             const float v_inv = c.v_f16 ? p.v_scale_inv[si] : 1.0f;
             const float w_inv = c.has_master ? p.master_scale_inv[si] : 1.0f;
-            np.resize(len);
-            nm.resize(len);
-            nv.resize(len);
             uint32_t am = 0, av = 0, aw = 0;
             for (int64_t j = 0; j < len; ++j) {
                 const int64_t i = begin + j;

@@ -40,6 +40,7 @@ void update_scaling(int, void *, ScalingState *const *, size_t) { unavailable();
 struct GemmEngine {};
 std::shared_ptr<GemmEngine> gemm_engine_create(int) { unavailable(); }
 std::string fp8_gemm_unsupported_reason(int) { unavailable(); }
+void gemm_prepare(GemmEngine &, int, const GemmArgs &, size_t) { unavailable(); }
 void gemm(GemmEngine &, int, void *, const GemmArgs &, void *, size_t) { unavailable(); }
 void column_sum(int, void *, const void *, fp8amp_dtype, size_t, size_t, float *, bool, float *) { unavailable(); }
 void transpose_bytes(int, void *, const void *, void *, size_t, size_t) { unavailable(); }

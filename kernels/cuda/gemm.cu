@@ -162,17 +162,27 @@ std::unique_ptr<Plan> make_plan(GemmEngine &engine, const GemmArgs &g, uint32_t 
     return plan;
 }
 
-}  // namespace
-
-void gemm(GemmEngine &engine, int device, void *stream, const GemmArgs &g, void *workspace, size_t workspace_bytes) {
-    DeviceGuard guard(device);
+// The cached plan of this GEMM, made (host allocations, a heuristic query) if it is new.
+Plan &plan_for(GemmEngine &engine, const GemmArgs &g, size_t workspace_bytes) {
     const uint32_t align = std::min(std::min(alignment_of(g.a.data), alignment_of(g.b.data)), alignment_of(g.d));
     const PlanKey key{g.m,           g.n,           g.k,          static_cast<int>(g.a.dtype), static_cast<int>(g.b.dtype),
                       static_cast<int>(g.d_dtype), g.bias ? static_cast<int>(g.bias_dtype) : -1, g.a.k_contiguous,
                       g.b.k_contiguous, g.fast_accum, g.accumulate, 0, align};
     auto it = engine.plans.find(key);
     if (it == engine.plans.end()) it = engine.plans.emplace(key, make_plan(engine, g, align, workspace_bytes)).first;
-    Plan &plan = *it->second;
+    return *it->second;
+}
+
+}  // namespace
+
+void gemm_prepare(GemmEngine &engine, int device, const GemmArgs &g, size_t workspace_bytes) {
+    DeviceGuard guard(device);
+    (void)plan_for(engine, g, workspace_bytes);
+}
+
+void gemm(GemmEngine &engine, int device, void *stream, const GemmArgs &g, void *workspace, size_t workspace_bytes) {
+    DeviceGuard guard(device);
+    Plan &plan = plan_for(engine, g, workspace_bytes);
     // Per-call pointers on the cached descriptor: the operands' scale_inv (the dequantizing factors)
     // and the bias. cuBLASLt's A is our B.
     if (is_fp8(g.a.dtype)) {

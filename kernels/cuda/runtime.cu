@@ -3,7 +3,7 @@
 // restored after each call so fp8amp never disturbs a host framework's device state.
 #include <cuda_runtime.h>
 
-#include <map>
+#include <cstdint>
 #include <mutex>
 #include <string>
 #include <utility>
@@ -57,18 +57,36 @@ int multiprocessor_count(int device) {
 }
 
 int resident_blocks_per_sm(const void *kernel, int device, int threads, bool max_shared) {
+    // A fixed open-addressed table, no map: this runs between the launches of one call (a
+    // LaunchList's later steps), where a std::bad_alloc would come after earlier steps changed state
+    // (issue 22). With the table full (far more kernel/device pairs than fp8amp has) the answer is
+    // asked again each time instead of cached.
+    struct Slot {
+        const void *kernel;
+        int device;
+        int per_sm;
+    };
+    static constexpr size_t kSlots = 1024;  // a power of two
     static std::mutex mutex;
-    static std::map<std::pair<const void *, int>, int> cache;
+    static Slot cache[kSlots] = {};
     std::lock_guard<std::mutex> lock(mutex);
-    auto it = cache.find({kernel, device});
-    if (it != cache.end()) return it->second;
+    const size_t hash = (reinterpret_cast<uintptr_t>(kernel) >> 4) * 31u + static_cast<size_t>(device);
+    size_t free_slot = kSlots;
+    for (size_t probe = 0; probe < kSlots; ++probe) {
+        Slot &slot = cache[(hash + probe) & (kSlots - 1)];
+        if (!slot.kernel) {
+            free_slot = (hash + probe) & (kSlots - 1);
+            break;
+        }
+        if (slot.kernel == kernel && slot.device == device) return slot.per_sm;
+    }
     if (max_shared)
         check(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, int(cudaSharedmemCarveoutMaxShared)),
               "cudaFuncSetAttribute (shared-memory carveout)");
     int per_sm = 0;
     check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, 0),
           "cudaOccupancyMaxActiveBlocksPerMultiprocessor");
-    cache.emplace(std::make_pair(kernel, device), per_sm);
+    if (free_slot < kSlots) cache[free_slot] = {kernel, device, per_sm};
     return per_sm;
 }
 

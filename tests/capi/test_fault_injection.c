@@ -17,7 +17,7 @@
  *
  * Covered: allocations through the context's hook (tensors, the Linear's buffers and the context's
  * scratch, scale_inv slots, the GEMM workspace on CUDA). Host allocations (std::bad_alloc, turned
- * into OUT_OF_MEMORY by the boundary guard) are not injected here. The optimizer step and load make
+ * into OUT_OF_MEMORY by the boundary guard) are not injected here: test_fault_injection_host.c does. The optimizer step and load make
  * no allocation through the hook (the loop checks that and reports the count). Also: an optimizer
  * add_param (its state and device-side list are allocated; a failure must leave the optimizer as it
  * was, which save() shows). CPU here; the CUDA

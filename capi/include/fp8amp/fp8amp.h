@@ -575,7 +575,8 @@ FP8AMP_API fp8amp_status fp8amp_linear_forward(fp8amp_linear lin, fp8amp_tensor 
  *  or since creation; read-only dx; dy and dx overlapping; dx overlapping the Linear's weight or
  *  gradients; dy overlapping its gradients); DTYPE_MISMATCH; SHAPE_MISMATCH (dy or dx not matching
  *  the forward's y and x); DEVICE_MISMATCH; OUT_OF_MEMORY; CUBLAS; CUDA. A failed backward keeps the
- *  saved forward (retry it); a failed forward leaves none (docs/linear.md section 2). */
+ *  saved forward (retry it); so does a failed forward: a backward after it backs the earlier
+ *  training forward (docs/linear.md section 2). */
 FP8AMP_API fp8amp_status fp8amp_linear_backward(fp8amp_linear lin, fp8amp_tensor dy, fp8amp_tensor dx,
                                                 int32_t accumulate_wgrad);
 
