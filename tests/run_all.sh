@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Builds fp8amp and runs every test, on a fresh Debian/Ubuntu machine: installs CMocka, CMake and
 # the Python references (numpy, ml_dtypes) first. GPU variants run when a GPU is present and are
-# reported SKIPPED otherwise.
+# reported SKIPPED otherwise. Then the reliability jobs (docs/reliability.md): the CPU suite under
+# ASan+UBSan and under TSan (tests/sanitizers.sh), and a short run of each fuzz target
+# (tests/fuzz/run.sh; FUZZ_SECONDS per target, default 60). FP8AMP_QUICK=1 skips those two.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 sudo=""
@@ -36,5 +38,10 @@ cmake --build build
 cmake -S . -B build-nocuda -G Ninja -DFP8AMP_CUDA=OFF -DFP8AMP_BUILD_TESTS=ON -DFP8AMP_BUILD_EXAMPLES=OFF
 cmake --build build-nocuda
 (cd build-nocuda && ctest --output-on-failure -j "$(nproc)")
+if [ "${FP8AMP_QUICK:-0}" != 1 ]; then
+  bash tests/sanitizers.sh
+  bash tests/fuzz/run.sh "${FUZZ_SECONDS:-60}"
+fi
+# The default build's suite last, so that its summary closes the log.
 cd build
 ctest --output-on-failure -j "$(nproc)"
