@@ -20,6 +20,11 @@
         }                                                                                           \
     } while (0)
 
+// A request for more memory than there is must come back as NULL (the library then answers
+// OUT_OF_MEMORY, which the oracle checks), not abort the run as ASan does by default. Included by
+// exactly one translation unit per target.
+extern "C" const char *__asan_default_options() { return "allocator_may_return_null=1"; }
+
 namespace fuzz {
 
 // Sets the thread's message to one that `function` cannot write (a failure of another function),
