@@ -14,7 +14,8 @@
 //
 // FP8AMP_FUZZ_SKIP (environment; comma-separated words) turns generators off, to fuzz on past a
 // known finding in a local run (docs/fuzzing.md): enums (out-of-range enum values), misaligned_alloc
-// (hooks returning memory aligned to less than 256 bytes), failing_alloc (hooks that fail).
+// (hooks returning memory aligned to less than 256 bytes), failing_alloc (hooks that fail),
+// step_lr_inf (a step's lr of -inf).
 #include <fuzzer/FuzzedDataProvider.h>
 
 #include <cfloat>
@@ -52,7 +53,7 @@ void store(E &field, int v) {
     std::memcpy(&field, &v, sizeof field);
 }
 
-bool g_skip_enums = false, g_skip_misaligned_alloc = false, g_skip_failing_alloc = false;
+bool g_skip_enums = false, g_skip_misaligned_alloc = false, g_skip_failing_alloc = false, g_skip_step_lr_inf = false;
 
 enum Kind { CTX, TENSOR, META, LINEAR, OPT, SCALER, KINDS };
 const char *const kKindName[KINDS] = {"context", "tensor", "scaling", "linear", "optimizer", "grad scaler"};
@@ -388,6 +389,7 @@ void Session::run() {
         case 9: {  // tensor getters
             auto t = h<fp8amp_tensor>(TENSOR, why, "t");
             const bool null_out = one_in(8);
+            const Why base = why;
             why.add(null_out, "out NULL");
             fp8amp_status s;
             switch (in.ConsumeIntegralInRange<int>(0, 6)) {
@@ -402,6 +404,8 @@ void Session::run() {
                 Out<int32_t> nd;
                 const bool known = t && fp8amp_tensor_ndim(t, nd.ptr()) == FP8AMP_SUCCESS;
                 const int32_t cap = in.ConsumeIntegralInRange<int32_t>(-2, 9);
+                why = base;  // a scalar's shape may be NULL (docs/api.md)
+                why.add(null_out && known && nd.value > 0, "shape NULL");
                 why.add(known && cap < nd.value, "capacity < ndim");
                 why.add(cap < 0, "negative capacity");
                 int64_t *slots = static_cast<int64_t *>(buffer(sizeof(int64_t) * static_cast<size_t>(cap > 0 ? cap : 0)));
@@ -719,7 +723,10 @@ void Session::run() {
             fp8amp_adam_step_args_init_default(&a);
             if (one_in(12)) { a.struct_size = in.ConsumeIntegralInRange<uint32_t>(0, sizeof a - 1); why.add(true, "struct_size small"); }
             if (one_in(3)) a.lr = hyper(0.0f, 0.1f, why, "lr", true);  // negative = the desc's lr
-            if (std::isinf(a.lr) && a.lr < 0) why.add(true, "lr -inf");
+            if (std::isinf(a.lr) && a.lr < 0) {
+                if (g_skip_step_lr_inf) a.lr = -1.0f;
+                else why.add(true, "lr -inf");
+            }
             if (one_in(4)) a.grad_scale_inv = hyper(0.0f, 2.0f, why, "grad_scale_inv", true);
             if (one_in(8)) a.lr_device = &lr_on_device;
             if (one_in(4)) a.scaler = h<fp8amp_grad_scaler>(SCALER, why, "args->scaler", true);
@@ -931,6 +938,7 @@ extern "C" int LLVMFuzzerInitialize(int *, char ***) {
         g_skip_enums = s.find("enums") != std::string::npos;
         g_skip_misaligned_alloc = s.find("misaligned_alloc") != std::string::npos;
         g_skip_failing_alloc = s.find("failing_alloc") != std::string::npos;
+        g_skip_step_lr_inf = s.find("step_lr_inf") != std::string::npos;
     }
     return 0;
 }
