@@ -260,7 +260,7 @@ fp8amp_status call(const char *name, const Why &why, F &&f) {
 void Session::run() {
     while (in.remaining_bytes() > 0) {
         Why why;
-        const int op = in.ConsumeIntegralInRange<int>(0, 41);
+        const int op = in.ConsumeIntegralInRange<int>(0, 45);
         switch (op) {
         case 0: {  // context_create
             const int type = enumv(1, 2, why, "device.type");
@@ -875,6 +875,78 @@ void Session::run() {
             case 8: why.add(true, "NULL"); CALL(fp8amp_grad_scaler_desc_init_default, why, nullptr); break;
             default: why.add(true, "NULL"); CALL(fp8amp_adam_step_args_init_default, why, nullptr); break;
             }
+            break;
+        }
+        case 42:
+        case 43: {  // a well-formed optimizer over 1..3 fresh parameters (some bound to metas)
+            Why w;
+            auto c = h<fp8amp_context>(CTX, w, "ctx");
+            if (w.bad() || !c) break;
+            fp8amp_adam_desc d;
+            fuzz_opt_level_adam_config(in.ConsumeIntegralInRange<int>(1, 3), &d);
+            fp8amp_optimizer o = nullptr;
+            if (call("fp8amp_optimizer_create", w, [&] { return fp8amp_optimizer_create(c, &d, &o); }) != FP8AMP_SUCCESS) break;
+            born(OPT, o);
+            const int n = in.ConsumeIntegralInRange<int>(1, 3);
+            for (int i = 0; i < n; ++i) {
+                static const fp8amp_dtype kParam[] = {FP8AMP_DTYPE_F32, FP8AMP_DTYPE_BF16, FP8AMP_DTYPE_F16, FP8AMP_DTYPE_E4M3};
+                static const fp8amp_dtype kGrad[] = {FP8AMP_DTYPE_F32, FP8AMP_DTYPE_F16, FP8AMP_DTYPE_BF16};
+                const fp8amp_dtype pd = in.PickValueInArray(kParam), gd = in.PickValueInArray(kGrad);
+                const int64_t shape[2] = {in.ConsumeIntegralInRange<int64_t>(1, 6), in.ConsumeIntegralInRange<int64_t>(1, 40)};
+                fp8amp_tensor p = nullptr, g = nullptr;
+                if (fp8amp_tensor_create(c, pd, 2, shape, &p) != FP8AMP_SUCCESS) break;
+                born(TENSOR, p);
+                if (fp8amp_tensor_create(c, gd, 2, shape, &g) != FP8AMP_SUCCESS) break;
+                born(TENSOR, g);
+                std::vector<unsigned char> bytes(tensor_nbytes(p) + tensor_nbytes(g));
+                for (size_t k = 0; k < bytes.size(); ++k) bytes[k] = static_cast<unsigned char>(0x30 + (k * 7 + i) % 0x10);  // finite codes
+                fp8amp_tensor_copy_from_host(p, bytes.data(), tensor_nbytes(p));
+                fp8amp_tensor_copy_from_host(g, bytes.data() + tensor_nbytes(p), tensor_nbytes(g));
+                if (pd == FP8AMP_DTYPE_F16 || pd == FP8AMP_DTYPE_E4M3) {
+                    fp8amp_recipe r;
+                    fp8amp_recipe_init_default(&r);
+                    r.amax_history_len = 2;
+                    fp8amp_scaling m = nullptr;
+                    if (fuzz_scaling_create(c, &r, pd, &m) != FP8AMP_SUCCESS) break;
+                    born(META, m);
+                    fp8amp_tensor_set_scaling(p, m);
+                }
+                call("fp8amp_optimizer_add_param", w, [&] { return fp8amp_optimizer_add_param(o, p, g); });
+            }
+            break;
+        }
+        case 44:
+        case 45: {  // a well-formed Linear with x, y, dy, dx, after a training forward (and maybe a backward)
+            Why w;
+            auto c = h<fp8amp_context>(CTX, w, "ctx");
+            if (w.bad() || !c) break;
+            fp8amp_linear_desc d;
+            fp8amp_linear_desc_init_default(&d);
+            fuzz_opt_level_config(in.ConsumeIntegralInRange<int>(1, 3), &d, nullptr);
+            d.in_features = in.ConsumeIntegralInRange<int64_t>(1, 20);
+            d.out_features = in.ConsumeIntegralInRange<int64_t>(1, 20);
+            d.has_bias = in.ConsumeBool();
+            d.policy = in.ConsumeBool() ? FP8AMP_GEMM_AUTO : FP8AMP_GEMM_NEVER_FP8;
+            fp8amp_linear l = nullptr;
+            if (call("fp8amp_linear_create", w, [&] { return fp8amp_linear_create(c, &d, &l); }) != FP8AMP_SUCCESS) break;
+            born(LINEAR, l);
+            const int64_t m = in.ConsumeIntegralInRange<int64_t>(1, 8);
+            const int64_t xs[2] = {m, d.in_features}, ys[2] = {m, d.out_features};
+            fp8amp_tensor x = nullptr, y = nullptr, dy = nullptr, dx = nullptr;
+            if (fp8amp_tensor_create(c, FP8AMP_DTYPE_F32, 2, xs, &x) != FP8AMP_SUCCESS) break;
+            born(TENSOR, x);
+            if (fp8amp_tensor_create(c, FP8AMP_DTYPE_F32, 2, ys, &y) != FP8AMP_SUCCESS) break;
+            born(TENSOR, y);
+            if (fp8amp_tensor_create(c, FP8AMP_DTYPE_F32, 2, ys, &dy) != FP8AMP_SUCCESS) break;
+            born(TENSOR, dy);
+            if (fp8amp_tensor_create(c, FP8AMP_DTYPE_BF16, 2, xs, &dx) != FP8AMP_SUCCESS) break;
+            born(TENSOR, dx);
+            std::vector<float> v(static_cast<size_t>(m * (d.in_features + d.out_features)));
+            for (size_t k = 0; k < v.size(); ++k) v[k] = static_cast<float>((k * 37 % 19) - 9) / 8.0f + 0.0625f;
+            fp8amp_tensor_copy_from_host(x, v.data(), static_cast<size_t>(m * d.in_features) * 4);
+            fp8amp_tensor_copy_from_host(dy, v.data() + m * d.in_features, static_cast<size_t>(m * d.out_features) * 4);
+            if (call("fp8amp_linear_forward", w, [&] { return fp8amp_linear_forward(l, x, y, 1); }) == FP8AMP_SUCCESS && in.ConsumeBool())
+                call("fp8amp_linear_backward", w, [&] { return fp8amp_linear_backward(l, dy, dx, 0); });
             break;
         }
         default: {  // a quick well-formed setup, so that deeper states are reached: ctx, tensors, meta
