@@ -22,7 +22,15 @@ typedef struct {
     uint32_t minor;
 } DLPackVersion;
 
+/* A C producer may store any device type in DLDevice (DLPack has more than these: kDLHexagon 16,
+ * kDLMAIA 17, ...). In C++ a load of a value outside an unfixed enum's range (here 0..15) is
+ * undefined behaviour, so C++ gets the enum with its underlying type fixed (the same int32 ABI),
+ * which makes every int32 a valid value. */
+#ifdef __cplusplus
+typedef enum : int32_t {
+#else
 typedef enum {
+#endif
     kDLCPU = 1,
     kDLCUDA = 2,
     kDLCUDAHost = 3,

@@ -207,6 +207,12 @@ std::shared_ptr<Tensor> Tensor::from_dlpack(std::shared_ptr<const Context> ctx, 
             expected *= dl.shape[i];
         }
     }
+    // A hostile byte_offset (or size) must not wrap the address space: the pointer sum would be
+    // undefined and the tensor would alias unrelated memory.
+    const uintptr_t base = reinterpret_cast<uintptr_t>(dl.data);
+    if (dl.byte_offset > UINTPTR_MAX - base || t->nbytes_ > UINTPTR_MAX - base - dl.byte_offset)
+        fail(FP8AMP_ERROR_INVALID_ARGUMENT, "DLPack tensor's byte_offset " + std::to_string(dl.byte_offset) + " and " +
+                                                std::to_string(t->nbytes_) + " bytes run past the end of the address space");
     void *data = static_cast<char *>(dl.data) + dl.byte_offset;
     if (reinterpret_cast<uintptr_t>(data) % fp8amp_dtype_size(dtype) != 0)
         fail(FP8AMP_ERROR_INVALID_ARGUMENT, "DLPack tensor data is not aligned to its element size");

@@ -251,7 +251,8 @@ struct DLManagedTensorVersioned;
  *  at), kDLCUDA or kDLCUDAManaged of the context's ordinal for a CUDA context. A read-only tensor
  *  (DLPACK_FLAG_BITMASK_READ_ONLY) is refused as the destination of any write.
  *  Statuses: SUCCESS; INVALID_HANDLE; INVALID_ARGUMENT (NULL managed or out, NULL data, an extent
- *  < 1, misaligned data); NOT_SUPPORTED (major version != 1, a dtype fp8amp does not have, lanes !=
+ *  < 1, misaligned data, a byte_offset or byte size that runs past the end of the address space);
+ *  NOT_SUPPORTED (major version != 1, a dtype fp8amp does not have, lanes !=
  *  1, more than FP8AMP_MAX_NDIM dimensions, non-contiguous strides); DEVICE_MISMATCH. */
 FP8AMP_API fp8amp_status fp8amp_tensor_from_dlpack(fp8amp_context ctx,
                                                    struct DLManagedTensorVersioned *managed,
