@@ -14,6 +14,7 @@ command -v ninja >/dev/null || need+=(ninja-build)
 command -v cc >/dev/null || need+=(build-essential)
 command -v pkg-config >/dev/null || need+=(pkg-config)
 [ -f /usr/include/cmocka.h ] || need+=(libcmocka-dev)
+command -v abidiff >/dev/null || need+=(abigail-tools)  # the ABI check (tests/abi)
 if [ ${#need[@]} -gt 0 ]; then
   $sudo apt-get update -qq
   $sudo apt-get install -y -qq "${need[@]}"

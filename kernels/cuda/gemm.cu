@@ -14,6 +14,7 @@
 #include <cstring>
 #include <map>
 #include <memory>
+#include <new>
 #include <string>
 #include <tuple>
 
@@ -197,9 +198,21 @@ void gemm(GemmEngine &engine, int device, void *stream, const GemmArgs &g, void 
         check_cublas(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &g.bias, sizeof g.bias),
                      "BIAS_POINTER");
     const float alpha = 1.0f, beta = g.accumulate ? 1.0f : 0.0f;
-    check_cublas(cublasLtMatmul(engine.handle, plan.desc, &alpha, g.b.data, plan.a, g.a.data, plan.b, &beta, g.d, plan.c,
-                                g.d, plan.d, &plan.algo, workspace, workspace_bytes, static_cast<cudaStream_t>(stream)),
-                 "cublasLtMatmul");
+    // cuBLASLt allocates host memory inside cublasLtMatmul, and a refused allocation there leaves it as
+    // std::bad_alloc rather than CUBLAS_STATUS_ALLOC_FAILED (seen with CUDA 13.0's cuBLASLt under
+    // tests/capi/test_fault_injection_host.c). Say where it happened: it comes after this call's
+    // earlier kernels were queued, the one case where a failed call may have changed state
+    // (docs/api.md 1.1), unlike fp8amp's own allocations, which all come before its first launch.
+    cublasStatus_t st;
+    try {
+        st = cublasLtMatmul(engine.handle, plan.desc, &alpha, g.b.data, plan.a, g.a.data, plan.b, &beta, g.d, plan.c, g.d,
+                            plan.d, &plan.algo, workspace, workspace_bytes, static_cast<cudaStream_t>(stream));
+    } catch (const std::bad_alloc &) {
+        fail(FP8AMP_ERROR_OUT_OF_MEMORY,
+             "cublasLtMatmul: a host allocation inside cuBLASLt failed (std::bad_alloc), after this call's earlier "
+             "kernels were queued");
+    }
+    check_cublas(st, "cublasLtMatmul");
 }
 
 }  // namespace fp8amp::kernels::cuda

@@ -63,7 +63,12 @@ ensure_abigail() {
   local sudo=""
   [ "$(id -u)" -eq 0 ] || sudo=sudo
   echo "installing abigail-tools (abidiff)"
-  $sudo apt-get update -qq && $sudo apt-get install -y -qq abigail-tools
+  $sudo apt-get update -qq && $sudo apt-get install -y -qq abigail-tools && return
+  # A machine with no package index (a GPU machine of the device runs): the check cannot run there,
+  # which ctest reports as SKIPPED (77), never as passed. tests/run_all.sh, and so CI, installs
+  # abigail-tools before it builds, so there it always runs.
+  echo "abigail-tools (abidiff) is not installed and cannot be installed here: ABI diff SKIPPED"
+  exit 77
 }
 
 has_debug_info() { readelf -S "$1" 2>/dev/null | grep -q '\.debug_info'; }
