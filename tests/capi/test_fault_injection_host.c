@@ -28,9 +28,10 @@
  * CUDA a refusal whose message is not fp8amp's own "out of host memory" (std::bad_alloc) is counted
  * and reported, not checked (cuBLASLt lets a refused allocation inside cublasLtMatmul out as
  * std::bad_alloc; kernels/cuda/gemm.cu names it as cuBLASLt's); fp8amp's own allocations are checked
- * as on the CPU. The CUDA variants ran so on an H100 (driver 580, CUDA 13.0) with every refusal
- * handled; FP8AMP_TEST_HOST_FAULTS_CUDA=0 turns them off (SKIPPED) for a driver that does not
- * handle a refused malloc gracefully. */
+ * as on the CPU. The CUDA variants are opt-in (FP8AMP_TEST_HOST_FAULTS_CUDA=1; SKIPPED otherwise):
+ * on an H100 (driver 580.159, CUDA 13.0, 2026-11-25) they found cuBLASLt's std::bad_alloc, then hung
+ * once refusals reached further into the CUDA runtime and driver, which do not all survive a refused
+ * malloc. Run them by hand, with a timeout, after changing how fp8amp calls CUDA. */
 #if !defined(_GNU_SOURCE)
 #define _GNU_SOURCE /* RTLD_NEXT */
 #endif
@@ -137,11 +138,13 @@ static void arm(long fail_at) {
 
 static void disarm(void) { __atomic_store_n(&h_armed, 0, __ATOMIC_SEQ_CST); }
 
-/* FP8AMP_TEST_HOST_FAULTS_CUDA=0 turns the CUDA variants off (see the top of the file). */
+/* The CUDA variants are opt-in (see the top of the file). */
 static void require_cuda_opt_in(fp8amp_device dev) {
     const char *env = getenv("FP8AMP_TEST_HOST_FAULTS_CUDA");
-    if (dev.type != FP8AMP_DEVICE_CUDA || !env || strcmp(env, "0") != 0) return;
-    print_message("FP8AMP_TEST_HOST_FAULTS_CUDA=0: skipping the CUDA variant\n");
+    if (dev.type != FP8AMP_DEVICE_CUDA || (env && strcmp(env, "1") == 0)) return;
+    print_message("the CUDA runtime and driver do not all survive a refused malloc (a run hung on an H100): "
+                  "set FP8AMP_TEST_HOST_FAULTS_CUDA=1 to run the CUDA variant (see the top of "
+                  "test_fault_injection_host.c)\n");
     skip();
 }
 
