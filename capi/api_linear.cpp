@@ -131,15 +131,16 @@ FP8AMP_API fp8amp_status fp8amp_linear_graph_replays(fp8amp_linear lin, uint64_t
 namespace {
 // fp8amp_opt_level_init and its FP8AMP_0 spelling: both descriptors are checked (sizes included)
 // before either is written.
-void opt_level_init(fp8amp_opt_level level, fp8amp_linear_desc *linear_desc, size_t linear_size,
-                    fp8amp_adam_desc *adam_desc, size_t adam_size) {
+// l: the caller's fp8amp_opt_level as the integer it holds (core/enums.hpp enum_value), so that an
+// out-of-range value is never loaded as the enum.
+void opt_level_init(int32_t l, fp8amp_linear_desc *linear_desc, size_t linear_size, fp8amp_adam_desc *adam_desc,
+                    size_t adam_size) {
     if (!linear_desc && !adam_desc) fail(FP8AMP_ERROR_INVALID_ARGUMENT, "linear_desc and adam_desc are both NULL");
-    const int32_t l = fp8amp::core::enum_value(level);
     if (l != FP8AMP_OPT_LEVEL_O1 && l != FP8AMP_OPT_LEVEL_O2 && l != FP8AMP_OPT_LEVEL_O3)
         fail(FP8AMP_ERROR_INVALID_ARGUMENT, "level " + std::to_string(l) + " is not O1, O2 or O3");
     fp8amp_linear_desc ld{};
     fp8amp_adam_desc ad{};
-    if (fp8amp_linear_desc_init(&ld, sizeof ld) != FP8AMP_SUCCESS || fp8amp_opt_level_adam_init(level, &ad, sizeof ad) != FP8AMP_SUCCESS)
+    if (fp8amp_linear_desc_init(&ld, sizeof ld) != FP8AMP_SUCCESS || fp8amp_opt_level_adam_init(static_cast<fp8amp_opt_level>(l), &ad, sizeof ad) != FP8AMP_SUCCESS)
         fail(FP8AMP_ERROR_INTERNAL, "filling the defaults failed");
     ld.weight_dtype = l == FP8AMP_OPT_LEVEL_O3 ? FP8AMP_DTYPE_E4M3 : FP8AMP_DTYPE_F16;
     ld.wgrad_dtype = FP8AMP_DTYPE_E4M3;
@@ -153,13 +154,13 @@ void opt_level_init(fp8amp_opt_level level, fp8amp_linear_desc *linear_desc, siz
 
 FP8AMP_API fp8amp_status fp8amp_opt_level_init(fp8amp_opt_level level, fp8amp_linear_desc *linear_desc, size_t linear_size,
                                                fp8amp_adam_desc *adam_desc, size_t adam_size) {
-    FP8AMP_GUARD({ opt_level_init(level, linear_desc, linear_size, adam_desc, adam_size); });
+    FP8AMP_GUARD({ opt_level_init(fp8amp::core::enum_value(level), linear_desc, linear_size, adam_desc, adam_size); });
 }
 
 FP8AMP_API fp8amp_status(fp8amp_opt_level_config)(fp8amp_opt_level level, fp8amp_linear_desc *linear_desc,
                                                   fp8amp_adam_desc *adam_desc) {
     FP8AMP_GUARD({
-        opt_level_init(level, linear_desc, fp8amp::kReleased010LinearDesc, adam_desc, fp8amp::kReleased010AdamDesc);
+        opt_level_init(fp8amp::core::enum_value(level), linear_desc, fp8amp::kReleased010LinearDesc, adam_desc, fp8amp::kReleased010AdamDesc);
     });
 }
 

@@ -42,11 +42,11 @@ fp8amp_adam_desc default_adam_desc() {
     return d;
 }
 
-fp8amp_adam_desc level_adam_desc(fp8amp_opt_level level) {
-    // Read as an integer (core/enums.hpp): an out-of-range level must not be loaded as the enum.
-    const int32_t l = fp8amp::core::enum_value(level);
-    if (l != FP8AMP_OPT_LEVEL_O1 && l != FP8AMP_OPT_LEVEL_O2 && l != FP8AMP_OPT_LEVEL_O3)
-        fail(FP8AMP_ERROR_INVALID_ARGUMENT, "level " + std::to_string(l) + " is not O1, O2 or O3");
+// level: the caller's fp8amp_opt_level, taken as the integer it holds (core/enums.hpp enum_value):
+// an out-of-range value must not be loaded as the enum, not even to pass it on.
+fp8amp_adam_desc level_adam_desc(int32_t level) {
+    if (level != FP8AMP_OPT_LEVEL_O1 && level != FP8AMP_OPT_LEVEL_O2 && level != FP8AMP_OPT_LEVEL_O3)
+        fail(FP8AMP_ERROR_INVALID_ARGUMENT, "level " + std::to_string(level) + " is not O1, O2 or O3");
     fp8amp_adam_desc d = default_adam_desc();
     if (level != FP8AMP_OPT_LEVEL_O1) {
         d.exp_avg_dtype = FP8AMP_DTYPE_E4M3;
@@ -97,14 +97,14 @@ FP8AMP_API fp8amp_status(fp8amp_adam_desc_init_default)(fp8amp_adam_desc *desc) 
 FP8AMP_API fp8amp_status fp8amp_opt_level_adam_init(fp8amp_opt_level level, fp8amp_adam_desc *desc, size_t size) {
     FP8AMP_GUARD({
         require(desc, "desc");
-        fp8amp::write_sized(desc, size, level_adam_desc(level), "fp8amp_adam_desc");
+        fp8amp::write_sized(desc, size, level_adam_desc(fp8amp::core::enum_value(level)), "fp8amp_adam_desc");
     });
 }
 
 FP8AMP_API fp8amp_status(fp8amp_opt_level_adam_config)(fp8amp_opt_level level, fp8amp_adam_desc *desc) {
     FP8AMP_GUARD({
         require(desc, "desc");
-        fp8amp::write_sized(desc, fp8amp::kReleased010AdamDesc, level_adam_desc(level), "fp8amp_adam_desc");
+        fp8amp::write_sized(desc, fp8amp::kReleased010AdamDesc, level_adam_desc(fp8amp::core::enum_value(level)), "fp8amp_adam_desc");
     });
 }
 

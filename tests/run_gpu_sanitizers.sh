@@ -72,7 +72,11 @@ for tool in "${tools[@]}"; do
   # (The Python binding's pytest suite calls the same entry points through CFFI and runs PyTorch's
   # own kernels besides; PYTHON=1 adds it under memcheck only, where it takes minutes.)
   items=()
-  for test in "$build"/tests/capi/test_*; do [ -x "$test" ] && [ -f "$test" ] && items+=("$(basename "$test")"); done
+  # test_fault_injection_host is not run here: it replaces malloc, which the tool's injected library
+  # does not survive (the process dies before its first CUDA call), and its CUDA variants are opt-in.
+  for test in "$build"/tests/capi/test_*; do
+    [ -x "$test" ] && [ -f "$test" ] && [ "$(basename "$test")" != test_fault_injection_host ] && items+=("$(basename "$test")")
+  done
   for name in "${items[@]}" reference_cuda; do
     while [ "$(jobs -rp | wc -l)" -ge "$jobs" ]; do wait -n; done
     if [ "$name" = reference_cuda ]; then

@@ -62,9 +62,10 @@ for config in "${configs[@]}"; do
       sanitize="thread"
       # Processes not built with TSan cannot load a TSan library: clang 14's shared TSan runtime
       # crashes at startup, so there is nothing to preload into Python (python.bindings and the
-      # ml_dtypes reference) or into the install check's plain-cc consumer. They run under
-      # ASan+UBSan above; every CMocka test, test_threads.c included, runs here.
-      exclude="^(python\.bindings|reference\..*|install\.consumer)$" ;;
+      # ml_dtypes reference) or into the plain-cc consumers of the install and old-binary checks
+      # (abidiff reads the library's debug info and runs no code of it). They run under ASan+UBSan
+      # above; every CMocka test, test_threads.c included, runs here.
+      exclude="^(python\.bindings|reference\..*|install\.consumer|abi\.old_binaries)$" ;;
     *) echo "unknown configuration '$config' (asan or tsan)" >&2; exit 2 ;;
   esac
   dir="build-$config"
