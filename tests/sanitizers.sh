@@ -11,39 +11,10 @@
 # Usage: tests/sanitizers.sh [asan|tsan]... (default: both)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-sudo=""
-[ "$(id -u)" -eq 0 ] || sudo=sudo
 configs=("$@")
 [ ${#configs[@]} -gt 0 ] || configs=(asan tsan)
 
-need=()
-command -v cmake >/dev/null || need+=(cmake)
-command -v ninja >/dev/null || need+=(ninja-build)
-command -v clang >/dev/null || need+=(clang)
-[ -f /usr/include/cmocka.h ] || need+=(libcmocka-dev)
-if [ ${#need[@]} -gt 0 ]; then
-  $sudo apt-get update -qq
-  $sudo apt-get install -y -qq "${need[@]}"
-fi
-# The runtimes come in a package named after clang's major version (Debian: libclang-rt-14-dev).
-runtime_dir=$(dirname "$(clang -print-file-name=libclang_rt.asan-x86_64.so)")
-if [ ! -f "$runtime_dir/libclang_rt.asan-x86_64.so" ] || [ ! -f "$runtime_dir/libclang_rt.tsan-x86_64.a" ]; then
-  major=$(clang -dumpversion | cut -d. -f1)
-  $sudo apt-get update -qq
-  $sudo apt-get install -y -qq "libclang-rt-$major-dev"
-fi
-if ! python3 -c "import numpy, ml_dtypes" 2>/dev/null; then
-  python3 -m pip install -q numpy ml_dtypes 2>/dev/null \
-    || { $sudo apt-get update -qq && $sudo apt-get install -y -qq python3-numpy python3-ml-dtypes; }
-fi
-# The Python binding's build and tests (ctest python.bindings, run under ASan), as tests/run_all.sh.
-if ! python3 -c "import cffi, pytest, setuptools, wheel" 2>/dev/null; then
-  python3 -m pip install -q cffi pytest setuptools wheel 2>/dev/null \
-    || { $sudo apt-get update -qq && $sudo apt-get install -y -qq python3-cffi python3-pytest python3-setuptools python3-wheel; }
-fi
-if ! python3 -c "import sysconfig, os, sys; sys.exit(not os.path.exists(os.path.join(sysconfig.get_paths()['include'], 'Python.h')))"; then
-  $sudo apt-get update -qq && $sudo apt-get install -y -qq python3-dev
-fi
+. tests/install_deps.sh clang python
 
 # Tests that ask for impossible sizes expect OUT_OF_MEMORY, so the allocators return NULL rather
 # than abort. A TSan report must fail the test (halt_on_error) like an ASan/UBSan one does.

@@ -14,19 +14,7 @@ shift || true
 targets=("$@")
 [ ${#targets[@]} -gt 0 ] || targets=(fuzz_capi fuzz_checkpoint fuzz_dlpack)
 
-sudo=""
-[ "$(id -u)" -eq 0 ] || sudo=sudo
-need=()
-command -v clang >/dev/null || need+=(clang)
-command -v clang++ >/dev/null || need+=(clang)
-command -v cmake >/dev/null || need+=(cmake)
-command -v ninja >/dev/null || need+=(ninja-build)
-# libFuzzer and the sanitizer runtimes of Debian's clang 14.
-ls /usr/lib/llvm-14/lib/clang/*/lib/linux/libclang_rt.fuzzer-x86_64.a >/dev/null 2>&1 || need+=(libclang-rt-14-dev)
-if [ ${#need[@]} -gt 0 ]; then
-  $sudo apt-get update -qq
-  $sudo apt-get install -y -qq "${need[@]}"
-fi
+. tests/install_deps.sh clang
 
 jobs=$(nproc)
 [ "$jobs" -le 2 ] || jobs=$((jobs - 1))

@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# Installs what the test jobs need when it is missing, on Debian/Ubuntu, as root or through sudo
+# (sourced by tests/run_all.sh, tests/sanitizers.sh and tests/fuzz/run.sh; one list, one place).
+#   . tests/install_deps.sh [clang] [python]
+# Always: CMake, Ninja, a C/C++ compiler, pkg-config, CMocka, abigail-tools (the ABI check).
+# clang: clang and its sanitizer and libFuzzer runtimes (Debian: libclang-rt-<major>-dev).
+# python: numpy and ml_dtypes (the reference checks), cffi, pytest, setuptools, wheel and Python's
+# headers (the binding's build and tests), through pip, or apt where pip cannot install them.
+fp8amp_sudo=""
+[ "$(id -u)" -eq 0 ] || fp8amp_sudo=sudo
+fp8amp_need=()
+command -v cmake >/dev/null || fp8amp_need+=(cmake)
+command -v ninja >/dev/null || fp8amp_need+=(ninja-build)
+command -v cc >/dev/null || fp8amp_need+=(build-essential)
+command -v pkg-config >/dev/null || fp8amp_need+=(pkg-config)
+[ -f /usr/include/cmocka.h ] || fp8amp_need+=(libcmocka-dev)
+command -v abidiff >/dev/null || fp8amp_need+=(abigail-tools)
+case " $* " in *" clang "*)
+  command -v clang >/dev/null && command -v clang++ >/dev/null || fp8amp_need+=(clang) ;;
+esac
+if [ ${#fp8amp_need[@]} -gt 0 ]; then
+  $fp8amp_sudo apt-get update -qq
+  $fp8amp_sudo apt-get install -y -qq "${fp8amp_need[@]}"
+fi
+case " $* " in *" clang "*)
+  fp8amp_rt=$(dirname "$(clang -print-file-name=libclang_rt.asan-x86_64.so)")
+  if [ ! -f "$fp8amp_rt/libclang_rt.asan-x86_64.so" ] || [ ! -f "$fp8amp_rt/libclang_rt.tsan-x86_64.a" ] \
+     || [ ! -f "$fp8amp_rt/libclang_rt.fuzzer-x86_64.a" ]; then
+    $fp8amp_sudo apt-get update -qq
+    $fp8amp_sudo apt-get install -y -qq "libclang-rt-$(clang -dumpversion | cut -d. -f1)-dev"
+  fi ;;
+esac
+case " $* " in *" python "*)
+  if ! python3 -c "import numpy, ml_dtypes" 2>/dev/null; then
+    python3 -m pip install -q numpy ml_dtypes 2>/dev/null \
+      || { $fp8amp_sudo apt-get update -qq && $fp8amp_sudo apt-get install -y -qq python3-numpy python3-ml-dtypes; }
+  fi
+  if ! python3 -c "import cffi, pytest, setuptools, wheel" 2>/dev/null; then
+    python3 -m pip install -q cffi pytest setuptools wheel 2>/dev/null \
+      || { $fp8amp_sudo apt-get update -qq \
+           && $fp8amp_sudo apt-get install -y -qq python3-cffi python3-pytest python3-setuptools python3-wheel; }
+  fi
+  if ! python3 -c "import sysconfig, os, sys; sys.exit(not os.path.exists(os.path.join(sysconfig.get_paths()['include'], 'Python.h')))"; then
+    $fp8amp_sudo apt-get update -qq && $fp8amp_sudo apt-get install -y -qq python3-dev
+  fi ;;
+esac
