@@ -4,7 +4,8 @@
 # A GPU-only job (CI has no GPU): run it on a GPU machine before a kernel change lands, and quote
 # its summaries (docs/reliability.md). Usage: tests/run_gpu_sanitizers.sh [tool ...]
 #   (default tools: memcheck racecheck synccheck)
-# Env: LOGS (one log per tool and test, and summary.txt; default build-gpu/sanitizers),
+# Env: LOGS (one log per tool and test, and summary.txt; default build-gpu/sanitizers), ONLY (a
+# space-separated list of the executables to run, reference_cuda included; default: all),
 # BUILD (an existing CUDA build dir with the tests;
 # default: configure and build build-gpu), TIMEOUT (seconds per test and tool, default 300),
 # CMOCKA_PREFIX / WHEELS as in tests/gpu_env.sh.
@@ -77,7 +78,17 @@ for tool in "${tools[@]}"; do
   for test in "$build"/tests/capi/test_*; do
     [ -x "$test" ] && [ -f "$test" ] && [ "$(basename "$test")" != test_fault_injection_host ] && items+=("$(basename "$test")")
   done
-  for name in "${items[@]}" reference_cuda; do
+  # ONLY="test_optimizer ...": just those executables (e.g. racecheck of test_optimizer alone, which
+  # took more than 330 s on an H100: TIMEOUT=1500 ONLY=test_optimizer tests/run_gpu_sanitizers.sh racecheck).
+  items+=(reference_cuda)
+  if [ -n "${ONLY:-}" ]; then
+    kept=()
+    for name in "${items[@]}"; do
+      case " $ONLY " in *" $name "*) kept+=("$name") ;; esac
+    done
+    items=("${kept[@]}")
+  fi
+  for name in "${items[@]}"; do
     while [ "$(jobs -rp | wc -l)" -ge "$jobs" ]; do wait -n; done
     if [ "$name" = reference_cuda ]; then
       run_one "$tool" "$name" python3 tests/reference/codecs_vs_ml_dtypes.py "$lib" cuda &
