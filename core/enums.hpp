@@ -21,14 +21,13 @@ int32_t enum_value(const Enum &field) {
     return v;
 }
 
-// The enum holding integer v, stored without a conversion to the enum type (a static_cast of a value
-// outside the enum's range is itself undefined); validate it with enum_value before use.
+// Stores integer v into an enum field without a conversion to the enum type (a static_cast of a
+// value outside the enum's range is itself undefined, and so is returning such an enum by value: a
+// load). Validate the field with enum_value before it is used as the enum.
 template <class Enum>
-Enum enum_from_int(int32_t v) {
+void store_enum(Enum &field, int32_t v) {
     static_assert(sizeof(Enum) == sizeof(int32_t), "fp8amp's enums are 32-bit");
-    Enum e;
-    std::memcpy(&e, &v, sizeof e);
-    return e;
+    std::memcpy(&field, &v, sizeof field);
 }
 
 }  // namespace fp8amp::core

@@ -520,8 +520,8 @@ void Optimizer::load(const unsigned char *data, size_t size) {
     d.eps = r.f32("desc");
     d.weight_decay = r.f32("desc");
     d.maximize = r.i32("desc");
-    d.exp_avg_dtype = enum_from_int<fp8amp_dtype>(r.i32("desc"));  // no cast of an unchecked value
-    d.exp_avg_sq_dtype = enum_from_int<fp8amp_dtype>(r.i32("desc"));
+    store_enum(d.exp_avg_dtype, r.i32("desc"));  // no cast of an unchecked value
+    store_enum(d.exp_avg_sq_dtype, r.i32("desc"));
     d.master_dtype = r.i32("desc");
     d.state_block_size = r.i32("desc");
     d.max_grad_norm = r.f32("desc");
@@ -681,6 +681,22 @@ void Optimizer::load(const unsigned char *data, size_t size) {
                                                         num(codec::bits_f32(bits)) + " is negative or NaN");
             }
             std::memcpy(plan.meta.data() + sizeof s, history, 4u * s.history_len);
+        }
+        // The parameter's values, as the step reads them (its code times its tensor's scale_inv), are
+        // finite: the step never makes a non-finite one (a step with a non-finite gradient is skipped),
+        // and a non-finite one would turn m, v and the master non-finite at the next step.
+        {
+            const size_t es = fp8amp_dtype_size(p.dtype());
+            const float inv = has_meta ? plan.slot : 1.0f;
+            for (int64_t j = 0; j < numel; ++j) {
+                uint32_t code = 0;  // the blob's arrays are not aligned: copy the element out first
+                std::memcpy(&code, plan.param + static_cast<size_t>(j) * es, es);
+                const float x = adam::fmul(adam::load_value(&code, p.dtype(), 0), inv);
+                if (!(x <= FLT_MAX && x >= -FLT_MAX))
+                    fail(FP8AMP_ERROR_CORRUPT_DATA, "checkpoint " + who + ": parameter element " + std::to_string(j) + " is " +
+                                                        num(x) + (has_meta ? " (code times its tensor's scale_inv)" : "") +
+                                                        ", not finite");
+            }
         }
         const size_t scale_bytes = static_cast<size_t>(e.nscales) * 4;
         plan.m = r.take(e.m->nbytes(), "m");

@@ -317,6 +317,7 @@ static void fix_crc(unsigned char *blob, size_t n) { put_u32(blob + n - 4, crc32
 
 /* Offsets of the fields of one parameter in a checkpoint (docs/api.md 12.6). 0: absent. */
 typedef struct {
+    int32_t dtype;
     int64_t numel, nscales;
     size_t meta_flag, data, slot, meta, history, m, m_scale, v, v_scale, master, master_scale;
     uint32_t history_len;
@@ -346,6 +347,7 @@ static ck_layout parse(const unsigned char *b, size_t n) {
         ck_param *q = &L.p[k];
         const int32_t pd = (int32_t)get_u32(b + at), ndim = (int32_t)get_u32(b + at + 8);
         at += 12;
+        q->dtype = pd;
         q->numel = 1;
         for (int32_t d = 0; d < ndim; ++d, at += 8) q->numel *= (int64_t)get_u64(b + at);
         q->meta_flag = at;
@@ -458,6 +460,33 @@ static void invalid_values(const ck_layout *L, const unsigned char *ck, crafted_
             add(l, "meta stats_enabled 2", q->meta + kMetaStats, 4, 2, "stats_enabled", w);
             add(l, "history NaN", q->history + 4 * pick(q->history_len), 4, 0x7FC00001u, "history", w);
             add(l, "history negative", q->history + 4 * pick(q->history_len), 4, fbits(-0.5f), "history", w);
+        }
+        {
+            /* the parameter's own values: a NaN and an infinity in its dtype (E4M3 has no infinity) */
+            const size_t es = dtype_size(q->dtype);
+            const size_t at = q->data + es * pick(q->numel), at2 = q->data + es * pick(q->numel);
+            switch (q->dtype) {
+            case FP8AMP_DTYPE_F32:
+                add(l, "param NaN", at, 4, 0x7FC00000u, "parameter element", w);
+                add(l, "param -inf", at2, 4, fbits(-INFINITY), "parameter element", w);
+                break;
+            case FP8AMP_DTYPE_BF16:
+                add(l, "param NaN", at, 2, 0x7FC1, "parameter element", w);
+                add(l, "param +inf", at2, 2, 0x7F80, "parameter element", w);
+                break;
+            case FP8AMP_DTYPE_F16:
+                add(l, "param NaN", at, 2, 0x7E00, "parameter element", w);
+                add(l, "param -inf", at2, 2, 0xFC00, "parameter element", w);
+                break;
+            case FP8AMP_DTYPE_E4M3:
+                add(l, "param NaN", at, 1, 0x7F, "parameter element", w);
+                add(l, "param -NaN", at2, 1, 0xFF, "parameter element", w);
+                break;
+            default: /* E5M2 */
+                add(l, "param NaN", at, 1, 0x7E, "parameter element", w);
+                add(l, "param +inf", at2, 1, 0x7C, "parameter element", w);
+                break;
+            }
         }
         if (L->m8) {
             add(l, "m code NaN", q->m + pick(q->numel), 1, 0x7F, "m element", w);

@@ -28,8 +28,8 @@ size_t fuzz_dtype_size(int dtype) { return fp8amp_dtype_size((fp8amp_dtype)dtype
 const char *fuzz_dtype_name(int dtype) { return fp8amp_dtype_name((fp8amp_dtype)dtype); }
 const char *fuzz_status_name(int status) { return fp8amp_status_name((fp8amp_status)status); }
 fp8amp_status fuzz_opt_level_adam_config(int level, fp8amp_adam_desc *desc) {
-    return fp8amp_opt_level_adam_config((fp8amp_opt_level)level, desc);
+    return (fp8amp_opt_level_adam_config)((fp8amp_opt_level)level, desc); /* the FP8AMP_0 entry point */
 }
 fp8amp_status fuzz_opt_level_config(int level, fp8amp_linear_desc *ld, fp8amp_adam_desc *ad) {
-    return fp8amp_opt_level_config((fp8amp_opt_level)level, ld, ad);
+    return (fp8amp_opt_level_config)((fp8amp_opt_level)level, ld, ad); /* the FP8AMP_0 entry point */
 }

@@ -30,10 +30,10 @@ namespace fuzz {
 // Sets the thread's message to one that `function` cannot write (a failure of another function),
 // so that a failing call of `function` is seen to set a new message of its own.
 inline void poison_message(const char *function) {
-    if (std::strcmp(function, "fp8amp_recipe_init_default") != 0)
-        fp8amp_recipe_init_default(nullptr);
+    if (std::strcmp(function, "fp8amp_context_device") != 0)
+        fp8amp_context_device(nullptr, nullptr);
     else
-        fp8amp_adam_desc_init_default(nullptr);
+        fp8amp_tensor_nbytes(nullptr, nullptr);
 }
 
 // The statuses bad input may give: specific ones, never INTERNAL (nor an unknown value).

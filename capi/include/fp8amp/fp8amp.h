@@ -753,7 +753,7 @@ FP8AMP_API fp8amp_status fp8amp_optimizer_save(fp8amp_optimizer opt, void *buffe
  *  12.6 lists them: flags 0/1, hyperparameters as at create, a step count in 0..2^62, m finite, v
  *  finite and >= 0, the master finite -- each as code times its block scale --, block scales powers
  *  of two in [2^-126, 2^126], a meta's scale normal with scale_inv = 1/scale, amaxes >= 0, ...), the
- *  message naming the field and the parameter. Parameter values are restored as stored.
+ *  message naming the field and the parameter. Parameter elements must be finite too.
  *  Statuses: SUCCESS; INVALID_HANDLE; INVALID_ARGUMENT (NULL data, a parameter's meta re-bound since
  *  add_param); CORRUPT_DATA (truncated, bad magic or endianness marker, checksum mismatch,
  *  inconsistent sizes, a value outside its field's domain); NOT_SUPPORTED (a
