@@ -312,10 +312,7 @@ static inline void rig_snap(const rig_t *r, snap_t *s, int with_first_rows) {
         if (r->metas[role]) snap_meta(s, role_names[role], r->metas[role]);
     if (r->opt) {
         size_t size = 0;
-        unsigned char *buf;
-        EXPECT_OK(fp8amp_optimizer_save(r->opt, NULL, 0, &size));
-        buf = xmalloc(size);
-        EXPECT_OK(fp8amp_optimizer_save(r->opt, buf, size, &size));
+        unsigned char *buf = save_all(r->opt, &size);
         snap_add(s, "optimizer save", buf, size);
         free(buf);
     }

@@ -208,15 +208,6 @@ static void problem_free(problem *pb) {
     EXPECT_OK(fp8amp_context_destroy(pb->ctx));
 }
 
-static unsigned char *save_all(fp8amp_optimizer opt, size_t *size) {
-    EXPECT_OK(fp8amp_optimizer_save(opt, NULL, 0, size));
-    unsigned char *buf = xmalloc(*size);
-    size_t written = 0;
-    EXPECT_OK(fp8amp_optimizer_save(opt, buf, *size, &written));
-    assert_int_equal(written, *size);
-    return buf;
-}
-
 static double **alloc_arrays(int n, const int64_t *numel) {
     double **a = xmalloc(sizeof(double *) * MAXP);
     for (int k = 0; k < MAXP; ++k) a[k] = k < n ? xmalloc(sizeof(double) * (size_t)numel[k]) : NULL;

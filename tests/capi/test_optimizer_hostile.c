@@ -17,15 +17,6 @@
 
 /* ---- small helpers ------------------------------------------------------------------------------ */
 
-static unsigned char *save_all(fp8amp_optimizer opt, size_t *size) {
-    EXPECT_OK(fp8amp_optimizer_save(opt, NULL, 0, size));
-    unsigned char *buf = xmalloc(*size);
-    size_t written = 0;
-    EXPECT_OK(fp8amp_optimizer_save(opt, buf, *size, &written));
-    assert_int_equal(written, *size);
-    return buf;
-}
-
 static size_t dtype_size(int32_t dt) { return dt == FP8AMP_DTYPE_F32 ? 4 : (dt == FP8AMP_DTYPE_E4M3 || dt == FP8AMP_DTYPE_E5M2) ? 1 : 2; }
 
 /* Random F32 values in [-1, 1) into an F32 tensor of n elements. */

@@ -156,4 +156,14 @@ static inline size_t tensor_bytes(fp8amp_tensor t) {
     return n;
 }
 
+/* An optimizer's whole checkpoint (fp8amp_optimizer_save), in a buffer the caller frees. */
+static inline unsigned char *save_all(fp8amp_optimizer opt, size_t *size) {
+    EXPECT_OK(fp8amp_optimizer_save(opt, NULL, 0, size));
+    unsigned char *buf = xmalloc(*size);
+    size_t written = 0;
+    EXPECT_OK(fp8amp_optimizer_save(opt, buf, *size, &written));
+    assert_int_equal(written, *size);
+    return buf;
+}
+
 #endif
