@@ -258,15 +258,20 @@ void GraphReplay::run(const Context &ctx, const LaunchList &list, float *cpu_scr
     auto launching = [launched] {
         if (launched) *launched = true;
     };
+    // Every path that runs the list step by step first makes its GEMM plans (LaunchList::prepare: the
+    // host allocations, before the first launch); a replayed graph needs none, so the steady state
+    // makes no plan look-up at all.
     if (!enabled_ || !ctx.is_cuda() || list.size() == 0) {
+        list.prepare(ctx);
         launching();
         return list.run(ctx, ctx.stream(), cpu_scratch);
     }
-    reserve();  // allocates only if the caller did not reserve() first
+    reserve();  // the bookkeeping's fixed capacity (a no-op after the first call)
     const int device = ctx.device().index;
     void *stream = ctx.stream();
     // The application is capturing its own stream: these launches belong in its graph.
     if (kernels::cuda::stream_is_capturing(device, stream)) {
+        list.prepare(ctx);
         launching();
         return list.run(ctx, stream);
     }
@@ -280,6 +285,7 @@ void GraphReplay::run(const Context &ctx, const LaunchList &list, float *cpu_scr
             return;
         }
     }
+    list.prepare(ctx);  // it runs step by step below: eagerly, or into a capture
     const auto seen = std::find(seen_.begin(), seen_.end(), list);
     if (seen == seen_.end()) {  // first sighting: run it, remember it
         launching();

@@ -78,15 +78,16 @@ private:
 class GraphReplay {
 public:
     explicit GraphReplay(bool enabled) : enabled_(enabled) {}
-    // Makes the host memory run() needs for its bookkeeping (a failure here changes nothing): after
-    // it, run() allocates on the host only while capturing, before anything is launched.
-    void reserve();
+    // Runs the list: a captured graph replayed, or its steps (after LaunchList::prepare) eagerly or
+    // into a capture. Every host allocation of fp8amp's own comes before the first launch.
     // launched (if given) is set just before the first of the list's work is launched on the caller's
     // stream (a failure before it -- a capture that ran out of memory -- left that stream untouched).
     void run(const Context &ctx, const LaunchList &list, float *cpu_scratch = nullptr, bool *launched = nullptr);
     uint64_t replays() const { return replays_; }
 
 private:
+    // The bookkeeping's fixed capacity, made before anything is launched (no-op once made).
+    void reserve();
     static constexpr size_t kGraphs = 4, kSeen = 4;
     struct Graph {
         LaunchList list;

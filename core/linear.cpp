@@ -237,21 +237,18 @@ Tensor &Linear::saved_buffer(std::shared_ptr<Tensor> &slot, std::shared_ptr<Tens
     return buffer(pending, dtype, rows, cols, meta);
 }
 
-// Every host allocation of the call happens here, before its first step runs: the CPU kernels' scratch,
-// the cuBLASLt plans (CUDA) and the replay's bookkeeping. Once a step ran (a quantize records its amax
-// into a meta, the GEMMs write the outputs), a std::bad_alloc could no longer leave the call's state
-// unchanged (issue 22).
+// Every host allocation of the call happens before its first step runs: the CPU kernels' scratch
+// here, the cuBLASLt plans and the replay's bookkeeping in GraphReplay::run. Once a step ran (a
+// quantize records its amax into a meta, the GEMMs write the outputs), a std::bad_alloc could no
+// longer leave the call's state unchanged (issue 22).
 void Linear::run_steps(GraphReplay &replay, bool *launched) {
-    if (ctx_->is_cuda()) {
-        steps_.prepare(*ctx_);
-    } else {
+    if (!ctx_->is_cuda()) {
         const size_t need = steps_.cpu_scratch_floats();
         if (cpu_scratch_.size() < need) {
             std::vector<float>().swap(cpu_scratch_);  // the old block goes back first
             cpu_scratch_.resize(need);
         }
     }
-    replay.reserve();
     replay.run(*ctx_, steps_, cpu_scratch_.data(), launched);
 }
 
