@@ -628,16 +628,6 @@ static void test_scaler_unscales_exactly(void **state) {
 
 /* ---- checkpoints --------------------------------------------------------------------------------- */
 
-/* CRC-32 (zlib's) computed bit by bit, independent of the library's table. */
-static uint32_t crc32_bitwise(const unsigned char *p, size_t n) {
-    uint32_t c = 0xFFFFFFFFu;
-    for (size_t i = 0; i < n; ++i) {
-        c ^= p[i];
-        for (int k = 0; k < 8; ++k) c = (c >> 1) ^ (0xEDB88320u & (0u - (c & 1u)));
-    }
-    return ~c;
-}
-
 static void put_u32(unsigned char *p, uint32_t v) {
     for (int k = 0; k < 4; ++k) p[k] = (unsigned char)(v >> (8 * k));
 }

@@ -294,16 +294,6 @@ static uint32_t get_u32(const unsigned char *p) {
 
 static uint64_t get_u64(const unsigned char *p) { return (uint64_t)get_u32(p) | (uint64_t)get_u32(p + 4) << 32; }
 
-/* CRC-32 (zlib's) computed bit by bit, independent of the library's table. */
-static uint32_t crc32_bitwise(const unsigned char *p, size_t n) {
-    uint32_t c = 0xFFFFFFFFu;
-    for (size_t i = 0; i < n; ++i) {
-        c ^= p[i];
-        for (int k = 0; k < 8; ++k) c = (c >> 1) ^ (0xEDB88320u & (0u - (c & 1u)));
-    }
-    return ~c;
-}
-
 static void fix_crc(unsigned char *blob, size_t n) { put_u32(blob + n - 4, crc32_bitwise(blob, n - 4)); }
 
 /* Offsets of the fields of one parameter in a checkpoint (docs/api.md 12.6). 0: absent. */

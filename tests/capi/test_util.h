@@ -166,4 +166,14 @@ static inline unsigned char *save_all(fp8amp_optimizer opt, size_t *size) {
     return buf;
 }
 
+/* CRC-32 (zlib's) computed bit by bit, independent of the library's table. */
+static inline uint32_t crc32_bitwise(const unsigned char *p, size_t n) {
+    uint32_t c = 0xFFFFFFFFu;
+    for (size_t i = 0; i < n; ++i) {
+        c ^= p[i];
+        for (int k = 0; k < 8; ++k) c = (c >> 1) ^ (0xEDB88320u & (0u - (c & 1u)));
+    }
+    return ~c;
+}
+
 #endif
