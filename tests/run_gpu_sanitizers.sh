@@ -8,7 +8,7 @@
 # space-separated list of the executables to run, reference_cuda included; default: all),
 # BUILD (an existing CUDA build dir with the tests;
 # default: configure and build build-gpu), TIMEOUT (seconds per test and tool, default 300),
-# CMOCKA_PREFIX / WHEELS as in tests/gpu_env.sh.
+# SHARDS (see below), CMOCKA_PREFIX / WHEELS as in tests/gpu_env.sh.
 # FP8AMP_TEST_SMALL=1 is set for every test: the few tests whose point is size (the optimizer's
 # 9M-element bit-identity runs, the batched scaling update over thousands of metas) shrink to sizes
 # that still cross the same boundaries, so that racecheck, which serializes shared-memory accesses,
@@ -79,7 +79,10 @@ for tool in "${tools[@]}"; do
     [ -x "$test" ] && [ -f "$test" ] && [ "$(basename "$test")" != test_fault_injection_host ] && items+=("$(basename "$test")")
   done
   # ONLY="test_optimizer ...": just those executables (e.g. racecheck of test_optimizer alone, which
-  # took more than 330 s on an H100: TIMEOUT=1500 ONLY=test_optimizer tests/run_gpu_sanitizers.sh racecheck).
+  # took more than 330 s on an H100 as one process). SHARDS=n splits each executable whose main uses
+  # run_tests_sharded (tests/capi/test_util.h) into n processes run at once, JOBS at a time; an odd n
+  # spreads the [cpu]/[cuda] pairs of DEVICE_TESTS over the shards:
+  #   SHARDS=7 JOBS=7 ONLY=test_optimizer tests/run_gpu_sanitizers.sh racecheck
   items+=(reference_cuda)
   if [ -n "${ONLY:-}" ]; then
     kept=()
@@ -92,6 +95,12 @@ for tool in "${tools[@]}"; do
     while [ "$(jobs -rp | wc -l)" -ge "$jobs" ]; do wait -n; done
     if [ "$name" = reference_cuda ]; then
       run_one "$tool" "$name" python3 tests/reference/codecs_vs_ml_dtypes.py "$lib" cuda &
+    elif [ "${SHARDS:-1}" -gt 1 ] && grep -q run_tests_sharded "tests/capi/$name.c" 2>/dev/null; then
+      # An executable whose main honours FP8AMP_TEST_SHARD runs as SHARDS processes, one shard each.
+      for ((i = 0; i < SHARDS; i++)); do
+        while [ "$(jobs -rp | wc -l)" -ge "$jobs" ]; do wait -n; done
+        FP8AMP_TEST_SHARD="$i/$SHARDS" run_one "$tool" "$name.shard$i" "$build/tests/capi/$name" &
+      done
     else
       run_one "$tool" "$name" "$build/tests/capi/$name" &
     fi

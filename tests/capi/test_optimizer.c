@@ -1370,5 +1370,5 @@ int main(void) {
         DEVICE_TESTS(test_state_bytes_per_parameter),
         DEVICE_TESTS(test_trains_an_fp8_linear),
     };
-    return cmocka_run_group_tests(tests, test_setup_rng, NULL);
+    return run_tests_sharded(tests, sizeof tests / sizeof tests[0], test_setup_rng, NULL);
 }
