@@ -368,30 +368,49 @@ static void quadratic_run(void **state, fp8amp_opt_level level, int32_t block, f
     free_arrays(p0), free_arrays(t), free_arrays(a), free_arrays(g), free_arrays(gr), free_arrays(cur);
 }
 
-static void test_o1_quadratic_low_precision_io(void **state) {
+/* The quadratic runs are split into tests of a few runs each (one pass of 400 steps per run) so that
+ * tests/run_gpu_sanitizers.sh can spread them over processes (SHARDS): under racecheck one run takes
+ * about a minute on an H100. */
+static void test_o1_quadratic_wide_io(void **state) {
     require_variant(state);
     quadratic_run(state, FP8AMP_OPT_LEVEL_O1, 128, FP8AMP_DTYPE_F32, FP8AMP_DTYPE_F32, 1e-4);
     quadratic_run(state, FP8AMP_OPT_LEVEL_O1, 128, FP8AMP_DTYPE_BF16, FP8AMP_DTYPE_BF16, 0.05);
     quadratic_run(state, FP8AMP_OPT_LEVEL_O1, 128, FP8AMP_DTYPE_F16, FP8AMP_DTYPE_F16, 0.02);
+}
+
+static void test_o1_quadratic_fp8_grads(void **state) {
+    require_variant(state);
     quadratic_run(state, FP8AMP_OPT_LEVEL_O1, 128, FP8AMP_DTYPE_F32, FP8AMP_DTYPE_E4M3, 0.05);
     quadratic_run(state, FP8AMP_OPT_LEVEL_O1, 128, FP8AMP_DTYPE_F32, FP8AMP_DTYPE_E5M2, 0.1);
+}
+
+static void test_o1_quadratic_scaled_f16(void **state) {
+    require_variant(state);
     quadratic_run(state, FP8AMP_OPT_LEVEL_O1, 128, F16S, FP8AMP_DTYPE_E4M3, 0.02); /* MS-AMP O1 */
     quadratic_run(state, FP8AMP_OPT_LEVEL_O1, 128, F16S, F16S, 0.02);
 }
 
-static void test_o2_quadratic_within_bounds(void **state) {
+static void test_o2_quadratic_block_sizes(void **state) {
     require_variant(state);
     quadratic_run(state, FP8AMP_OPT_LEVEL_O2, 128, FP8AMP_DTYPE_F32, FP8AMP_DTYPE_F32, 0.05);
     quadratic_run(state, FP8AMP_OPT_LEVEL_O2, 1024, FP8AMP_DTYPE_F32, FP8AMP_DTYPE_F32, 0.05);
     quadratic_run(state, FP8AMP_OPT_LEVEL_O2, 0, FP8AMP_DTYPE_F32, FP8AMP_DTYPE_F32, 0.08);
+}
+
+static void test_o2_quadratic_low_precision_io(void **state) {
+    require_variant(state);
     quadratic_run(state, FP8AMP_OPT_LEVEL_O2, 128, FP8AMP_DTYPE_BF16, FP8AMP_DTYPE_E4M3, 0.08);
     quadratic_run(state, FP8AMP_OPT_LEVEL_O2, 128, F16S, FP8AMP_DTYPE_E4M3, 0.05); /* MS-AMP O2 */
 }
 
-static void test_o3_quadratic_within_bounds(void **state) {
+static void test_o3_quadratic_fp8_params(void **state) {
     require_variant(state);
     quadratic_run(state, FP8AMP_OPT_LEVEL_O3, 128, FP8AMP_DTYPE_E4M3, FP8AMP_DTYPE_E4M3, 0.1);
     quadratic_run(state, FP8AMP_OPT_LEVEL_O3, 0, FP8AMP_DTYPE_E4M3, FP8AMP_DTYPE_F32, 0.1);
+}
+
+static void test_o3_quadratic_other_params(void **state) {
+    require_variant(state);
     quadratic_run(state, FP8AMP_OPT_LEVEL_O3, 256, FP8AMP_DTYPE_BF16, FP8AMP_DTYPE_BF16, 0.08);
     quadratic_run(state, FP8AMP_OPT_LEVEL_O3, 128, F16S, FP8AMP_DTYPE_E4M3, 0.08);
 }
@@ -1350,9 +1369,13 @@ int main(void) {
         DEVICE_TESTS(test_o1_adam_l2_matches_float64),
         DEVICE_TESTS(test_o1_maximize_matches_float64),
         DEVICE_TESTS(test_o1_clipping_matches_float64),
-        DEVICE_TESTS(test_o1_quadratic_low_precision_io),
-        DEVICE_TESTS(test_o2_quadratic_within_bounds),
-        DEVICE_TESTS(test_o3_quadratic_within_bounds),
+        DEVICE_TESTS(test_o1_quadratic_wide_io),
+        DEVICE_TESTS(test_o1_quadratic_fp8_grads),
+        DEVICE_TESTS(test_o1_quadratic_scaled_f16),
+        DEVICE_TESTS(test_o2_quadratic_block_sizes),
+        DEVICE_TESTS(test_o2_quadratic_low_precision_io),
+        DEVICE_TESTS(test_o3_quadratic_fp8_params),
+        DEVICE_TESTS(test_o3_quadratic_other_params),
         DEVICE_TESTS(test_skip_on_overflow_changes_nothing),
         DEVICE_TESTS(test_grad_scaler_semantics),
         DEVICE_TESTS(test_scaler_unscales_exactly),
