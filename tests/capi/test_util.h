@@ -3,6 +3,7 @@
 #ifndef FP8AMP_TEST_UTIL_H
 #define FP8AMP_TEST_UTIL_H
 
+#include <fnmatch.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -123,25 +124,34 @@ static inline int test_small(void) {
     return env && *env && strcmp(env, "0") != 0;
 }
 
-/* FP8AMP_TEST_SHARD=i/n: run only the tests whose position in the list is i modulo n, so that one
- * slow executable can be split across processes (tests/run_gpu_sanitizers.sh SHARDS=n runs
- * racecheck of test_optimizer as n processes at once). Unset, every test runs. A malformed value
- * fails the run rather than silently running nothing. Use as
+/* FP8AMP_TEST_FILTER=pattern: run only the tests whose name matches the shell pattern (fnmatch).
+ * FP8AMP_TEST_SHARD=i/n: of those, run only the ones whose position in the list is i modulo n, so that
+ * one slow executable can be split across processes (tests/run_gpu_sanitizers.sh SHARDS=n runs
+ * racecheck of test_optimizer as n processes at once). Unset, every test runs. A malformed shard or a
+ * pattern that matches nothing fails the run rather than silently running nothing. Use as
  *   return run_tests_sharded(tests, sizeof tests / sizeof tests[0], setup, teardown); */
 static inline int run_tests_sharded(const struct CMUnitTest *tests, size_t n, CMFixtureFunction setup,
                                     CMFixtureFunction teardown) {
-    const char *env = getenv("FP8AMP_TEST_SHARD");
-    if (!env || !*env) return _cmocka_run_group_tests("tests", tests, n, setup, teardown);
-    unsigned shard = 0, shards = 0;
+    const char *env = getenv("FP8AMP_TEST_SHARD"), *pattern = getenv("FP8AMP_TEST_FILTER");
+    if ((!env || !*env) && (!pattern || !*pattern)) return _cmocka_run_group_tests("tests", tests, n, setup, teardown);
+    unsigned shard = 0, shards = 1;
     char tail = 0;
-    if (sscanf(env, "%u/%u%c", &shard, &shards, &tail) != 2 || shards == 0 || shard >= shards) {
+    if (env && *env && (sscanf(env, "%u/%u%c", &shard, &shards, &tail) != 2 || shards == 0 || shard >= shards)) {
         fprintf(stderr, "FP8AMP_TEST_SHARD=%s: expected i/n with 0 <= i < n\n", env);
         return 1;
     }
     struct CMUnitTest *kept = (struct CMUnitTest *)calloc(n ? n : 1, sizeof *kept);
     if (!kept) return 1;
-    size_t m = 0;
-    for (size_t i = shard; i < n; i += shards) kept[m++] = tests[i];
+    size_t matched = 0, m = 0;
+    for (size_t i = 0; i < n; ++i) {
+        if (pattern && *pattern && fnmatch(pattern, tests[i].name, 0) != 0) continue;
+        if (matched++ % shards == shard) kept[m++] = tests[i];
+    }
+    if (matched == 0) {
+        fprintf(stderr, "FP8AMP_TEST_FILTER=%s matches no test\n", pattern);
+        free(kept);
+        return 1;
+    }
     int failed = _cmocka_run_group_tests("tests", kept, m, setup, teardown);
     free(kept);
     return failed;
