@@ -8,9 +8,7 @@
 #include "fp8amp/fp8amp.h"
 #include "boundary.hpp"
 #include "context.hpp"
-#include "error.hpp"
 #include "handles.hpp"
-#include "kernels.hpp"
 #include "ops.hpp"
 #include "scaling_meta.hpp"
 #include "struct_size.hpp"
@@ -95,14 +93,7 @@ FP8AMP_API const char *fp8amp_dtype_name(fp8amp_dtype dtype) {
 FP8AMP_API fp8amp_status fp8amp_device_count(fp8amp_device_type type, int32_t *count) {
     FP8AMP_GUARD({
         require(count, "count");
-        const int32_t t = fp8amp::core::enum_value(type);
-        if (t == FP8AMP_DEVICE_CPU) {
-            *count = 1;
-        } else if (t == FP8AMP_DEVICE_CUDA) {
-            *count = fp8amp::kernels::cuda::device_count(nullptr);
-        } else {
-            fail(FP8AMP_ERROR_INVALID_ARGUMENT, "unknown device type " + std::to_string(t));
-        }
+        *count = fp8amp::core::device_count(fp8amp::core::enum_value(type));
     });
 }
 

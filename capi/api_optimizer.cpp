@@ -6,7 +6,6 @@
 #include "fp8amp/fp8amp.h"
 #include "grad_scaler.hpp"
 #include "boundary.hpp"
-#include "kernels.hpp"
 #include "optimizer.hpp"
 #include "struct_size.hpp"
 #include "tensor.hpp"
@@ -291,11 +290,7 @@ FP8AMP_API fp8amp_status fp8amp_grad_scaler_update(fp8amp_grad_scaler scaler, fp
         if (!fp8amp::core::same_device(s->device(), o->device()))
             fail(FP8AMP_ERROR_DEVICE_MISMATCH, "scaler is on " + fp8amp::core::device_name(s->device()) + ", opt on " +
                                                    fp8amp::core::device_name(o->device()));
-        const auto &ctx = o->context();
-        if (ctx.is_cuda())
-            fp8amp::kernels::cuda::scaler_update(ctx.device().index, ctx.stream(), s->state(), s->config(), o->status_device());
-        else
-            fp8amp::kernels::cpu::scaler_update(s->state(), s->config(), o->status_device());
+        o->update_scaler(*s);
     });
 }
 

@@ -6,9 +6,8 @@
 #include <new>
 #include <string>
 
-#include "error.hpp"
 #include "fp8amp/fp8amp.h"
-#include "handles.hpp"
+#include "handles.hpp"  // core; with it fp8amp::Error (kernels/error.hpp, the vocabulary of every layer)
 
 namespace fp8amp::capi {
 

@@ -6,12 +6,11 @@
 #include <cstdlib>
 
 #include "enums.hpp"
-#include "kernels.hpp"
+#include "backend.hpp"  // kernels/backend.hpp
 
 namespace fp8amp::core {
 
 namespace {
-constexpr size_t kHostAlignment = 256;  // what cudaMalloc gives; lets every kernel vectorize
 // What fp8amp_alloc_fn promises (fp8amp.h): the kernels' vector loads and the optimizer's state
 // layout assume it, so a hook's block is checked against it.
 constexpr uintptr_t kHookAlignment = 256;
@@ -29,30 +28,29 @@ std::string device_name(const fp8amp_device &d) {
     return "unknown device type " + std::to_string(type);
 }
 
+int32_t device_count(int32_t type) {
+    const kernels::BackendType *backend = kernels::find_backend_type(type);
+    if (!backend) fail(FP8AMP_ERROR_INVALID_ARGUMENT, "unknown device type " + std::to_string(type));
+    return backend->device_count(nullptr);
+}
+
 Context::Context(fp8amp_device device) : device_(device) {
     // The caller's device.type is validated as an integer; only then is it loaded as the enum.
     const int32_t type = enum_value(device.type);
-    if (type != FP8AMP_DEVICE_CPU && type != FP8AMP_DEVICE_CUDA)
+    const kernels::BackendType *backend = kernels::find_backend_type(type);
+    if (!backend)
         fail(FP8AMP_ERROR_INVALID_ARGUMENT, "device.type " + std::to_string(type) + " is not an fp8amp_device_type");
-    if (device.type == FP8AMP_DEVICE_CPU) {
-        if (device.index != 0)
-            fail(FP8AMP_ERROR_INVALID_ARGUMENT, "a CPU device has index 0, not " + std::to_string(device.index));
-    } else if (device.type == FP8AMP_DEVICE_CUDA) {
-        if (device.index < 0)
-            fail(FP8AMP_ERROR_INVALID_ARGUMENT, "CUDA device index " + std::to_string(device.index) + " is negative");
-        kernels::cuda::check_device(device.index);
-    }
+    backend_ = backend->create(device.index);  // validates the index and that the device can be used
 }
 
+void *Context::stream() const { return backend_->stream(); }
+
 void Context::set_stream(void *stream) {
-    if (!is_cuda() && stream)
-        fail(FP8AMP_ERROR_INVALID_ARGUMENT, "a CPU context has no CUDA stream; pass NULL");
     // Memory this context reuses across calls (the GEMM workspace, the scratch slots) was last used in
     // the old stream's order: the new stream waits for what the old one has queued so far.
     bool shared_memory = gemm_workspace_ != nullptr;
     for (const auto &s : scratch_) shared_memory = shared_memory || s != nullptr;
-    if (is_cuda() && stream != stream_ && shared_memory) kernels::cuda::stream_join(device_.index, stream_, stream);
-    stream_ = stream;
+    backend_->set_stream(stream, shared_memory);
 }
 
 void Context::set_allocator(fp8amp_alloc_fn alloc_fn, fp8amp_free_fn free_fn, void *user_data) {
@@ -69,7 +67,7 @@ std::shared_ptr<Storage> Context::allocate(size_t nbytes) const {
         // The hooks and stream in force now are the ones that free this block, whatever comes later.
         const fp8amp_free_fn free_fn = free_fn_;
         void *const user = alloc_user_data_;
-        void *const stream = stream_;
+        void *const stream = backend_->stream();
         void *data = alloc_fn_(user, nbytes, device, stream);
         if (!data)
             fail(FP8AMP_ERROR_OUT_OF_MEMORY,
@@ -93,42 +91,21 @@ std::shared_ptr<Storage> Context::allocate(size_t nbytes) const {
             throw;
         }
     }
-    if (is_cuda()) {
-        void *data = kernels::cuda::malloc(device.index, nbytes);
-        try {
-            return std::make_shared<Storage>(data, nbytes, device, [=] { kernels::cuda::free(device.index, data); });
-        } catch (...) {
-            kernels::cuda::free(device.index, data);
-            throw;
-        }
-    }
-    // Sizes beyond PTRDIFF_MAX cannot be addressed as one object: refuse them before the allocator.
-    const size_t rounded = (nbytes + kHostAlignment - 1) / kHostAlignment * kHostAlignment;
-    void *data = (rounded >= nbytes && rounded <= static_cast<size_t>(PTRDIFF_MAX))
-                     ? std::aligned_alloc(kHostAlignment, rounded)
-                     : nullptr;
-    if (!data) fail(FP8AMP_ERROR_OUT_OF_MEMORY, "cannot allocate " + std::to_string(nbytes) + " bytes of host memory");
+    // No hook: the backend's own allocator. The block holds the backend, which frees it.
+    const std::shared_ptr<kernels::Backend> backend = backend_;
+    void *data = backend->malloc(nbytes);
     try {
-        return std::make_shared<Storage>(data, nbytes, device, [data] { std::free(data); });
+        return std::make_shared<Storage>(data, nbytes, device, [backend, data] { backend->free(data); });
     } catch (...) {
-        std::free(data);
+        backend->free(data);
         throw;
     }
 }
 
-void Context::synchronize() const {
-    if (is_cuda()) kernels::cuda::synchronize(device_.index, stream_);
-}
-
-kernels::cuda::GemmEngine &Context::gemm_engine() const {
-    if (!gemm_engine_) gemm_engine_ = kernels::cuda::gemm_engine_create(device_.index);
-    return *gemm_engine_;
-}
+void Context::synchronize() const { backend_->synchronize(); }
 
 Storage &Context::gemm_workspace() const {
-    // 32 MiB: what cuBLASLt's Hopper kernels ask for at most (PyTorch and Transformer Engine use the same).
-    constexpr size_t kWorkspaceBytes = size_t{32} << 20;
-    if (!gemm_workspace_) gemm_workspace_ = allocate(kWorkspaceBytes);
+    if (!gemm_workspace_) gemm_workspace_ = allocate(backend_->gemm_workspace_bytes());
     return *gemm_workspace_;
 }
 

@@ -9,14 +9,17 @@
 #include "fp8amp/fp8amp.h"
 #include "handles.hpp"
 
-namespace fp8amp::kernels::cuda {
-struct GemmEngine;
+namespace fp8amp::kernels {
+class Backend;  // kernels/backend.hpp
 }
 
 namespace fp8amp::core {
 
 bool same_device(const fp8amp_device &a, const fp8amp_device &b);
 std::string device_name(const fp8amp_device &d);
+// How many devices of that type (an fp8amp_device_type value) there are; INVALID_ARGUMENT when the
+// type is unknown (fp8amp_device_count).
+int32_t device_count(int32_t type);
 
 // A block of memory and how to give it back. Tensors share it; the last owner frees it.
 class Storage {
@@ -46,8 +49,9 @@ public:
     explicit Context(fp8amp_device device);
 
     const fp8amp_device &device() const { return device_; }
-    bool is_cuda() const { return device_.type == FP8AMP_DEVICE_CUDA; }
-    void *stream() const { return stream_; }
+    // The device's backend, made once with the context: every kernel, copy and launch goes through it.
+    kernels::Backend &backend() const { return *backend_; }
+    void *stream() const;
     void set_stream(void *stream);
     void set_allocator(fp8amp_alloc_fn alloc_fn, fp8amp_free_fn free_fn, void *user_data);
 
@@ -55,10 +59,9 @@ public:
     std::shared_ptr<Storage> allocate(size_t nbytes) const;
     void synchronize() const;
 
-    // cuBLASLt state of this context (CUDA only), made on first use: the engine with its plan cache,
-    // and the GEMM workspace, from the context's allocator. A context is used by one thread at a
-    // time, which makes the lazy creation safe.
-    kernels::cuda::GemmEngine &gemm_engine() const;
+    // The GEMM workspace (the backend's gemm_workspace_bytes(), when not 0), from the context's
+    // allocator, made on first use. A context is used by one thread at a time, which makes the lazy
+    // creation safe.
     Storage &gemm_workspace() const;
 
     // Scratch memory that the Linears of this context share for what lives only within one call
@@ -70,11 +73,11 @@ public:
 
 private:
     fp8amp_device device_;
-    void *stream_ = nullptr;
+    // Shared with the Storage its malloc served, which frees through it (and may outlive the context).
+    std::shared_ptr<kernels::Backend> backend_;
     fp8amp_alloc_fn alloc_fn_ = nullptr;
     fp8amp_free_fn free_fn_ = nullptr;
     void *alloc_user_data_ = nullptr;
-    mutable std::shared_ptr<kernels::cuda::GemmEngine> gemm_engine_;
     mutable std::shared_ptr<Storage> gemm_workspace_;
     mutable std::shared_ptr<Storage> scratch_[kScratchSlots];
 };

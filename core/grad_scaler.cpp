@@ -5,7 +5,7 @@
 #include <cstring>
 #include <string>
 
-#include "kernels.hpp"
+#include "backend.hpp"  // kernels/backend.hpp
 #include "struct_size.hpp"
 
 namespace fp8amp::core {
@@ -37,10 +37,7 @@ GradScaler::GradScaler(std::shared_ptr<const Context> ctx, const fp8amp_grad_sca
 
 fp8amp_grad_scaler_state GradScaler::get_state() const {
     ScalerState s{};
-    if (ctx_->is_cuda())
-        kernels::cuda::copy_to_host(device().index, ctx_->stream(), &s, state(), sizeof s);
-    else
-        std::memcpy(&s, state(), sizeof s);
+    ctx_->backend().copy_to_host(&s, state(), sizeof s);
     return {s.scale, s.growth_tracker, s.hysteresis_left};
 }
 
@@ -54,10 +51,7 @@ void GradScaler::set_state(const fp8amp_grad_scaler_state &in) {
         fail(FP8AMP_ERROR_INVALID_ARGUMENT, "state->hysteresis_left " + std::to_string(in.hysteresis_left) +
                                                 " is outside 0.." + std::to_string(config_.hysteresis));
     const ScalerState s{in.scale, in.growth_tracker, in.hysteresis_left, 0};
-    if (ctx_->is_cuda())
-        kernels::cuda::copy_to_device(device().index, ctx_->stream(), state(), &s, sizeof s);
-    else
-        std::memcpy(state(), &s, sizeof s);
+    ctx_->backend().copy_to_device(state(), &s, sizeof s);
 }
 
 }  // namespace fp8amp::core

@@ -5,6 +5,7 @@
 #include <mutex>
 #include <type_traits>
 
+#include "backend.hpp"  // kernels/backend.hpp
 #include "scaling_meta.hpp"
 
 namespace fp8amp::core {
@@ -153,93 +154,71 @@ bool LaunchList::operator==(const LaunchList &other) const {
     return n_ == other.n_ && std::memcmp(steps_, other.steps_, n_ * sizeof(Step)) == 0;
 }
 
-size_t LaunchList::cpu_scratch_floats() const {
+size_t LaunchList::host_scratch_floats(const kernels::Backend &backend) const {
     size_t need = 0;
     for (size_t i = 0; i < n_; ++i) {
         const Step &step = steps_[i];
         if (static_cast<Kind>(step.kind) == Kind::gemm)
-            need = std::max(need, kernels::cpu::gemm_scratch_floats(to_gemm_args(args_of<GemmStepArgs>(step))));
+            need = std::max(need, backend.gemm_host_scratch_floats(to_gemm_args(args_of<GemmStepArgs>(step))));
         else if (static_cast<Kind>(step.kind) == Kind::column_sum)
-            need = std::max(need, static_cast<size_t>(args_of<ColumnSumArgs>(step).cols));
+            need = std::max(need, backend.column_sum_host_scratch_floats(
+                                      static_cast<size_t>(args_of<ColumnSumArgs>(step).cols)));
     }
     return need;
 }
 
 void LaunchList::prepare(const Context &ctx) const {
-    if (!ctx.is_cuda()) return;
+    kernels::Backend &backend = ctx.backend();
     for (size_t i = 0; i < n_; ++i) {
         if (static_cast<Kind>(steps_[i].kind) != Kind::gemm) continue;
         const auto a = args_of<GemmStepArgs>(steps_[i]);
-        kernels::cuda::gemm_prepare(ctx.gemm_engine(), ctx.device().index, to_gemm_args(a), a.workspace_bytes);
+        backend.gemm_prepare(to_gemm_args(a), a.workspace_bytes);
     }
 }
 
-void LaunchList::run(const Context &ctx, void *stream, float *cpu_scratch) const {
-    const bool cuda = ctx.is_cuda();
+void LaunchList::run(const Context &ctx, void *stream, float *host_scratch) const {
+    kernels::Backend &backend = ctx.backend();
     // Checked before the first step runs: a refusal half-way would leave the earlier steps done.
-    if (!cuda && !cpu_scratch && cpu_scratch_floats() != 0)
-        fail(FP8AMP_ERROR_INTERNAL, "LaunchList::run: CPU steps that need scratch got none");
-    const int device = ctx.device().index;
+    if (!host_scratch && host_scratch_floats(backend) != 0)
+        fail(FP8AMP_ERROR_INTERNAL, "LaunchList::run: steps that need host scratch got none");
     for (size_t i = 0; i < n_; ++i) {
         const Step &step = steps_[i];
         switch (static_cast<Kind>(step.kind)) {
         case Kind::quantize: {
             const auto a = args_of<QuantizeArgs>(step);
             const kernels::QuantizeTarget target{a.meta, a.scale_inv, a.scale_inv_t, a.current != 0, a.stats != 0};
-            if (a.dst_t && cuda)
-                kernels::cuda::quantize_transpose(device, stream, a.src, dtype(a.src_dtype), a.dst, a.dst_t,
-                                                  dtype(a.dst_dtype), a.rows, a.cols, target);
-            else if (a.dst_t)
-                kernels::cpu::quantize_transpose(a.src, dtype(a.src_dtype), a.dst, a.dst_t, dtype(a.dst_dtype), a.rows,
-                                                 a.cols, target);
-            else if (cuda)
-                kernels::cuda::quantize(device, stream, a.src, dtype(a.src_dtype), a.dst, dtype(a.dst_dtype),
-                                        a.rows * a.cols, target);
+            if (a.dst_t)
+                backend.quantize_transpose(stream, a.src, dtype(a.src_dtype), a.dst, a.dst_t, dtype(a.dst_dtype),
+                                           a.rows, a.cols, target);
             else
-                kernels::cpu::quantize(a.src, dtype(a.src_dtype), a.dst, dtype(a.dst_dtype), a.rows * a.cols, target);
+                backend.quantize(stream, a.src, dtype(a.src_dtype), a.dst, dtype(a.dst_dtype), a.rows * a.cols,
+                                 target);
             break;
         }
         case Kind::cast: {
             const auto a = args_of<CastArgs>(step);
-            if (cuda)
-                kernels::cuda::cast(device, stream, a.src, dtype(a.src_dtype), a.dst, dtype(a.dst_dtype), a.n);
-            else
-                kernels::cpu::cast(a.src, dtype(a.src_dtype), a.dst, dtype(a.dst_dtype), a.n);
+            backend.cast(stream, a.src, dtype(a.src_dtype), a.dst, dtype(a.dst_dtype), a.n);
             break;
         }
         case Kind::dequantize: {
             const auto a = args_of<DequantizeArgs>(step);
-            if (cuda)
-                kernels::cuda::dequantize(device, stream, a.src, dtype(a.src_dtype), a.dst, dtype(a.dst_dtype), a.n,
-                                          a.scale_inv);
-            else
-                kernels::cpu::dequantize(a.src, dtype(a.src_dtype), a.dst, dtype(a.dst_dtype), a.n, a.scale_inv);
+            backend.dequantize(stream, a.src, dtype(a.src_dtype), a.dst, dtype(a.dst_dtype), a.n, a.scale_inv);
             break;
         }
         case Kind::gemm: {
             const auto a = args_of<GemmStepArgs>(step);
-            if (cuda)
-                kernels::cuda::gemm(ctx.gemm_engine(), device, stream, to_gemm_args(a), a.workspace, a.workspace_bytes);
-            else
-                kernels::cpu::gemm(to_gemm_args(a), cpu_scratch);
+            backend.gemm(stream, to_gemm_args(a), a.workspace, a.workspace_bytes, host_scratch);
             break;
         }
         case Kind::column_sum: {
             const auto a = args_of<ColumnSumArgs>(step);
-            if (cuda)
-                kernels::cuda::column_sum(device, stream, a.src, dtype(a.src_dtype), a.rows, a.cols, a.dst,
-                                          a.accumulate != 0, a.partial);
-            else
-                kernels::cpu::column_sum(a.src, dtype(a.src_dtype), a.rows, a.cols, a.dst, a.accumulate != 0,
-                                         cpu_scratch);
+            backend.column_sum(stream, a.src, dtype(a.src_dtype), a.rows, a.cols, a.dst, a.accumulate != 0, a.partial,
+                               host_scratch);
             break;
         }
         case Kind::transpose_bytes: {
             const auto a = args_of<TransposeArgs>(step);
-            if (cuda)
-                kernels::cuda::transpose_bytes(device, stream, a.src, a.dst, a.rows, a.cols);
-            else
-                kernels::cpu::transpose_bytes(a.src, a.dst, a.rows, a.cols);
+            backend.transpose_bytes(stream, a.src, a.dst, a.rows, a.cols);
             break;
         }
         }
@@ -253,7 +232,7 @@ void GraphReplay::reserve() {
     graphs_.reserve(kGraphs);
 }
 
-void GraphReplay::run(const Context &ctx, const LaunchList &list, float *cpu_scratch, bool *launched) {
+void GraphReplay::run(const Context &ctx, const LaunchList &list, float *host_scratch, bool *launched) {
     // *launched: set just before the first work reaches the caller's stream (or runs, on the CPU).
     auto launching = [launched] {
         if (launched) *launched = true;
@@ -261,16 +240,16 @@ void GraphReplay::run(const Context &ctx, const LaunchList &list, float *cpu_scr
     // Every path that runs the list step by step first makes its GEMM plans (LaunchList::prepare: the
     // host allocations, before the first launch); a replayed graph needs none, so the steady state
     // makes no plan look-up at all.
-    if (!enabled_ || !ctx.is_cuda() || list.size() == 0) {
+    kernels::Backend &backend = ctx.backend();
+    if (!enabled_ || !backend.supports_graphs() || list.size() == 0) {
         list.prepare(ctx);
         launching();
-        return list.run(ctx, ctx.stream(), cpu_scratch);
+        return list.run(ctx, ctx.stream(), host_scratch);
     }
     reserve();  // the bookkeeping's fixed capacity (a no-op after the first call)
-    const int device = ctx.device().index;
     void *stream = ctx.stream();
     // The application is capturing its own stream: these launches belong in its graph.
-    if (kernels::cuda::stream_is_capturing(device, stream)) {
+    if (backend.stream_is_capturing(stream)) {
         list.prepare(ctx);
         launching();
         return list.run(ctx, stream);
@@ -279,7 +258,7 @@ void GraphReplay::run(const Context &ctx, const LaunchList &list, float *cpu_scr
     for (Graph &g : graphs_) {
         if (g.list == list) {
             launching();
-            kernels::cuda::launch_graph(*g.exec, stream);
+            backend.launch_graph(g.exec, stream);
             g.last_use = clock_;
             ++replays_;
             return;
@@ -299,17 +278,17 @@ void GraphReplay::run(const Context &ctx, const LaunchList &list, float *cpu_scr
     // The stream is one per device for the process: threads (each with its own context) take turns.
     static std::mutex capture_mutex;
     std::lock_guard<std::mutex> lock(capture_mutex);
-    void *capture = kernels::cuda::capture_stream(device);
-    std::shared_ptr<kernels::cuda::GraphExec> exec;
+    void *capture = backend.capture_stream();
+    kernels::Backend::Graph exec;
     try {
-        kernels::cuda::begin_capture(device, capture);
+        backend.begin_capture(capture);
         try {
             list.run(ctx, capture);
         } catch (...) {
-            kernels::cuda::abort_capture(device, capture);
+            backend.abort_capture(capture);
             throw;
         }
-        exec = kernels::cuda::end_capture(device, capture);
+        exec = backend.end_capture(capture);
     } catch (const Error &) {
         // Not capturable here (the list ran eagerly once already, so the work itself is sound):
         // run eagerly from now on.
@@ -324,7 +303,7 @@ void GraphReplay::run(const Context &ctx, const LaunchList &list, float *cpu_scr
                                        [](const Graph &a, const Graph &b) { return a.last_use < b.last_use; }));
     graphs_.push_back({list, exec, clock_});
     launching();
-    kernels::cuda::launch_graph(*exec, stream);
+    backend.launch_graph(exec, stream);
     ++replays_;
 }
 

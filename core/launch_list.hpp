@@ -15,6 +15,7 @@
 #include <memory>
 #include <vector>
 
+#include "backend.hpp"  // kernels/backend.hpp
 #include "context.hpp"
 #include "kernels.hpp"
 #include "tensor.hpp"
@@ -40,15 +41,17 @@ public:
                     float *partial);
     void transpose_bytes(const void *src, void *dst, size_t rows, size_t cols);
 
-    // The F32 host scratch the CPU kernels of these steps need (their largest; 0 when none does).
-    size_t cpu_scratch_floats() const;
-    // CUDA: makes the cuBLASLt plans of the GEMM steps (host memory, a heuristic query), so that
-    // running the steps allocates no host memory of fp8amp's own once the first one was launched.
+    // The F32 host scratch the backend's kernels of these steps need (their largest; 0 when none
+    // does: the CPU backend's GEMM and column sum need some).
+    size_t host_scratch_floats(const kernels::Backend &backend) const;
+    // Makes what the backend's GEMM steps need before they run (CUDA: the cuBLASLt plans, host memory
+    // and a heuristic query), so that running the steps allocates no host memory of fp8amp's own once
+    // the first one was launched.
     void prepare(const Context &ctx) const;
-    // Runs the steps on ctx's backend, on `stream` (CUDA; ignored on the CPU). cpu_scratch: at least
-    // cpu_scratch_floats() floats (CPU), so that no step allocates host memory once an earlier step
-    // changed state (a quantize records its amax); a CPU step that needs it refuses a null one.
-    void run(const Context &ctx, void *stream, float *cpu_scratch = nullptr) const;
+    // Runs the steps on ctx's backend, on `stream` (ignored by a backend without streams).
+    // host_scratch: at least host_scratch_floats() floats, so that no step allocates host memory once
+    // an earlier step changed state (a quantize records its amax); a step that needs it refuses a null one.
+    void run(const Context &ctx, void *stream, float *host_scratch = nullptr) const;
 
     bool operator==(const LaunchList &other) const;
 
@@ -70,7 +73,8 @@ private:
     size_t n_ = 0;
 };
 
-// Runs LaunchLists, replaying a captured graph for a list equal to one seen before (CUDA). Keeps a
+// Runs LaunchLists, replaying a captured graph for a list equal to one seen before (on a backend that
+// supports graphs: CUDA). Keeps a
 // few graphs (least recently used goes first), and captures a list only on its second sighting, so
 // that one-off calls pay no capture. The caller's stream being captured (a whole step captured by
 // the application) runs the list eagerly, into that capture. A capture that fails turns replay off
@@ -82,7 +86,7 @@ public:
     // into a capture. Every host allocation of fp8amp's own comes before the first launch.
     // launched (if given) is set just before the first of the list's work is launched on the caller's
     // stream (a failure before it -- a capture that ran out of memory -- left that stream untouched).
-    void run(const Context &ctx, const LaunchList &list, float *cpu_scratch = nullptr, bool *launched = nullptr);
+    void run(const Context &ctx, const LaunchList &list, float *host_scratch = nullptr, bool *launched = nullptr);
     uint64_t replays() const { return replays_; }
 
 private:
@@ -91,7 +95,7 @@ private:
     static constexpr size_t kGraphs = 4, kSeen = 4;
     struct Graph {
         LaunchList list;
-        std::shared_ptr<kernels::cuda::GraphExec> exec;
+        kernels::Backend::Graph exec;
         uint64_t last_use = 0;
     };
     bool enabled_;

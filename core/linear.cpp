@@ -5,6 +5,7 @@
 #include <cstring>
 #include <string>
 
+#include "backend.hpp"  // kernels/backend.hpp
 #include "kernels.hpp"
 #include "struct_size.hpp"
 
@@ -12,18 +13,11 @@ namespace fp8amp::core {
 
 namespace {
 
-// FP8 GEMMs (with their quantization) beat BF16 from about this many multiply-adds on an H100
-// (docs/performance.md, "FP8 or BF16": the crossover measured by bench/bench_linear.py).
-constexpr double kFp8MinMacs = 2048.0 * 2048.0 * 2048.0;
-
 // The context's scratch slots (Context::scratch) and what the Linear keeps in them during a call.
 constexpr size_t kScratchFp8 = 0;     // x8 (forward), dY8 (backward)
 constexpr size_t kScratchFp8T = 1;    // dY8 transposed (backward)
 constexpr size_t kScratchStage = 2;   // a staged GEMM output (y or dX)
 constexpr size_t kScratchWeight = 3;  // a scaled F16 weight dequantized (forward), dY in BF16 (backward)
-
-// The rows/dims FP8 GEMMs on cuBLASLt can take: every leading dimension a multiple of 16 bytes.
-constexpr int64_t kFp8Multiple = 16;
 
 std::string shape_string(const std::vector<int64_t> &shape) {
     std::string s = "[";
@@ -128,8 +122,8 @@ std::shared_ptr<Linear> Linear::create(std::shared_ptr<const Context> ctx, const
     lin->ctx_ = ctx;
     lin->forward_replay_ = GraphReplay(desc.graph_replay != 0);
     lin->backward_replay_ = GraphReplay(desc.graph_replay != 0);
-    lin->wide_dtype_ = ctx->is_cuda() ? FP8AMP_DTYPE_BF16 : FP8AMP_DTYPE_F32;
-    if (ctx->is_cuda()) lin->fp8_unsupported_ = kernels::cuda::fp8_gemm_unsupported_reason(ctx->device().index);
+    lin->wide_dtype_ = ctx->backend().wide_gemm_dtype();
+    lin->fp8_unsupported_ = ctx->backend().fp8_gemm_unsupported_reason();
     const fp8amp_dtype grad_dtype = recipe.format == FP8AMP_FORMAT_HYBRID ? FP8AMP_DTYPE_E5M2 : FP8AMP_DTYPE_E4M3;
     // Inputs and output gradients follow the recipe; the weight and its gradient are quantized once
     // per step from their exact values, so they use current scaling (no stale scale on a fresh weight).
@@ -242,12 +236,10 @@ Tensor &Linear::saved_buffer(std::shared_ptr<Tensor> &slot, std::shared_ptr<Tens
 // quantize records its amax into a meta, the GEMMs write the outputs), a std::bad_alloc could no
 // longer leave the call's state unchanged (issue 22).
 void Linear::run_steps(GraphReplay &replay, bool *launched) {
-    if (!ctx_->is_cuda()) {
-        const size_t need = steps_.cpu_scratch_floats();
-        if (cpu_scratch_.size() < need) {
-            std::vector<float>().swap(cpu_scratch_);  // the old block goes back first
-            cpu_scratch_.resize(need);
-        }
+    const size_t need = steps_.host_scratch_floats(ctx_->backend());
+    if (cpu_scratch_.size() < need) {
+        std::vector<float>().swap(cpu_scratch_);  // the old block goes back first
+        cpu_scratch_.resize(need);
     }
     replay.run(*ctx_, steps_, cpu_scratch_.data(), launched);
 }
@@ -270,24 +262,21 @@ Tensor &Linear::scratch(std::shared_ptr<Tensor> &slot, size_t pool_slot, fp8amp_
 
 fp8amp_gemm_kind Linear::choose_kind(int64_t m, bool training, const Tensor &y) const {
     (void)y;
-    if (desc_.policy == FP8AMP_GEMM_NEVER_FP8) return ctx_->is_cuda() ? FP8AMP_GEMM_KIND_BF16 : FP8AMP_GEMM_KIND_F32;
-    // The CPU backend exists for FP8 numerics, not speed: AUTO runs FP8 there for any shape.
-    if (!ctx_->is_cuda()) return FP8AMP_GEMM_KIND_FP8;
+    // The non-FP8 GEMMs run in the backend's wide dtype (CUDA: BF16; CPU: F32).
+    const fp8amp_gemm_kind wide = wide_dtype_ == FP8AMP_DTYPE_BF16 ? FP8AMP_GEMM_KIND_BF16 : FP8AMP_GEMM_KIND_F32;
+    if (desc_.policy == FP8AMP_GEMM_NEVER_FP8) return wide;
+    const kernels::Backend &backend = ctx_->backend();
     const int64_t n = desc_.out_features, k = desc_.in_features;
     std::string why = fp8_unsupported_;
-    if (why.empty() && (k % kFp8Multiple || n % kFp8Multiple))
-        why = "FP8 GEMMs on cuBLASLt need in_features and out_features to be multiples of 16; this Linear is " +
-              std::to_string(k) + " -> " + std::to_string(n);
-    if (why.empty() && training && m % kFp8Multiple)
-        why = "the FP8 weight-gradient GEMM sums over the " + std::to_string(m) +
-              " rows of x, which must then be a multiple of 16 (or run with training = 0)";
+    if (why.empty()) why = backend.fp8_gemm_shape_unsupported_reason(m, n, k, training);
     if (!why.empty()) {
         if (desc_.policy == FP8AMP_GEMM_ALWAYS_FP8) fail(FP8AMP_ERROR_NOT_SUPPORTED, why + " (policy ALWAYS_FP8)");
-        return FP8AMP_GEMM_KIND_BF16;
+        return wide;
     }
     if (desc_.policy == FP8AMP_GEMM_ALWAYS_FP8) return FP8AMP_GEMM_KIND_FP8;
-    const double macs = static_cast<double>(m) * static_cast<double>(n) * static_cast<double>(k);
-    return macs >= kFp8MinMacs ? FP8AMP_GEMM_KIND_FP8 : FP8AMP_GEMM_KIND_BF16;
+    // The CPU backend exists for FP8 numerics, not speed: AUTO runs FP8 there for any shape; on CUDA
+    // from the size where FP8 beats BF16.
+    return backend.fp8_gemm_pays_off(m, n, k) ? FP8AMP_GEMM_KIND_FP8 : wide;
 }
 
 // The weight's E4M3 copy (and its transpose), re-made only when the weight was written since.
@@ -360,16 +349,15 @@ void Linear::run_gemm(const GemmCall &c) {
     g.b = {c.b, c.b_dtype, c.b_scale_inv, c.b_k_contiguous};
     g.accumulate = c.accumulate;
     g.fast_accum = c.fast_accum;
-    // cuBLASLt's 16-bit GEMMs have no F16 output for BF16 operands, and its kernels want outputs
-    // aligned to 16 bytes: such outputs go through an F32 staging buffer and one conversion.
-    const bool misaligned = reinterpret_cast<uintptr_t>(c.d) % 16 != 0;
-    // cuBLASLt's kernels want 16-byte aligned outputs: a misaligned output is made in an aligned
-    // buffer of its own dtype (same numerics, bias included) and copied. Its 16-bit GEMMs have no F16
-    // output for BF16 operands: that output is made in F32 and rounded once to F16, with the bias
-    // rounded to F16 first, as on the CPU.
-    const bool f16_from_bf16 = ctx_->is_cuda() && !fp8 && c.d_dtype == FP8AMP_DTYPE_F16 &&
-                               wide_dtype_ != FP8AMP_DTYPE_F16;
-    const bool stage = ctx_->is_cuda() && !c.accumulate && (f16_from_bf16 || misaligned);
+    const kernels::Backend &backend = ctx_->backend();
+    // The backend's GEMM may want outputs aligned (cuBLASLt: 16 bytes): a misaligned output is made
+    // in an aligned buffer of its own dtype (same numerics, bias included) and copied. It may not
+    // write some dtypes from these operands (cuBLASLt's 16-bit GEMMs have no F16 output for BF16
+    // operands): that output is made in F32 and rounded once to F16, with the bias rounded to F16
+    // first, as on the CPU.
+    const bool misaligned = reinterpret_cast<uintptr_t>(c.d) % backend.gemm_output_alignment() != 0;
+    const bool f16_from_bf16 = backend.gemm_needs_f32_output(fp8, wide_dtype_, c.d_dtype);
+    const bool stage = !c.accumulate && (f16_from_bf16 || misaligned);
     const fp8amp_dtype stage_dtype = f16_from_bf16 ? FP8AMP_DTYPE_F32 : c.d_dtype;
     Tensor *staging = stage ? &scratch(out_stage_, kScratchStage, stage_dtype, c.m, c.n) : nullptr;
     g.d = stage ? staging->data() : c.d;
@@ -390,7 +378,7 @@ void Linear::run_gemm(const GemmCall &c) {
         g.bias = bias->data();
         g.bias_dtype = bias->dtype();
     }
-    if (ctx_->is_cuda()) {
+    if (backend.gemm_workspace_bytes() != 0) {  // cuBLASLt's workspace, from the context's allocator
         Storage &ws = ctx_->gemm_workspace();
         steps_.gemm(g, ws.data(), ws.nbytes());
     } else {
@@ -578,10 +566,10 @@ void Linear::backward(const Tensor &dy, Tensor *dx, bool accumulate) {
     }
     weight_grad_->mark_written();
     if (bias_grad_) {
-        float *partial = nullptr;  // CUDA: the per-chunk column sums
-        if (ctx_->is_cuda())
+        float *partial = nullptr;  // the per-chunk column sums, if the backend needs them (CUDA)
+        if (const size_t chunks = ctx_->backend().column_sum_partial_rows())
             partial = static_cast<float *>(
-                buffer(colsum_scratch_, FP8AMP_DTYPE_F32, static_cast<int64_t>(kernels::kColumnSumChunks), n).data());
+                buffer(colsum_scratch_, FP8AMP_DTYPE_F32, static_cast<int64_t>(chunks), n).data());
         steps_.column_sum(dy.data(), dy.dtype(), static_cast<size_t>(m), static_cast<size_t>(n),
                           static_cast<float *>(bias_grad_->data()), accumulate, partial);
         bias_grad_->mark_written();

@@ -108,7 +108,8 @@ private:
     fp8amp_gemm_kind kind_ = FP8AMP_GEMM_KIND_NONE;
     // The current call's GPU work, and its replay as CUDA graphs, per direction (launch_list.hpp).
     LaunchList steps_;
-    // The CPU kernels' F32 scratch (LaunchList::cpu_scratch_floats), grown before a call's steps run.
+    // The host scratch of the backend's kernels (LaunchList::host_scratch_floats; the CPU GEMM's and
+    // column sum's), grown before a call's steps run.
     std::vector<float> cpu_scratch_;
     GraphReplay forward_replay_{true}, backward_replay_{true};
     // Why this device cannot run FP8 GEMMs ("" when it can), asked once.

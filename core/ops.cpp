@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <cstring>
 
-#include "kernels.hpp"
+#include "backend.hpp"  // kernels/backend.hpp
 #include "launch_list.hpp"
 
 namespace fp8amp::core {
@@ -129,16 +129,11 @@ void dequantize(const Context &ctx, const Tensor &src, Tensor &dst) {
 float amax(const Context &ctx, const Tensor &t) {
     check_on_device(ctx, t, "t");
     const auto n = static_cast<size_t>(t.numel());
-    uint32_t bits = 0;
-    if (ctx.is_cuda()) {
-        const int device = ctx.device().index;
-        auto buffer = ctx.allocate(sizeof(uint32_t));
-        kernels::cuda::copy_to_device(device, ctx.stream(), buffer->data(), &bits, sizeof bits);
-        kernels::cuda::amax(device, ctx.stream(), t.data(), t.dtype(), n, static_cast<uint32_t *>(buffer->data()));
-        kernels::cuda::copy_to_host(device, ctx.stream(), &bits, buffer->data(), sizeof bits);
-    } else {
-        bits = kernels::cpu::amax(t.data(), t.dtype(), n);
-    }
+    kernels::Backend &backend = ctx.backend();
+    // The device memory the backend reduces into (from the context's allocator), if it needs any.
+    std::shared_ptr<Storage> scratch;
+    if (const size_t nbytes = backend.amax_scratch_bytes()) scratch = ctx.allocate(nbytes);
+    const uint32_t bits = backend.amax(t.data(), t.dtype(), n, scratch ? scratch->data() : nullptr);
     float out;
     std::memcpy(&out, &bits, sizeof out);
     return out;
@@ -163,10 +158,7 @@ void update_scaling(const Context &ctx, const std::vector<std::shared_ptr<Scalin
                                                 std::to_string(second - states.begin()) + "] are the same meta");
     }
     if (states.empty()) return;
-    if (ctx.is_cuda())
-        kernels::cuda::update_scaling(ctx.device().index, ctx.stream(), states.data(), states.size());
-    else
-        kernels::cpu::update_scaling(states.data(), states.size());
+    ctx.backend().update_scaling(states.data(), states.size());
 }
 
 }  // namespace fp8amp::core

@@ -7,7 +7,7 @@
 
 #include "checkpoint.hpp"
 #include "codec.hpp"
-#include "kernels.hpp"
+#include "backend.hpp"  // kernels/backend.hpp
 #include "scaling.hpp"     // kernels/scaling.hpp: ScalingState
 #include "scaling_meta.hpp"
 #include "struct_size.hpp"
@@ -68,26 +68,21 @@ Optimizer::Optimizer(std::shared_ptr<const Context> ctx, const fp8amp_adam_desc 
     status_ = ctx_->allocate(sizeof(adam::Status));
     const adam::Status zero{0, 0, 0.0f};
     to_device(status_->data(), &zero, sizeof zero);
-    if (ctx_->is_cuda()) {
-        max_partials_ = kernels::cuda::adam_grid_size(device().index);
+    // The device memory of the step's partial results, if the backend's step needs any.
+    if (const int slots = ctx_->backend().adam_partial_slots(); slots > 0) {
+        max_partials_ = slots;
         partials_ = ctx_->allocate(sizeof(adam::Partial) * static_cast<size_t>(max_partials_));
     }
 }
 
 void Optimizer::to_host(void *dst, const void *src, size_t n) const {
     if (n == 0) return;
-    if (ctx_->is_cuda())
-        kernels::cuda::copy_to_host(device().index, ctx_->stream(), dst, src, n);
-    else
-        std::memcpy(dst, src, n);
+    ctx_->backend().copy_to_host(dst, src, n);
 }
 
 void Optimizer::to_device(void *dst, const void *src, size_t n) const {
     if (n == 0) return;
-    if (ctx_->is_cuda())
-        kernels::cuda::copy_to_device(device().index, ctx_->stream(), dst, src, n);
-    else
-        std::memcpy(dst, src, n);
+    ctx_->backend().copy_to_device(dst, src, n);
 }
 
 int64_t Optimizer::scales_of(int64_t numel) const {
@@ -144,9 +139,9 @@ void Optimizer::add_param(std::shared_ptr<Tensor> param, std::shared_ptr<Tensor>
     Entry e;
     const int64_t n = p.numel();
     const size_t nn = static_cast<size_t>(n);
-    // The CPU step's scratch grows here, where a failure changes nothing, not in the step (issue 22).
+    // The step's host scratch grows here, where a failure changes nothing, not in the step (issue 22).
     // Grown beyond the need of a parameter whose add_param then fails, it is only larger.
-    if (!ctx_->is_cuda()) reserve_cpu_scratch(std::max(max_numel_, n));
+    reserve_cpu_scratch(std::max(max_numel_, n));
     e.nscales = scales_of(n);
     e.units = desc_.state_block_size > 0 ? e.nscales : (n + adam::kChunk - 1) / adam::kChunk;
     const bool m8 = desc_.exp_avg_dtype == FP8AMP_DTYPE_E4M3, v16 = desc_.exp_avg_sq_dtype == FP8AMP_DTYPE_F16;
@@ -160,13 +155,8 @@ void Optimizer::add_param(std::shared_ptr<Tensor> param, std::shared_ptr<Tensor>
         e.master = ctx_->allocate(nn * 2);
         e.master_scale = ctx_->allocate(scale_bytes);
     }
-    if (ctx_->is_cuda()) {
-        kernels::cuda::memset(device().index, ctx_->stream(), e.m->data(), 0, e.m->nbytes());
-        kernels::cuda::memset(device().index, ctx_->stream(), e.v->data(), 0, e.v->nbytes());
-    } else {
-        std::memset(e.m->data(), 0, e.m->nbytes());
-        std::memset(e.v->data(), 0, e.v->nbytes());
-    }
+    ctx_->backend().memset(e.m->data(), 0, e.m->nbytes());
+    ctx_->backend().memset(e.v->data(), 0, e.v->nbytes());
     if (e.m_scale) to_device(e.m_scale->data(), ones.data(), scale_bytes);
     if (e.v_scale) to_device(e.v_scale->data(), ones.data(), scale_bytes);
     if (master) {
@@ -217,7 +207,7 @@ void Optimizer::add_param(std::shared_ptr<Tensor> param, std::shared_ptr<Tensor>
 }
 
 void Optimizer::reserve_cpu_scratch(int64_t max_numel) {
-    const size_t need = kernels::cpu::adam_scratch_floats(desc_.state_block_size, max_numel);
+    const size_t need = ctx_->backend().adam_host_scratch_floats(desc_.state_block_size, max_numel);
     if (cpu_scratch_.size() < need) cpu_scratch_.resize(need);
 }
 
@@ -334,16 +324,16 @@ void Optimizer::step(float lr, const float *lr_device, float grad_scale_inv, Gra
     if (scaler) c.scaler_config = scaler->config();
     c.partials = partials_ ? static_cast<adam::Partial *>(partials_->data()) : nullptr;
     c.tensor_amax = tensor_amax_ ? static_cast<uint32_t *>(tensor_amax_->data()) : nullptr;
-    if (ctx_->is_cuda()) {
-        kernels::cuda::adam_step(device().index, ctx_->stream(), c, max_partials_);
-    } else {
-        reserve_cpu_scratch(max_numel_);  // sized at add_param already: allocates nothing here
-        kernels::cpu::adam_step(c, cpu_scratch_.data());
-    }
+    reserve_cpu_scratch(max_numel_);  // sized at add_param already: allocates nothing here
+    ctx_->backend().adam_step(c, max_partials_, cpu_scratch_.data());
     stepped_ = true;
     // The parameters were written (unless the step skips, which only the device knows): a Linear
     // re-quantizes a weight whose version moved.
     for (Entry &e : entries_) e.param->mark_written();
+}
+
+void Optimizer::update_scaler(GradScaler &scaler) const {
+    ctx_->backend().scaler_update(scaler.state(), scaler.config(), status_device());
 }
 
 adam::Status Optimizer::status() const {

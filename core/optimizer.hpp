@@ -37,6 +37,9 @@ public:
     void add_param(std::shared_ptr<Tensor> param, std::shared_ptr<Tensor> grad);
     // scaler may be null. lr < 0: the desc's.
     void step(float lr, const float *lr_device, float grad_scale_inv, GradScaler *scaler);
+    // The loss scaler's update from the last step's found_inf (fp8amp_grad_scaler_update), queued on
+    // this optimizer's stream after its step; scaler is on the same device.
+    void update_scaler(GradScaler &scaler) const;
 
     // Synchronous reads of the device-side status.
     kernels::adam::Status status() const;
@@ -65,7 +68,7 @@ private:
     // INVALID_ARGUMENT when a parameter (and, with grads, a gradient) is no longer bound to the meta it
     // had at add_param: `what` names the refused operation.
     void check_bindings(bool grads, const char *what) const;
-    // Grows cpu_scratch_ to what the CPU step needs for parameters of up to max_numel elements.
+    // Grows cpu_scratch_ to what the backend's step needs for parameters of up to max_numel elements.
     void reserve_cpu_scratch(int64_t max_numel);
 
     std::shared_ptr<const Context> ctx_;
@@ -78,8 +81,8 @@ private:
     int64_t total_units_ = 0;
     int max_partials_ = 1;
     std::shared_ptr<Storage> status_, list_, partials_, tensor_amax_;
-    // CPU: the step's per-block values (kernels::cpu::adam_scratch_floats), kept so that the step
-    // allocates no host memory once it started writing.
+    // The host scratch the backend's step needs (Backend::adam_host_scratch_floats; the CPU's
+    // per-block values), kept so that the step allocates no host memory once it started writing.
     std::vector<float> cpu_scratch_;
 };
 

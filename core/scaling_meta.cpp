@@ -6,7 +6,7 @@
 #include <cstring>
 #include <vector>
 
-#include "kernels.hpp"
+#include "backend.hpp"  // kernels/backend.hpp
 #include "struct_size.hpp"
 #include "tensor.hpp"
 #include "scaling.hpp"  // kernels/scaling.hpp: ScalingState (core has scaling_meta.hpp, not scaling.hpp)
@@ -109,18 +109,12 @@ const float *ScalingMeta::scale_inv_field() const {
 
 void ScalingMeta::read(size_t offset, void *dst, size_t nbytes) const {
     const char *src = static_cast<const char *>(storage_->data()) + offset;
-    if (ctx_->is_cuda())
-        kernels::cuda::copy_to_host(device().index, ctx_->stream(), dst, src, nbytes);
-    else
-        std::memcpy(dst, src, nbytes);
+    ctx_->backend().copy_to_host(dst, src, nbytes);
 }
 
 void ScalingMeta::write(size_t offset, const void *src, size_t nbytes) {
     char *dst = static_cast<char *>(storage_->data()) + offset;
-    if (ctx_->is_cuda())
-        kernels::cuda::copy_to_device(device().index, ctx_->stream(), dst, src, nbytes);
-    else
-        std::memcpy(dst, src, nbytes);
+    ctx_->backend().copy_to_device(dst, src, nbytes);
 }
 
 void ScalingMeta::get(float *scale, float *scale_inv, float *amax) const {

@@ -5,7 +5,7 @@
 #include <new>
 #include <sstream>
 
-#include "kernels.hpp"
+#include "backend.hpp"  // kernels/backend.hpp
 #include "scaling_meta.hpp"
 
 namespace fp8amp::core {
@@ -75,13 +75,9 @@ void Tensor::check_borrowed_data(const Context &ctx, fp8amp_dtype dtype, const v
     if (!data) fail(FP8AMP_ERROR_INVALID_ARGUMENT, "data is NULL");
     if (reinterpret_cast<uintptr_t>(data) % fp8amp_dtype_size(dtype) != 0)
         fail(FP8AMP_ERROR_INVALID_ARGUMENT, "data is not aligned to the element size");
-    if (ctx.is_cuda()) {
-        const int owner = kernels::cuda::pointer_device(data);
-        if (owner != ctx.device().index)
-            fail(FP8AMP_ERROR_DEVICE_MISMATCH,
-                 std::string("data is ") + (owner < 0 ? "host memory" : "memory of cuda:" + std::to_string(owner)) +
-                     ", not memory of " + device_name(ctx.device()));
-    }
+    const std::string foreign = ctx.backend().foreign_memory(data);
+    if (!foreign.empty())
+        fail(FP8AMP_ERROR_DEVICE_MISMATCH, "data is " + foreign + ", not memory of " + device_name(ctx.device()));
 }
 
 std::shared_ptr<Tensor> Tensor::create(std::shared_ptr<const Context> ctx, fp8amp_dtype dtype, int32_t ndim,
@@ -278,10 +274,7 @@ void Tensor::copy_from_host(const void *src, size_t nbytes) {
     if (nbytes != nbytes_)
         fail(FP8AMP_ERROR_SHAPE_MISMATCH, "nbytes is " + std::to_string(nbytes) + " but the tensor (" + describe() +
                                               ") holds " + std::to_string(nbytes_) + " bytes");
-    if (device_.type == FP8AMP_DEVICE_CUDA)
-        kernels::cuda::copy_to_device(device_.index, ctx_->stream(), data_, src, nbytes);
-    else
-        std::memcpy(data_, src, nbytes);
+    ctx_->backend().copy_to_device(data_, src, nbytes);
     mark_written();
 }
 
@@ -290,10 +283,7 @@ void Tensor::copy_to_host(void *dst, size_t nbytes) const {
     if (nbytes != nbytes_)
         fail(FP8AMP_ERROR_SHAPE_MISMATCH, "nbytes is " + std::to_string(nbytes) + " but the tensor (" + describe() +
                                               ") holds " + std::to_string(nbytes_) + " bytes");
-    if (device_.type == FP8AMP_DEVICE_CUDA)
-        kernels::cuda::copy_to_host(device_.index, ctx_->stream(), dst, data_, nbytes);
-    else
-        std::memcpy(dst, data_, nbytes);
+    ctx_->backend().copy_to_host(dst, data_, nbytes);
 }
 
 std::shared_ptr<Tensor> Tensor::scale_inv_tensor() const {
@@ -330,11 +320,7 @@ void Tensor::set_scaling(std::shared_ptr<ScalingMeta> meta) {
     if (!same_device(meta->device(), device_))
         fail(FP8AMP_ERROR_DEVICE_MISMATCH, "t is " + describe() + " but s is an " + meta->describe());
     if (!scale_inv_) scale_inv_ = ctx_->allocate(sizeof(float));
-    if (device_.type == FP8AMP_DEVICE_CUDA)
-        kernels::cuda::copy_device_to_device(device_.index, ctx_->stream(), scale_inv_->data(),
-                                             meta->scale_inv_field(), sizeof(float));
-    else
-        std::memcpy(scale_inv_->data(), meta->scale_inv_field(), sizeof(float));
+    ctx_->backend().copy_on_device(scale_inv_->data(), meta->scale_inv_field(), sizeof(float));
     scaling_ = std::move(meta);
 }
 

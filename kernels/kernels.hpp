@@ -1,6 +1,8 @@
-// The one internal interface between core and the numeric kernels. Core includes this header and
-// nothing of CUDA: the CUDA side (kernels/cuda) is compiled only when the build has CUDA, and
-// kernels/cuda/cuda_disabled.cpp provides the same functions, answering NOT_SUPPORTED, otherwise.
+// The numeric kernels and the arguments they take. Core reaches them only through the Backend of its
+// context (backend.hpp: cpu/cpu_backend.cpp and cuda/cuda_backend.cpp call the functions below), and
+// uses this header for the argument types. Nothing here includes CUDA: the CUDA side (kernels/cuda)
+// is compiled only when the build has CUDA, and kernels/cuda/cuda_disabled.cpp provides the same
+// functions, answering NOT_SUPPORTED, otherwise.
 // Every function reports failure by throwing fp8amp::Error (kernels/error.hpp).
 #pragma once
 
