@@ -383,7 +383,8 @@ typedef struct fp8amp_scaling_s *fp8amp_scaling;
 FP8AMP_API fp8amp_status fp8amp_scaling_create(fp8amp_context ctx, const fp8amp_recipe *recipe,
                                                fp8amp_dtype fp8_dtype, fp8amp_scaling *out);
 
-/** Destroys a meta handle; tensors bound to it keep it alive. NULL is a no-op success. */
+/** Destroys a meta handle; tensors bound to it keep it alive. NULL is a no-op success.
+ *  Statuses: SUCCESS; INVALID_HANDLE. */
 FP8AMP_API fp8amp_status fp8amp_scaling_destroy(fp8amp_scaling s);
 
 /** Delayed scaling: folds the amax recorded since the last update into the history (row 0 becomes
@@ -650,7 +651,7 @@ typedef struct fp8amp_optimizer_s *fp8amp_optimizer;
 /** Opaque handle of a dynamic loss scaler. */
 typedef struct fp8amp_grad_scaler_s *fp8amp_grad_scaler;
 
-/** Optimization levels (MS-AMP's meaning, DESIGN.md section 1). */
+/** Optimization levels (MS-AMP's meaning; docs/design.md). */
 typedef enum fp8amp_opt_level {
     FP8AMP_OPT_LEVEL_O1 = 1, /**< Adam m and v in F32 */
     FP8AMP_OPT_LEVEL_O2 = 2, /**< m in E4M3, v in F16, each with per-block power-of-two scales */
@@ -730,9 +731,10 @@ FP8AMP_API fp8amp_status fp8amp_optimizer_destroy(fp8amp_optimizer opt);
  *  (param) fail with INVALID_ARGUMENT until it is bound back to the same meta.
  *  grad: F32, F16, BF16, or E4M3/E5M2 (value = code * its scale_inv; likewise a scaled F16
  *  gradient, bound to a meta); same shape as param. Every parameter must be added before the first step.
- *  Statuses: SUCCESS; INVALID_HANDLE; INVALID_ARGUMENT (param added twice, param read-only, param
- *  and grad overlapping, E4M3 param without a meta, a param meta with current scaling, a parameter
- *  added after the first step); SHAPE_MISMATCH (grad's shape differs); DTYPE_MISMATCH (param E5M2;
+ *  Statuses: SUCCESS; INVALID_HANDLE; INVALID_ARGUMENT (param added twice or overlapping a
+ *  registered parameter or gradient, grad overlapping a registered parameter, param read-only, param
+ *  and grad overlapping, E4M3 param without a meta, a param meta with current scaling or already
+ *  another parameter's, a parameter added after the first step, O3: a parameter element not finite); SHAPE_MISMATCH (grad's shape differs); DTYPE_MISMATCH (param E5M2;
  *  F32 param with an F16 master); DEVICE_MISMATCH (param, grad or a meta not on the optimizer's device);
  *  OUT_OF_MEMORY; CUDA. Each step marks the parameters written (a Linear then re-quantizes them). */
 FP8AMP_API fp8amp_status fp8amp_optimizer_add_param(fp8amp_optimizer opt, fp8amp_tensor param, fp8amp_tensor grad);
@@ -887,7 +889,7 @@ FP8AMP_API fp8amp_status fp8amp_grad_scaler_update(fp8amp_grad_scaler scaler, fp
 
 /** Fills both descriptors (either may be NULL), of linear_size and adam_size bytes (their sizeof
  *  where the caller was compiled; written exactly, as by the sized init functions), with the
- *  defaults, then the level's choices (MS-AMP's table, DESIGN.md section 1): FP8 GEMMs and E4M3
+ *  defaults, then the level's choices (MS-AMP's table; docs/design.md): FP8 GEMMs and E4M3
  *  weight gradients at every level; weights in scaled F16 (O1, O2) or E4M3 (O3); Adam state F32 +
  *  F32 (O1), E4M3 + F16 (O2, O3); an F16 master copy (O3). in_features and out_features stay 0:
  *  set them. Since 0.2.0. Statuses: SUCCESS; INVALID_ARGUMENT (both NULL, unknown level, a bad size
