@@ -10,7 +10,14 @@
 set -euo pipefail
 src=$(cd "${1:-$(dirname "$0")/..}" && pwd)
 build=${2:-$src/build-docs}
-command -v doxygen >/dev/null || { echo "check_docs: doxygen is not installed (apt-get install doxygen)"; exit 1; }
+if ! command -v doxygen >/dev/null; then
+  # As tests/abi/check.sh does for abidiff: install it where apt can (CI), else fail (never skip).
+  sudo=""
+  [ "$(id -u)" -eq 0 ] || sudo=sudo
+  echo "check_docs: installing doxygen"
+  { $sudo apt-get update -qq && $sudo apt-get install -y -qq doxygen; } \
+    || { echo "check_docs: doxygen is not installed and apt could not install it (apt-get install doxygen)"; exit 1; }
+fi
 cmake -S "$src" -B "$build" -G Ninja -DFP8AMP_CUDA=OFF -DFP8AMP_BUILD_TESTS=OFF -DFP8AMP_BUILD_EXAMPLES=OFF \
   -DFP8AMP_BUILD_DOCS=ON >"$build.configure.log" 2>&1 || { cat "$build.configure.log"; exit 1; }
 rm -f "$build.configure.log"
