@@ -22,22 +22,17 @@ Writes bench/results/adam-<device>-<date>.json (or --out) and prints a table.
 Usage: python3 bench/bench_adam.py --lib build/libfp8amp.so [--params 268435456] [--out FILE]
 """
 import argparse
-import ctypes
 import datetime
 import json
 import os
 
 import torch
 
-from fp8amp_ctypes import BF16, E4M3, F16, F32, AdamDesc, Lib, StepArgs
-from fp8amp_ctypes import bench as _bench
+from fp8amp_bench import C, Lib
+from fp8amp_bench import bench as _bench
 
 
 class AdamLib(Lib):
-    def __init__(self, path):
-        super().__init__(path)
-        self.lib.fp8amp_opt_level_adam_config.argtypes = [ctypes.c_int, ctypes.POINTER(AdamDesc)]
-
     def scaling(self, ctx, scale):  # a meta (history 16) with a set scale: the gradients' metas
         return super().scaling(ctx, history=16, scale=scale)
 
@@ -47,7 +42,7 @@ _flush = []
 
 
 def bench(fn, grads=None, sets=None):
-    """Median ms of fn() over 15 runs (fp8amp_ctypes.bench). With --fresh-grads, grads (the tensors
+    """Median ms of fn() over 15 runs (fp8amp_bench.bench). With --fresh-grads, grads (the tensors
     the step reads) take sets[i % K] before run i, off the clock, and L2 is flushed."""
     if not FRESH["sets"] or grads is None:
         return _bench(fn, warmup=3, reps=15)
@@ -66,11 +61,11 @@ def bench(fn, grads=None, sets=None):
 def grad_like(n, gdt):
     """Random gradients of n elements in dtype gdt (E4M3: scaled by the gradient meta's 448 / 5e-3)."""
     g32 = torch.randn(n, device="cuda") * 1e-3
-    return (g32 * (448.0 / 5e-3)).clamp(-448, 448).to(torch.float8_e4m3fn) if gdt == E4M3 else g32.to(torch_dtype(gdt))
+    return (g32 * (448.0 / 5e-3)).clamp(-448, 448).to(torch.float8_e4m3fn) if gdt == C.E4M3 else g32.to(torch_dtype(gdt))
 
 
 def torch_dtype(d):
-    return {F32: torch.float32, F16: torch.float16, BF16: torch.bfloat16, E4M3: torch.float8_e4m3fn}[d]
+    return {C.F32: torch.float32, C.F16: torch.float16, C.BF16: torch.bfloat16, C.E4M3: torch.float8_e4m3fn}[d]
 
 
 class Problem:
@@ -78,26 +73,27 @@ class Problem:
 
     def __init__(self, lib, ctx, level, pdt, gdt, sizes, block=128):
         self.lib, self.ctx, self.handles, self.metas = lib, ctx, [], []
-        desc = AdamDesc()
-        lib("fp8amp_opt_level_adam_config", level, ctypes.byref(desc))
+        desc = lib.new("fp8amp_adam_desc *")
+        lib("fp8amp_opt_level_adam_init", level, desc, lib.ffi.sizeof("fp8amp_adam_desc"))
         desc.state_block_size = block
-        self.opt = ctypes.c_void_p()
-        lib("fp8amp_optimizer_create", ctx, ctypes.byref(desc), ctypes.byref(self.opt))
+        opt = lib.new("fp8amp_optimizer *")
+        lib("fp8amp_optimizer_create", ctx, desc, opt)
+        self.opt = opt[0]
         self.params, self.grads = [], []
         for n in sizes:
             p32 = torch.randn(n, device="cuda") * 0.02
-            if pdt == E4M3:
+            if pdt == C.E4M3:
                 p = (p32 * (448.0 / 0.1)).clamp(-448, 448).to(torch.float8_e4m3fn)
             else:
                 p = p32.to(torch_dtype(pdt))
             g = grad_like(n, gdt)
             del p32
             hp, hg = lib.wrap(ctx, p, pdt), lib.wrap(ctx, g, gdt)
-            if pdt == E4M3:
+            if pdt == C.E4M3:
                 m = lib.scaling(ctx, 448.0 / 0.1)
                 lib("fp8amp_tensor_set_scaling", hp, m)
                 self.metas.append(m)
-            if gdt == E4M3:
+            if gdt == C.E4M3:
                 m = lib.scaling(ctx, 448.0 / 5e-3)
                 lib("fp8amp_tensor_set_scaling", hg, m)
                 self.metas.append(m)
@@ -107,27 +103,25 @@ class Problem:
             self.handles += [hp, hg]
         # --fresh-grads: K more gradient sets, one per step in turn (bench())
         self.sets = [[grad_like(n, gdt) for n in sizes] for _ in range(FRESH["sets"])]
-        self.args = StepArgs()
-        lib("fp8amp_adam_step_args_init_default", ctypes.byref(self.args))
+        self.args = lib.init("fp8amp_adam_step_args")
 
     def step(self):
-        self.lib("fp8amp_optimizer_step", self.opt, ctypes.byref(self.args))
+        self.lib("fp8amp_optimizer_step", self.opt, self.args)
 
     def state_bytes(self):
-        b = ctypes.c_size_t()
-        self.lib("fp8amp_optimizer_state_bytes", self.opt, ctypes.byref(b))
-        return b.value
+        b = self.lib.new("size_t *")
+        self.lib("fp8amp_optimizer_state_bytes", self.opt, b)
+        return b[0]
 
     def save(self):
-        size = ctypes.c_size_t()
-        self.lib("fp8amp_optimizer_save", self.opt, None, ctypes.c_size_t(0), ctypes.byref(size))
-        buf = (ctypes.c_ubyte * size.value)()
-        self.lib("fp8amp_optimizer_save", self.opt, buf, size, ctypes.byref(size))
-        return bytes(buf)
+        size = self.lib.new("size_t *")
+        self.lib("fp8amp_optimizer_save", self.opt, self.lib.ffi.NULL, 0, size)
+        buf = self.lib.new("unsigned char[]", size[0])
+        self.lib("fp8amp_optimizer_save", self.opt, buf, size[0], size)
+        return bytes(self.lib.ffi.buffer(buf, size[0]))
 
     def load(self, data):
-        buf = (ctypes.c_ubyte * len(data)).from_buffer_copy(data)
-        self.lib("fp8amp_optimizer_load", self.opt, buf, ctypes.c_size_t(len(data)))
+        self.lib("fp8amp_optimizer_load", self.opt, self.lib.ffi.from_buffer(data), len(data))
 
     def close(self):
         self.lib("fp8amp_optimizer_destroy", self.opt)
@@ -188,7 +182,7 @@ def main():
         p.grad = torch.randn_like(p) * 1e-3
     if ps:
         topt = torch.optim.AdamW(ps, lr=1e-3, fused=True)
-        tsets = [[grad_like(p.numel(), F32) for p in ps] for _ in range(FRESH["sets"])]
+        tsets = [[grad_like(p.numel(), C.F32) for p in ps] for _ in range(FRESH["sets"])]
         torch_ms = bench(topt.step, [p.grad for p in ps], tsets)
         del tsets
         torch_state = sum(t.numel() * t.element_size() for st in topt.state.values() for k, t in st.items()
@@ -202,11 +196,11 @@ def main():
     # ---- fp8amp
     scale_bytes = 4 * 2 / 128  # per state: scale read + written per block of 128
     cases = [
-        ("fp8amp.O1.f32", 1, F32, F32, 4 + 4 + 2 * 4 + 8 + 8, "F32 p/g; m, v F32"),
-        ("fp8amp.O2.bf16_p.e4m3_g", 2, BF16, E4M3, 2 + 2 + 2 * 1 + 2 + 4 + 2 * scale_bytes,
+        ("fp8amp.O1.f32", 1, C.F32, C.F32, 4 + 4 + 2 * 4 + 8 + 8, "F32 p/g; m, v F32"),
+        ("fp8amp.O2.bf16_p.e4m3_g", 2, C.BF16, C.E4M3, 2 + 2 + 2 * 1 + 2 + 4 + 2 * scale_bytes,
          "BF16 p, E4M3 g; m E4M3 + v F16, block 128"),
-        ("fp8amp.O2.f32_p.f32_g", 2, F32, F32, 4 + 4 + 2 * 4 + 2 + 4 + 2 * scale_bytes, "F32 p/g; m E4M3 + v F16"),
-        ("fp8amp.O3.e4m3_p.e4m3_g", 3, E4M3, E4M3, 1 + 2 * 1 + 2 + 4 + 4 + 3 * scale_bytes,
+        ("fp8amp.O2.f32_p.f32_g", 2, C.F32, C.F32, 4 + 4 + 2 * 4 + 2 + 4 + 2 * scale_bytes, "F32 p/g; m E4M3 + v F16"),
+        ("fp8amp.O3.e4m3_p.e4m3_g", 3, C.E4M3, C.E4M3, 1 + 2 * 1 + 2 + 4 + 4 + 3 * scale_bytes,
          "E4M3 p (written), F16 master, E4M3 g"),
     ]
     for name, level, pdt, gdt, bpp, note in cases:
@@ -215,13 +209,13 @@ def main():
         pb = Problem(lib, ctx, level, pdt, gdt, sizes)
         ms = bench(pb.step, pb.grads, pb.sets)
         pb.sets = []
-        found = ctypes.c_int32(1)
-        lib("fp8amp_optimizer_get_found_inf", pb.opt, ctypes.byref(found))
-        assert found.value == 0, f"{name}: the timed steps were skipped (found_inf): the benchmark data is broken"
+        found = lib.new("int32_t *", 1)
+        lib("fp8amp_optimizer_get_found_inf", pb.opt, found)
+        assert found[0] == 0, f"{name}: the timed steps were skipped (found_inf): the benchmark data is broken"
         sb = pb.state_bytes()
         record(name, ms, bpp, note, state_bytes=sb, state_bytes_per_param=sb / n,
                fraction_of_copy=bpp * n / (ms * 1e-3) / 1e9 / copy_bw, speedup_vs_torch=torch_ms / ms)
-        if level == 2 and pdt == BF16:
+        if level == 2 and pdt == C.BF16:
             # CUDA graph: capture one step, replay it, compare with the eager step bit for bit.
             snap = pb.save()
             pb.args.lr = 1e-3  # a different lr than the timed steps: the graph replays this captured value

@@ -15,7 +15,6 @@ Writes bench/results/cast-<device>-<date>.json (or --out) and prints a table.
 Usage: python3 bench/bench_cast.py --lib build/libfp8amp.so [--elements 67108864] [--out FILE]
 """
 import argparse
-import ctypes
 import datetime
 import json
 import os
@@ -23,12 +22,12 @@ import sys
 
 import torch
 
-from fp8amp_ctypes import BF16, E4M3, Lib
-from fp8amp_ctypes import bench as _bench
+from fp8amp_bench import C, Lib
+from fp8amp_bench import bench as _bench
 
 
 def bench(fn, rotations=1):
-    """Median ms of fn(i) over 40 runs after 5 warm-ups; i rotates the inputs (fp8amp_ctypes.bench)."""
+    """Median ms of fn(i) over 40 runs after 5 warm-ups; i rotates the inputs (fp8amp_bench.bench)."""
     return _bench(fn, rotations=rotations, warmup=5, reps=40)
 
 
@@ -76,10 +75,10 @@ def main():
     xs = [torch.randn(n, device="cuda", dtype=torch.bfloat16) * 3 for _ in range(rot)]
     q = torch.empty(n, device="cuda", dtype=torch.uint8)
     meta = lib.scaling(ctx)
-    hx = [lib.wrap(ctx, x, BF16) for x in xs]
-    hq = lib.wrap(ctx, q, E4M3)
+    hx = [lib.wrap(ctx, x, C.BF16) for x in xs]
+    hq = lib.wrap(ctx, q, C.E4M3)
     lib("fp8amp_tensor_set_scaling", hq, meta)
-    lib("fp8amp_scaling_set_scale", meta, ctypes.c_float(448.0 / 16.0))
+    lib("fp8amp_scaling_set_scale", meta, 448.0 / 16.0)
 
     record("fp8amp.quantize.delayed", bench(lambda i: lib("fp8amp_quantize", ctx, hx[i], hq), rot), 3 * n)
     lib("fp8amp_scaling_enable_stats", meta, 1)
@@ -87,30 +86,30 @@ def main():
     lib("fp8amp_scaling_enable_stats", meta, 0)
 
     meta_cur = lib.scaling(ctx, mode=1)
-    hq_cur = lib.wrap(ctx, q, E4M3)
+    hq_cur = lib.wrap(ctx, q, C.E4M3)
     lib("fp8amp_tensor_set_scaling", hq_cur, meta_cur)
     record("fp8amp.quantize.current", bench(lambda i: lib("fp8amp_quantize", ctx, hx[i], hq_cur), rot), 5 * n)
 
     side = int(n ** 0.5)
     x2 = [x[: side * side].view(side, side) for x in xs]
-    hx2 = [lib.wrap(ctx, x, BF16) for x in x2]
+    hx2 = [lib.wrap(ctx, x, C.BF16) for x in x2]
     q2 = torch.empty(side, side, device="cuda", dtype=torch.uint8)
     q2t = torch.empty(side, side, device="cuda", dtype=torch.uint8)
-    hq2, hq2t = lib.wrap(ctx, q2, E4M3), lib.wrap(ctx, q2t, E4M3)
+    hq2, hq2t = lib.wrap(ctx, q2, C.E4M3), lib.wrap(ctx, q2t, C.E4M3)
     for h in (hq2, hq2t):
         lib("fp8amp_tensor_set_scaling", h, meta)
     record("fp8amp.quantize_transpose", bench(lambda i: lib("fp8amp_quantize_transpose", ctx, hx2[i], hq2, hq2t), rot),
            4 * side * side, f"{side}x{side}")
 
     qs = [torch.randint(0, 256, (n,), device="cuda", dtype=torch.uint8) & 0x7E | 0x01 for _ in range(rot)]
-    hqs = [lib.wrap(ctx, t, E4M3) for t in qs]
+    hqs = [lib.wrap(ctx, t, C.E4M3) for t in qs]
     for h in hqs:
         lib("fp8amp_tensor_set_scaling", h, meta)
     out = torch.empty(n, device="cuda", dtype=torch.bfloat16)
-    hout = lib.wrap(ctx, out, BF16)
+    hout = lib.wrap(ctx, out, C.BF16)
     record("fp8amp.dequantize", bench(lambda i: lib("fp8amp_dequantize", ctx, hqs[i], hout), rot), 3 * n)
 
-    metas = (ctypes.c_void_p * 1000)(*[lib.scaling(ctx).value for _ in range(1000)])
+    metas = lib.new("fp8amp_scaling[]", [lib.scaling(ctx) for _ in range(1000)])
     record("fp8amp.scaling_update_many.1000", bench(lambda i: lib("fp8amp_scaling_update_many", ctx, 1000, metas)),
            None, "GPU time of one call (one launch), history 1024")
 

@@ -15,7 +15,6 @@ Writes bench/results/linear-<device>-<date>.json (or --out) and prints tables.
 Usage: python3 bench/bench_linear.py --lib build/libfp8amp.so [--out FILE] [--commit SHA] [--quick]
 """
 import argparse
-import ctypes
 import datetime
 import json
 import os
@@ -25,39 +24,37 @@ import time
 
 import torch
 
-from fp8amp_ctypes import ALWAYS_FP8, AUTO, BF16, E4M3, F32, KIND_NAMES, NEVER_FP8, LinearDesc, Lib, Recipe
-from fp8amp_ctypes import bench as _bench
+from fp8amp_bench import C, Lib
+from fp8amp_bench import bench as _bench
 
 
 class LinearLib(Lib):
     def __init__(self, path):
         super().__init__(path)
-        for name in ("fp8amp_linear_forward", "fp8amp_linear_backward"):
-            getattr(self.lib, name).argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int32]
         self.forward = self.lib.fp8amp_linear_forward
         self.backward = self.lib.fp8amp_linear_backward
 
-    def linear(self, ctx, k, n, policy, weight, bias, wgrad_dtype=E4M3, graph_replay=1):
-        d = LinearDesc()
-        self("fp8amp_linear_desc_init_default", ctypes.byref(d))
-        d.in_features, d.out_features, d.policy, d.wgrad_dtype = k, n, policy, wgrad_dtype
+    def linear(self, ctx, k, n, policy, weight, bias, wgrad_dtype=None, graph_replay=1):
+        d = self.init("fp8amp_linear_desc")
+        d.in_features, d.out_features, d.policy = k, n, policy
+        d.wgrad_dtype = C.E4M3 if wgrad_dtype is None else wgrad_dtype
         d.graph_replay = graph_replay
-        lin = ctypes.c_void_p()
-        self("fp8amp_linear_create", ctx, ctypes.byref(d), ctypes.byref(lin))
-        for getter, src, dtype in (("fp8amp_linear_weight", weight, BF16), ("fp8amp_linear_bias", bias, F32)):
-            h = ctypes.c_void_p()
-            self(getter, lin, ctypes.byref(h))
-            self("fp8amp_cast", ctx, self.wrap(ctx, src, dtype), h)
-        return lin
+        lin = self.new("fp8amp_linear *")
+        self("fp8amp_linear_create", ctx, d, lin)
+        for getter, src, dtype in (("fp8amp_linear_weight", weight, C.BF16), ("fp8amp_linear_bias", bias, C.F32)):
+            h = self.new("fp8amp_tensor *")
+            self(getter, lin[0], h)
+            self("fp8amp_cast", ctx, self.wrap(ctx, src, dtype), h[0])
+        return lin[0]
 
     def kind(self, lin):
-        k = ctypes.c_int()
-        self("fp8amp_linear_gemm_kind", lin, ctypes.byref(k))
-        return KIND_NAMES[k.value]
+        k = self.new("fp8amp_gemm_kind *")
+        self("fp8amp_linear_gemm_kind", lin, k)
+        return C.KIND_NAMES[k[0]]
 
 
 def bench(fn):
-    """Median ms of fn() over 20 runs behind a longer backlog (the GEMMs are long) -- fp8amp_ctypes.bench."""
+    """Median ms of fn() over 20 runs behind a longer backlog (the GEMMs are long) -- fp8amp_bench.bench."""
     return _bench(fn, warmup=3, reps=20, backlog_cycles=2_000_000)
 
 
@@ -126,11 +123,11 @@ def main():
         y = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
         dy = torch.randn(m, n, device="cuda", dtype=torch.bfloat16)
         dx = torch.empty(m, k, device="cuda", dtype=torch.bfloat16)
-        hx, hy, hdy, hdx = (lib.wrap(ctx, t, BF16) for t in (x, y, dy, dx))
+        hx, hy, hdy, hdx = (lib.wrap(ctx, t, C.BF16) for t in (x, y, dy, dx))
         flops = 2 * m * n * k
 
         # GEMM alone: fp8amp's cuBLASLt kernel inside the forward vs torch._scaled_mm on the same bytes.
-        lin = lib.linear(ctx, k, n, ALWAYS_FP8, w, bias)
+        lin = lib.linear(ctx, k, n, C.ALWAYS_FP8, w, bias)
         ours_ms = gemm_kernel_ms(lambda: lib.forward(lin, hx, hy, 0))
         x8, w8 = (x * 0.5).to(fp8), (w * 16).to(fp8)
         sa, sb = torch.tensor(2.0, device="cuda"), torch.tensor(1 / 16, device="cuda")
@@ -146,8 +143,8 @@ def main():
 
         # Whole layer, forward + backward: fp8amp (E4M3 and F32 weight gradients) vs bf16 nn.Linear.
         entry = {}
-        for wg_name, wg in (("e4m3_wgrad", E4M3), ("f32_wgrad", F32)):
-            lin_w = lib.linear(ctx, k, n, ALWAYS_FP8, w, bias, wg)
+        for wg_name, wg in (("e4m3_wgrad", C.E4M3), ("f32_wgrad", C.F32)):
+            lin_w = lib.linear(ctx, k, n, C.ALWAYS_FP8, w, bias, wg)
 
             def step():
                 lib.forward(lin_w, hx, hy, 1)
@@ -188,9 +185,9 @@ def main():
         y = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
         dy = torch.randn(m, n, device="cuda", dtype=torch.bfloat16)
         dx = torch.empty(m, k, device="cuda", dtype=torch.bfloat16)
-        hx, hy, hdy, hdx = (lib.wrap(ctx, t, BF16) for t in (x, y, dy, dx))
+        hx, hy, hdy, hdx = (lib.wrap(ctx, t, C.BF16) for t in (x, y, dy, dx))
         entry = {"macs": m * n * k}
-        for pname, policy in (("fp8", ALWAYS_FP8), ("bf16", NEVER_FP8), ("auto", AUTO)):
+        for pname, policy in (("fp8", C.ALWAYS_FP8), ("bf16", C.NEVER_FP8), ("auto", C.AUTO)):
             lin = lib.linear(ctx, k, n, policy, w, bias)
             entry[f"{pname}_forward_us"] = bench(lambda: lib.forward(lin, hx, hy, 0)) * 1e3
 
@@ -233,11 +230,11 @@ def main():
         x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
         w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
         y = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
-        hx, hy = lib.wrap(ctx, x, BF16), lib.wrap(ctx, y, BF16)
+        hx, hy = lib.wrap(ctx, x, C.BF16), lib.wrap(ctx, y, C.BF16)
         shape = f"{m}x{k}->{n}"
         dy = torch.randn(m, n, device="cuda", dtype=torch.bfloat16)
         dx = torch.empty(m, k, device="cuda", dtype=torch.bfloat16)
-        hdy, hdx = lib.wrap(ctx, dy, BF16), lib.wrap(ctx, dx, BF16)
+        hdy, hdx = lib.wrap(ctx, dy, C.BF16), lib.wrap(ctx, dx, C.BF16)
 
         def train_step(lin):
             lib.forward(lin, hx, hy, 1)
@@ -246,7 +243,7 @@ def main():
         # graph_replay = 1 (the default) replays a repeated call's launches as one CUDA graph launch;
         # graph_replay = 0 launches every kernel each call (how the Linear ran before replay).
         for replay, suffix in ((1, ""), (0, "_no_replay")):
-            for pname, policy in (("fp8", ALWAYS_FP8), ("bf16", NEVER_FP8)):
+            for pname, policy in (("fp8", C.ALWAYS_FP8), ("bf16", C.NEVER_FP8)):
                 lin = lib.linear(ctx, k, n, policy, w, torch.zeros(n, device="cuda"), graph_replay=replay)
                 key = f"fp8amp_linear_forward_{pname}_{shape}{suffix}"
                 res["host"][key] = host_us(lambda: lib.forward(lin, hx, hy, 0))
@@ -255,20 +252,18 @@ def main():
                 res["host"][key + "_idle_gpu"] = host_us(lambda: lib.forward(lin, hx, hy, 0), busy=False)
                 res["host"][f"fp8amp_linear_forward_backward_{pname}_{shape}{suffix}"] = host_us(
                     lambda: train_step(lin), calls=100)
-                replays = ctypes.c_uint64()
-                lib("fp8amp_linear_graph_replays", lin, ctypes.byref(replays))
-                res["host"][f"graph_replays_{pname}{suffix}"] = replays.value
+                replays = lib.new("uint64_t *")
+                lib("fp8amp_linear_graph_replays", lin, replays)
+                res["host"][f"graph_replays_{pname}{suffix}"] = replays[0]
                 lib("fp8amp_linear_destroy", lin)
         q = torch.empty(m, k, device="cuda", dtype=torch.uint8)
-        hq = lib.wrap(ctx, q, E4M3)
-        meta = ctypes.c_void_p()
-        r = Recipe()
-        lib("fp8amp_recipe_init_default", ctypes.byref(r))
-        lib("fp8amp_scaling_create", ctx, ctypes.byref(r), E4M3, ctypes.byref(meta))
+        hq = lib.wrap(ctx, q, C.E4M3)
+        meta = lib.scaling(ctx)
         lib("fp8amp_tensor_set_scaling", hq, meta)
         quantize = lib.lib.fp8amp_quantize
-        quantize.argtypes = [ctypes.c_void_p] * 3
         res["host"][f"fp8amp_quantize_{m}x{k}"] = host_us(lambda: quantize(ctx, hx, hq))
+        # The cost of one call into the library from Python, now through CFFI (the key keeps its name
+        # from when the benchmarks used ctypes, so that results stay comparable by name).
         res["host"]["ctypes_call"] = host_us(lambda: lib.lib.fp8amp_version())
         bias16 = torch.zeros(n, device="cuda", dtype=torch.bfloat16)
         x8, w8 = x.to(fp8), w.to(fp8)

@@ -8,7 +8,7 @@
 #include <memory>
 
 #include "context.hpp"
-#include "dlpack.h"
+#include "fp8amp/dlpack.h"
 #include "enums.hpp"
 
 namespace fp8amp::core {

@@ -68,6 +68,11 @@ run_one() {  # tool name command...: one run, one line "tool name rc errors skip
   echo "$tool $name $rc ${errors:-?} $skipped $(($(date +%s) - start))" >"$out/$tool-$name.res"
 }
 lib=$(ls "$build"/libfp8amp.so.0)
+# reference_cuda calls the library through the fp8amp package built against it (cached in
+# $build/python-binding): build it here, once, rather than under a tool (pip and the compiler would
+# run inside the sanitizer). A machine without the binding's build tools gets the script's SKIPPED.
+python3 -c "import sys; sys.path.insert(0, 'bindings/python'); import binding_for; binding_for.import_fp8amp('$lib')" \
+  || echo "the fp8amp binding could not be built here: reference_cuda will say why"
 for tool in "${tools[@]}"; do
   # The suite: every CMocka test executable, and the ml_dtypes cross-check of the CUDA codecs.
   # (The Python binding's pytest suite calls the same entry points through CFFI and runs PyTorch's

@@ -19,7 +19,7 @@ t0=$(date +%s)
   cmake --build build-gpu --target fp8amp -j "$(nproc)"; } >"$out/build.log" 2>&1 \
   || { grep -E "error" -A3 "$out/build.log" | head -40; exit 1; }
 echo "library built in $(( $(date +%s) - t0 )) s"
-FP8AMP_INCLUDE_DIR=$PWD/capi/include FP8AMP_LIB_DIR=$PWD/build-gpu \
+FP8AMP_INCLUDE_DIR=$PWD/capi/include:$PWD/build-gpu/include FP8AMP_LIB_DIR=$PWD/build-gpu \
   python3 -m pip install -q --no-build-isolation --no-deps --target "$site" ./bindings/python >"$out/pip.log" 2>&1 \
   || { tail -30 "$out/pip.log"; exit 1; }
 (cd "$site" && FP8AMP_HEADER=$OLDPWD/capi/include/fp8amp/fp8amp.h timeout "${PYTEST_TIMEOUT:-200}" \

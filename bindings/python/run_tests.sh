@@ -18,9 +18,10 @@ trap 'rm -rf "$work"' EXIT
 # Build from a copy, so the source tree gets no build/ or egg-info folders.
 cp -r "$src/bindings/python" "$work/pkg"
 rm -rf "$work/pkg/build" "$work/pkg/src/fp8amp/_fp8amp_cffi"* "$work/pkg/src/"*.egg-info
-FP8AMP_INCLUDE_DIR="$src/capi/include" FP8AMP_LIB_DIR="$libdir" \
+# The public headers: capi/include and the generated fp8amp/version.h in the build folder's include/.
+FP8AMP_INCLUDE_DIR="$src/capi/include:$libdir/include" FP8AMP_LIB_DIR="$libdir" \
   "$py" -m pip install -q --no-build-isolation --no-deps --target "$work/site" "$work/pkg" >"$work/pip.log" 2>&1 \
   || { cat "$work/pip.log"; exit 1; }
 cd "$work"
-FP8AMP_HEADER="$src/capi/include/fp8amp/fp8amp.h" PYTHONPATH="$work/site${PYTHONPATH:+:$PYTHONPATH}" \
+FP8AMP_HEADER="$src/capi/include/fp8amp/fp8amp.h" FP8AMP_GENERATED_INCLUDE="$libdir/include" PYTHONPATH="$work/site${PYTHONPATH:+:$PYTHONPATH}" \
   "$py" -m pytest -q -p no:cacheprovider -rs "$src/bindings/python/tests" "${@:3}"

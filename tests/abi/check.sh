@@ -31,7 +31,9 @@ trap 'rm -rf "$work"' EXIT
 
 consumers() {
   local cc=${CC:-cc}
-  bash "$here/newer_header.sh" "$src" "$work/newer"
+  # The current header includes fp8amp/version.h, which CMake generated into BUILD_DIR/include.
+  local gen="$build/include"
+  bash "$here/newer_header.sh" "$src" "$work/newer" "$gen"
   local seed
   seed=$(od -An -N8 -tu8 /dev/urandom | tr -d ' ')
   echo "seed $seed"
@@ -39,7 +41,7 @@ consumers() {
   for name in release-0.1.0 current newer; do
     case $name in
       release-0.1.0) inc="$here/0.1.0"; flags="" ;;
-      current) inc="$src/capi/include"; flags="" ;;
+      current) inc="$src/capi/include"; flags="-I$gen" ;;
       newer) inc="$work/newer"; flags="-DABI_NEWER" ;;
     esac
     # The build of a user of the library: its header, then -lfp8amp.

@@ -3,11 +3,11 @@
  * the specification's structs (dlpack.h). */
 #define _POSIX_C_SOURCE 200809L
 
-#include "dlpack.h"
+#include "fp8amp/dlpack.h"
 #include "test_util.h"
 
 #define SENTINEL_TENSOR ((fp8amp_tensor)(uintptr_t)0x7a7a7a7a)
-#define SENTINEL_MANAGED ((DLManagedTensorVersioned *)(uintptr_t)0x3c3c3c3c)
+#define SENTINEL_MANAGED ((struct DLManagedTensorVersioned *)(uintptr_t)0x3c3c3c3c)
 #define POISON 0xA5
 
 static const struct {
@@ -59,16 +59,16 @@ static void *tensor_data(fp8amp_tensor t) {
 /* A producer-made managed tensor over host memory the test owns. Its deleter only counts: the test
  * frees the memory itself, after checking how often the deleter ran. */
 typedef struct {
-    DLManagedTensorVersioned managed;
+    struct DLManagedTensorVersioned managed;
     int64_t shape[FP8AMP_MAX_NDIM + 2];
     int64_t strides[FP8AMP_MAX_NDIM + 2];
     void *buffer;
     size_t buffer_bytes;
     int deleter_calls;
-    DLManagedTensorVersioned *deleted_with; /* the argument the deleter got */
+    struct DLManagedTensorVersioned *deleted_with; /* the argument the deleter got */
 } producer;
 
-static void producer_deleter(DLManagedTensorVersioned *self) {
+static void producer_deleter(struct DLManagedTensorVersioned *self) {
     producer *p = (producer *)self->manager_ctx;
     p->deleter_calls++;
     p->deleted_with = self;
@@ -119,7 +119,7 @@ static void producer_free(producer *p) { free(p->buffer); }
 /* Imports expecting `status`; on failure asserts the producer is untouched: its struct, its
  * memory, its deleter not called, *out not written. */
 static void expect_import_fails(fp8amp_context ctx, producer *p, fp8amp_status status) {
-    DLManagedTensorVersioned copy = p->managed;
+    struct DLManagedTensorVersioned copy = p->managed;
     void *bytes = xmemdup(p->buffer, p->buffer_bytes);
     int64_t shape_copy[FP8AMP_MAX_NDIM + 2], strides_copy[FP8AMP_MAX_NDIM + 2];
     fp8amp_tensor out = SENTINEL_TENSOR;
@@ -146,7 +146,7 @@ static fp8amp_tensor import_ok(fp8amp_context ctx, producer *p) {
 
 /* ---- export ---------------------------------------------------------------------------------- */
 
-static void check_export(DLManagedTensorVersioned *m, fp8amp_tensor t, fp8amp_device device, uint8_t code,
+static void check_export(struct DLManagedTensorVersioned *m, fp8amp_tensor t, fp8amp_device device, uint8_t code,
                          uint8_t bits, int32_t ndim, const int64_t *shape) {
     int64_t stride = 1;
     int32_t i;
@@ -185,7 +185,7 @@ static void test_export(void **state) {
         fp8amp_tensor t = make_tensor(ctx, DTYPE_CODES[k].dtype, 3, shape);
         const size_t nbytes = tensor_bytes(t);
         void *values = write_random(t);
-        DLManagedTensorVersioned *m = NULL;
+        struct DLManagedTensorVersioned *m = NULL;
 
         EXPECT_OK(fp8amp_tensor_to_dlpack(t, &m));
         check_export(m, t, device, DTYPE_CODES[k].code, DTYPE_CODES[k].bits, 3, shape);
@@ -216,7 +216,7 @@ static void test_export_scalar_and_max_ndim(void **state) {
     fp8amp_tensor s = make_tensor(ctx, FP8AMP_DTYPE_F32, 0, NULL);
     const int64_t shape8[FP8AMP_MAX_NDIM] = {2, 1, 3, 1, 2, 2, 1, 3};
     fp8amp_tensor t8 = make_tensor(ctx, FP8AMP_DTYPE_E4M3, FP8AMP_MAX_NDIM, shape8);
-    DLManagedTensorVersioned *ms = NULL, *m8 = NULL;
+    struct DLManagedTensorVersioned *ms = NULL, *m8 = NULL;
 
     EXPECT_OK(fp8amp_tensor_to_dlpack(s, &ms));
     check_export(ms, s, device, 2, 32, 0, NULL);
@@ -226,7 +226,7 @@ static void test_export_scalar_and_max_ndim(void **state) {
 
     /* Two exports of one tensor are independent: each has its own deleter call. */
     {
-        DLManagedTensorVersioned *again = NULL;
+        struct DLManagedTensorVersioned *again = NULL;
         EXPECT_OK(fp8amp_tensor_to_dlpack(t8, &again));
         assert_ptr_not_equal(again, m8);
         assert_ptr_equal(again->dl_tensor.data, m8->dl_tensor.data);
@@ -262,7 +262,7 @@ static void test_export_keeps_memory_until_deleter(void **state) {
     alloc_counter counter = {0, 0};
     const int64_t shape[2] = {16, 16};
     fp8amp_tensor t;
-    DLManagedTensorVersioned *m1 = NULL, *m2 = NULL;
+    struct DLManagedTensorVersioned *m1 = NULL, *m2 = NULL;
     void *values;
 
     EXPECT_OK(fp8amp_context_set_allocator(ctx, counter_alloc, counter_free, &counter));
@@ -290,7 +290,7 @@ static void test_export_bad_arguments(void **state) {
     fp8amp_tensor t = make_tensor(ctx, FP8AMP_DTYPE_BF16, 1, shape);
     fp8amp_tensor dead = make_tensor(ctx, FP8AMP_DTYPE_BF16, 1, shape);
     void *values = write_random(t);
-    DLManagedTensorVersioned *m = SENTINEL_MANAGED;
+    struct DLManagedTensorVersioned *m = SENTINEL_MANAGED;
 
     EXPECT_STATUS(fp8amp_tensor_to_dlpack(t, NULL), FP8AMP_ERROR_INVALID_ARGUMENT);
     EXPECT_OK(fp8amp_tensor_destroy(dead));
@@ -639,7 +639,7 @@ static void test_import_read_only(void **state) {
 
     /* Re-exported, it stays read-only. */
     {
-        DLManagedTensorVersioned *m = NULL;
+        struct DLManagedTensorVersioned *m = NULL;
         EXPECT_OK(fp8amp_tensor_to_dlpack(t, &m));
         assert_int_equal(m->flags & DLPACK_FLAG_BITMASK_READ_ONLY, DLPACK_FLAG_BITMASK_READ_ONLY);
         assert_ptr_equal(m->dl_tensor.data, p.buffer);
@@ -668,7 +668,7 @@ static void test_import_then_export(void **state) {
     const int64_t shape[2] = {5, 5};
     producer p;
     fp8amp_tensor t;
-    DLManagedTensorVersioned *m = NULL;
+    struct DLManagedTensorVersioned *m = NULL;
 
     producer_init(&p, 10, 8, 2, shape, 0);
     t = import_ok(ctx, &p);
@@ -694,7 +694,7 @@ static void test_round_trip(void **state) {
         fp8amp_tensor t = make_tensor(ctx, DTYPE_CODES[k].dtype, 3, shape), back = NULL;
         const size_t nbytes = tensor_bytes(t);
         void *values = write_random(t), *more;
-        DLManagedTensorVersioned *m = NULL;
+        struct DLManagedTensorVersioned *m = NULL;
         fp8amp_dtype dtype;
         int64_t got_shape[3];
         fp8amp_device d;
@@ -733,7 +733,7 @@ static void test_import_cuda_devices(void **state) {
     producer p;
     fp8amp_tensor gpu = make_tensor(ctx, FP8AMP_DTYPE_F32, 2, shape);
     void *values = write_random(gpu);
-    DLManagedTensorVersioned *m = NULL;
+    struct DLManagedTensorVersioned *m = NULL;
 
     /* Host memory into a CUDA context. */
     producer_init(&p, 2, 32, 2, shape, 0);
@@ -747,7 +747,7 @@ static void test_import_cuda_devices(void **state) {
     /* A CUDA export into a CPU context. */
     EXPECT_OK(fp8amp_tensor_to_dlpack(gpu, &m));
     {
-        DLManagedTensorVersioned copy = *m;
+        struct DLManagedTensorVersioned copy = *m;
         fp8amp_tensor out = SENTINEL_TENSOR;
         EXPECT_STATUS(fp8amp_tensor_from_dlpack(cpu, m, &out), FP8AMP_ERROR_DEVICE_MISMATCH);
         assert_ptr_equal(out, SENTINEL_TENSOR);

@@ -2,17 +2,17 @@
  * that wraps the address space, and device types outside the few fp8amp declares. */
 #define _POSIX_C_SOURCE 200809L
 
-#include "dlpack.h"
+#include "fp8amp/dlpack.h"
 #include "test_util.h"
 
 static int g_deleter_calls;
-static void count_deleter(DLManagedTensorVersioned *self) {
+static void count_deleter(struct DLManagedTensorVersioned *self) {
     (void)self;
     ++g_deleter_calls;
 }
 
 /* An F32 [4] tensor over buf, random contents. */
-static void make_managed(DLManagedTensorVersioned *m, float *buf, int64_t *shape) {
+static void make_managed(struct DLManagedTensorVersioned *m, float *buf, int64_t *shape) {
     int i;
     memset(m, 0, sizeof *m);
     for (i = 0; i < 4; ++i) buf[i] = (float)test_rng_uniform(-8.0, 8.0);
@@ -39,7 +39,7 @@ static void test_import_byte_offset_wrapping(void **state) {
     for (k = 0; k < sizeof offsets / sizeof offsets[0]; ++k) {
         float buf[4];
         int64_t shape[1];
-        DLManagedTensorVersioned m;
+        struct DLManagedTensorVersioned m;
         fp8amp_tensor t = (fp8amp_tensor)(uintptr_t)0x7a7a7a7a;
         make_managed(&m, buf, shape);
         m.dl_tensor.byte_offset = offsets[k];
@@ -63,7 +63,7 @@ static void test_import_other_device_types(void **state) {
     for (k = 0; k < sizeof types / sizeof types[0]; ++k) {
         float buf[4];
         int64_t shape[1];
-        DLManagedTensorVersioned m;
+        struct DLManagedTensorVersioned m;
         fp8amp_tensor t = (fp8amp_tensor)(uintptr_t)0x7a7a7a7a;
         make_managed(&m, buf, shape);
         memcpy(&m.dl_tensor.device.device_type, &types[k], sizeof types[k]);

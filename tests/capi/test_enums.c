@@ -8,7 +8,7 @@
  * tests/sanitizers.sh) and with the first value past the last enumerator. */
 #include "test_util.h"
 
-#include "dlpack.h"
+#include "fp8amp/dlpack.h"
 
 /* Values no fp8amp enum has. The first few lie outside every enum's C++ range (UBSan reports loads of
  * them); `past` adds, per enum, the first integer beyond its last enumerator. */
@@ -184,7 +184,7 @@ static void test_opt_level(void **state) {
  * value at all) is a device this CPU context cannot use, DEVICE_MISMATCH as documented, and must be
  * read without undefined behaviour too. The deleter is never called on failure. */
 static int dlpack_deleter_calls;
-static void count_deleter(DLManagedTensorVersioned *self) {
+static void count_deleter(struct DLManagedTensorVersioned *self) {
     (void)self;
     ++dlpack_deleter_calls;
 }
@@ -196,7 +196,7 @@ static void test_dlpack_device_type(void **state) {
     for (int i = 0; i < 6; ++i) data[i] = (float)test_rng_uniform(-1.0, 1.0);
     int64_t shape[2] = {2, 3};
     for (int i = 0; i < N_BAD; ++i) {
-        DLManagedTensorVersioned m;
+        struct DLManagedTensorVersioned m;
         memset(&m, 0, sizeof m);
         m.version.major = 1;
         m.version.minor = 1;

@@ -19,7 +19,7 @@
  * Fresh random data every run (FP8AMP_TEST_SEED replays one). Each test runs on the CPU and on CUDA
  * (skipped without a GPU). The recipes use current scaling so that the scales are deterministic.
  * Graph replay (desc.graph_replay) against a Linear launching every kernel: bit for bit. */
-#include "dlpack.h"
+#include "fp8amp/dlpack.h"
 #include "fp8_reference.h"
 #include "test_util.h"
 
@@ -1553,7 +1553,7 @@ static void test_bad_input(void **state) {
         EXPECT_STATUS(fp8amp_linear_forward(lin, xin, alias, 1), FP8AMP_ERROR_INVALID_ARGUMENT);
         EXPECT_OK(fp8amp_tensor_destroy(alias));
         EXPECT_OK(fp8amp_tensor_destroy(xin));
-        DLManagedTensorVersioned *m = NULL;
+        struct DLManagedTensorVersioned *m = NULL;
         fp8amp_tensor ro;
         EXPECT_OK(fp8amp_tensor_to_dlpack(ty, &m));
         m->flags |= DLPACK_FLAG_BITMASK_READ_ONLY;
@@ -1606,7 +1606,7 @@ static void test_bad_input(void **state) {
         EXPECT_STATUS(fp8amp_linear_backward(lin, dyin, alias, 0), FP8AMP_ERROR_INVALID_ARGUMENT);
         EXPECT_OK(fp8amp_tensor_destroy(alias));
         EXPECT_OK(fp8amp_tensor_destroy(dyin));
-        DLManagedTensorVersioned *m = NULL;
+        struct DLManagedTensorVersioned *m = NULL;
         fp8amp_tensor ro;
         EXPECT_OK(fp8amp_tensor_to_dlpack(tdx, &m));
         m->flags |= DLPACK_FLAG_BITMASK_READ_ONLY;

@@ -5,7 +5,7 @@
  * scale_inv in float32, rounded into the destination. Fresh random data of many shapes every run.
  * Each test runs on the CPU and on CUDA (skipped without a GPU); the CUDA run is also compared byte
  * for byte with the same run on the CPU. */
-#include "dlpack.h"
+#include "fp8amp/dlpack.h"
 #include "fp8_reference.h"
 #include "test_gen.h"
 #include "test_util.h"
@@ -857,7 +857,7 @@ static void test_bad_input(void **state) {
     EXPECT_OK(fp8amp_tensor_destroy(alias));
 
     /* read-only destinations (imported through DLPack with the read-only flag) */
-    DLManagedTensorVersioned *m = NULL;
+    struct DLManagedTensorVersioned *m = NULL;
     fp8amp_tensor ro_e4, ro_f32;
     EXPECT_OK(fp8amp_tensor_to_dlpack(e4, &m));
     m->flags |= DLPACK_FLAG_BITMASK_READ_ONLY;

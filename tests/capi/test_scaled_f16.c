@@ -7,7 +7,7 @@
  * every run, with NaN/inf, and sources and destinations at unaligned addresses (the CUDA kernels'
  * scalar paths). Each test runs on the CPU and on CUDA (skipped without a GPU); the CUDA run is also
  * compared byte for byte with the same run on the CPU. */
-#include "dlpack.h"
+#include "fp8amp/dlpack.h"
 #include "fp8_reference.h"
 #include "test_gen.h"
 #include "test_util.h"
@@ -642,7 +642,7 @@ static void test_f16_bad_input(void **state) {
     EXPECT_STATUS(fp8amp_dequantize(ctx, h, h), FP8AMP_ERROR_INVALID_ARGUMENT); /* overlap */
 
     /* read-only destinations */
-    DLManagedTensorVersioned *m = NULL;
+    struct DLManagedTensorVersioned *m = NULL;
     fp8amp_tensor ro_h, ro_f32;
     EXPECT_OK(fp8amp_tensor_to_dlpack(h, &m));
     m->flags |= DLPACK_FLAG_BITMASK_READ_ONLY;

@@ -1,6 +1,6 @@
 /* Recipes and scaling meta: defaults, validation, and the scale arithmetic of delayed and current
  * scaling checked against a float64 model over long random amax sequences (fp8amp_scaling_update and
- * _update_many), with the special cases of DESIGN.md section 4: amax 0/inf/NaN keeps the previous
+ * _update_many), with the special cases of docs/numerics.md section 5.4: amax 0/inf/NaN keeps the previous
  * scale, an overflowing scale becomes FLT_MAX, power-of-two scales round down, interval > 1,
  * margin > 0, MAX and MOST_RECENT over a ring of amax_history_len.
  *

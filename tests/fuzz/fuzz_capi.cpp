@@ -26,7 +26,7 @@
 #include <string>
 #include <vector>
 
-#include "dlpack.h"
+#include "fp8amp/dlpack.h"
 #include "fuzz_common.hpp"
 
 extern "C" {  // fuzz_capi_shim.c

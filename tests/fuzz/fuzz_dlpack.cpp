@@ -10,7 +10,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "dlpack.h"
+#include "fp8amp/dlpack.h"
 #include "fuzz_common.hpp"
 
 namespace {

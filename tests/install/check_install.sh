@@ -10,6 +10,10 @@ trap 'rm -rf "$prefix"' EXIT
 cmake --install "$build" --prefix "$prefix" >/dev/null
 libdir=$(dirname "$(find "$prefix" -name 'libfp8amp.so.0' | head -n 1)")
 test -f "$prefix/include/fp8amp/fp8amp.h"
+# fp8amp.h includes the generated version.h; its DLPack functions need DLPack's dlpack.h: both installed.
+test -f "$prefix/include/fp8amp/version.h"
+test -f "$prefix/include/fp8amp/dlpack.h"
+test -n "$(find "$prefix" -name LICENSE.dlpack)"
 
 soname=$(readelf -d "$libdir/libfp8amp.so.0" | sed -n 's/.*SONAME.*\[\(.*\)\]/\1/p')
 [ "$soname" = "libfp8amp.so.0" ] || { echo "SONAME is '$soname'"; exit 1; }
@@ -23,6 +27,31 @@ export PKG_CONFIG_PATH="$libdir/pkgconfig"
 cc -std=c99 -Wall -Werror -pedantic "$src/examples/consumer/consumer.c" -o "$prefix/consumer_pc" \
   $(pkg-config --cflags --libs fp8amp)
 LD_LIBRARY_PATH="$libdir" "$prefix/consumer_pc"
+# A DLPack consumer built from the installed headers alone (fp8amp.h says to include <fp8amp/dlpack.h>).
+cat >"$prefix/dlpack_user.c" <<'C'
+#include <fp8amp/fp8amp.h>
+#include <fp8amp/dlpack.h>
+#include <stdio.h>
+int main(void) {
+    const fp8amp_device cpu = {FP8AMP_DEVICE_CPU, 0};
+    const int64_t shape[1] = {3};
+    fp8amp_context ctx;
+    fp8amp_tensor t;
+    struct DLManagedTensorVersioned *m;
+    if (fp8amp_context_create(cpu, &ctx) || fp8amp_tensor_create(ctx, FP8AMP_DTYPE_E4M3, 1, shape, &t) ||
+        fp8amp_tensor_to_dlpack(t, &m)) return 1;
+    const int ok = m->version.major == DLPACK_MAJOR_VERSION && m->dl_tensor.dtype.code == kDLFloat8_e4m3fn &&
+                   m->dl_tensor.device.device_type == kDLCPU && m->dl_tensor.shape[0] == 3 &&
+                   fp8amp_version() == FP8AMP_VERSION;
+    m->deleter(m);
+    fp8amp_tensor_destroy(t);
+    fp8amp_context_destroy(ctx);
+    printf("DLPack consumer: %s\n", ok ? "ok" : "WRONG");
+    return ok ? 0 : 1;
+}
+C
+cc -std=c99 -Wall -Werror -pedantic "$prefix/dlpack_user.c" -o "$prefix/dlpack_user" $(pkg-config --cflags --libs fp8amp)
+LD_LIBRARY_PATH="$libdir" "$prefix/dlpack_user"
 
 # CMake package
 cmake -S "$src/examples/consumer" -B "$prefix/consumer_build" -DCMAKE_PREFIX_PATH="$prefix" >/dev/null

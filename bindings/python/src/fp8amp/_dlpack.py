@@ -17,8 +17,9 @@ VERSIONED = b"dltensor_versioned"
 LEGACY = b"dltensor"
 USED_VERSIONED = b"used_dltensor_versioned"
 USED_LEGACY = b"used_dltensor"
-FLAG_READ_ONLY = 1
-KDL_CPU, KDL_CUDA = 1, 2
+# DLPack's own values, from its header (fp8amp/dlpack.h, compiled into the CFFI module).
+FLAG_READ_ONLY = int(lib.DLPACK_FLAG_BITMASK_READ_ONLY)
+KDL_CPU, KDL_CUDA = int(lib.kDLCPU), int(lib.kDLCUDA)
 
 _api = ctypes.pythonapi
 _api.PyCapsule_New.restype = ctypes.py_object

@@ -1,4 +1,4 @@
-"""Adam/AdamW with low-precision state (O1/O2/O3) and the dynamic loss scaler (DESIGN.md section 3).
+"""Adam/AdamW with low-precision state (O1/O2/O3) and the dynamic loss scaler (guide: docs/api.md section 12; numerics: docs/numerics.md section 6).
 
 The C functions are looked up when an object is made, so this module imports against a library
 that predates them (the classes then raise NotSupportedError).
