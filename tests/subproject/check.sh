@@ -11,8 +11,9 @@ set -euo pipefail
 root=$(cd "${1:-$(dirname "$0")/../..}" && pwd)
 build=${2:-$root/build-subproject}
 rm -rf "$build"
+# (cmake reads the generator from CMAKE_GENERATOR in the environment, if set)
 cmake -S "$root/tests/subproject" -B "$build" -DFP8AMP_SOURCE_DIR="$root" -DFP8AMP_CUDA="${FP8AMP_CUDA:-OFF}" \
-  ${CMAKE_GENERATOR:+-G "$CMAKE_GENERATOR"} >"$build.configure.log" 2>&1 || {
+  >"$build.configure.log" 2>&1 || {
   cat "$build.configure.log"
   echo "subproject: configure failed" >&2
   exit 1
