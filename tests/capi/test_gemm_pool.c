@@ -31,10 +31,10 @@
 #define POOL_INTERPOSER 1
 #endif
 
+#if POOL_INTERPOSER
 static int refuse_threads; /* set while the first test wants every thread start refused */
 static long thread_starts;  /* pthread_create calls seen (refused or not) */
 
-#if POOL_INTERPOSER
 #include <dlfcn.h>
 #include <errno.h>
 

@@ -11,10 +11,11 @@ set -euo pipefail
 root=$(cd "${1:-$(dirname "$0")/../..}" && pwd)
 build=${2:-$root/build-subproject}
 rm -rf "$build"
+mkdir -p "$build"
 # (cmake reads the generator from CMAKE_GENERATOR in the environment, if set)
 cmake -S "$root/tests/subproject" -B "$build" -DFP8AMP_SOURCE_DIR="$root" -DFP8AMP_CUDA="${FP8AMP_CUDA:-OFF}" \
-  >"$build.configure.log" 2>&1 || {
-  cat "$build.configure.log"
+  >"$build/configure.log" 2>&1 || {
+  cat "$build/configure.log"
   echo "subproject: configure failed" >&2
   exit 1
 }
@@ -39,6 +40,5 @@ if [ -n "$build_type" ]; then
   echo "subproject: the parent's CMAKE_BUILD_TYPE was set to '$build_type'" >&2
   fail=1
 fi
-rm -f "$build.configure.log"
 [ "$fail" = 0 ] && echo "subproject: ok (no CMocka, no tests, no examples, the parent's build type kept)"
 exit "$fail"
