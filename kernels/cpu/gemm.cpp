@@ -143,7 +143,8 @@ private:
 // the calling thread included, for work big enough to pay (more than 2^20 multiply-adds a thread).
 template <class Body>
 void parallel_rows(size_t rows, size_t work_per_row, Body &&body) {
-    const size_t hw = std::max(1u, std::thread::hardware_concurrency());
+    // Asked once: glibc answers hardware_concurrency by reading /sys, which costs microseconds a call.
+    static const size_t hw = std::max(1u, std::thread::hardware_concurrency());
     const size_t wanted = std::min<size_t>({hw, kMaxThreads, rows, 1 + rows * work_per_row / (1u << 20)});
     if (wanted > 1) {
         using B = std::remove_reference_t<Body>;
