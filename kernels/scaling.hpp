@@ -5,7 +5,7 @@
 // The amax recorded since the last update is kept as the bit pattern of a non-negative float, so
 // that concurrent quantize blocks can fold their maxima with an integer atomicMax (non-negative
 // floats order like their bits; NaN is recorded as +inf, which makes the next update keep the
-// previous scale, as DESIGN.md section 4 asks).
+// previous scale: docs/numerics.md sections 5.3 and 5.4).
 #pragma once
 
 #include <cfloat>

@@ -6,11 +6,16 @@
 //
 // No function here allocates host memory: their F32 scratch is the caller's (sized up front with
 // gemm_scratch_floats), so that a call which already changed state (a quantize that recorded its amax
-// earlier in the same LaunchList) cannot fail half-way with std::bad_alloc (issue 22). A worker
-// thread that cannot be started does its rows on the calling thread instead.
+// earlier in the same LaunchList) cannot fail half-way with std::bad_alloc (issue 22). Big GEMMs
+// share their rows with a persistent pool of worker threads (RowPool below); a worker that cannot be
+// started leaves its rows to the others and to the calling thread.
 #include <algorithm>
+#include <condition_variable>
 #include <cstring>
+#include <mutex>
+#include <new>
 #include <thread>
+#include <type_traits>
 
 #include "convert.hpp"
 #include "kernels.hpp"
@@ -41,33 +46,113 @@ float dot(const float *a, const float *b, size_t k) {
     return ((lanes[0] + lanes[4]) + (lanes[1] + lanes[5])) + ((lanes[2] + lanes[6]) + (lanes[3] + lanes[7]));
 }
 
-// Runs body(begin, end) over [0, rows) on up to hardware_concurrency threads (at most kMaxThreads), for
-// work big enough to pay. The threads live in a fixed array (no vector to grow); a thread that cannot
-// be started (std::system_error, or std::bad_alloc for its state) leaves its chunk to the calling
-// thread. Each row is computed alone, so who computes it changes no bit of the result.
+// The worker threads of parallel_rows: started once, on the first GEMM big enough to want them, and
+// kept for the life of the process, so that a GEMM does not pay a thread start (tens of microseconds
+// each) on every call. Why not OpenMP: libgomp ends the process (gomp_fatal, exit) when it cannot
+// allocate its team or start a thread, and a failed call here must return a status instead (issue
+// 22; tests/capi/test_fault_injection_host.c refuses each of those in turn); ThreadSanitizer does not
+// see into an uninstrumented libgomp either. This pool uses only std::thread, std::mutex and
+// std::condition_variable, and allocates nothing per call: a worker that cannot be started (its
+// std::thread state, pthread_create) leaves its chunks to the others and to the calling thread, and
+// the next call tries to start it again.
+//
+// One job at a time: a second thread calling while the pool is busy (GEMMs of two contexts at once)
+// runs its rows alone on its own thread. Chunks are handed out in order to whoever asks next; each row
+// is computed alone, so who computes it changes no bit of the result.
+//
+// The pool lives in static storage and is never destroyed: its workers are detached and wait on its
+// condition variable until the process ends. Destroying it at exit would have to join them, which
+// hangs in a child of fork() (the threads were not copied) and races with static destructors.
 constexpr size_t kMaxThreads = 64;
 
-template <class Body>
-void parallel_rows(size_t rows, size_t work_per_row, Body &&body) {
-    const size_t hw = std::max(1u, std::thread::hardware_concurrency());
-    const size_t wanted = std::min<size_t>({hw, kMaxThreads, rows, 1 + rows * work_per_row / (1u << 20)});
-    if (wanted <= 1) {
-        body(size_t{0}, rows);
-        return;
+class RowPool {
+public:
+    using Fn = void (*)(void *body, size_t begin, size_t end) noexcept;
+
+    static RowPool &instance() {
+        alignas(RowPool) static unsigned char storage[sizeof(RowPool)];
+        static RowPool *const pool = new (storage) RowPool;  // no heap; never destroyed (see above)
+        return *pool;
     }
-    std::thread threads[kMaxThreads];
-    size_t started = 0;
-    const size_t chunk = (rows + wanted - 1) / wanted;
-    for (size_t begin = 0; begin < rows; begin += chunk) {
-        const size_t end = std::min(rows, begin + chunk);
-        try {
-            threads[started] = std::thread([&body, begin, end] { body(begin, end); });
-            ++started;
-        } catch (...) {
-            body(begin, end);
+
+    // Runs fn(body, begin, end) over [0, rows) in `chunks` chunks of `chunk` rows, on the calling thread
+    // and up to chunks - 1 workers. Returns false, having run nothing, when another caller holds the pool.
+    bool run(size_t rows, size_t chunk, size_t chunks, Fn fn, void *body) {
+        std::unique_lock<std::mutex> caller(caller_, std::try_to_lock);
+        if (!caller.owns_lock()) return false;
+        start_workers(std::min(chunks - 1, kMaxThreads));
+        std::unique_lock<std::mutex> lock(mutex_);
+        fn_ = fn;
+        body_ = body;
+        rows_ = rows;
+        chunk_ = chunk;
+        chunks_ = chunks;
+        next_ = 0;
+        done_ = 0;
+        wake_.notify_all();
+        while (next_ < chunks_) run_chunk(lock);
+        finished_.wait(lock, [this] { return done_ == chunks_; });
+        chunks_ = next_ = done_ = 0;  // nothing left to take: the workers sleep
+        return true;
+    }
+
+private:
+    RowPool() = default;
+
+    // Called with caller_ held: started_ is the caller's alone.
+    void start_workers(size_t wanted) {
+        for (; started_ < wanted; ++started_) {
+            try {
+                std::thread(&RowPool::work, this).detach();
+            } catch (...) {  // std::system_error, std::bad_alloc: fewer workers this time
+                return;
+            }
         }
     }
-    for (size_t t = 0; t < started; ++t) threads[t].join();
+
+    // Takes the next chunk and runs it outside the lock. Called with the lock held and next_ < chunks_.
+    void run_chunk(std::unique_lock<std::mutex> &lock) {
+        const size_t begin = next_++ * chunk_;
+        const size_t end = std::min(rows_, begin + chunk_);
+        const Fn fn = fn_;
+        void *const body = body_;
+        lock.unlock();
+        fn(body, begin, end);
+        lock.lock();
+        if (++done_ == chunks_) finished_.notify_one();
+    }
+
+    void work() {
+        std::unique_lock<std::mutex> lock(mutex_);
+        for (;;) {
+            wake_.wait(lock, [this] { return next_ < chunks_; });
+            run_chunk(lock);
+        }
+    }
+
+    std::mutex caller_;  // held by the one caller whose job the pool runs
+    std::mutex mutex_;   // guards the job below
+    std::condition_variable wake_, finished_;
+    size_t started_ = 0;
+    Fn fn_ = nullptr;
+    void *body_ = nullptr;
+    size_t rows_ = 0, chunk_ = 0, chunks_ = 0, next_ = 0, done_ = 0;
+};
+
+// Runs body(begin, end) over [0, rows) on up to hardware_concurrency threads (at most kMaxThreads),
+// the calling thread included, for work big enough to pay (more than 2^20 multiply-adds a thread).
+template <class Body>
+void parallel_rows(size_t rows, size_t work_per_row, Body &&body) {
+    // Asked once: glibc answers hardware_concurrency by reading /sys, which costs microseconds a call.
+    static const size_t hw = std::max(1u, std::thread::hardware_concurrency());
+    const size_t wanted = std::min<size_t>({hw, kMaxThreads, rows, 1 + rows * work_per_row / (1u << 20)});
+    if (wanted > 1) {
+        using B = std::remove_reference_t<Body>;
+        const RowPool::Fn fn = [](void *b, size_t begin, size_t end) noexcept { (*static_cast<B *>(b))(begin, end); };
+        const size_t chunk = (rows + wanted - 1) / wanted;
+        if (RowPool::instance().run(rows, chunk, (rows + chunk - 1) / chunk, fn, &body)) return;
+    }
+    body(size_t{0}, rows);
 }
 
 }  // namespace

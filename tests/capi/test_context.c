@@ -43,10 +43,6 @@ static void assert_contents(fp8amp_tensor t, const float *expect, size_t n) {
     free(got);
 }
 
-static void assert_device_equal(fp8amp_device a, fp8amp_device b) {
-    assert_int_equal(a.type, b.type);
-    assert_int_equal(a.index, b.index);
-}
 
 /* ---- counting allocator ---------------------------------------------------------------------- */
 

@@ -39,14 +39,6 @@ static void *write_random(fp8amp_tensor t) {
     return buf;
 }
 
-static void assert_contents(fp8amp_tensor t, const void *expect, size_t nbytes) {
-    void *got = xmalloc(nbytes);
-    assert_int_equal(tensor_bytes(t), nbytes);
-    memset(got, POISON, nbytes);
-    EXPECT_OK(fp8amp_tensor_copy_to_host(t, got, nbytes));
-    assert_memory_equal(got, expect, nbytes);
-    free(got);
-}
 
 static void *tensor_data(fp8amp_tensor t) {
     void *p = NULL;
@@ -200,7 +192,7 @@ static void test_export(void **state) {
             /* Read the device memory back through a borrowed fp8amp view of it. */
             fp8amp_tensor view = NULL;
             EXPECT_OK(fp8amp_tensor_wrap(ctx, DTYPE_CODES[k].dtype, 3, shape, m->dl_tensor.data, &view));
-            assert_contents(view, values, nbytes);
+            expect_bytes(view, values, nbytes);
             EXPECT_OK(fp8amp_tensor_destroy(view));
         }
         m->deleter(m);
@@ -240,21 +232,8 @@ static void test_export_scalar_and_max_ndim(void **state) {
     EXPECT_OK(fp8amp_context_destroy(ctx));
 }
 
-/* With allocator hooks, the export provably holds the memory: the free hook runs at the deleter. */
-typedef struct {
-    int allocs, frees;
-} alloc_counter;
-
-static void *counter_alloc(void *user, size_t nbytes, fp8amp_device device, void *stream) {
-    void *p = NULL;
-    ((alloc_counter *)user)->allocs++;
-    return posix_memalign(&p, 256, nbytes ? nbytes : 1) == 0 ? p : NULL;
-}
-
-static void counter_free(void *user, void *ptr, size_t nbytes, fp8amp_device device, void *stream) {
-    ((alloc_counter *)user)->frees++;
-    free(ptr);
-}
+/* With allocator hooks (alloc_counter, test_util.h), the export provably holds the memory: the free
+ * hook runs at the deleter. */
 
 static void test_export_keeps_memory_until_deleter(void **state) {
     (void)state;
@@ -302,7 +281,7 @@ static void test_export_bad_arguments(void **state) {
     assert_ptr_equal(m, SENTINEL_MANAGED);
     EXPECT_STATUS(fp8amp_tensor_to_dlpack((fp8amp_tensor)(uintptr_t)0x1234, &m), FP8AMP_ERROR_INVALID_HANDLE);
     assert_ptr_equal(m, SENTINEL_MANAGED);
-    assert_contents(t, values, 20);
+    expect_bytes(t, values, 20);
     EXPECT_OK(fp8amp_tensor_destroy(t));
     free(values);
     EXPECT_OK(fp8amp_context_destroy(ctx));
@@ -338,11 +317,11 @@ static void test_import_zero_copy(void **state) {
         assert_int_equal(d.type, FP8AMP_DEVICE_CPU);
         assert_int_equal(d.index, 0);
         assert_int_equal(tensor_bytes(t), nbytes);
-        assert_contents(t, p.buffer, nbytes);
+        expect_bytes(t, p.buffer, nbytes);
 
         /* Shared memory both ways. */
         dl_fill_random(p.buffer, nbytes);
-        assert_contents(t, p.buffer, nbytes);
+        expect_bytes(t, p.buffer, nbytes);
         fresh = xmalloc(nbytes);
         dl_fill_random(fresh, nbytes);
         EXPECT_OK(fp8amp_tensor_copy_from_host(t, fresh, nbytes));
@@ -372,7 +351,7 @@ static void test_import_byte_offset_and_strides(void **state) {
     producer_init(&p, 2, 32, 3, shape, 64);
     t = import_ok(ctx, &p);
     assert_ptr_equal(tensor_data(t), (uint8_t *)p.buffer + 64);
-    assert_contents(t, (uint8_t *)p.buffer + 64, 240);
+    expect_bytes(t, (uint8_t *)p.buffer + 64, 240);
     EXPECT_OK(fp8amp_tensor_destroy(t));
     assert_int_equal(p.deleter_calls, 1);
     producer_free(&p);
@@ -381,7 +360,7 @@ static void test_import_byte_offset_and_strides(void **state) {
     producer_init(&p, 2, 16, 3, shape, 2);
     t = import_ok(ctx, &p);
     assert_ptr_equal(tensor_data(t), (uint8_t *)p.buffer + 2);
-    assert_contents(t, (uint8_t *)p.buffer + 2, 120);
+    expect_bytes(t, (uint8_t *)p.buffer + 2, 120);
     EXPECT_OK(fp8amp_tensor_destroy(t));
     assert_int_equal(p.deleter_calls, 1);
     producer_free(&p);
@@ -393,7 +372,7 @@ static void test_import_byte_offset_and_strides(void **state) {
     assert_int_equal(p.strides[1], 5);
     assert_int_equal(p.strides[2], 1);
     t = import_ok(ctx, &p);
-    assert_contents(t, p.buffer, 120);
+    expect_bytes(t, p.buffer, 120);
     EXPECT_OK(fp8amp_tensor_destroy(t));
     assert_int_equal(p.deleter_calls, 1);
     producer_free(&p);
@@ -407,7 +386,7 @@ static void test_import_byte_offset_and_strides(void **state) {
         p.strides[2] = 1;
         p.managed.dl_tensor.strides = p.strides;
         t = import_ok(ctx, &p);
-        assert_contents(t, p.buffer, 96);
+        expect_bytes(t, p.buffer, 96);
         EXPECT_OK(fp8amp_tensor_destroy(t));
         assert_int_equal(p.deleter_calls, 1);
         producer_free(&p);
@@ -418,7 +397,7 @@ static void test_import_byte_offset_and_strides(void **state) {
     p.managed.dl_tensor.shape = NULL;
     t = import_ok(ctx, &p);
     assert_int_equal(tensor_bytes(t), 1);
-    assert_contents(t, p.buffer, 1);
+    expect_bytes(t, p.buffer, 1);
     EXPECT_OK(fp8amp_tensor_destroy(t));
     assert_int_equal(p.deleter_calls, 1);
     producer_free(&p);
@@ -440,7 +419,7 @@ static void test_import_versions_and_devices_accepted(void **state) {
         producer_init(&p, 2, 32, 1, shape, 0);
         p.managed.version.minor = minors[i];
         t = import_ok(ctx, &p);
-        assert_contents(t, p.buffer, 28);
+        expect_bytes(t, p.buffer, 28);
         EXPECT_OK(fp8amp_tensor_destroy(t));
         assert_int_equal(p.deleter_calls, 1);
         producer_free(&p);
@@ -449,7 +428,7 @@ static void test_import_versions_and_devices_accepted(void **state) {
     producer_init(&p, 2, 32, 1, shape, 0);
     p.managed.dl_tensor.device.device_type = kDLCUDAHost;
     t = import_ok(ctx, &p);
-    assert_contents(t, p.buffer, 28);
+    expect_bytes(t, p.buffer, 28);
     EXPECT_OK(fp8amp_tensor_destroy(t));
     assert_int_equal(p.deleter_calls, 1);
     producer_free(&p);
@@ -458,7 +437,7 @@ static void test_import_versions_and_devices_accepted(void **state) {
     producer_init(&p, 2, 32, 1, shape, 0);
     p.managed.deleter = NULL;
     t = import_ok(ctx, &p);
-    assert_contents(t, p.buffer, 28);
+    expect_bytes(t, p.buffer, 28);
     EXPECT_OK(fp8amp_tensor_destroy(t));
     assert_int_equal(p.deleter_calls, 0);
     producer_free(&p);
@@ -581,7 +560,7 @@ static void test_import_refused(void **state) {
 
         /* Ownership stayed with the caller through all of that: a later import still works, once. */
         out = import_ok(ctx, &p);
-        assert_contents(out, p.buffer, 96);
+        expect_bytes(out, p.buffer, 96);
         EXPECT_OK(fp8amp_tensor_destroy(out));
         assert_int_equal(p.deleter_calls, 1);
         producer_free(&p);
@@ -596,7 +575,7 @@ static void test_import_refused(void **state) {
     producer_set_compact_strides(&p);
     {
         fp8amp_tensor t = import_ok(ctx, &p);
-        assert_contents(t, p.buffer, 24);
+        expect_bytes(t, p.buffer, 24);
         EXPECT_OK(fp8amp_tensor_destroy(t));
     }
     assert_int_equal(p.deleter_calls, 1);
@@ -631,10 +610,10 @@ static void test_import_read_only(void **state) {
         EXPECT_OK(fp8amp_tensor_destroy(other));
     }
     /* Still a source. */
-    assert_contents(t, before, 96);
+    expect_bytes(t, before, 96);
     dst = make_tensor(ctx, FP8AMP_DTYPE_F32, 2, shape);
     EXPECT_OK(fp8amp_cast(ctx, t, dst));
-    assert_contents(dst, before, 96);
+    expect_bytes(dst, before, 96);
     EXPECT_OK(fp8amp_tensor_destroy(dst));
 
     /* Re-exported, it stays read-only. */
@@ -709,13 +688,13 @@ static void test_round_trip(void **state) {
         EXPECT_OK(fp8amp_tensor_device(back, &d));
         assert_int_equal(d.type, device.type);
         assert_int_equal(d.index, device.index);
-        assert_contents(back, values, nbytes);
+        expect_bytes(back, values, nbytes);
 
         /* Writes through one are seen through the other; the original can go first. */
         more = write_random(back);
-        assert_contents(t, more, nbytes);
+        expect_bytes(t, more, nbytes);
         EXPECT_OK(fp8amp_tensor_destroy(t));
-        assert_contents(back, more, nbytes);
+        expect_bytes(back, more, nbytes);
         EXPECT_OK(fp8amp_tensor_destroy(back)); /* runs the export's deleter: nothing leaks */
         free(values);
         free(more);
@@ -758,7 +737,7 @@ static void test_import_cuda_devices(void **state) {
         fp8amp_tensor back = NULL;
         EXPECT_OK(fp8amp_tensor_from_dlpack(ctx, m, &back));
         EXPECT_OK(fp8amp_tensor_destroy(gpu));
-        assert_contents(back, values, 64);
+        expect_bytes(back, values, 64);
         EXPECT_OK(fp8amp_tensor_destroy(back));
     }
     free(values);

@@ -14,8 +14,10 @@
  *   - a retry succeeds, and the run continues to exactly the bytes of a run that never failed.
  * Also: a forward that fails while an earlier training forward is saved keeps that one (a backward of
  * it right after the failure gives the bytes of a run with no failed forward in between), and a
- * Linear large enough for the CPU GEMM to start worker threads (when the machine has two cores or
- * more), so that refused thread starts are exercised. The device memory goes through the arena hook
+ * Linear large enough for the CPU GEMM to want worker threads (when the machine has two cores or
+ * more). Those workers are a persistent pool, started by the process's first such GEMM (here an
+ * unrefused reference run) and kept, so refused worker starts are tested by test_gemm_pool.c, which
+ * refuses the pool's first start. The device memory goes through the arena hook
  * of fault_rig.h, shared with test_fault_injection.c (CPU: new blocks filled with 0xFF, so unwritten
  * memory shows), unarmed.
  *

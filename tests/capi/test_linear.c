@@ -119,12 +119,6 @@ static double *download(fp8amp_tensor t) {
     return v;
 }
 
-static void expect_bytes(fp8amp_tensor t, const void *want, size_t nbytes) {
-    assert_int_equal(tensor_bytes(t), nbytes);
-    void *p = download_bytes(t);
-    assert_memory_equal(p, want, nbytes);
-    free(p);
-}
 
 static void meta_scale(fp8amp_linear lin, fp8amp_linear_role role, float *scale, float *scale_inv) {
     fp8amp_scaling s;

@@ -651,9 +651,6 @@ static void test_scaler_unscales_exactly(void **state) {
 
 /* ---- checkpoints --------------------------------------------------------------------------------- */
 
-static void put_u32(unsigned char *p, uint32_t v) {
-    for (int k = 0; k < 4; ++k) p[k] = (unsigned char)(v >> (8 * k));
-}
 
 typedef struct {
     fp8amp_opt_level level;

@@ -13,6 +13,7 @@
 #include <float.h>
 #include <math.h>
 
+#include "fp8_reference.h" /* f32_bits, bits_f32 */
 #include "test_util.h"
 
 /* ---- small helpers ------------------------------------------------------------------------------ */
@@ -266,21 +267,8 @@ static void test_create_refuses_out_of_domain_desc(void **state) {
 
 /* ---- defect 5: checkpoints with a valid checksum and an invalid value --------------------------- */
 
-static uint32_t f32_bits(float x) {
-    uint32_t b;
-    memcpy(&b, &x, 4);
-    return b;
-}
 
-static float bits_f32(uint32_t b) {
-    float x;
-    memcpy(&x, &b, 4);
-    return x;
-}
 
-static void put_u32(unsigned char *p, uint32_t v) {
-    for (int k = 0; k < 4; ++k) p[k] = (unsigned char)(v >> (8 * k));
-}
 
 static void put_u64(unsigned char *p, uint64_t v) {
     for (int k = 0; k < 8; ++k) p[k] = (unsigned char)(v >> (8 * k));

@@ -13,11 +13,6 @@
 static const fp8amp_dtype WIDE[3] = {FP8AMP_DTYPE_F32, FP8AMP_DTYPE_F16, FP8AMP_DTYPE_BF16};
 static const fp8amp_dtype FP8[2] = {FP8AMP_DTYPE_E4M3, FP8AMP_DTYPE_E5M2};
 
-static size_t numel_of(int ndim, const int64_t *shape) {
-    size_t n = 1;
-    for (int i = 0; i < ndim; ++i) n *= (size_t)shape[i];
-    return n;
-}
 
 /* ---- one quantize on a device ------------------------------------------------------------------ */
 
@@ -727,12 +722,6 @@ static void meta_state(fp8amp_scaling s, meta_state_t *out) {
     EXPECT_OK(fp8amp_scaling_get_stats(s, &out->stats));
 }
 
-static void expect_bytes(fp8amp_tensor t, const void *want, size_t nbytes) {
-    uint8_t got[256];
-    assert_true(nbytes <= sizeof got);
-    EXPECT_OK(fp8amp_tensor_copy_to_host(t, got, nbytes));
-    assert_memory_equal(got, want, nbytes);
-}
 
 static void test_bad_input(void **state) {
     require_variant(state);

@@ -15,11 +15,6 @@
 static const fp8amp_dtype WIDE[3] = {FP8AMP_DTYPE_F32, FP8AMP_DTYPE_F16, FP8AMP_DTYPE_BF16};
 #define F16_MAX 65504.0
 
-static size_t numel_of(int ndim, const int64_t *shape) {
-    size_t n = 1;
-    for (int i = 0; i < ndim; ++i) n *= (size_t)shape[i];
-    return n;
-}
 
 /* A tensor of shape on ctx; with misalign, a view one element into a larger tensor (*owner), so that
  * its address is not 16-byte aligned. */
@@ -557,12 +552,6 @@ static void meta_state(fp8amp_scaling s, meta_state_t *out) {
     EXPECT_OK(fp8amp_scaling_get_stats(s, &out->stats));
 }
 
-static void expect_bytes(fp8amp_tensor t, const void *want, size_t nbytes) {
-    uint8_t got[256];
-    assert_true(nbytes <= sizeof got);
-    EXPECT_OK(fp8amp_tensor_copy_to_host(t, got, nbytes));
-    assert_memory_equal(got, want, nbytes);
-}
 
 static void test_f16_bad_input(void **state) {
     require_variant(state);

@@ -42,19 +42,7 @@ static void *write_random(fp8amp_tensor t) {
 }
 
 /* Asserts the tensor holds exactly `expect` (nbytes long). */
-static void assert_contents(fp8amp_tensor t, const void *expect, size_t nbytes) {
-    void *got = xmalloc(nbytes);
-    assert_int_equal(tensor_bytes(t), nbytes);
-    memset(got, POISON, nbytes);
-    EXPECT_OK(fp8amp_tensor_copy_to_host(t, got, nbytes));
-    assert_memory_equal(got, expect, nbytes);
-    free(got);
-}
 
-static void assert_device_equal(fp8amp_device a, fp8amp_device b) {
-    assert_int_equal(a.type, b.type);
-    assert_int_equal(a.index, b.index);
-}
 
 /* Asserts every getter describes the tensor as dtype[shape] on device. */
 static void assert_describes(fp8amp_tensor t, fp8amp_dtype dtype, int32_t ndim, const int64_t *shape,
@@ -103,11 +91,11 @@ static void test_roundtrip_each_dtype(void **state) {
         void *first, *second;
         assert_describes(t, ALL_DTYPES[k], 3, shape, device);
         first = write_random(t);
-        assert_contents(t, first, 105 * fp8amp_dtype_size(ALL_DTYPES[k]));
+        expect_bytes(t, first, 105 * fp8amp_dtype_size(ALL_DTYPES[k]));
         /* A second write replaces the first (the read above was not of stale memory). */
         second = write_random(t);
         assert_memory_not_equal(first, second, 105 * fp8amp_dtype_size(ALL_DTYPES[k]));
-        assert_contents(t, second, 105 * fp8amp_dtype_size(ALL_DTYPES[k]));
+        expect_bytes(t, second, 105 * fp8amp_dtype_size(ALL_DTYPES[k]));
         assert_describes(t, ALL_DTYPES[k], 3, shape, device);
         EXPECT_OK(fp8amp_tensor_destroy(t));
         free(first);
@@ -136,7 +124,7 @@ static void test_every_ndim(void **state) {
         t = make_tensor(ctx, dtype, ndim, ndim == 0 ? NULL : shape);
         assert_describes(t, dtype, ndim, shape, device);
         values = write_random(t);
-        assert_contents(t, values, nbytes);
+        expect_bytes(t, values, nbytes);
         {
             /* capacity == ndim is enough. */
             int64_t exact[FP8AMP_MAX_NDIM + 1];
@@ -167,21 +155,8 @@ static void test_every_ndim(void **state) {
 
 /* ---- creation: bad arguments ----------------------------------------------------------------- */
 
-/* Counts calls of an allocator hook: failing argument checks must not allocate. */
-typedef struct {
-    int allocs, frees;
-} alloc_counter;
-
-static void *counter_alloc(void *user, size_t nbytes, fp8amp_device device, void *stream) {
-    void *p = NULL;
-    ((alloc_counter *)user)->allocs++;
-    return posix_memalign(&p, 256, nbytes ? nbytes : 1) == 0 ? p : NULL;
-}
-
-static void counter_free(void *user, void *ptr, size_t nbytes, fp8amp_device device, void *stream) {
-    ((alloc_counter *)user)->frees++;
-    free(ptr);
-}
+/* An allocator hook that counts its calls (alloc_counter, test_util.h): failing argument checks must
+ * not allocate. */
 
 static void test_create_bad_arguments(void **state) {
     require_variant(state);
@@ -286,7 +261,7 @@ static void test_create_bad_arguments(void **state) {
     assert_int_equal(counter.allocs, 0);
     assert_int_equal(counter.frees, 0);
     assert_describes(witness, FP8AMP_DTYPE_BF16, 2, witness_shape, device);
-    assert_contents(witness, witness_values, 36);
+    expect_bytes(witness, witness_values, 36);
 
     /* And the context still creates tensors (through the hook, on the CPU). */
     out = make_tensor(ctx, FP8AMP_DTYPE_F32, 2, witness_shape);
@@ -325,7 +300,7 @@ static void test_create_out_of_memory(void **state) {
         const int64_t shape[1] = {33};
         fp8amp_tensor t = make_tensor(ctx, FP8AMP_DTYPE_F32, 1, shape);
         void *values = write_random(t);
-        assert_contents(t, values, 33 * sizeof(float));
+        expect_bytes(t, values, 33 * sizeof(float));
         EXPECT_OK(fp8amp_tensor_destroy(t));
         free(values);
     }
@@ -352,11 +327,11 @@ static void test_wrap_host_memory(void **state) {
         assert_describes(t, dtype, 2, shape, cpu_device());
         EXPECT_OK(fp8amp_tensor_data(t, &data));
         assert_ptr_equal(data, buf); /* no copy */
-        assert_contents(t, buf, nbytes);
+        expect_bytes(t, buf, nbytes);
 
         /* The user's writes are the tensor's contents... */
         tensor_fill_random(dtype, buf, nbytes);
-        assert_contents(t, buf, nbytes);
+        expect_bytes(t, buf, nbytes);
         /* ...and the tensor's writes land in the user's memory. */
         fresh = xmalloc(nbytes);
         tensor_fill_random(dtype, fresh, nbytes);
@@ -442,11 +417,11 @@ static void test_wrap_bad_arguments(void **state) {
     /* Byte types have no alignment requirement: an odd address is fine. */
     out = NULL;
     EXPECT_OK(fp8amp_tensor_wrap(ctx, FP8AMP_DTYPE_E4M3, 2, shape, buf + 1, &out));
-    assert_contents(out, buf + 1, 15);
+    expect_bytes(out, buf + 1, 15);
     EXPECT_OK(fp8amp_tensor_destroy(out));
     /* F16 at an even address that is not 4-aligned is fine too. */
     EXPECT_OK(fp8amp_tensor_wrap(ctx, FP8AMP_DTYPE_F16, 2, shape, buf + 2, &out));
-    assert_contents(out, buf + 2, 30);
+    expect_bytes(out, buf + 2, 30);
     EXPECT_OK(fp8amp_tensor_destroy(out));
 
     free(before);
@@ -477,11 +452,11 @@ static void test_wrap_cuda(void **state) {
     EXPECT_OK(fp8amp_tensor_data(view, &view_data));
     assert_ptr_equal(view_data, dev);
     assert_describes(view, FP8AMP_DTYPE_F32, 2, shape, variant_device(state));
-    assert_contents(view, values, 128 * sizeof(float));
+    expect_bytes(view, values, 128 * sizeof(float));
     more = write_random(view);
-    assert_contents(owner, more, 128 * sizeof(float));
+    expect_bytes(owner, more, 128 * sizeof(float));
     EXPECT_OK(fp8amp_tensor_destroy(view));
-    assert_contents(owner, more, 128 * sizeof(float)); /* the view did not free the owner's memory */
+    expect_bytes(owner, more, 128 * sizeof(float)); /* the view did not free the owner's memory */
     EXPECT_OK(fp8amp_tensor_destroy(owner));
 
     free(values);
@@ -513,13 +488,13 @@ static void test_copy_bad_arguments(void **state) {
 
     for (i = 0; i < sizeof wrong / sizeof wrong[0]; ++i) {
         EXPECT_STATUS(fp8amp_tensor_copy_from_host(t, src, wrong[i]), FP8AMP_ERROR_SHAPE_MISMATCH);
-        assert_contents(t, values, nbytes);
+        expect_bytes(t, values, nbytes);
         EXPECT_STATUS(fp8amp_tensor_copy_to_host(t, dst, wrong[i]), FP8AMP_ERROR_SHAPE_MISMATCH);
         assert_memory_equal(dst, dst_before, 2 * nbytes);
     }
     EXPECT_STATUS(fp8amp_tensor_copy_from_host(t, NULL, nbytes), FP8AMP_ERROR_INVALID_ARGUMENT);
     EXPECT_STATUS(fp8amp_tensor_copy_to_host(t, NULL, nbytes), FP8AMP_ERROR_INVALID_ARGUMENT);
-    assert_contents(t, values, nbytes);
+    expect_bytes(t, values, nbytes);
 
     /* Bad handles: nothing read, nothing written. */
     {
@@ -538,13 +513,13 @@ static void test_copy_bad_arguments(void **state) {
         EXPECT_STATUS(fp8amp_tensor_copy_from_host(q, src, nbytes), FP8AMP_ERROR_SHAPE_MISMATCH);
         EXPECT_STATUS(fp8amp_tensor_copy_to_host(q, dst, nbytes), FP8AMP_ERROR_SHAPE_MISMATCH);
         assert_memory_equal(dst, dst_before, 2 * nbytes);
-        assert_contents(q, qvalues, 35);
+        expect_bytes(q, qvalues, 35);
         EXPECT_OK(fp8amp_tensor_destroy(q));
         free(qvalues);
     }
 
     assert_describes(t, FP8AMP_DTYPE_F32, 2, shape, device);
-    assert_contents(t, values, nbytes);
+    expect_bytes(t, values, nbytes);
     EXPECT_OK(fp8amp_tensor_destroy(t));
     free(values);
     free(src);
@@ -588,7 +563,7 @@ static void test_getters_bad_arguments(void **state) {
     }
 
     assert_describes(t, FP8AMP_DTYPE_E5M2, 4, shape, device);
-    assert_contents(t, values, 24);
+    expect_bytes(t, values, 24);
     EXPECT_OK(fp8amp_tensor_destroy(t));
     free(values);
     EXPECT_OK(fp8amp_context_destroy(ctx));
@@ -656,7 +631,7 @@ static void test_bad_tensor_handles(void **state) {
         assert_device_equal(d, device);
     }
     assert_describes(live, FP8AMP_DTYPE_E4M3, 2, shape, device);
-    assert_contents(live, values, 16);
+    expect_bytes(live, values, 16);
     EXPECT_OK(fp8amp_tensor_destroy(live));
     expect_not_a_tensor(live);
     free(values);
@@ -689,7 +664,7 @@ static void test_many_create_destroy_cycles(void **state) {
         assert_int_equal(numel, shape[0] * shape[1]);
         if (cycle % 1000 == 0) {
             void *v = write_random(t);
-            assert_contents(t, v, (size_t)numel * fp8amp_dtype_size(ALL_DTYPES[cycle % N_DTYPES]));
+            expect_bytes(t, v, (size_t)numel * fp8amp_dtype_size(ALL_DTYPES[cycle % N_DTYPES]));
             free(v);
         }
         EXPECT_OK(fp8amp_tensor_destroy(t));
@@ -705,7 +680,7 @@ static void test_many_create_destroy_cycles(void **state) {
     expect_not_a_tensor(first);
     expect_not_a_tensor(prev);
     assert_describes(witness, FP8AMP_DTYPE_F32, 1, wshape, cpu_device());
-    assert_contents(witness, wvalues, sizeof(float) * 17);
+    expect_bytes(witness, wvalues, sizeof(float) * 17);
 
     {
         /* Many live at once: distinct handles, each with its own contents. */
@@ -719,7 +694,7 @@ static void test_many_create_destroy_cycles(void **state) {
             vs[i] = write_random(ts[i]);
             for (j = 0; j < i; ++j) assert_ptr_not_equal(ts[i], ts[j]);
         }
-        for (i = 0; i < LIVE; ++i) assert_contents(ts[i], vs[i], (size_t)(1 + i % 9));
+        for (i = 0; i < LIVE; ++i) expect_bytes(ts[i], vs[i], (size_t)(1 + i % 9));
         /* Destroy in a shuffled order; every other one must survive the others' destruction. */
         for (i = LIVE - 1; i > 0; --i) {
             const int k = (int)test_rng_uniform(0.0, (double)(i + 1));
@@ -735,7 +710,7 @@ static void test_many_create_destroy_cycles(void **state) {
             if (i + 1 < LIVE) {
                 size_t n = 0;
                 EXPECT_OK(fp8amp_tensor_nbytes(ts[LIVE - 1], &n));
-                assert_contents(ts[LIVE - 1], vs[LIVE - 1], n);
+                expect_bytes(ts[LIVE - 1], vs[LIVE - 1], n);
             }
         }
         for (i = 0; i < LIVE; ++i) {

@@ -190,6 +190,54 @@ static inline size_t tensor_bytes(fp8amp_tensor t) {
     return n;
 }
 
+static inline size_t numel_of(int ndim, const int64_t *shape) {
+    size_t n = 1;
+    for (int i = 0; i < ndim; ++i) n *= (size_t)shape[i];
+    return n;
+}
+
+/* Asserts that the tensor holds exactly these bytes (nbytes must be its byte size); the host buffer is
+ * poisoned first, so that a copy that writes nothing cannot pass. */
+static inline void expect_bytes(fp8amp_tensor t, const void *want, size_t nbytes) {
+    assert_int_equal(tensor_bytes(t), nbytes);
+    void *got = xmalloc(nbytes);
+    memset(got, 0xA5, nbytes);
+    EXPECT_OK(fp8amp_tensor_copy_to_host(t, got, nbytes));
+    assert_memory_equal(got, want, nbytes);
+    free(got);
+}
+
+static inline void assert_device_equal(fp8amp_device a, fp8amp_device b) {
+    assert_int_equal(a.type, b.type);
+    assert_int_equal(a.index, b.index);
+}
+
+/* Little-endian store, as the checkpoint format writes its fields. */
+static inline void put_u32(unsigned char *p, uint32_t v) {
+    for (int k = 0; k < 4; ++k) p[k] = (unsigned char)(v >> (8 * k));
+}
+
+/* Allocator hooks that count their calls (user: an alloc_counter); host memory, 256-byte aligned. */
+typedef struct {
+    int allocs, frees;
+} alloc_counter;
+
+static inline void *counter_alloc(void *user, size_t nbytes, fp8amp_device device, void *stream) {
+    void *p = NULL;
+    (void)device;
+    (void)stream;
+    ((alloc_counter *)user)->allocs++;
+    return posix_memalign(&p, 256, nbytes ? nbytes : 1) == 0 ? p : NULL;
+}
+
+static inline void counter_free(void *user, void *ptr, size_t nbytes, fp8amp_device device, void *stream) {
+    (void)nbytes;
+    (void)device;
+    (void)stream;
+    ((alloc_counter *)user)->frees++;
+    free(ptr);
+}
+
 /* An optimizer's whole checkpoint (fp8amp_optimizer_save), in a buffer the caller frees. */
 static inline unsigned char *save_all(fp8amp_optimizer opt, size_t *size) {
     EXPECT_OK(fp8amp_optimizer_save(opt, NULL, 0, size));
