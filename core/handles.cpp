@@ -124,21 +124,27 @@ bool is_live(const Slot &slot, const Decoded &d) {
                                           " handle, not a " + handle_kind_name(kind) + " handle");
 }
 
-// A new reference to the live object of `kind` behind `handle`. The check and the copy happen under
-// the slot's lock, and destruction swaps the object out and advances the generation under the same
-// lock, so a lookup racing a destroy either gets a reference (which keeps the object alive until the
-// caller drops it) or is refused; it never copies a shared_ptr that is being released.
-std::shared_ptr<void> take(Registry &r, const void *handle, HandleKind kind, const char *argument) {
+// Hands the live object of `kind` behind `handle` to copy(object, out), which takes a new reference
+// to it. The check and the copy happen under the slot's lock, and destruction swaps the object out
+// and advances the generation under the same lock, so a lookup racing a destroy either gets a
+// reference (which keeps the object alive until the caller drops it) or is refused; it never copies
+// a shared_ptr that is being released.
+void take(Registry &r, const void *handle, HandleKind kind, const char *argument, CopyOut copy, void *out) {
     const Decoded d = decode(r, handle, argument);
-    std::shared_ptr<void> object;
-    bool live;
+    bool live, taken = false;
     {
         std::lock_guard<SlotLock> lock(d.slot->lock);
         live = is_live(*d.slot, d);
-        if (live && d.tag == kind) object = d.slot->object;
+        if (live && d.tag == kind) {
+            copy(d.slot->object, out);
+            taken = true;
+        }
     }
-    if (!object) refuse(live, d.tag, kind, argument);
-    return object;
+    if (!taken) refuse(live, d.tag, kind, argument);
+}
+
+void copy_void(const std::shared_ptr<void> &object, void *out) noexcept {
+    *static_cast<std::shared_ptr<void> *>(out) = object;  // *out is empty: no destructor runs
 }
 
 }  // namespace
@@ -188,7 +194,13 @@ void *register_object(HandleKind kind, std::shared_ptr<void> object) {
 }
 
 std::shared_ptr<void> lookup_object(const void *handle, HandleKind kind, const char *argument) {
-    return take(registry(), handle, kind, argument);
+    std::shared_ptr<void> object;
+    take(registry(), handle, kind, argument, copy_void, &object);
+    return object;
+}
+
+void lookup_object_as(const void *handle, HandleKind kind, const char *argument, CopyOut copy, void *out) {
+    take(registry(), handle, kind, argument, copy, out);
 }
 
 std::vector<std::shared_ptr<void>> lookup_objects(const void *const *handles, size_t n, HandleKind kind,
@@ -198,7 +210,8 @@ std::vector<std::shared_ptr<void>> lookup_objects(const void *const *handles, si
     Registry &r = registry();
     for (size_t i = 0; i < n; ++i) {
         try {
-            objects.push_back(take(r, handles[i], kind, "entry"));
+            objects.emplace_back();
+            take(r, handles[i], kind, "entry", copy_void, &objects.back());
         } catch (const Error &e) {
             // Name the entry only now: building "metas[i]" for every handle would cost the hot path.
             std::string message = e.what();

@@ -62,9 +62,23 @@ std::vector<std::shared_ptr<void>> lookup_objects(const void *const *handles, si
 // Unregisters the handle and returns the object (the last reference may then go with it).
 std::shared_ptr<void> unregister_object(const void *handle, HandleKind kind, const char *argument);
 
+// The same, for lookup<T>: copy(object, out) runs under the slot's lock and must only take a
+// reference (no allocation, no throw, no destructor: *out is empty).
+using CopyOut = void (*)(const std::shared_ptr<void> &object, void *out) noexcept;
+void lookup_object_as(const void *handle, HandleKind kind, const char *argument, CopyOut copy, void *out);
+
+// Copies straight into a shared_ptr<T> (the aliasing constructor), so a lookup costs one reference
+// count increment, not a shared_ptr<void> and then a second count for static_pointer_cast.
 template <class T>
 std::shared_ptr<T> lookup(const void *handle, const char *argument) {
-    return std::static_pointer_cast<T>(lookup_object(handle, T::kKind, argument));
+    std::shared_ptr<T> out;
+    lookup_object_as(
+        handle, T::kKind, argument,
+        [](const std::shared_ptr<void> &object, void *target) noexcept {
+            *static_cast<std::shared_ptr<T> *>(target) = std::shared_ptr<T>(object, static_cast<T *>(object.get()));
+        },
+        &out);
+    return out;
 }
 
 template <class T>
