@@ -1,6 +1,7 @@
 #include "handles.hpp"
 
 #include <atomic>
+#include <chrono>
 #include <deque>
 #include <mutex>
 #include <string>
@@ -16,8 +17,10 @@ constexpr uint32_t kMaxSlots = 0xFFFFFFFFu;
 
 // The lock of one slot: held only to check the slot and copy (or swap) its shared_ptr, a few
 // nanoseconds with no allocation, no destructor and no system call inside, so a spin is cheaper
-// than a std::mutex (40 bytes, a call into pthreads). It yields after a short spin so that a holder
-// preempted on an oversubscribed machine gets the core back.
+// than a std::mutex (40 bytes, a call into pthreads). A waiter spins briefly, then yields (a holder
+// preempted on an oversubscribed machine gets the core back), then sleeps: a yield does not let a
+// thread of lower real-time priority run, so a waiter of higher priority than a preempted holder on
+// the same core must sleep to let the holder finish.
 class SlotLock {
 public:
     void lock() noexcept {
@@ -28,8 +31,10 @@ public:
 #if defined(__x86_64__) || defined(__i386__)
                     __builtin_ia32_pause();
 #endif
-                } else {
+                } else if (spins < 128) {
                     std::this_thread::yield();
+                } else {
+                    std::this_thread::sleep_for(std::chrono::microseconds(20));
                 }
             }
         }

@@ -13,7 +13,7 @@
 //   pointers covers every 32-bit slot index). A lookup reads the number of slots issued and the
 //   chunk pointer with acquire loads, both published (release) after the chunk was made, so it
 //   reaches its slot without a lock, and a value whose slot was never issued is refused unread.
-// - Each slot has a lock of its own (a short spin, then yield) and a cache line of its own. Under it
+// - Each slot has a lock of its own (spin, yield, then sleep) and a cache line of its own. Under it
 //   a lookup checks generation, kind and liveness and copies the slot's shared_ptr; destruction,
 //   under the same lock, moves the shared_ptr out and advances the generation. So a lookup racing a
 //   destroy either takes its reference first, and the object then lives until the call that looked
