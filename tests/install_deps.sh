@@ -15,6 +15,7 @@ command -v cc >/dev/null || fp8amp_need+=(build-essential)
 command -v pkg-config >/dev/null || fp8amp_need+=(pkg-config)
 [ -f /usr/include/cmocka.h ] || fp8amp_need+=(libcmocka-dev)
 command -v abidiff >/dev/null || fp8amp_need+=(abigail-tools)
+command -v doxygen >/dev/null || fp8amp_need+=(doxygen)
 case " $* " in *" clang "*)
   command -v clang >/dev/null && command -v clang++ >/dev/null || fp8amp_need+=(clang) ;;
 esac

@@ -4,6 +4,7 @@
 # reported SKIPPED otherwise. Then the reliability jobs (docs/reliability.md): the CPU suite under
 # ASan+UBSan and under TSan (tests/sanitizers.sh), and a short run of each fuzz target
 # (tests/fuzz/run.sh; FUZZ_SECONDS per target, default 60). FP8AMP_QUICK=1 skips those two.
+# Also the generated API reference (tests/check_docs.sh) and the add_subdirectory check.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . tests/install_deps.sh python
@@ -14,6 +15,10 @@ cmake --build build
 cmake -S . -B build-nocuda -G Ninja -DFP8AMP_CUDA=OFF -DFP8AMP_BUILD_TESTS=ON -DFP8AMP_BUILD_EXAMPLES=OFF
 cmake --build build-nocuda
 (cd build-nocuda && ctest --output-on-failure -j "$(nproc)")
+# The C function reference generated from the header (Doxygen, warnings are errors), and fp8amp
+# added to another project with add_subdirectory (no CMocka, no tests, the parent's build type kept).
+bash tests/check_docs.sh
+bash tests/subproject/check.sh "$PWD" "$PWD/build-subproject"
 if [ "${FP8AMP_QUICK:-0}" != 1 ]; then
   bash tests/sanitizers.sh
   bash tests/fuzz/run.sh "${FUZZ_SECONDS:-60}"
