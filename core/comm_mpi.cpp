@@ -154,7 +154,11 @@ public:
     void destroy() override {
         // A healthy communicator is freed (collective in MPI's terms: every rank destroys it); a
         // failed one may have requests pending on it and is left to MPI_Finalize.
-        if (failure_.empty()) MPI_Comm_free(&comm_);
+        // After MPI_Finalize (a communicator left to the handle registry's teardown at exit), MPI
+        // may not be called at all.
+        int finalized = 0;
+        MPI_Finalized(&finalized);
+        if (failure_.empty() && !finalized) MPI_Comm_free(&comm_);
     }
 
 private:

@@ -492,7 +492,7 @@ static void test_lost_rank(void) {
 
 int main(int argc, char **argv) {
     fp8amp_device cpu = {FP8AMP_DEVICE_CPU, 0};
-    fp8amp_comm comm, adopted;
+    fp8amp_comm comm, adopted, late;
     uint64_t digest_created = 0, digest_adopted = 1;
     int total;
     MPI_Init(&argc, &argv);
@@ -533,10 +533,17 @@ int main(int argc, char **argv) {
     }
     OK(fp8amp_comm_destroy(comm));
     test_lost_rank();
+    late = make_comm(); /* destroyed after MPI_Finalize, below */
 
     OK(fp8amp_context_destroy(g_ctx));
     MPI_Allreduce(&g_failures, &total, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
     if (g_rank == 0) printf("test_comm_mpi: %d ranks, %d failed checks\n", g_n, total);
     MPI_Finalize();
+    /* After MPI_Finalize a communicator can still be destroyed: it must not call MPI any more (Open
+     * MPI aborts the process on MPI_Comm_free after finalization). */
+    if (fp8amp_comm_destroy(late) != FP8AMP_SUCCESS) {
+        fprintf(stderr, "[rank %d] fp8amp_comm_destroy after MPI_Finalize: %s\n", g_rank, fp8amp_last_error_message());
+        total += 1;
+    }
     return total == 0 ? 0 : 1;
 }
