@@ -174,17 +174,18 @@ FP8AMP_API fp8amp_status fp8amp_comm_reduce_scatter(fp8amp_comm comm, fp8amp_ten
 }
 
 FP8AMP_API fp8amp_status fp8amp_comm_all_gather(fp8amp_comm comm, fp8amp_tensor input, fp8amp_tensor output,
-                                                fp8amp_tensor output_scale_inv) {
+                                                fp8amp_tensor output_scale_inv, const fp8amp_comm_reduce_desc *desc) {
     return fp8amp::capi::guarded(__func__, [&]() {
         auto c = lookup<Communicator>(comm, "comm");
+        const CommReduceOptions o = options_of(desc);
         std::shared_ptr<Tensor> in, out, si;
-        c->agreed(true, "fp8amp_comm_all_gather", [&] {
+        c->agreed(o.check, "fp8amp_comm_all_gather", [&] {
             in = lookup<Tensor>(input, "input");
             out = lookup<Tensor>(output, "output");
             if (output_scale_inv) si = lookup<Tensor>(output_scale_inv, "output_scale_inv");
             return Communicator::Signature{};
         }, true);
-        c->all_gather(in, out, si);
+        c->all_gather(in, out, si, o.check);
     });
 }
 

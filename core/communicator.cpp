@@ -333,9 +333,9 @@ void Communicator::reduce_scatter(const std::shared_ptr<Tensor> &input, const st
 }
 
 void Communicator::all_gather(const std::shared_ptr<Tensor> &input, const std::shared_ptr<Tensor> &output,
-                              const std::shared_ptr<Tensor> &output_scale_inv) {
+                              const std::shared_ptr<Tensor> &output_scale_inv, bool check) {
     const int N = nranks();
-    agreed(true, "fp8amp_comm_all_gather", [&] {
+    agreed(check, "fp8amp_comm_all_gather", [&] {
         Signature sig;
         Hash shapes, dtypes;
         check_on_device(*ctx_, *input, "input");

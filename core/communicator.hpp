@@ -46,7 +46,7 @@ public:
     void reduce_scatter(const std::shared_ptr<Tensor> &input, const std::shared_ptr<Tensor> &output,
                         const CommReduceOptions &options);
     void all_gather(const std::shared_ptr<Tensor> &input, const std::shared_ptr<Tensor> &output,
-                    const std::shared_ptr<Tensor> &output_scale_inv);
+                    const std::shared_ptr<Tensor> &output_scale_inv, bool check);
 
     // The agreement step on its own: runs `validate` (which throws on bad local arguments), then
     // exchanges its outcome and the signatures; throws on every rank alike when any rank refused or

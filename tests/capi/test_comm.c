@@ -184,14 +184,14 @@ static void test_reduce_scatter_all_gather_one_rank(void **state) {
     /* All-gather of the E5M2 shard with its scale_inv. */
     all8 = make_tensor(ctx, FP8AMP_DTYPE_E5M2, 1, &k);
     scales = make_tensor(ctx, FP8AMP_DTYPE_F32, 1, &one);
-    EXPECT_OK(fp8amp_comm_all_gather(comm, out8, all8, scales));
+    EXPECT_OK(fp8amp_comm_all_gather(comm, out8, all8, scales, NULL));
     EXPECT_OK(fp8amp_tensor_copy_to_host(all8, gathered, (size_t)k));
     EXPECT_OK(fp8amp_tensor_copy_to_host(scales, &si_got, 4));
     assert_memory_equal(gathered, codes, (size_t)k);
     assert_true(si_got == si2);
-    EXPECT_STATUS(fp8amp_comm_all_gather(comm, out8, all8, NULL), FP8AMP_ERROR_INVALID_ARGUMENT);
-    EXPECT_STATUS(fp8amp_comm_all_gather(comm, in, all8, NULL), FP8AMP_ERROR_DTYPE_MISMATCH);
-    EXPECT_STATUS(fp8amp_comm_all_gather(comm, out32, out32, NULL), FP8AMP_ERROR_INVALID_ARGUMENT);
+    EXPECT_STATUS(fp8amp_comm_all_gather(comm, out8, all8, NULL, NULL), FP8AMP_ERROR_INVALID_ARGUMENT);
+    EXPECT_STATUS(fp8amp_comm_all_gather(comm, in, all8, NULL, NULL), FP8AMP_ERROR_DTYPE_MISMATCH);
+    EXPECT_STATUS(fp8amp_comm_all_gather(comm, out32, out32, NULL, NULL), FP8AMP_ERROR_INVALID_ARGUMENT);
     EXPECT_OK(fp8amp_tensor_destroy(in));
     EXPECT_OK(fp8amp_tensor_destroy(out32));
     EXPECT_OK(fp8amp_tensor_destroy(out8));
@@ -317,7 +317,7 @@ static void test_bad_arguments(void **state) {
     EXPECT_STATUS(fp8amp_comm_reduce_scatter(comm, a, a, NULL), FP8AMP_ERROR_INVALID_ARGUMENT);
     EXPECT_STATUS(fp8amp_comm_reduce_scatter(comm, a, raw8, NULL), FP8AMP_ERROR_INVALID_ARGUMENT);
     EXPECT_STATUS(fp8amp_comm_reduce_scatter(comm, dead, out, NULL), FP8AMP_ERROR_INVALID_HANDLE);
-    EXPECT_STATUS(fp8amp_comm_all_gather(comm, b, out, NULL), FP8AMP_ERROR_SHAPE_MISMATCH);
+    EXPECT_STATUS(fp8amp_comm_all_gather(comm, b, out, NULL, NULL), FP8AMP_ERROR_SHAPE_MISMATCH);
     EXPECT_OK(fp8amp_tensor_copy_to_host(out, after, sizeof after));
     assert_memory_equal(before, after, sizeof after);
 

@@ -315,7 +315,7 @@ static void test_reduce_scatter(fp8amp_comm comm) {
         float *all_si = malloc(sizeof(float) * (size_t)g_n), my_si = read_scale_inv(out8);
         OK(fp8amp_tensor_create(g_ctx, FP8AMP_DTYPE_E4M3, 1, &total, &gathered));
         OK(fp8amp_tensor_create(g_ctx, FP8AMP_DTYPE_F32, 1, &n, &scales));
-        OK(fp8amp_comm_all_gather(comm, out8, gathered, scales));
+        OK(fp8amp_comm_all_gather(comm, out8, gathered, scales, NULL));
         OK(fp8amp_tensor_copy_to_host(gathered, all, (size_t)total));
         OK(fp8amp_tensor_copy_to_host(scales, all_si, sizeof(float) * (size_t)g_n));
         CHECK(memcmp(all + g_rank * k, got8, (size_t)k) == 0, "all-gather: this rank's shard differs");
@@ -336,10 +336,10 @@ static void test_reduce_scatter(fp8amp_comm comm) {
             fp8amp_tensor g32;
             float *all32 = malloc(sizeof(float) * (size_t)total);
             OK(fp8amp_tensor_create(g_ctx, FP8AMP_DTYPE_F32, 1, &total, &g32));
-            OK(fp8amp_comm_all_gather(comm, out32, g32, NULL));
+            OK(fp8amp_comm_all_gather(comm, out32, g32, NULL, NULL));
             OK(fp8amp_tensor_copy_to_host(g32, all32, sizeof(float) * (size_t)total));
             CHECK(memcmp(all32 + g_rank * k, got32, sizeof(float) * (size_t)k) == 0, "all-gather F32: own shard");
-            EXPECT(fp8amp_comm_all_gather(comm, out8, gathered, NULL), FP8AMP_ERROR_INVALID_ARGUMENT);
+            EXPECT(fp8amp_comm_all_gather(comm, out8, gathered, NULL, NULL), FP8AMP_ERROR_INVALID_ARGUMENT);
             OK(fp8amp_tensor_destroy(g32));
             free(all32);
         }
@@ -425,10 +425,10 @@ static void test_mismatch(fp8amp_comm comm) {
             OK(fp8amp_tensor_copy_from_host(big, zeros, sizeof(float) * (size_t)nbig));
             EXPECT(fp8amp_comm_reduce_scatter(comm, odd ? dead : big, out_a, NULL),
                    odd ? FP8AMP_ERROR_INVALID_HANDLE : FP8AMP_ERROR_INVALID_ARGUMENT);
-            EXPECT(fp8amp_comm_all_gather(comm, odd ? dead : a, big, NULL),
+            EXPECT(fp8amp_comm_all_gather(comm, odd ? dead : a, big, NULL, NULL),
                    odd ? FP8AMP_ERROR_INVALID_HANDLE : FP8AMP_ERROR_INVALID_ARGUMENT);
             /* An all-gather whose sizes differ on one rank. */
-            EXPECT(fp8amp_comm_all_gather(comm, odd ? b : a, odd ? out_b : big, NULL),
+            EXPECT(fp8amp_comm_all_gather(comm, odd ? b : a, odd ? out_b : big, NULL, NULL),
                    odd ? FP8AMP_ERROR_SHAPE_MISMATCH : FP8AMP_ERROR_INVALID_ARGUMENT);
             OK(fp8amp_tensor_copy_to_host(big, big_after, sizeof(float) * (size_t)nbig));
             CHECK(memcmp(zeros, big_after, sizeof(float) * (size_t)nbig) == 0, "a refused all-gather changed its output");
@@ -445,6 +445,35 @@ static void test_mismatch(fp8amp_comm comm) {
     {
         fp8amp_tensor ins[1] = {a}, outs[1] = {out_a};
         OK(fp8amp_comm_all_reduce(comm, 1, ins, outs, NULL));
+    }
+    {
+        /* A bucket smaller than the number of ranks (one element: some ranks' chunks are padding
+         * only), with and without the check: the same bytes on every rank, the mean within one E4M3
+         * rounding (values rank + 1, exact on the wire: the mean is (N + 1) / 2). */
+        const int64_t one = 1;
+        fp8amp_tensor t1, o1, o2;
+        const float v = (float)(g_rank + 1);
+        float r1 = 0, r2 = 0;
+        OK(fp8amp_tensor_create(g_ctx, FP8AMP_DTYPE_F32, 1, &one, &t1));
+        OK(fp8amp_tensor_copy_from_host(t1, &v, 4));
+        OK(fp8amp_tensor_create(g_ctx, FP8AMP_DTYPE_F32, 1, &one, &o1));
+        OK(fp8amp_tensor_create(g_ctx, FP8AMP_DTYPE_F32, 1, &one, &o2));
+        OK(fp8amp_comm_all_reduce(comm, 1, &t1, &o1, NULL));
+        OK(fp8amp_comm_reduce_desc_init_default(&desc));
+        desc.check = 0;
+        OK(fp8amp_comm_all_reduce(comm, 1, &t1, &o2, &desc));
+        OK(fp8amp_tensor_copy_to_host(o1, &r1, 4));
+        OK(fp8amp_tensor_copy_to_host(o2, &r2, 4));
+        CHECK(r1 == r2, "check = 0 gave %.9g, check = 1 %.9g", r2, r1);
+        check_identical_on_all_ranks(&r1, 4, "one-element bucket");
+        {
+            const double mean = (g_n + 1) / 2.0;
+            CHECK(fabs(r1 - mean) <= 0.5 * quantum_ref(&FMT_E4M3, 448.0) * mean / 448.0 * 1.0001,
+                  "one-element mean %.9g, exact %.9g", r1, mean);
+        }
+        OK(fp8amp_tensor_destroy(t1));
+        OK(fp8amp_tensor_destroy(o1));
+        OK(fp8amp_tensor_destroy(o2));
     }
     OK(fp8amp_tensor_destroy(a));
     OK(fp8amp_tensor_destroy(b));

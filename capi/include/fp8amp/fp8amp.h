@@ -955,10 +955,10 @@ FP8AMP_API fp8amp_status fp8amp_comm_reduce_scatter(fp8amp_comm comm, fp8amp_ten
 /** All-gather: output (nranks * k elements, input's dtype) = every rank's input (k elements) in rank
  *  order. FP8 inputs travel as codes with their scale_inv: output_scale_inv, an F32 tensor of nranks
  *  elements, receives each shard's scale_inv (required for FP8, must be NULL otherwise). Wide dtypes
- *  travel as they are. check as in the desc of the reductions: always on (it synchronizes on CUDA).
- *  Statuses: as fp8amp_comm_all_reduce. */
+ *  travel as they are. Of desc (NULL: the defaults) only check is read. Statuses: as
+ *  fp8amp_comm_all_reduce. */
 FP8AMP_API fp8amp_status fp8amp_comm_all_gather(fp8amp_comm comm, fp8amp_tensor input, fp8amp_tensor output,
-                                                fp8amp_tensor output_scale_inv);
+                                                fp8amp_tensor output_scale_inv, const fp8amp_comm_reduce_desc *desc);
 
 #ifdef __cplusplus
 } /* extern "C" */
