@@ -1,4 +1,5 @@
 // The one-rank transport: no library, no peers. A send to oneself is a copy at the end of the group.
+#include <atomic>
 #include <vector>
 
 #include "comm_transport.hpp"
@@ -36,13 +37,13 @@ public:
         if (send != recv) copy_(copy_ctx_, recv, send, nbytes, stream);
     }
     void host_allreduce_max_u64(uint64_t *, size_t, void *, void *) override { check(); }
-    bool failed() const override { return aborted_; }
-    void abort() override { aborted_ = true; }
+    bool failed() const override { return aborted_.load(); }
+    void abort() override { aborted_.store(true); }
     void destroy() override {}
 
 private:
     void check() const {
-        if (aborted_) fail(FP8AMP_ERROR_COMM, "the communicator was aborted (fp8amp_comm_abort): destroy it");
+        if (aborted_.load()) fail(FP8AMP_ERROR_COMM, "the communicator was aborted (fp8amp_comm_abort): destroy it");
     }
     struct Buf {
         void *buf;
@@ -51,7 +52,7 @@ private:
     CopyFn copy_;
     void *copy_ctx_;
     std::vector<Buf> sends_, recvs_;
-    bool aborted_ = false;
+    std::atomic<bool> aborted_{false};
 };
 
 }  // namespace

@@ -19,6 +19,7 @@
 #include <sched.h>
 #include <time.h>
 
+#include <atomic>
 #include <chrono>
 #include <climits>
 #include <cstdlib>
@@ -147,10 +148,10 @@ public:
         wait("the consistency check (MPI_Iallreduce)");
     }
     void set_timeout(double seconds) override { timeout_s_ = seconds; }
-    bool failed() const override { return !failure_.empty(); }
-    void abort() override {
-        if (failure_.empty()) failure_ = "the communicator was aborted (fp8amp_comm_abort)";
-    }
+    bool failed() const override { return aborted_.load() || !failure_.empty(); }
+    // May come from another thread (a watchdog) while an operation waits: it only raises the flag,
+    // which the waiting loop reads, and calls no MPI.
+    void abort() override { aborted_.store(true); }
     void destroy() override {
         // A healthy communicator is freed (collective in MPI's terms: every rank destroys it); a
         // failed one may have requests pending on it and is left to MPI_Finalize.
@@ -170,6 +171,7 @@ private:
         for (size_t off = 0; off < nbytes; off += kPiece) f(off, static_cast<int>(std::min(kPiece, nbytes - off)));
     }
     void check_alive() const {
+        if (aborted_.load()) fail(FP8AMP_ERROR_COMM, "the communicator was aborted (fp8amp_comm_abort): destroy it");
         if (!failure_.empty()) fail(FP8AMP_ERROR_COMM, "the communicator failed earlier: " + failure_ + "; destroy it");
     }
     void call(int rc, const char *what) {
@@ -201,6 +203,11 @@ private:
                 requests_.clear();
                 return;
             }
+            if (aborted_.load()) {
+                requests_.clear();
+                failure_ = std::string(what) + " was interrupted by fp8amp_comm_abort on rank " + std::to_string(rank_);
+                fail(FP8AMP_ERROR_COMM, failure_);
+            }
             if (clock::now() > deadline) {
                 requests_.clear();
                 failure_ = std::string(what) + " timed out after " + std::to_string(timeout_s_) + " s on rank " +
@@ -222,7 +229,8 @@ private:
     int rank_ = 0, nranks_ = 1;
     double timeout_s_ = 300.0;
     std::vector<MPI_Request> requests_;
-    std::string failure_;
+    std::string failure_;  // written and read by the thread that uses the communicator
+    std::atomic<bool> aborted_{false};
 };
 
 std::unique_ptr<Transport> from_dup(MPI_Comm dup) {

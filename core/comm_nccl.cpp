@@ -9,6 +9,7 @@
 #include <cuda_runtime.h>
 #include <nccl.h>
 
+#include <atomic>
 #include <cstring>
 #endif
 
@@ -76,16 +77,14 @@ public:
         check_cuda(cudaMemcpyAsync(values, scratch, nbytes, cudaMemcpyDeviceToHost, s), "cudaMemcpyAsync");
         check_cuda(cudaStreamSynchronize(s), "cudaStreamSynchronize (the consistency check)");
     }
-    bool failed() const override { return aborted_ || !failure_.empty(); }
+    bool failed() const override { return aborted_.load() || !failure_.empty(); }
+    // May come from another thread (a watchdog), as ncclCommAbort may: once, and only a flag besides.
+    // An adopted communicator is the caller's to abort; this one only stops using it.
     void abort() override {
-        if (failure_.empty()) failure_ = "the communicator was aborted (fp8amp_comm_abort)";
-        if (!aborted_) {
-            aborted_ = true;
-            if (owned_) ncclCommAbort(comm_);
-        }
+        if (!aborted_.exchange(true) && owned_) ncclCommAbort(comm_);
     }
     void destroy() override {
-        if (!owned_ || aborted_) return;
+        if (!owned_ || aborted_.load()) return;
         DeviceGuard guard(device_);
         if (failure_.empty()) ncclCommDestroy(comm_);
         else ncclCommAbort(comm_);
@@ -93,6 +92,7 @@ public:
 
 private:
     void check_alive() const {
+        if (aborted_.load()) fail(FP8AMP_ERROR_COMM, "the communicator was aborted (fp8amp_comm_abort): destroy it");
         if (!failure_.empty()) fail(FP8AMP_ERROR_COMM, "the communicator failed earlier: " + failure_ + "; destroy it");
     }
     void call(ncclResult_t r, const char *what) {
@@ -109,7 +109,7 @@ private:
     int device_;
     bool owned_;
     int rank_ = 0, nranks_ = 1;
-    bool aborted_ = false;
+    std::atomic<bool> aborted_{false};
     std::string failure_;
 };
 

@@ -9,9 +9,15 @@
  *     their scale_inv, and an adopted MPI_Comm giving the same bytes as a created communicator;
  *   - mismatched counts, shapes, dtypes, options and a bad handle on one rank: refused on every rank,
  *     outputs unchanged;
- *   - a rank that stops taking part: the others fail with FP8AMP_ERROR_COMM within the timeout.
- * Plain C: each rank prints its failures; the exit code is non-zero if any check failed. */
+ *   - a rank that stops taking part: the others fail with FP8AMP_ERROR_COMM within the timeout, or
+ *     as soon as a watchdog thread calls fp8amp_comm_abort.
+ * Plain C: each rank prints its failures; the exit code is non-zero if any check failed.
+ *
+ * FP8AMP_TEST_COMM_DEVICE=cuda runs the same checks on GPUs (rank r on cuda:r; at least as many GPUs
+ * as ranks, or SKIPPED with 77) through NCCL, against the same model: the GPU bytes must equal what the CPU run checks. The
+ * MPI-only parts (an adopted MPI_Comm, the timeout of a silent rank) are left out there. */
 #include <mpi.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -483,10 +489,16 @@ static void test_mismatch(fp8amp_comm comm) {
 
 /* ---- a rank that stops taking part ----------------------------------------------------------- */
 
+static void *abort_later(void *comm) {
+    sleep(1);
+    if (fp8amp_comm_abort((fp8amp_comm)comm) != FP8AMP_SUCCESS) ++g_failures;
+    return NULL;
+}
+
 static void test_lost_rank(void) {
     const double timeout = 2.0;
     const int lost = g_rank == g_n - 1;
-    fp8amp_comm comm = make_comm();
+    fp8amp_comm watched = make_comm(), comm = make_comm();
     const int64_t n = 4096;
     fp8amp_tensor t;
     float *host = malloc(sizeof(float) * (size_t)n);
@@ -497,13 +509,26 @@ static void test_lost_rank(void) {
     OK(fp8amp_comm_set_timeout(comm, timeout));
     EXPECT(fp8amp_comm_set_timeout(comm, 0.0), FP8AMP_ERROR_INVALID_ARGUMENT);
     if (lost) {
-        /* Gone, as far as the others can tell: it never calls. */
+        /* Gone, as far as the others can tell: it never calls (on either communicator). */
         sleep(3 * (unsigned)timeout);
         OK(fp8amp_comm_abort(comm));
+        OK(fp8amp_comm_abort(watched));
         EXPECT(fp8amp_comm_all_reduce(comm, 1, &t, &t, NULL), FP8AMP_ERROR_COMM);
     } else {
-        const double t0 = now_s();
+        double t0 = now_s();
         float *after = malloc(sizeof(float) * (size_t)n);
+        {
+            /* A watchdog thread aborts a waiting operation (long timeout): COMM after about 1 s. */
+            pthread_t dog;
+            OK(fp8amp_comm_set_timeout(watched, 120.0));
+            CHECK(pthread_create(&dog, NULL, abort_later, watched) == 0, "pthread_create");
+            EXPECT(fp8amp_comm_all_reduce(watched, 1, &t, &t, NULL), FP8AMP_ERROR_COMM);
+            pthread_join(dog, NULL);
+            CHECK(now_s() - t0 < 10.0, "the abort took %.2f s to interrupt the wait", now_s() - t0);
+            CHECK(strstr(fp8amp_last_error_message(), "fp8amp_comm_abort") != NULL, "message: %s",
+                  fp8amp_last_error_message());
+        }
+        t0 = now_s();
         EXPECT(fp8amp_comm_all_reduce(comm, 1, &t, &t, NULL), FP8AMP_ERROR_COMM);
         const double waited = now_s() - t0;
         CHECK(waited >= timeout * 0.9 && waited < timeout + 5.0, "failed after %.2f s, timeout %.1f s", waited, timeout);
@@ -515,12 +540,15 @@ static void test_lost_rank(void) {
         free(after);
     }
     OK(fp8amp_comm_destroy(comm));
+    OK(fp8amp_comm_destroy(watched));
     OK(fp8amp_tensor_destroy(t));
     free(host);
 }
 
 int main(int argc, char **argv) {
-    fp8amp_device cpu = {FP8AMP_DEVICE_CPU, 0};
+    fp8amp_device device = {FP8AMP_DEVICE_CPU, 0};
+    const char *want = getenv("FP8AMP_TEST_COMM_DEVICE");
+    int cuda = want && strcmp(want, "cuda") == 0;
     fp8amp_comm comm, adopted, late;
     uint64_t digest_created = 0, digest_adopted = 1;
     int total;
@@ -531,7 +559,19 @@ int main(int argc, char **argv) {
     if (getenv("FP8AMP_TEST_SEED")) g_seed = strtoull(getenv("FP8AMP_TEST_SEED"), NULL, 0);
     MPI_Bcast(&g_seed, 1, MPI_UINT64_T, 0, MPI_COMM_WORLD);
     if (g_rank == 0) printf("test_comm_mpi: %d ranks, seed FP8AMP_TEST_SEED=%llu\n", g_n, (unsigned long long)g_seed);
-    OK(fp8amp_context_create(cpu, &g_ctx));
+    if (cuda) {
+        int32_t gpus = 0;
+        OK(fp8amp_device_count(FP8AMP_DEVICE_CUDA, &gpus));
+        if (gpus < g_n) { /* NCCL refuses two ranks on one GPU */
+            if (g_rank == 0) printf("test_comm_mpi: FP8AMP_TEST_COMM_DEVICE=cuda needs %d GPUs, %d seen: SKIPPED\n", g_n, gpus);
+            MPI_Finalize();
+            return 77;
+        }
+        device.type = FP8AMP_DEVICE_CUDA;
+        device.index = g_rank % gpus;
+    }
+    if (g_rank == 0) printf("test_comm_mpi: on %s\n", cuda ? "CUDA (NCCL)" : "the CPU (MPI)");
+    OK(fp8amp_context_create(device, &g_ctx));
 
     comm = make_comm();
     {
@@ -545,7 +585,7 @@ int main(int argc, char **argv) {
         uint64_t d;
         test_all_reduce_on(comm, "all-reduce (sum)", 0, &d);
     }
-    {
+    if (!cuda) {
         /* The same call through an adopted MPI_Comm: the same bytes. */
         MPI_Comm world = MPI_COMM_WORLD;
         OK(fp8amp_comm_adopt(g_ctx, &world, &adopted));
@@ -561,7 +601,7 @@ int main(int argc, char **argv) {
         CHECK(sat == 0, "%llu elements saturated", (unsigned long long)sat);
     }
     OK(fp8amp_comm_destroy(comm));
-    test_lost_rank();
+    if (!cuda) test_lost_rank(); /* NCCL operations are not timed by the host (docs/communicator.md) */
     late = make_comm(); /* destroyed after MPI_Finalize, below */
 
     OK(fp8amp_context_destroy(g_ctx));

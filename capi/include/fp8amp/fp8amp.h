@@ -889,7 +889,9 @@ FP8AMP_API fp8amp_status fp8amp_comm_adopt(fp8amp_context ctx, void *native, fp8
 FP8AMP_API fp8amp_status fp8amp_comm_destroy(fp8amp_comm comm);
 
 /** Aborts the communicator's pending and future operations (ncclCommAbort; MPI: marks it failed,
- *  without MPI_Abort). Every later operation on it returns COMM; destroy it. Not collective.
+ *  without MPI_Abort). Every later operation on it returns COMM; destroy it. Not collective. The one
+ *  call that may come from another thread while an operation on the communicator runs (a watchdog):
+ *  a waiting MPI operation then fails with COMM at its next poll.
  *  Statuses: SUCCESS; INVALID_HANDLE. */
 FP8AMP_API fp8amp_status fp8amp_comm_abort(fp8amp_comm comm);
 
