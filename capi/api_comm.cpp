@@ -1,6 +1,7 @@
 // The boundary of the communicators (fp8amp.h "Communicators"): argument checks, handle lookups and
 // core calls; no engine logic.
 #include <cmath>
+#include <exception>
 #include <vector>
 
 #include "boundary.hpp"
@@ -136,17 +137,24 @@ FP8AMP_API fp8amp_status fp8amp_comm_reduce_desc_init(fp8amp_comm_reduce_desc *d
     });
 }
 
-// The collectives: a bad handle among the tensors is this rank's refusal of its arguments, which the
-// other ranks must hear of (Communicator::agreed) rather than wait for a call that never comes. Only
-// a bad comm or desc fails locally at once: then there is no agreed call at all, on any rank, as long
-// as every rank passes the same desc.
+// The collectives: a bad handle among the tensors, or a bad desc, is this rank's refusal of its
+// arguments, which the other ranks must hear of (Communicator::agreed) rather than wait for a call
+// that never comes; a bad desc is refused as if its check were the default (on). Only a bad comm
+// fails locally at once: there is nothing to tell the others through.
 FP8AMP_API fp8amp_status fp8amp_comm_all_reduce(fp8amp_comm comm, int32_t n, const fp8amp_tensor *inputs,
                                                 const fp8amp_tensor *outputs, const fp8amp_comm_reduce_desc *desc) {
     return fp8amp::capi::guarded(__func__, [&]() {
         auto c = lookup<Communicator>(comm, "comm");
-        const CommReduceOptions o = options_of(desc);
+        CommReduceOptions o;  // a bad desc: refused with the default check, so that the others hear of it
+        std::exception_ptr desc_error;
+        try {
+            o = options_of(desc);
+        } catch (...) {
+            desc_error = std::current_exception();
+        }
         std::vector<std::shared_ptr<Tensor>> in, out;
         c->agreed(o.check, "fp8amp_comm_all_reduce", [&] {
+            if (desc_error) std::rethrow_exception(desc_error);
             if (n < 1) fail(FP8AMP_ERROR_INVALID_ARGUMENT, "n is " + std::to_string(n) + ", not >= 1");
             require(inputs, "inputs");
             require(outputs, "outputs");
@@ -162,9 +170,16 @@ FP8AMP_API fp8amp_status fp8amp_comm_reduce_scatter(fp8amp_comm comm, fp8amp_ten
                                                     const fp8amp_comm_reduce_desc *desc) {
     return fp8amp::capi::guarded(__func__, [&]() {
         auto c = lookup<Communicator>(comm, "comm");
-        const CommReduceOptions o = options_of(desc);
+        CommReduceOptions o;
+        std::exception_ptr desc_error;
+        try {
+            o = options_of(desc);
+        } catch (...) {
+            desc_error = std::current_exception();
+        }
         std::shared_ptr<Tensor> in, out;
         c->agreed(o.check, "fp8amp_comm_reduce_scatter", [&] {
+            if (desc_error) std::rethrow_exception(desc_error);
             in = lookup<Tensor>(input, "input");
             out = lookup<Tensor>(output, "output");
             return Communicator::Signature{};
@@ -177,9 +192,16 @@ FP8AMP_API fp8amp_status fp8amp_comm_all_gather(fp8amp_comm comm, fp8amp_tensor 
                                                 fp8amp_tensor output_scale_inv, const fp8amp_comm_reduce_desc *desc) {
     return fp8amp::capi::guarded(__func__, [&]() {
         auto c = lookup<Communicator>(comm, "comm");
-        const CommReduceOptions o = options_of(desc);
+        CommReduceOptions o;
+        std::exception_ptr desc_error;
+        try {
+            o = options_of(desc);
+        } catch (...) {
+            desc_error = std::current_exception();
+        }
         std::shared_ptr<Tensor> in, out, si;
         c->agreed(o.check, "fp8amp_comm_all_gather", [&] {
+            if (desc_error) std::rethrow_exception(desc_error);
             in = lookup<Tensor>(input, "input");
             out = lookup<Tensor>(output, "output");
             if (output_scale_inv) si = lookup<Tensor>(output_scale_inv, "output_scale_inv");

@@ -199,6 +199,12 @@ void Communicator::all_reduce(const std::vector<std::shared_ptr<Tensor>> &inputs
         sig.shapes = shapes.h;
         sig.dtypes = dtypes.h;
         sig.options = options.h;
+        // The scratch too, before the agreement: a rank out of memory refuses like any other.
+        const int64_t chunk = (offset[n] + N - 1) / N;
+        scratch(0, 16 * n);
+        scratch(1, static_cast<size_t>(chunk) * N);
+        scratch(2, static_cast<size_t>(chunk) * N);
+        scratch(3, static_cast<size_t>(chunk) * sizeof(float));
         return sig;
     });
 
@@ -293,6 +299,11 @@ void Communicator::reduce_scatter(const std::shared_ptr<Tensor> &input, const st
         sig.shapes = shapes.h;
         sig.dtypes = dtypes.h;
         sig.options = options.h;
+        const size_t k = static_cast<size_t>(output->numel());
+        scratch(0, 16);
+        scratch(1, k * N);
+        scratch(2, k * N);
+        if (output->dtype() != FP8AMP_DTYPE_F32) scratch(3, k * sizeof(float));
         return sig;
     });
 
@@ -374,6 +385,8 @@ void Communicator::all_gather(const std::shared_ptr<Tensor> &input, const std::s
         dtypes.add(static_cast<uint64_t>(input->dtype()));
         sig.shapes = shapes.h;
         sig.dtypes = dtypes.h;
+        scratch(1, input->nbytes() * N);
+        scratch(0, sizeof(float) * N);
         return sig;
     });
     void *stream = ctx_->stream();

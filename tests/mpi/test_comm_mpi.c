@@ -389,6 +389,13 @@ static void test_mismatch(fp8amp_comm comm) {
         EXPECT(fp8amp_comm_all_reduce(comm, 2, ins, outs, NULL), FP8AMP_ERROR_SHAPE_MISMATCH);
         /* A count that differs. */
         EXPECT(fp8amp_comm_all_reduce(comm, odd ? 1 : 2, ins, outs, NULL), FP8AMP_ERROR_SHAPE_MISMATCH);
+        /* A desc that only one rank gets wrong: its own refusal, heard by the others (a short
+         * timeout, so that a rank left waiting fails the test with COMM instead of hanging it). */
+        OK(fp8amp_comm_set_timeout(comm, 20.0));
+        OK(fp8amp_comm_reduce_desc_init_default(&desc));
+        if (odd) desc.struct_size = 3;
+        EXPECT(fp8amp_comm_all_reduce(comm, 1, ins, outs, &desc), FP8AMP_ERROR_INVALID_ARGUMENT);
+        OK(fp8amp_comm_set_timeout(comm, 300.0));
         /* Options that differ. */
         OK(fp8amp_comm_reduce_desc_init_default(&desc));
         if (odd) desc.wire_dtype = FP8AMP_DTYPE_E5M2;
