@@ -917,7 +917,7 @@ typedef struct fp8amp_comm_reduce_desc {
     fp8amp_dtype wire_dtype; /**< FP8 format on the wire for the reduce-scatter: default E4M3; or E5M2 */
     int32_t average;         /**< default 1: the mean over ranks (folded into scale_inv); 0: the sum */
     int32_t check;           /**< default 1: first verify that every rank passed the same counts, shapes
-                                  and dtypes (a 16-byte exchange; on CUDA it synchronizes the host with
+                                  and dtypes (a 56-byte exchange; on CUDA it synchronizes the host with
                                   the stream, so turn it off to capture the call in a CUDA graph) */
 } fp8amp_comm_reduce_desc;
 
@@ -937,11 +937,15 @@ FP8AMP_API fp8amp_status fp8amp_comm_reduce_desc_init(fp8amp_comm_reduce_desc *d
  *  Every rank gets identical bytes; CPU and CUDA compute the same bytes. Asynchronous on CUDA
  *  (the context's stream), except the check (desc). desc may be NULL (the defaults).
  *  Statuses: SUCCESS; INVALID_HANDLE; INVALID_ARGUMENT (n < 1, NULL arrays, a read-only output, an FP8
- *  output without scale_inv slot, an output overlapping another tensor of the call, a bad desc);
+ *  input or output without scale_inv slot, an output overlapping another tensor of the call, a bad
+ *  desc);
  *  SHAPE_MISMATCH; DTYPE_MISMATCH (wire_dtype not FP8); DEVICE_MISMATCH (a tensor not on the
- *  communicator's context's device); and, on every rank alike, INVALID_ARGUMENT when the ranks passed
- *  different counts, shapes, dtypes or options (the check); COMM (MPI failed or timed out: the
- *  communicator is then failed); NCCL; CUDA. On failure outputs are unchanged, except after COMM/NCCL. */
+ *  communicator's context's device); on every rank alike (the check, before any data moves):
+ *  SHAPE_MISMATCH when the ranks passed different counts or shapes, DTYPE_MISMATCH different dtypes,
+ *  INVALID_ARGUMENT different options or another rank's refusal of its own arguments (that rank
+ *  returns its own status); COMM (MPI failed or timed out: the communicator is then failed); NCCL;
+ *  CUDA. On failure outputs are unchanged (outputs are written by the last step only; an
+ *  asynchronous CUDA or NCCL failure surfaces at a later synchronizing call). */
 FP8AMP_API fp8amp_status fp8amp_comm_all_reduce(fp8amp_comm comm, int32_t n, const fp8amp_tensor *inputs,
                                                 const fp8amp_tensor *outputs, const fp8amp_comm_reduce_desc *desc);
 
