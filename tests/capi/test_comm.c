@@ -331,9 +331,8 @@ static void test_bad_arguments(void **state) {
     EXPECT_OK(fp8amp_comm_destroy(NULL));
     EXPECT_STATUS(fp8amp_comm_abort(comm), FP8AMP_ERROR_INVALID_HANDLE);
 
-    /* More than one rank outside mpirun: no MPI world of that size (or no MPI in this build). */
-    EXPECT_STATUS(fp8amp_comm_create(ctx, &id, 2, 0, &c2), FP8AMP_ERROR_NOT_SUPPORTED);
-    assert_null(c2);
+    /* (More ranks than the MPI world: tests/mpi/test_comm_mpi.c. Not here, where it would initialize
+     * MPI, whose memory kept until exit LeakSanitizer reports.) */
 
     EXPECT_OK(fp8amp_tensor_destroy(a));
     EXPECT_OK(fp8amp_tensor_destroy(b));

@@ -587,6 +587,15 @@ int main(int argc, char **argv) {
         OK(fp8amp_comm_size(comm, &n));
         CHECK(r == g_rank && n == g_n, "rank %d size %d", r, n);
     }
+    if (!cuda) {
+        /* More ranks than the MPI world holds: refused on every rank, nothing made. */
+        fp8amp_comm_unique_id id;
+        fp8amp_comm none = NULL;
+        if (g_rank == 0) OK(fp8amp_comm_unique_id_create(g_ctx, &id));
+        MPI_Bcast(&id, sizeof id, MPI_BYTE, 0, MPI_COMM_WORLD);
+        EXPECT(fp8amp_comm_create(g_ctx, &id, g_n + 1, g_rank, &none), FP8AMP_ERROR_NOT_SUPPORTED);
+        CHECK(none == NULL, "a refused create wrote its output");
+    }
     test_all_reduce_on(comm, "all-reduce (mean)", 1, &digest_created);
     {
         uint64_t d;
