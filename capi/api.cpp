@@ -62,6 +62,7 @@ FP8AMP_API const char *fp8amp_status_name(fp8amp_status status) {
     case FP8AMP_ERROR_NCCL: return "FP8AMP_ERROR_NCCL";
     case FP8AMP_ERROR_CORRUPT_DATA: return "FP8AMP_ERROR_CORRUPT_DATA";
     case FP8AMP_ERROR_INTERNAL: return "FP8AMP_ERROR_INTERNAL";
+    case FP8AMP_ERROR_COMM: return "FP8AMP_ERROR_COMM";
     }
     return "FP8AMP_UNKNOWN_STATUS";
 }

@@ -37,7 +37,7 @@ static void test_constant_getters(void **state) {
         assert_int_equal(fp8amp_dtype_size((fp8amp_dtype)kBad[i]), 0);
         assert_string_equal(fp8amp_dtype_name((fp8amp_dtype)kBad[i]), "unknown");
     }
-    assert_string_equal(fp8amp_status_name((fp8amp_status)13), "FP8AMP_UNKNOWN_STATUS");
+    assert_string_equal(fp8amp_status_name((fp8amp_status)14), "FP8AMP_UNKNOWN_STATUS"); /* 13: FP8AMP_ERROR_COMM */
     assert_int_equal(fp8amp_dtype_size((fp8amp_dtype)5), 0);
     assert_string_equal(fp8amp_dtype_name((fp8amp_dtype)5), "unknown");
 }

@@ -42,6 +42,7 @@ static void test_status_names(void **state) {
         {FP8AMP_ERROR_NCCL, 10, "FP8AMP_ERROR_NCCL"},
         {FP8AMP_ERROR_CORRUPT_DATA, 11, "FP8AMP_ERROR_CORRUPT_DATA"},
         {FP8AMP_ERROR_INTERNAL, 12, "FP8AMP_ERROR_INTERNAL"},
+        {FP8AMP_ERROR_COMM, 13, "FP8AMP_ERROR_COMM"},
     };
     size_t i;
     for (i = 0; i < sizeof table / sizeof table[0]; ++i) {
@@ -54,7 +55,7 @@ static void test_status_names(void **state) {
         assert_ptr_equal(fp8amp_status_name(table[i].status), name);
     }
     {
-        static const int unknown[] = {13, 14, 100, -1, 0x7fffffff, -0x7fffffff - 1};
+        static const int unknown[] = {14, 15, 100, -1, 0x7fffffff, -0x7fffffff - 1};
         for (i = 0; i < sizeof unknown / sizeof unknown[0]; ++i) {
             const char *name = fp8amp_status_name((fp8amp_status)unknown[i]);
             assert_non_null(name);

@@ -19,6 +19,7 @@ ALL = [
     ("FP8AMP_ERROR_NCCL", fp8amp.NcclError, RuntimeError),
     ("FP8AMP_ERROR_CORRUPT_DATA", fp8amp.CorruptDataError, ValueError),
     ("FP8AMP_ERROR_INTERNAL", fp8amp.InternalError, RuntimeError),
+    ("FP8AMP_ERROR_COMM", fp8amp.CommError, RuntimeError),
 ]
 
 

@@ -79,7 +79,8 @@ typedef enum fp8amp_status {
     FP8AMP_ERROR_CUBLAS = 9,
     FP8AMP_ERROR_NCCL = 10,
     FP8AMP_ERROR_CORRUPT_DATA = 11,
-    FP8AMP_ERROR_INTERNAL = 12
+    FP8AMP_ERROR_INTERNAL = 12,
+    FP8AMP_ERROR_COMM = 13             /**< a communicator's transport (MPI) failed or timed out, since 0.3.0 */
 } fp8amp_status;
 
 /** A constant string naming the status ("FP8AMP_ERROR_SHAPE_MISMATCH"), or "FP8AMP_UNKNOWN_STATUS".
@@ -916,6 +917,137 @@ FP8AMP_API fp8amp_status (fp8amp_opt_level_config)(fp8amp_opt_level level, fp8am
 /** Source code's spelling of the 0.1.0 preset: fp8amp_opt_level_init with this header's sizeofs. */
 #define fp8amp_opt_level_config(level, linear_desc, adam_desc)                                              \
     fp8amp_opt_level_init((level), (linear_desc), sizeof(fp8amp_linear_desc), (adam_desc), sizeof(fp8amp_adam_desc))
+
+/** @} */
+
+/** @defgroup comm Communicators
+ *  FP8 gradient all-reduce, reduce-scatter and all-gather across processes or GPUs
+ *  (docs/communicator.md). Since 0.3.0 (version node FP8AMP_0.3).
+ *  @{ */
+
+/** A communicator: nranks processes (or GPUs) that reduce and gather tensors of one context each.
+ *  The backend follows the context's device: MPI for a CPU context (when the library was built with
+ *  it), NCCL for a CUDA context. A one-rank communicator needs neither. Every rank calls the same
+ *  operations in the same order with tensors of the same counts, shapes and dtypes. */
+typedef struct fp8amp_comm_s *fp8amp_comm;
+
+#define FP8AMP_COMM_UNIQUE_ID_BYTES 128
+/** Created on one rank by fp8amp_comm_unique_id_create and passed, as these bytes, to every rank by
+ *  whatever channel the caller has (a file, a TCP store, MPI_Bcast, torch.distributed). */
+typedef struct fp8amp_comm_unique_id {
+    char internal[128]; /**< FP8AMP_COMM_UNIQUE_ID_BYTES (a literal, for binding generators) */
+} fp8amp_comm_unique_id;
+
+/** A new unique id for a communicator on ctx's device type: ncclGetUniqueId for CUDA (it also starts
+ *  NCCL's bootstrap listener on this process); random bytes with a tag for the CPU (MPI) backend.
+ *  Statuses: SUCCESS; INVALID_HANDLE; INVALID_ARGUMENT (NULL id); NOT_SUPPORTED (no backend for the
+ *  context's device in this build: the message says why); NCCL. */
+FP8AMP_API fp8amp_status fp8amp_comm_unique_id_create(fp8amp_context ctx, fp8amp_comm_unique_id *id);
+
+/** Creates this process's rank of an nranks communicator; collective: every rank calls it with the
+ *  same id and nranks, and its own rank in 0..nranks-1. CUDA: ncclCommInitRank on ctx's device.
+ *  CPU: MPI (initialized here with MPI_THREAD_FUNNELED if the caller has not), over a duplicate of
+ *  MPI_COMM_WORLD reordered by rank, which must then hold exactly nranks processes (a subset: adopt
+ *  a communicator made with MPI_Comm_split). nranks 1 needs no backend at all (a local transport).
+ *  The id is checked to be the same on every rank. The communicator uses ctx (its device and its
+ *  current stream at each call) and keeps it alive.
+ *  Statuses: SUCCESS; INVALID_HANDLE; INVALID_ARGUMENT (NULL id or out, nranks < 1, rank outside
+ *  0..nranks-1, an id not made by fp8amp_comm_unique_id_create for this device type, ids that differ
+ *  between ranks); NOT_SUPPORTED (no backend for the device in this build, MPI world size other than
+ *  nranks); NCCL; COMM (MPI failed: its message). */
+FP8AMP_API fp8amp_status fp8amp_comm_create(fp8amp_context ctx, const fp8amp_comm_unique_id *id, int32_t nranks,
+                                            int32_t rank, fp8amp_comm *out);
+
+/** Adopts a communicator the caller already has: for a CUDA context, native is the ncclComm_t itself
+ *  (borrowed: the caller keeps it alive and destroys it after fp8amp_comm_destroy); for a CPU
+ *  context, native points at an MPI_Comm (const MPI_Comm *), which is duplicated (MPI_Comm_dup,
+ *  collective), so the caller may free its own afterwards. Not collective for NCCL.
+ *  Statuses: SUCCESS; INVALID_HANDLE; INVALID_ARGUMENT (NULL native or out); NOT_SUPPORTED (no
+ *  backend for the device in this build); NCCL; COMM. */
+FP8AMP_API fp8amp_status fp8amp_comm_adopt(fp8amp_context ctx, void *native, fp8amp_comm *out);
+
+/** Destroys a communicator handle (collective for a communicator fp8amp created: the others must
+ *  destroy theirs too; one that failed or was aborted is torn down locally). NULL is a no-op success.
+ *  Statuses: SUCCESS; INVALID_HANDLE. */
+FP8AMP_API fp8amp_status fp8amp_comm_destroy(fp8amp_comm comm);
+
+/** Aborts the communicator's pending and future operations (ncclCommAbort; MPI: marks it failed,
+ *  without MPI_Abort). Every later operation on it returns COMM; destroy it. Not collective. The one
+ *  call that may come from another thread while an operation on the communicator runs (a watchdog):
+ *  a waiting MPI operation then fails with COMM at its next poll.
+ *  Statuses: SUCCESS; INVALID_HANDLE. */
+FP8AMP_API fp8amp_status fp8amp_comm_abort(fp8amp_comm comm);
+
+/** This process's rank and the number of ranks. Statuses: SUCCESS; INVALID_HANDLE; INVALID_ARGUMENT. */
+FP8AMP_API fp8amp_status fp8amp_comm_rank(fp8amp_comm comm, int32_t *rank);
+FP8AMP_API fp8amp_status fp8amp_comm_size(fp8amp_comm comm, int32_t *nranks);
+
+/** How long an MPI operation waits for its peers before the call fails with COMM and the
+ *  communicator is marked failed (a rank that died or stopped taking part); default 300 s.
+ *  seconds > 0. NCCL operations are asynchronous and are not timed here (use fp8amp_comm_abort).
+ *  Statuses: SUCCESS; INVALID_HANDLE; INVALID_ARGUMENT (seconds not > 0 or not finite). */
+FP8AMP_API fp8amp_status fp8amp_comm_set_timeout(fp8amp_comm comm, double seconds);
+
+/** Elements that saturated (scaled beyond the wire or output format's largest finite value, inf
+ *  included, NaN not) in this communicator's quantizations since it was created: normally 0, since
+ *  scales come from the agreed amaxes; an inf input makes it count. Synchronizes.
+ *  Statuses: SUCCESS; INVALID_HANDLE; INVALID_ARGUMENT; CUDA. */
+FP8AMP_API fp8amp_status fp8amp_comm_get_saturated(fp8amp_comm comm, uint64_t *count);
+
+/** Options of the reductions. Initialize with fp8amp_comm_reduce_desc_init_default. */
+typedef struct fp8amp_comm_reduce_desc {
+    uint32_t struct_size;    /**< sizeof(fp8amp_comm_reduce_desc) */
+    fp8amp_dtype wire_dtype; /**< FP8 format on the wire for the reduce-scatter: default E4M3; or E5M2 */
+    int32_t average;         /**< default 1: the mean over ranks (folded into scale_inv); 0: the sum */
+    int32_t check;           /**< default 1: first verify that every rank passed the same counts, shapes
+                                  and dtypes (a 56-byte exchange; on CUDA it synchronizes the host with
+                                  the stream, so turn it off to capture the call in a CUDA graph) */
+} fp8amp_comm_reduce_desc;
+
+FP8AMP_API fp8amp_status fp8amp_comm_reduce_desc_init(fp8amp_comm_reduce_desc *desc, size_t size);
+#define fp8amp_comm_reduce_desc_init_default(desc) fp8amp_comm_reduce_desc_init((desc), sizeof(fp8amp_comm_reduce_desc))
+
+/** Gradient all-reduce of a bucket of n tensors in one call: outputs[i] = the mean (or sum) over ranks
+ *  of inputs[i]. Inputs are F32, F16, BF16, or E4M3/E5M2 read with their scale_inv (the tensor's slot,
+ *  fp8amp_tensor_scale_inv). outputs[i] has inputs[i]'s shape and is F32, F16, BF16 or E4M3/E5M2; an
+ *  FP8 output must have a scale_inv slot (bound to a meta once), which receives its scale_inv (its
+ *  meta is not touched); outputs[i] may be inputs[i] itself (in place). Algorithm: the ranks agree on
+ *  a scale per tensor (an all-reduce MAX of the amaxes), quantize into wire_dtype with it, exchange
+ *  FP8 chunks (a reduce-scatter of grouped sends and receives), accumulate the received codes in
+ *  float32 in rank order 0..nranks-1, multiply by scale_inv / nranks, requantize each tensor's part
+ *  of the reduced chunk with a scale from the agreed new amax (into the output's FP8 dtype, else
+ *  wire_dtype), and all-gather those codes; a wide output gets code * scale_inv rounded to its dtype.
+ *  Every rank gets identical bytes; CPU and CUDA compute the same bytes. Asynchronous on CUDA
+ *  (the context's stream), except the check (desc). desc may be NULL (the defaults).
+ *  Statuses: SUCCESS; INVALID_HANDLE; INVALID_ARGUMENT (n < 1, NULL arrays, a read-only output, an FP8
+ *  input or output without scale_inv slot, an output overlapping another tensor of the call, a bad
+ *  desc);
+ *  SHAPE_MISMATCH; DTYPE_MISMATCH (wire_dtype not FP8); DEVICE_MISMATCH (a tensor not on the
+ *  communicator's context's device); on every rank alike (the check, before any data moves):
+ *  SHAPE_MISMATCH when the ranks passed different counts or shapes, DTYPE_MISMATCH different dtypes,
+ *  INVALID_ARGUMENT different options or another rank's refusal of its own arguments (that rank
+ *  returns its own status); COMM (MPI failed or timed out: the communicator is then failed); NCCL;
+ *  CUDA. On failure outputs are unchanged (outputs are written by the last step only; an
+ *  asynchronous CUDA or NCCL failure surfaces at a later synchronizing call). */
+FP8AMP_API fp8amp_status fp8amp_comm_all_reduce(fp8amp_comm comm, int32_t n, const fp8amp_tensor *inputs,
+                                                const fp8amp_tensor *outputs, const fp8amp_comm_reduce_desc *desc);
+
+/** Reduce-scatter for sharded training: input holds nranks * k elements (any shape), output k (any
+ *  shape); output on rank r = the mean (or sum) over ranks of the input's elements [r*k, (r+1)*k).
+ *  Same wire and float32 accumulation in rank order as fp8amp_comm_all_reduce. output F32/F16/BF16
+ *  (the reduced value rounded once), or E4M3/E5M2 with a scale_inv slot, requantized with a scale of
+ *  its own shard's amax (per-shard scales). Statuses: as fp8amp_comm_all_reduce (SHAPE_MISMATCH: the
+ *  element counts). */
+FP8AMP_API fp8amp_status fp8amp_comm_reduce_scatter(fp8amp_comm comm, fp8amp_tensor input, fp8amp_tensor output,
+                                                    const fp8amp_comm_reduce_desc *desc);
+
+/** All-gather: output (nranks * k elements, input's dtype) = every rank's input (k elements) in rank
+ *  order. FP8 inputs travel as codes with their scale_inv: output_scale_inv, an F32 tensor of nranks
+ *  elements, receives each shard's scale_inv (required for FP8, must be NULL otherwise). Wide dtypes
+ *  travel as they are. Of desc (NULL: the defaults) only check is read. Statuses: as
+ *  fp8amp_comm_all_reduce. */
+FP8AMP_API fp8amp_status fp8amp_comm_all_gather(fp8amp_comm comm, fp8amp_tensor input, fp8amp_tensor output,
+                                                fp8amp_tensor output_scale_inv, const fp8amp_comm_reduce_desc *desc);
 
 /** @} */
 

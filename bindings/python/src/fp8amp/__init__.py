@@ -27,6 +27,8 @@ from .scaling import AmaxAlgo, Format, Recipe, ScaleState, Scaling, ScalingMode,
 from .tensor import Tensor, from_dlpack
 from .linear import GemmKind, GemmPolicy, Linear, Role
 from .optim import AdamConfig, GradScaler, OptLevel, Optimizer
+from .comm import Communicator
+from .errors import CommError
 
 #: The version of the header the module was compiled against (major * 10000 + minor * 100 + patch).
 HEADER_VERSION: int = int(_lib.FP8AMP_VERSION)
@@ -54,5 +56,5 @@ __all__ = [
     "InvalidHandleError", "ShapeMismatchError", "DtypeMismatchError", "DeviceMismatchError", "OutOfMemoryError",
     "NotSupportedError", "CudaError", "CublasError", "NcclError", "CorruptDataError", "InternalError", "check",
     "error_class", "HEADER_VERSION", "library_version", "Linear", "GemmPolicy", "GemmKind", "Role", "Optimizer",
-    "GradScaler", "AdamConfig", "OptLevel",
+    "GradScaler", "AdamConfig", "OptLevel", "Communicator", "CommError",
 ]

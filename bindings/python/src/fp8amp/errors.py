@@ -79,6 +79,10 @@ class InternalError(Error, RuntimeError):
     """FP8AMP_ERROR_INTERNAL: a bug in fp8amp."""
 
 
+class CommError(Error, RuntimeError):
+    """FP8AMP_ERROR_COMM: a communicator's MPI operation failed or timed out (docs/communicator.md)."""
+
+
 _BY_STATUS: Dict[int, Type[Error]] = {
     lib.FP8AMP_ERROR_INVALID_ARGUMENT: InvalidArgumentError,
     lib.FP8AMP_ERROR_INVALID_HANDLE: InvalidHandleError,
@@ -92,6 +96,7 @@ _BY_STATUS: Dict[int, Type[Error]] = {
     lib.FP8AMP_ERROR_NCCL: NcclError,
     lib.FP8AMP_ERROR_CORRUPT_DATA: CorruptDataError,
     lib.FP8AMP_ERROR_INTERNAL: InternalError,
+    lib.FP8AMP_ERROR_COMM: CommError,
 }
 
 

@@ -1,0 +1,43 @@
+# The communicators (issue 17, docs/communicator.md): their sources, the optional MPI backend (CPU
+# tensors) and the NCCL backend (CUDA tensors), and their tests. Kept in this file of its own so that
+# the rest of the build can change beside it; included at the end of CMakeLists.txt.
+set(FP8AMP_MPI "AUTO" CACHE STRING "Build the MPI backend of the CPU communicator: AUTO (when MPI is found), ON or OFF")
+set_property(CACHE FP8AMP_MPI PROPERTY STRINGS AUTO ON OFF)
+
+target_sources(fp8amp PRIVATE capi/api_comm.cpp core/communicator.cpp core/comm_local.cpp core/comm_mpi.cpp
+                              core/comm_nccl.cpp kernels/cpu/comm.cpp)
+
+# ---- MPI -----------------------------------------------------------------------------------------
+set(FP8AMP_HAVE_MPI OFF)
+if(NOT FP8AMP_MPI STREQUAL "OFF")
+  find_package(MPI COMPONENTS C)
+  if(MPI_C_FOUND)
+    set(FP8AMP_HAVE_MPI ON)
+  elseif(FP8AMP_MPI STREQUAL "ON")
+    message(FATAL_ERROR "FP8AMP_MPI=ON but MPI was not found (install libopenmpi-dev)")
+  endif()
+endif()
+if(FP8AMP_HAVE_MPI)
+  # The C interface only (Open MPI's deprecated C++ bindings stay out).
+  set_source_files_properties(core/comm_mpi.cpp PROPERTIES COMPILE_DEFINITIONS "FP8AMP_HAVE_MPI=1;OMPI_SKIP_MPICXX=1;MPICH_SKIP_MPICXX=1")
+  target_link_libraries(fp8amp PRIVATE MPI::MPI_C)
+endif()
+message(STATUS "fp8amp: MPI communicator ${FP8AMP_HAVE_MPI}")
+
+# ---- NCCL and the CUDA kernels --------------------------------------------------------------------
+set(FP8AMP_HAVE_NCCL OFF)
+if(FP8AMP_HAVE_CUDA)
+  target_sources(fp8amp PRIVATE kernels/cuda/comm.cu)
+  if(FP8AMP_NCCL_LIBRARY AND FP8AMP_NCCL_INCLUDE_DIR)
+    set(FP8AMP_HAVE_NCCL ON)
+    set_source_files_properties(core/comm_nccl.cpp PROPERTIES COMPILE_DEFINITIONS "FP8AMP_HAVE_NCCL=1")
+  endif()
+else()
+  target_sources(fp8amp PRIVATE kernels/cuda/comm_disabled.cpp)
+endif()
+message(STATUS "fp8amp: NCCL communicator ${FP8AMP_HAVE_NCCL}")
+
+# ---- tests under mpirun ---------------------------------------------------------------------------
+if(FP8AMP_BUILD_TESTS AND FP8AMP_HAVE_MPI)
+  add_subdirectory(tests/mpi)
+endif()

@@ -1,0 +1,171 @@
+// The NCCL transport (CUDA tensors): stock NCCL from the CUDA toolkit, no fork, no preload. Every
+// operation is enqueued on the given stream (the context's) with no host synchronization, except
+// agree(), which reads 16 bytes back (the consistency check; off for graph capture). Built when the
+// library has CUDA and NCCL (cmake/comm.cmake); the stubs at the end say why otherwise.
+#include "comm_transport.hpp"
+#include "error.hpp"
+
+#if FP8AMP_HAVE_NCCL
+#include <cuda_runtime.h>
+#include <nccl.h>
+
+#include <atomic>
+#include <cstring>
+#endif
+
+namespace fp8amp::core {
+
+#if FP8AMP_HAVE_NCCL
+namespace {
+
+static_assert(sizeof(ncclUniqueId) == sizeof(fp8amp_comm_unique_id), "the id holds an ncclUniqueId");
+
+void check_cuda(cudaError_t e, const char *what) {
+    if (e != cudaSuccess) fail(FP8AMP_ERROR_CUDA, std::string(what) + ": " + cudaGetErrorString(e));
+}
+
+// Restores the calling thread's current device when it goes.
+class DeviceGuard {
+public:
+    explicit DeviceGuard(int device) {
+        check_cuda(cudaGetDevice(&previous_), "cudaGetDevice");
+        if (previous_ != device) check_cuda(cudaSetDevice(device), "cudaSetDevice");
+    }
+    ~DeviceGuard() { cudaSetDevice(previous_); }
+
+private:
+    int previous_ = 0;
+};
+
+class NcclTransport final : public Transport {
+public:
+    NcclTransport(ncclComm_t comm, int device, bool owned) : comm_(comm), device_(device), owned_(owned) {
+        call(ncclCommUserRank(comm_, &rank_), "ncclCommUserRank");
+        call(ncclCommCount(comm_, &nranks_), "ncclCommCount");
+    }
+    int rank() const override { return rank_; }
+    int nranks() const override { return nranks_; }
+    const char *name() const override { return "NCCL"; }
+
+    void allreduce_max_u32(uint32_t *buf, size_t count, void *stream) override {
+        check_alive();
+        call(ncclAllReduce(buf, buf, count, ncclUint32, ncclMax, comm_, static_cast<cudaStream_t>(stream)),
+             "ncclAllReduce");
+    }
+    void group_start() override {
+        check_alive();
+        call(ncclGroupStart(), "ncclGroupStart");
+    }
+    void send(const void *buf, size_t nbytes, int peer, void *stream) override {
+        call(ncclSend(buf, nbytes, ncclUint8, peer, comm_, static_cast<cudaStream_t>(stream)), "ncclSend");
+    }
+    void recv(void *buf, size_t nbytes, int peer, void *stream) override {
+        call(ncclRecv(buf, nbytes, ncclUint8, peer, comm_, static_cast<cudaStream_t>(stream)), "ncclRecv");
+    }
+    void group_end(void *) override { call(ncclGroupEnd(), "ncclGroupEnd"); }
+    void all_gather(const void *send_buf, void *recv_buf, size_t nbytes, void *stream) override {
+        check_alive();
+        call(ncclAllGather(send_buf, recv_buf, nbytes, ncclUint8, comm_, static_cast<cudaStream_t>(stream)),
+             "ncclAllGather");
+    }
+    void host_allreduce_max_u64(uint64_t *values, size_t count, void *scratch, void *stream) override {
+        check_alive();
+        auto s = static_cast<cudaStream_t>(stream);
+        const size_t nbytes = count * sizeof(uint64_t);
+        check_cuda(cudaMemcpyAsync(scratch, values, nbytes, cudaMemcpyHostToDevice, s), "cudaMemcpyAsync");
+        call(ncclAllReduce(scratch, scratch, count, ncclUint64, ncclMax, comm_, s), "ncclAllReduce");
+        check_cuda(cudaMemcpyAsync(values, scratch, nbytes, cudaMemcpyDeviceToHost, s), "cudaMemcpyAsync");
+        check_cuda(cudaStreamSynchronize(s), "cudaStreamSynchronize (the consistency check)");
+    }
+    bool failed() const override { return aborted_.load() || !failure_.empty(); }
+    // May come from another thread (a watchdog), as ncclCommAbort may: once, and only a flag besides.
+    // An adopted communicator is the caller's to abort; this one only stops using it.
+    void abort() override {
+        if (!aborted_.exchange(true) && owned_) ncclCommAbort(comm_);
+    }
+    void destroy() override {
+        if (!owned_ || aborted_.load()) return;
+        DeviceGuard guard(device_);
+        if (failure_.empty()) ncclCommDestroy(comm_);
+        else ncclCommAbort(comm_);
+    }
+
+private:
+    void check_alive() const {
+        if (aborted_.load()) fail(FP8AMP_ERROR_COMM, "the communicator was aborted (fp8amp_comm_abort): destroy it");
+        if (!failure_.empty()) fail(FP8AMP_ERROR_COMM, "the communicator failed earlier: " + failure_ + "; destroy it");
+    }
+    void call(ncclResult_t r, const char *what) {
+        if (r == ncclSuccess || r == ncclInProgress) return;
+        std::string msg = std::string(what) + " failed: " + ncclGetErrorString(r);
+        const char *last = ncclGetLastError(comm_);
+        if (last && *last) msg += std::string(" (") + last + ")";
+        // An invalid argument leaves NCCL usable; anything else (a system or remote error) does not.
+        if (r != ncclInvalidArgument && r != ncclInvalidUsage) failure_ = msg;
+        fail(FP8AMP_ERROR_NCCL, msg);
+    }
+
+    ncclComm_t comm_;
+    int device_;
+    bool owned_;
+    int rank_ = 0, nranks_ = 1;
+    std::atomic<bool> aborted_{false};
+    std::string failure_;
+};
+
+void nccl_check(ncclResult_t r, const char *what) {
+    if (r != ncclSuccess) fail(FP8AMP_ERROR_NCCL, std::string(what) + " failed: " + ncclGetErrorString(r));
+}
+
+}  // namespace
+
+bool nccl_available(std::string *) { return true; }
+
+void nccl_unique_id(fp8amp_comm_unique_id *id) {
+    ncclUniqueId nid;
+    nccl_check(ncclGetUniqueId(&nid), "ncclGetUniqueId");
+    std::memcpy(id->internal, &nid, sizeof nid);
+}
+
+std::unique_ptr<Transport> make_nccl_transport(const fp8amp_comm_unique_id &id, int nranks, int rank, int device) {
+    DeviceGuard guard(device);
+    ncclUniqueId nid;
+    std::memcpy(&nid, id.internal, sizeof nid);
+    ncclComm_t comm = nullptr;
+    nccl_check(ncclCommInitRank(&comm, nranks, nid, rank), "ncclCommInitRank");
+    try {
+        return std::make_unique<NcclTransport>(comm, device, true);
+    } catch (...) {
+        ncclCommDestroy(comm);
+        throw;
+    }
+}
+
+std::unique_ptr<Transport> adopt_nccl_transport(void *nccl_comm, int device) {
+    auto comm = static_cast<ncclComm_t>(nccl_comm);
+    int comm_device = -1;
+    nccl_check(ncclCommCuDevice(comm, &comm_device), "ncclCommCuDevice");
+    if (comm_device != device)
+        fail(FP8AMP_ERROR_DEVICE_MISMATCH, "native: the NCCL communicator is on cuda:" + std::to_string(comm_device) +
+                                               ", the context on cuda:" + std::to_string(device));
+    return std::make_unique<NcclTransport>(comm, device, false);
+}
+
+#else
+
+namespace {
+const char *kNoNccl = "this library was built without CUDA and NCCL, so a CUDA communicator is not available";
+}
+bool nccl_available(std::string *why) {
+    if (why) *why = kNoNccl;
+    return false;
+}
+void nccl_unique_id(fp8amp_comm_unique_id *) { fail(FP8AMP_ERROR_NOT_SUPPORTED, kNoNccl); }
+std::unique_ptr<Transport> make_nccl_transport(const fp8amp_comm_unique_id &, int, int, int) {
+    fail(FP8AMP_ERROR_NOT_SUPPORTED, kNoNccl);
+}
+std::unique_ptr<Transport> adopt_nccl_transport(void *, int) { fail(FP8AMP_ERROR_NOT_SUPPORTED, kNoNccl); }
+
+#endif
+
+}  // namespace fp8amp::core

@@ -1,0 +1,82 @@
+// The transport of a communicator: the few collective primitives the FP8 algorithm of
+// core/communicator.cpp needs, over memory of the communicator's device. Implementations: local (one
+// rank, no library), MPI (CPU tensors; core/comm_mpi.cpp) and NCCL (CUDA tensors; core/comm_nccl.cpp).
+// Operations are enqueued on `stream` (NCCL) or complete before returning (MPI, local). A failure
+// throws fp8amp::Error (COMM for MPI, NCCL for NCCL) and leaves the transport failed: every later
+// call throws COMM with the first failure's message.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "fp8amp/fp8amp.h"
+
+namespace fp8amp::core {
+
+class Transport {
+public:
+    virtual ~Transport() = default;
+    virtual int rank() const = 0;
+    virtual int nranks() const = 0;
+    virtual const char *name() const = 0;
+
+    // In-place element-wise max over ranks of count uint32 values (non-negative float bits).
+    virtual void allreduce_max_u32(uint32_t *buf, size_t count, void *stream) = 0;
+    // Grouped point-to-point: between group_start and group_end, sends and receives are posted and
+    // all complete at group_end (ncclGroupStart/End; MPI: Isend/Irecv then one wait).
+    virtual void group_start() = 0;
+    virtual void send(const void *buf, size_t nbytes, int peer, void *stream) = 0;
+    virtual void recv(void *buf, size_t nbytes, int peer, void *stream) = 0;
+    virtual void group_end(void *stream) = 0;
+    // recv[r * nbytes .. (r+1) * nbytes) = rank r's send; send may be recv + rank * nbytes (in place).
+    virtual void all_gather(const void *send, void *recv, size_t nbytes, void *stream) = 0;
+    // Host-side agreement on k 64-bit signatures and a flag, identical on every rank: same[i] tells
+    // whether every rank passed the same sigs[i]; the result whether any rank passed failed.
+    // Synchronous. scratch: agree_scratch_bytes(k) of device memory (NCCL; unused by the others).
+    bool agree(const uint64_t *sigs, size_t k, bool failed, bool *same, void *scratch, void *stream) {
+        // max(s) and max(~s) = ~min(s) are equal exactly when every rank's s is.
+        std::vector<uint64_t> v(2 * k + 1);
+        for (size_t i = 0; i < k; ++i) {
+            v[i] = sigs[i];
+            v[k + i] = ~sigs[i];
+        }
+        v[2 * k] = failed ? 1 : 0;
+        host_allreduce_max_u64(v.data(), v.size(), scratch, stream);
+        for (size_t i = 0; i < k; ++i) same[i] = v[i] == ~v[k + i];
+        return v[2 * k] != 0;
+    }
+    static size_t agree_scratch_bytes(size_t k) { return (2 * k + 1) * sizeof(uint64_t); }
+    // In-place max over ranks of count host values, synchronously (through scratch on NCCL).
+    virtual void host_allreduce_max_u64(uint64_t *values, size_t count, void *scratch, void *stream) = 0;
+
+    // MPI: how long an operation waits for its peers. Others ignore it.
+    virtual void set_timeout(double seconds) { (void)seconds; }
+    // Whether an operation failed or abort() was called: every later operation throws COMM.
+    virtual bool failed() const = 0;
+    // Marks the transport failed (and aborts NCCL's pending work); not collective.
+    virtual void abort() = 0;
+    // Collective teardown of a healthy transport; a failed one is torn down locally.
+    virtual void destroy() = 0;
+};
+
+// One rank: reductions are the identity, a send to self is a copy (through copy, the device's).
+std::unique_ptr<Transport> make_local_transport(void (*copy)(void *ctx, void *dst, const void *src, size_t n, void *stream),
+                                                void *copy_ctx);
+
+// MPI (core/comm_mpi.cpp, or NOT_SUPPORTED stubs in a build without MPI).
+bool mpi_available(std::string *why);
+void mpi_unique_id(fp8amp_comm_unique_id *id);  // also without MPI (one-rank communicators)
+void check_cpu_unique_id(const fp8amp_comm_unique_id &id);
+std::unique_ptr<Transport> make_mpi_transport(const fp8amp_comm_unique_id &id, int nranks, int rank);
+std::unique_ptr<Transport> adopt_mpi_transport(const void *mpi_comm);
+
+// NCCL (core/comm_nccl.cpp, or NOT_SUPPORTED stubs in a build without CUDA/NCCL).
+bool nccl_available(std::string *why);
+void nccl_unique_id(fp8amp_comm_unique_id *id);
+std::unique_ptr<Transport> make_nccl_transport(const fp8amp_comm_unique_id &id, int nranks, int rank, int device);
+std::unique_ptr<Transport> adopt_nccl_transport(void *nccl_comm, int device);
+
+}  // namespace fp8amp::core

@@ -1,0 +1,408 @@
+// The FP8 collectives (docs/communicator.md). Per call: validate locally; agree with the other ranks
+// (a small exchange of signatures of the call's counts, shapes, dtypes and options, plus whether any
+// rank refused its arguments), so that a mismatch fails on every rank before data moves; then the
+// algorithm, as a fixed sequence of transport operations and device compute on the context's
+// stream. Outputs are written only by the last step, so a failure in any transport operation leaves
+// them as they were.
+#include "communicator.hpp"
+
+#include <algorithm>
+#include <cstring>
+
+#include "error.hpp"
+#include "tensor.hpp"
+
+namespace fp8amp::core {
+namespace {
+
+bool is_fp8(fp8amp_dtype d) { return d == FP8AMP_DTYPE_E4M3 || d == FP8AMP_DTYPE_E5M2; }
+
+// FNV-1a, fed field by field.
+struct Hash {
+    uint64_t h = 1469598103934665603ull;
+    Hash &add(uint64_t v) {
+        for (int i = 0; i < 8; ++i) h = (h ^ ((v >> (8 * i)) & 0xFF)) * 1099511628211ull;
+        return *this;
+    }
+};
+
+void hash_shape(Hash &h, const Tensor &t) {
+    h.add(static_cast<uint64_t>(t.ndim()));
+    for (int32_t d = 0; d < t.ndim(); ++d) h.add(static_cast<uint64_t>(t.shape()[d]));
+}
+
+void copy_fn(void *compute, void *dst, const void *src, size_t n, void *stream) {
+    static_cast<kernels::CommCompute *>(compute)->copy_async(dst, src, n, stream);
+}
+
+std::string arg(const char *array, size_t i) { return std::string(array) + "[" + std::to_string(i) + "]"; }
+
+void check_not_overlapping(const Tensor &a, const std::string &an, const Tensor &b, const std::string &bn) {
+    if (&a != &b && a.overlaps(b))
+        fail(FP8AMP_ERROR_INVALID_ARGUMENT, an + " and " + bn + " overlap in memory");
+}
+
+// Buffers of a failed communicator may still be named by requests pending in MPI or NCCL: they are
+// kept alive until the process ends.
+std::vector<std::shared_ptr<Storage>> &kept_after_failure() {
+    static auto *kept = new std::vector<std::shared_ptr<Storage>>();
+    return *kept;
+}
+
+}  // namespace
+
+void Communicator::unique_id(const Context &ctx, fp8amp_comm_unique_id *id) {
+    if (ctx.device().type == FP8AMP_DEVICE_CUDA) nccl_unique_id(id);
+    else mpi_unique_id(id);
+}
+
+Communicator::Communicator(std::shared_ptr<const Context> ctx, std::unique_ptr<kernels::CommCompute> compute,
+                           std::unique_ptr<Transport> transport)
+    : ctx_(std::move(ctx)), compute_(std::move(compute)), transport_(std::move(transport)) {
+    saturated_ = ctx_->allocate(sizeof(unsigned long long));
+    compute_->memset_async(saturated_->data(), 0, sizeof(unsigned long long), ctx_->stream());
+}
+
+// The device's compute and transport are chosen here, once (the lead folds this into the
+// per-context Backend).
+std::shared_ptr<Communicator> Communicator::create(std::shared_ptr<const Context> ctx, const fp8amp_comm_unique_id &id,
+                                                   int nranks, int rank) {
+    if (nranks < 1) fail(FP8AMP_ERROR_INVALID_ARGUMENT, "nranks is " + std::to_string(nranks) + ", not >= 1");
+    if (rank < 0 || rank >= nranks)
+        fail(FP8AMP_ERROR_INVALID_ARGUMENT,
+             "rank is " + std::to_string(rank) + ", outside 0.." + std::to_string(nranks - 1));
+    const bool cuda = ctx->device().type == FP8AMP_DEVICE_CUDA;
+    std::unique_ptr<kernels::CommCompute> compute =
+        cuda ? kernels::make_cuda_comm_compute(ctx->device().index) : kernels::make_cpu_comm_compute();
+    std::unique_ptr<Transport> transport;
+    if (cuda) {
+        transport = make_nccl_transport(id, nranks, rank, ctx->device().index);
+    } else {
+        check_cpu_unique_id(id);
+        transport = nranks == 1 ? make_local_transport(copy_fn, compute.get()) : make_mpi_transport(id, nranks, rank);
+    }
+    try {
+        return std::shared_ptr<Communicator>(new Communicator(std::move(ctx), std::move(compute), std::move(transport)));
+    } catch (...) {
+        // transport was moved only if the constructor ran; a failed allocation leaves it here.
+        if (transport) transport->destroy();
+        throw;
+    }
+}
+
+std::shared_ptr<Communicator> Communicator::adopt(std::shared_ptr<const Context> ctx, void *native) {
+    const bool cuda = ctx->device().type == FP8AMP_DEVICE_CUDA;
+    std::unique_ptr<kernels::CommCompute> compute =
+        cuda ? kernels::make_cuda_comm_compute(ctx->device().index) : kernels::make_cpu_comm_compute();
+    std::unique_ptr<Transport> transport =
+        cuda ? adopt_nccl_transport(native, ctx->device().index) : adopt_mpi_transport(native);
+    return std::shared_ptr<Communicator>(new Communicator(std::move(ctx), std::move(compute), std::move(transport)));
+}
+
+Communicator::~Communicator() {
+    // A transport that failed may still have requests naming the scratch.
+    if (transport_->failed()) {
+        try {
+            for (auto &s : scratch_)
+                if (s) kept_after_failure().push_back(s);
+        } catch (...) {
+        }
+    }
+    try {
+        transport_->destroy();
+    } catch (...) {
+    }
+}
+
+uint64_t Communicator::saturated() const {
+    unsigned long long v = 0;
+    compute_->to_host(&v, saturated_->data(), sizeof v, ctx_->stream());
+    return v;
+}
+
+void *Communicator::scratch(size_t slot, size_t nbytes) {
+    nbytes = std::max<size_t>(nbytes, 1);
+    if (!scratch_[slot] || scratch_[slot]->nbytes() < nbytes) {
+        // The old block may be in use by queued work: the context's stream orders the free (CUDA
+        // allocators free in stream order) -- as Context::scratch does.
+        scratch_[slot] = ctx_->allocate(nbytes);
+    }
+    return scratch_[slot]->data();
+}
+
+void Communicator::exchange_agreement(bool check, const char *op, bool failed, const Signature &sig) {
+    if (!check || nranks() == 1) return;
+    const uint64_t sigs[3] = {sig.shapes, sig.dtypes, sig.options};
+    bool same[3] = {true, true, true};
+    void *s = scratch(4, Transport::agree_scratch_bytes(3));
+    const bool any_failed = transport_->agree(sigs, 3, failed, same, s, ctx_->stream());
+    if (failed) return;  // the caller rethrows its own error
+    const std::string where = std::string(op) + " on rank " + std::to_string(rank()) + " of " + std::to_string(nranks());
+    if (any_failed)
+        fail(FP8AMP_ERROR_INVALID_ARGUMENT,
+             where + ": another rank refused its arguments to this call (its own message says why); nothing was exchanged");
+    if (!same[0])
+        fail(FP8AMP_ERROR_SHAPE_MISMATCH,
+             where + ": the ranks passed different tensor counts or shapes; nothing was exchanged");
+    if (!same[1])
+        fail(FP8AMP_ERROR_DTYPE_MISMATCH, where + ": the ranks passed different dtypes; nothing was exchanged");
+    if (!same[2])
+        fail(FP8AMP_ERROR_INVALID_ARGUMENT,
+             where + ": the ranks passed different options (wire_dtype, average); nothing was exchanged");
+}
+
+void Communicator::all_reduce(const std::vector<std::shared_ptr<Tensor>> &inputs,
+                              const std::vector<std::shared_ptr<Tensor>> &outputs, const CommReduceOptions &o) {
+    const size_t n = inputs.size();
+    const int N = nranks(), r = rank();
+    std::vector<int64_t> offset(n + 1, 0);
+    std::vector<fp8amp_dtype> gather(n);
+    agreed(o.check, "fp8amp_comm_all_reduce", [&] {
+        Signature sig;
+        Hash shapes, dtypes, options;
+        shapes.add(n);
+        options.add(static_cast<uint64_t>(o.wire)).add(o.average);
+        if (!is_fp8(o.wire))
+            fail(FP8AMP_ERROR_DTYPE_MISMATCH, "desc->wire_dtype is " + std::string(fp8amp_dtype_name(o.wire)) +
+                                                  ", not an FP8 dtype (E4M3 or E5M2)");
+        for (size_t i = 0; i < n; ++i) {
+            const Tensor &in = *inputs[i], &out = *outputs[i];
+            check_on_device(*ctx_, in, arg("inputs", i).c_str());
+            check_on_device(*ctx_, out, arg("outputs", i).c_str());
+            check_writable(out, arg("outputs", i).c_str());
+            if (!in.same_shape(out))
+                fail(FP8AMP_ERROR_SHAPE_MISMATCH, arg("outputs", i) + " is " + out.describe() + ", " + arg("inputs", i) +
+                                                      " is " + in.describe() + ": the shapes differ");
+            if (is_fp8(in.dtype()) && !in.scale_inv())
+                fail(FP8AMP_ERROR_INVALID_ARGUMENT, arg("inputs", i) + " is FP8 but has no scale_inv (it was never "
+                                                                       "bound to a scaling meta), so its values are unknown");
+            if (is_fp8(out.dtype()) && !out.scale_inv())
+                fail(FP8AMP_ERROR_INVALID_ARGUMENT, arg("outputs", i) + " is FP8 but has no scale_inv slot to receive "
+                                                                        "its scale (bind it to a scaling meta once)");
+            // No output may share bytes with another output or with another input (one rank's outputs
+            // are written only at the end, but its inputs are read at the start).
+            for (size_t j = 0; j < n; ++j) {
+                if (j == i) continue;
+                if (out.overlaps(*inputs[j]))
+                    fail(FP8AMP_ERROR_INVALID_ARGUMENT, arg("outputs", i) + " overlaps " + arg("inputs", j));
+                if (out.overlaps(*outputs[j]))
+                    fail(FP8AMP_ERROR_INVALID_ARGUMENT, arg("outputs", i) + " overlaps " + arg("outputs", j));
+            }
+            // outputs[i] may be inputs[i] itself, not a part of it.
+            if (&out != &in && out.overlaps(in))
+                fail(FP8AMP_ERROR_INVALID_ARGUMENT, arg("outputs", i) + " overlaps " + arg("inputs", i));
+            gather[i] = is_fp8(out.dtype()) ? out.dtype() : o.wire;
+            offset[i + 1] = offset[i] + in.numel();
+            hash_shape(shapes, in);
+            dtypes.add(static_cast<uint64_t>(in.dtype())).add(static_cast<uint64_t>(out.dtype()));
+        }
+        sig.shapes = shapes.h;
+        sig.dtypes = dtypes.h;
+        sig.options = options.h;
+        // The scratch too, before the agreement: a rank out of memory refuses like any other.
+        const int64_t chunk = (offset[n] + N - 1) / N;
+        scratch(0, 16 * n);
+        scratch(1, static_cast<size_t>(chunk) * N);
+        scratch(2, static_cast<size_t>(chunk) * N);
+        scratch(3, static_cast<size_t>(chunk) * sizeof(float));
+        return sig;
+    });
+
+    void *stream = ctx_->stream();
+    const int64_t total = offset[n];
+    const int64_t C = (total + N - 1) / N;  // chunk per rank
+    const size_t padded = static_cast<size_t>(C) * static_cast<size_t>(N);
+    // Small per-tensor values: amax before and after the reduction, wire and output scale_inv.
+    auto *small = static_cast<uint32_t *>(scratch(0, 16 * n));
+    uint32_t *amax_in = small, *amax_out = small + n;
+    float *wire_si = reinterpret_cast<float *>(small + 2 * n), *out_si = reinterpret_cast<float *>(small + 3 * n);
+    auto *wire = static_cast<uint8_t *>(scratch(1, padded));  // this rank's codes, later the gathered ones
+    auto *recv = static_cast<uint8_t *>(scratch(2, padded));  // chunk r of every rank, rank j's at j * C
+    auto *red = static_cast<float *>(scratch(3, static_cast<size_t>(C) * sizeof(float)));
+    auto *sat = static_cast<unsigned long long *>(saturated_->data());
+
+    // 1. One scale per tensor for all ranks: the max of the amaxes.
+    compute_->memset_async(small, 0, 8 * n, stream);
+    for (size_t i = 0; i < n; ++i)
+        compute_->amax(inputs[i]->data(), inputs[i]->dtype(), inputs[i]->scale_inv(), inputs[i]->numel(), amax_in + i,
+                       stream);
+    transport_->allreduce_max_u32(amax_in, n, stream);
+    // 2. Quantize the bucket onto the wire (the padding past the last tensor is zero codes).
+    if (padded > static_cast<size_t>(total)) compute_->memset_async(wire + total, 0, padded - total, stream);
+    for (size_t i = 0; i < n; ++i)
+        compute_->quantize(inputs[i]->data(), inputs[i]->dtype(), inputs[i]->scale_inv(), inputs[i]->numel(),
+                           amax_in + i, o.wire, wire + offset[i], wire_si + i, sat, stream);
+    // 3. Reduce-scatter: chunk j to rank j, grouped.
+    transport_->group_start();
+    for (int j = 0; j < N; ++j) {
+        transport_->send(wire + static_cast<size_t>(j) * C, static_cast<size_t>(C), j, stream);
+        transport_->recv(recv + static_cast<size_t>(j) * C, static_cast<size_t>(C), j, stream);
+    }
+    transport_->group_end(stream);
+    // 4. Accumulate chunk r in float32 in rank order, each tensor's part with its scale.
+    const int64_t lo = static_cast<int64_t>(r) * C, hi = std::min(lo + C, total);
+    for (size_t i = 0; i < n; ++i) {
+        const int64_t a = std::max(lo, offset[i]), b = std::min(hi, offset[i + 1]);
+        if (a >= b) continue;
+        compute_->accumulate(recv + (a - lo), C, N, b - a, o.wire, wire_si + i, o.average, red + (a - lo),
+                             amax_out + i, stream);
+    }
+    // 5. Agree on each tensor's new amax; requantize this rank's part.
+    transport_->allreduce_max_u32(amax_out, n, stream);
+    for (size_t i = 0; i < n; ++i) {
+        compute_->scale_inv(amax_out + i, gather[i], out_si + i, stream);
+        const int64_t a = std::max(lo, offset[i]), b = std::min(hi, offset[i + 1]);
+        if (a < b) compute_->requantize(red + (a - lo), b - a, amax_out + i, gather[i], wire + a, nullptr, sat, stream);
+    }
+    // 6. All-gather the requantized codes, in place.
+    transport_->all_gather(wire + lo, wire, static_cast<size_t>(C), stream);
+    // 7. Outputs: codes and scale_inv, or their values.
+    for (size_t i = 0; i < n; ++i) {
+        Tensor &out = *outputs[i];
+        if (is_fp8(out.dtype())) {
+            compute_->copy_async(out.data(), wire + offset[i], static_cast<size_t>(out.numel()), stream);
+            compute_->copy_async(out.scale_inv(), out_si + i, sizeof(float), stream);
+        } else {
+            compute_->dequantize(wire + offset[i], gather[i], out_si + i, out.numel(), out.data(), out.dtype(), stream);
+        }
+        out.mark_written();
+    }
+}
+
+void Communicator::reduce_scatter(const std::shared_ptr<Tensor> &input, const std::shared_ptr<Tensor> &output,
+                                  const CommReduceOptions &o) {
+    const int N = nranks();
+    agreed(o.check, "fp8amp_comm_reduce_scatter", [&] {
+        Signature sig;
+        Hash shapes, dtypes, options;
+        options.add(static_cast<uint64_t>(o.wire)).add(o.average);
+        if (!is_fp8(o.wire))
+            fail(FP8AMP_ERROR_DTYPE_MISMATCH, "desc->wire_dtype is " + std::string(fp8amp_dtype_name(o.wire)) +
+                                                  ", not an FP8 dtype (E4M3 or E5M2)");
+        check_on_device(*ctx_, *input, "input");
+        check_on_device(*ctx_, *output, "output");
+        check_writable(*output, "output");
+        if (input->numel() != output->numel() * N)
+            fail(FP8AMP_ERROR_SHAPE_MISMATCH, "input is " + input->describe() + " and output " + output->describe() +
+                                                  ": input must hold nranks (" + std::to_string(N) +
+                                                  ") times output's elements");
+        if (is_fp8(input->dtype()) && !input->scale_inv())
+            fail(FP8AMP_ERROR_INVALID_ARGUMENT, "input is FP8 but has no scale_inv (never bound to a scaling meta)");
+        if (is_fp8(output->dtype()) && !output->scale_inv())
+            fail(FP8AMP_ERROR_INVALID_ARGUMENT,
+                 "output is FP8 but has no scale_inv slot to receive its scale (bind it to a scaling meta once)");
+        check_not_overlapping(*output, "output", *input, "input");
+        if (output.get() == input.get()) fail(FP8AMP_ERROR_INVALID_ARGUMENT, "output is input");
+        hash_shape(shapes, *input);
+        hash_shape(shapes, *output);
+        dtypes.add(static_cast<uint64_t>(input->dtype())).add(static_cast<uint64_t>(output->dtype()));
+        sig.shapes = shapes.h;
+        sig.dtypes = dtypes.h;
+        sig.options = options.h;
+        const size_t k = static_cast<size_t>(output->numel());
+        scratch(0, 16);
+        scratch(1, k * N);
+        scratch(2, k * N);
+        if (output->dtype() != FP8AMP_DTYPE_F32) scratch(3, k * sizeof(float));
+        return sig;
+    });
+
+    void *stream = ctx_->stream();
+    const int64_t k = output->numel();
+    const size_t total = static_cast<size_t>(k) * static_cast<size_t>(N);
+    auto *small = static_cast<uint32_t *>(scratch(0, 16));
+    uint32_t *amax_in = small, *amax_out = small + 1;
+    float *wire_si = reinterpret_cast<float *>(small + 2);
+    auto *wire = static_cast<uint8_t *>(scratch(1, total));
+    auto *recv = static_cast<uint8_t *>(scratch(2, total));
+    const bool direct = output->dtype() == FP8AMP_DTYPE_F32;  // accumulate straight into the output
+    auto *red = direct ? static_cast<float *>(output->data())
+                       : static_cast<float *>(scratch(3, static_cast<size_t>(k) * sizeof(float)));
+    auto *sat = static_cast<unsigned long long *>(saturated_->data());
+
+    compute_->memset_async(small, 0, 8, stream);
+    compute_->amax(input->data(), input->dtype(), input->scale_inv(), input->numel(), amax_in, stream);
+    transport_->allreduce_max_u32(amax_in, 1, stream);
+    compute_->quantize(input->data(), input->dtype(), input->scale_inv(), input->numel(), amax_in, o.wire, wire,
+                       wire_si, sat, stream);
+    transport_->group_start();
+    for (int j = 0; j < N; ++j) {
+        transport_->send(wire + static_cast<size_t>(j) * k, static_cast<size_t>(k), j, stream);
+        transport_->recv(recv + static_cast<size_t>(j) * k, static_cast<size_t>(k), j, stream);
+    }
+    transport_->group_end(stream);
+    // From here on nothing can fail: the output is written.
+    compute_->accumulate(recv, k, N, k, o.wire, wire_si, o.average, red, amax_out, stream);
+    if (is_fp8(output->dtype())) {
+        // Per-shard scale: this shard's own amax.
+        compute_->requantize(red, k, amax_out, output->dtype(), static_cast<uint8_t *>(output->data()),
+                             output->scale_inv(), sat, stream);
+    } else if (!direct) {
+        compute_->convert(red, k, output->data(), output->dtype(), stream);
+    }
+    output->mark_written();
+}
+
+void Communicator::all_gather(const std::shared_ptr<Tensor> &input, const std::shared_ptr<Tensor> &output,
+                              const std::shared_ptr<Tensor> &output_scale_inv, bool check) {
+    const int N = nranks();
+    agreed(check, "fp8amp_comm_all_gather", [&] {
+        Signature sig;
+        Hash shapes, dtypes;
+        check_on_device(*ctx_, *input, "input");
+        check_on_device(*ctx_, *output, "output");
+        check_writable(*output, "output");
+        if (output->dtype() != input->dtype())
+            fail(FP8AMP_ERROR_DTYPE_MISMATCH, "output is " + output->describe() + ", input " + input->describe() +
+                                                  ": an all-gather keeps the dtype");
+        if (output->numel() != input->numel() * N)
+            fail(FP8AMP_ERROR_SHAPE_MISMATCH, "output is " + output->describe() + " and input " + input->describe() +
+                                                  ": output must hold nranks (" + std::to_string(N) +
+                                                  ") times input's elements");
+        check_not_overlapping(*output, "output", *input, "input");
+        if (output.get() == input.get()) fail(FP8AMP_ERROR_INVALID_ARGUMENT, "output is input");
+        if (is_fp8(input->dtype())) {
+            if (!input->scale_inv())
+                fail(FP8AMP_ERROR_INVALID_ARGUMENT, "input is FP8 but has no scale_inv (never bound to a scaling meta)");
+            if (!output_scale_inv)
+                fail(FP8AMP_ERROR_INVALID_ARGUMENT, "output_scale_inv is NULL, but input is FP8: it receives the "
+                                                    "scale_inv of each rank's shard");
+            check_on_device(*ctx_, *output_scale_inv, "output_scale_inv");
+            check_writable(*output_scale_inv, "output_scale_inv");
+            if (output_scale_inv->dtype() != FP8AMP_DTYPE_F32)
+                fail(FP8AMP_ERROR_DTYPE_MISMATCH, "output_scale_inv is " + output_scale_inv->describe() + ", not F32");
+            if (output_scale_inv->numel() != N)
+                fail(FP8AMP_ERROR_SHAPE_MISMATCH, "output_scale_inv is " + output_scale_inv->describe() + ", not of nranks (" +
+                                                      std::to_string(N) + ") elements");
+            check_not_overlapping(*output_scale_inv, "output_scale_inv", *input, "input");
+            check_not_overlapping(*output_scale_inv, "output_scale_inv", *output, "output");
+        } else if (output_scale_inv) {
+            fail(FP8AMP_ERROR_INVALID_ARGUMENT, "output_scale_inv is given, but input is " + input->describe() +
+                                                    ", not FP8: pass NULL");
+        }
+        hash_shape(shapes, *input);
+        hash_shape(shapes, *output);
+        dtypes.add(static_cast<uint64_t>(input->dtype()));
+        sig.shapes = shapes.h;
+        sig.dtypes = dtypes.h;
+        scratch(1, input->nbytes() * N);
+        scratch(0, sizeof(float) * N);
+        return sig;
+    });
+    void *stream = ctx_->stream();
+    // Gathered through scratch, so that a failure leaves the output unchanged.
+    const size_t bytes = input->nbytes();
+    const bool fp8 = is_fp8(input->dtype());
+    auto *buf = static_cast<uint8_t *>(scratch(1, bytes * N));
+    auto *scales = static_cast<float *>(scratch(0, sizeof(float) * N));
+    transport_->all_gather(input->data(), buf, bytes, stream);
+    if (fp8) transport_->all_gather(input->scale_inv(), scales, sizeof(float), stream);
+    compute_->copy_async(output->data(), buf, bytes * N, stream);
+    if (fp8) {
+        compute_->copy_async(output_scale_inv->data(), scales, sizeof(float) * N, stream);
+        output_scale_inv->mark_written();
+    }
+    output->mark_written();
+}
+
+}  // namespace fp8amp::core

@@ -1,0 +1,95 @@
+// A communicator (fp8amp_comm): the FP8 gradient all-reduce, reduce-scatter and all-gather of
+// docs/communicator.md over a Transport (MPI, NCCL or local) and the device compute of
+// kernels/comm.hpp, both chosen once, when the communicator is made, from its context's device.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "comm.hpp"
+#include "comm_transport.hpp"
+#include "context.hpp"
+#include "handles.hpp"
+
+namespace fp8amp::core {
+
+class Tensor;
+
+struct CommReduceOptions {
+    fp8amp_dtype wire = FP8AMP_DTYPE_E4M3;
+    bool average = true;
+    bool check = true;
+};
+
+class Communicator {
+public:
+    static constexpr HandleKind kKind = HandleKind::Communicator;
+
+    static void unique_id(const Context &ctx, fp8amp_comm_unique_id *id);
+    static std::shared_ptr<Communicator> create(std::shared_ptr<const Context> ctx, const fp8amp_comm_unique_id &id,
+                                                int nranks, int rank);
+    static std::shared_ptr<Communicator> adopt(std::shared_ptr<const Context> ctx, void *native);
+    ~Communicator();
+
+    int rank() const { return transport_->rank(); }
+    int nranks() const { return transport_->nranks(); }
+    void set_timeout(double seconds) { transport_->set_timeout(seconds); }
+    void abort() { transport_->abort(); }
+    uint64_t saturated() const;
+
+    // Each validates its arguments, then (options.check) agrees with the other ranks on them, so that
+    // a rank's refusal or a mismatch fails on every rank before any data moves.
+    void all_reduce(const std::vector<std::shared_ptr<Tensor>> &inputs,
+                    const std::vector<std::shared_ptr<Tensor>> &outputs, const CommReduceOptions &options);
+    void reduce_scatter(const std::shared_ptr<Tensor> &input, const std::shared_ptr<Tensor> &output,
+                        const CommReduceOptions &options);
+    void all_gather(const std::shared_ptr<Tensor> &input, const std::shared_ptr<Tensor> &output,
+                    const std::shared_ptr<Tensor> &output_scale_inv, bool check);
+
+    // The agreement step on its own: runs `validate` (which throws on bad local arguments), then
+    // exchanges its outcome and the signatures; throws on every rank alike when any rank refused or
+    // a signature differs. Public for the boundary, whose handle lookups are validation too.
+    struct Signature {
+        uint64_t shapes = 0, dtypes = 0, options = 0;
+    };
+    // local_only: a preliminary validation (the boundary's handle lookups) whose success exchanges
+    // nothing (the operation's own agreement follows) but whose failure takes part in that agreement.
+    template <class Validate>
+    void agreed(bool check, const char *op, Validate &&validate, bool local_only = false);
+
+private:
+    Communicator(std::shared_ptr<const Context> ctx, std::unique_ptr<kernels::CommCompute> compute,
+                 std::unique_ptr<Transport> transport);
+    void exchange_agreement(bool check, const char *op, bool failed, const Signature &sig);
+    // Grow-only scratch slot of the context's device memory.
+    void *scratch(size_t slot, size_t nbytes);
+
+    std::shared_ptr<const Context> ctx_;
+    std::unique_ptr<kernels::CommCompute> compute_;
+    std::unique_ptr<Transport> transport_;
+    std::shared_ptr<Storage> saturated_;  // unsigned long long, on the device
+    static constexpr size_t kSlots = 5;
+    std::shared_ptr<Storage> scratch_[kSlots];
+};
+
+template <class Validate>
+void Communicator::agreed(bool check, const char *op, Validate &&validate, bool local_only) {
+    Signature sig;
+    try {
+        sig = validate();
+    } catch (...) {
+        // Tell the others (they fail too), then report this rank's own reason.
+        if (check && nranks() > 1) {
+            try {
+                exchange_agreement(true, op, true, sig);
+            } catch (...) {
+            }
+        }
+        throw;
+    }
+    if (!local_only) exchange_agreement(check, op, false, sig);
+}
+
+}  // namespace fp8amp::core

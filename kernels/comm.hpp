@@ -1,0 +1,101 @@
+// The device compute of a communicator (core/communicator.cpp): quantize onto the wire with the
+// agreed scale, accumulate received FP8 chunks in float32 in a fixed rank order, requantize, and
+// decode into the output. The arithmetic lives in the inline functions below, shared by the CPU
+// reference (kernels/cpu/comm.cpp) and the CUDA kernels (kernels/cuda/comm.cu), so that both compute
+// the same bytes; CommCompute is the per-device interface, chosen once when a communicator is made
+// (the lead folds it into the per-context Backend later).
+//
+// Every scalar that one step computes and a later step needs (amaxes, scales) stays in the device
+// memory of the communicator's context: no host synchronization between the steps, so a CUDA
+// sequence can be captured in a graph.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+
+#include "codec.hpp"
+#include "fp8amp/fp8amp.h"
+#include "scaling.hpp"
+
+namespace fp8amp::kernels {
+
+// The scale that maps amax onto the format's largest finite value: the delayed-scaling rule of
+// scaling.hpp (compute_scale) with margin 0, no power-of-two rounding, and 1 when amax is 0, inf or
+// NaN (an inf input then saturates, and is counted).
+FP8AMP_HD float comm_scale(float fp8_max, uint32_t amax_bits) {
+    ScalingState s{};
+    s.fp8_max = fp8_max;
+    return compute_scale(s, codec::bits_f32(amax_bits), 1.0f);
+}
+
+FP8AMP_HD float comm_fp8_max(fp8amp_dtype d) { return d == FP8AMP_DTYPE_E5M2 ? 57344.0f : 448.0f; }
+
+// An FP8 code of format d (E4M3 or E5M2) for the already-scaled y, and whether it saturated.
+FP8AMP_HD uint8_t comm_encode(fp8amp_dtype d, float y) {
+    return static_cast<uint8_t>(d == FP8AMP_DTYPE_E5M2 ? codec::encode<codec::E5M2, true>(y)
+                                                       : codec::encode<codec::E4M3, true>(y));
+}
+FP8AMP_HD float comm_decode(fp8amp_dtype d, uint8_t code) {
+    return d == FP8AMP_DTYPE_E5M2 ? codec::decode<codec::E5M2>(code) : codec::decode<codec::E4M3>(code);
+}
+// Whether the scaled y saturated: it rounds (to nearest, ties to even, with an unbounded exponent)
+// to a magnitude beyond the format's largest finite value -- inf included, NaN not. A y a little
+// above fp8_max that still rounds to it (amax * scale is fp8_max up to the scale's rounding) did not.
+// E4M3: 448 is 1.110b * 2^8 and the next value would be 480, so up to 464 inclusive (the tie goes
+// to the even 448) rounds to 448. E5M2: 57344 is 1.11b * 2^15, the next 65536, and the tie 61440
+// goes to the even 65536.
+FP8AMP_HD bool comm_saturates(fp8amp_dtype d, float y) {
+    const float a = y < 0.0f ? -y : y;
+    return d == FP8AMP_DTYPE_E5M2 ? a >= 61440.0f : a > 464.0f;  // false for NaN
+}
+
+// The mean factor: the reduced value is sum * (wire scale_inv / nranks), one division (IEEE, on both
+// devices) -- the mean is folded into the scale, never a separate averaging pass.
+FP8AMP_HD float comm_reduce_factor(float wire_scale_inv, int nranks, bool average) {
+    return average ? wire_scale_inv / static_cast<float>(nranks) : wire_scale_inv;
+}
+
+class CommCompute {
+public:
+    virtual ~CommCompute() = default;
+
+    // Device memory comes from the context's allocator (core); these move bytes on the device.
+    virtual void memset_async(void *dst, int value, size_t nbytes, void *stream) = 0;
+    virtual void copy_async(void *dst, const void *src, size_t nbytes, void *stream) = 0;  // device to device
+    // Synchronous copies between the host and the device (the consistency check, getters).
+    virtual void to_host(void *dst, const void *src, size_t nbytes, void *stream) = 0;
+    virtual void from_host(void *dst, const void *src, size_t nbytes, void *stream) = 0;
+
+    // *amax_bits = max(*amax_bits, amax_bits_of(value)) over the n values of src (dtype; FP8 codes
+    // times *src_scale_inv).
+    virtual void amax(const void *src, fp8amp_dtype dtype, const float *src_scale_inv, int64_t n, uint32_t *amax_bits,
+                      void *stream) = 0;
+    // dst[k] = code of scaled(value_k, s) in `wire` with s = comm_scale(amax); *scale_inv_out = 1 / s
+    // (when not null); saturated elements are added to *saturated.
+    virtual void quantize(const void *src, fp8amp_dtype dtype, const float *src_scale_inv, int64_t n,
+                          const uint32_t *amax_bits, fp8amp_dtype wire, uint8_t *dst, float *scale_inv_out,
+                          unsigned long long *saturated, void *stream) = 0;
+    // dst[k] = (sum over j = 0..nranks-1, in that order, of decode(src[j * stride + k])) *
+    // comm_reduce_factor(*wire_scale_inv, nranks, average), for k < n, in float32; amax of dst folded
+    // into *amax_bits (when not null).
+    virtual void accumulate(const uint8_t *src, int64_t stride, int nranks, int64_t n, fp8amp_dtype wire,
+                            const float *wire_scale_inv, bool average, float *dst, uint32_t *amax_bits,
+                            void *stream) = 0;
+    // dst = codes of f32 src scaled by comm_scale(*amax_bits) in `format`; *scale_inv_out = 1 / s.
+    virtual void requantize(const float *src, int64_t n, const uint32_t *amax_bits, fp8amp_dtype format, uint8_t *dst,
+                            float *scale_inv_out, unsigned long long *saturated, void *stream) = 0;
+    // dst (dtype F32/F16/BF16) = decode(src) * *scale_inv, rounded once into dtype.
+    virtual void dequantize(const uint8_t *src, fp8amp_dtype format, const float *scale_inv, int64_t n, void *dst,
+                            fp8amp_dtype dtype, void *stream) = 0;
+    // *scale_inv_out = 1 / comm_scale(*amax_bits) of `format`: the scale_inv requantize uses.
+    virtual void scale_inv(const uint32_t *amax_bits, fp8amp_dtype format, float *scale_inv_out, void *stream) = 0;
+    // dst (dtype F32/F16/BF16) = src rounded into dtype.
+    virtual void convert(const float *src, int64_t n, void *dst, fp8amp_dtype dtype, void *stream) = 0;
+};
+
+std::unique_ptr<CommCompute> make_cpu_comm_compute();
+// The CUDA kernels on `device` (kernels/cuda/comm.cu); throws NOT_SUPPORTED in a build without CUDA.
+std::unique_ptr<CommCompute> make_cuda_comm_compute(int device);
+
+}  // namespace fp8amp::kernels

@@ -1,0 +1,76 @@
+/* A model of the communicator's reductions (docs/communicator.md) for the tests: from each rank's
+ * real input values it computes, with fp8_reference.h's independent codecs and plain float32 C
+ * arithmetic, the codes and scale_inv every rank must receive (bit for bit), and the exact float64
+ * mean of the values that went on the wire, against which the result's error is bounded by one FP8
+ * rounding. */
+#ifndef FP8AMP_COMM_REFERENCE_H
+#define FP8AMP_COMM_REFERENCE_H
+
+#include <stdlib.h>
+
+#include "fp8_reference.h"
+
+/* The value quantum of format f at magnitude a (a in the format's scaled units). */
+static inline double quantum_ref(const format_t *f, double a) {
+    const int emin = 1 - f->bias;
+    int e = a > 0 ? ilogb(a) : emin;
+    if (e < emin) e = emin;
+    return ldexp(1.0, e - f->man_bits);
+}
+
+/* x[j][k]: rank j's k-th real input value (a float32 value), j < N, k < n. Writes the wire scale
+ * (scale_out), the reduced values before requantization (v, float32), the gathered codes (codes, in
+ * format g) with their scale_inv (*si2_out), and wire_mean[k] = the exact mean (or sum) of the wire
+ * values. Returns the wire's scale_inv. */
+static inline float comm_reduce_ref(const format_t *wire, const format_t *g, int N, size_t n, double *const *x,
+                                    int average, float *v, uint8_t *codes, float *si2_out, double *wire_mean) {
+    double amax = 0;
+    int j;
+    size_t k;
+    for (j = 0; j < N; ++j)
+        for (k = 0; k < n; ++k)
+            if (fabs(x[j][k]) > amax) amax = fabs(x[j][k]);
+    const float s = scale_ref(fp8_max_ref(wire), 0, 0, amax, 1.0f);
+    const float si = reciprocal_ref(s);
+    const float f = average ? si / (float)N : si;
+    double amax2 = 0;
+    for (k = 0; k < n; ++k) {
+        float acc = 0.0f;
+        double exact = 0;
+        for (j = 0; j < N; ++j) {
+            const double w = decode_ref(wire, encode_scaled_ref(wire, mul_f32_ref(x[j][k], s)));
+            acc = acc + (float)w;
+            exact += w * (double)si;
+        }
+        wire_mean[k] = average ? exact / N : exact;
+        v[k] = acc * f;
+        if (fabs((double)v[k]) > amax2) amax2 = fabs((double)v[k]);
+    }
+    const float s2 = scale_ref(fp8_max_ref(g), 0, 0, amax2, 1.0f);
+    *si2_out = reciprocal_ref(s2);
+    for (k = 0; k < n; ++k) codes[k] = (uint8_t)encode_scaled_ref(g, mul_f32_ref((double)v[k], s2));
+    return si;
+}
+
+/* The output element a wide dtype d gets for code c of format g with scale_inv si2. */
+static inline double comm_wide_ref(fp8amp_dtype d, const format_t *g, uint8_t c, float si2) {
+    const double y = mul_f32_ref(decode_ref(g, c), si2);
+    return d == FP8AMP_DTYPE_F32 ? y : round_ref(format_of(d), y);
+}
+
+/* Deterministic per-(seed, stream) random numbers, so that every rank can regenerate every other
+ * rank's inputs for the reference. */
+static inline uint64_t splitmix64(uint64_t *s) {
+    uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+static inline double uniform01(uint64_t *s) { return (double)(splitmix64(s) >> 11) * ldexp(1.0, -53); }
+/* A float32 value of random sign and magnitude 2^[e_lo, e_hi), never 0. */
+static inline float random_value(uint64_t *s, int e_lo, int e_hi) {
+    const double m = ldexp(1.0, e_lo) * pow(2.0, uniform01(s) * (e_hi - e_lo));
+    return (float)((splitmix64(s) & 1) ? -m : m);
+}
+
+#endif
