@@ -16,6 +16,7 @@ command -v pkg-config >/dev/null || fp8amp_need+=(pkg-config)
 [ -f /usr/include/cmocka.h ] || fp8amp_need+=(libcmocka-dev)
 command -v abidiff >/dev/null || fp8amp_need+=(abigail-tools)
 command -v doxygen >/dev/null || fp8amp_need+=(doxygen)
+command -v mpicc >/dev/null && command -v mpirun >/dev/null || fp8amp_need+=(libopenmpi-dev openmpi-bin)  # the CPU communicator
 case " $* " in *" clang "*)
   command -v clang >/dev/null && command -v clang++ >/dev/null || fp8amp_need+=(clang) ;;
 esac

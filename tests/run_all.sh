@@ -8,11 +8,12 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . tests/install_deps.sh python
-# The default build (with CUDA kernels when nvcc is found), then a build without CUDA, whose CUDA
+# The default build (with CUDA kernels when nvcc is found; MPI required, so that the communicator
+# tests under mpirun run rather than skip), then a build without CUDA, whose CUDA
 # entry points must answer NOT_SUPPORTED while everything on the CPU works the same.
-cmake -S . -B build -G Ninja -DFP8AMP_BUILD_TESTS=ON -DFP8AMP_BUILD_EXAMPLES=ON
+cmake -S . -B build -G Ninja -DFP8AMP_BUILD_TESTS=ON -DFP8AMP_BUILD_EXAMPLES=ON -DFP8AMP_MPI=ON
 cmake --build build
-cmake -S . -B build-nocuda -G Ninja -DFP8AMP_CUDA=OFF -DFP8AMP_BUILD_TESTS=ON -DFP8AMP_BUILD_EXAMPLES=OFF
+cmake -S . -B build-nocuda -G Ninja -DFP8AMP_CUDA=OFF -DFP8AMP_BUILD_TESTS=ON -DFP8AMP_BUILD_EXAMPLES=OFF -DFP8AMP_MPI=ON
 cmake --build build-nocuda
 (cd build-nocuda && ctest --output-on-failure -j "$(nproc)")
 # The C function reference generated from the header (Doxygen, warnings are errors), and fp8amp
