@@ -931,6 +931,7 @@ FP8AMP_API fp8amp_status (fp8amp_opt_level_config)(fp8amp_opt_level level, fp8am
  *  operations in the same order with tensors of the same counts, shapes and dtypes. */
 typedef struct fp8amp_comm_s *fp8amp_comm;
 
+/** Size of a communicator's unique id in bytes (as NCCL's ncclUniqueId). */
 #define FP8AMP_COMM_UNIQUE_ID_BYTES 128
 /** Created on one rank by fp8amp_comm_unique_id_create and passed, as these bytes, to every rank by
  *  whatever channel the caller has (a file, a TCP store, MPI_Bcast, torch.distributed). */
@@ -978,8 +979,9 @@ FP8AMP_API fp8amp_status fp8amp_comm_destroy(fp8amp_comm comm);
  *  Statuses: SUCCESS; INVALID_HANDLE. */
 FP8AMP_API fp8amp_status fp8amp_comm_abort(fp8amp_comm comm);
 
-/** This process's rank and the number of ranks. Statuses: SUCCESS; INVALID_HANDLE; INVALID_ARGUMENT. */
+/** This process's rank, 0..nranks-1. Statuses: SUCCESS; INVALID_HANDLE; INVALID_ARGUMENT (NULL rank). */
 FP8AMP_API fp8amp_status fp8amp_comm_rank(fp8amp_comm comm, int32_t *rank);
+/** The number of ranks. Statuses: SUCCESS; INVALID_HANDLE; INVALID_ARGUMENT (NULL nranks). */
 FP8AMP_API fp8amp_status fp8amp_comm_size(fp8amp_comm comm, int32_t *nranks);
 
 /** How long an MPI operation waits for its peers before the call fails with COMM and the
@@ -1004,7 +1006,10 @@ typedef struct fp8amp_comm_reduce_desc {
                                   the stream, so turn it off to capture the call in a CUDA graph) */
 } fp8amp_comm_reduce_desc;
 
+/** Fills desc, of size bytes (its sizeof where the caller was compiled; written exactly), with the
+ *  defaults. Statuses: SUCCESS; INVALID_ARGUMENT (NULL desc, a size this version cannot serve). */
 FP8AMP_API fp8amp_status fp8amp_comm_reduce_desc_init(fp8amp_comm_reduce_desc *desc, size_t size);
+/** Source code's spelling: fp8amp_comm_reduce_desc_init with this header's sizeof. */
 #define fp8amp_comm_reduce_desc_init_default(desc) fp8amp_comm_reduce_desc_init((desc), sizeof(fp8amp_comm_reduce_desc))
 
 /** Gradient all-reduce of a bucket of n tensors in one call: outputs[i] = the mean (or sum) over ranks
