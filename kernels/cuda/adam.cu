@@ -1491,11 +1491,6 @@ void launch(int device, cudaStream_t stream, const StepConfig &c, int max_partia
 
 }  // namespace
 
-void memset(int device, void *stream, void *dst, int value, size_t nbytes) {
-    DeviceGuard guard(device);
-    check(cudaMemsetAsync(dst, value, nbytes, static_cast<cudaStream_t>(stream)), "cudaMemsetAsync");
-}
-
 int adam_grid_size(int device) {
     DeviceGuard guard(device);
     return multiprocessor_count(device) * (2048 / kThreads);
