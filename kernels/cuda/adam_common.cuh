@@ -1,0 +1,141 @@
+// What the two Adam kernels share (adam_generic.cu's and adam_fast.cu's): the warp constants, the
+// gradient's unscale factor, the walk from a unit to its parameter, the end of phase 1 (the grid-wide
+// reduction of the sums of squares and bad flags, the step's status, the scaler's update) and phase 3
+// (the scaled parameters' metas). The arithmetic of a step is kernels/adam.hpp's, which the CPU
+// backend shares too.
+#pragma once
+
+#include <cooperative_groups.h>
+
+#include <cstdint>
+
+#include "adam.hpp"
+#include "adam_launch.cuh"
+#include "cuda_common.cuh"
+#include "elementwise.cuh"
+
+namespace fp8amp::kernels::cuda::adam_common {
+
+namespace cg = cooperative_groups;
+using namespace adam;
+using adam_launch::kThreads;
+
+constexpr int kWarps = kThreads / 32;
+constexpr uint32_t kFull = 0xFFFFFFFFu;
+
+__device__ __forceinline__ float grad_factor(const StepConfig &c, const Param &p, float loss_scale_inv) {
+    return fmul(fmul(c.grad_scale_inv, p.grad_scale_inv ? *p.grad_scale_inv : 1.0f), loss_scale_inv);
+}
+
+struct Amax {
+    uint32_t m = 0, v = 0, w = 0;
+};
+
+struct NewScales {
+    float m, v, w;  // scales to encode with
+};
+
+__device__ __forceinline__ NewScales scales_of(const Amax &a) {
+    return {pow2(pow2_exponent(__uint_as_float(a.m), kE4M3Max)), pow2(pow2_exponent(__uint_as_float(a.v), kF16Max)),
+            pow2(pow2_exponent(__uint_as_float(a.w), kF16Max))};
+}
+
+// The parameter owning unit u: the last k with params[k].unit_begin <= u.
+__device__ __forceinline__ int find_param(const StepConfig &c, int64_t u) {
+    int lo = 0, hi = c.nparams - 1;
+    while (lo < hi) {
+        const int mid = (lo + hi + 1) / 2;
+        if (c.params[mid].unit_begin <= u) lo = mid; else hi = mid - 1;
+    }
+    return lo;
+}
+
+// Phase 3 (after a grid sync): per-tensor mode's state scales from the tensors' new amax, and each
+// scaled parameter's meta: publish the scale_inv used, fold the history, next scale.
+template <bool M8, bool V16, bool MASTER>
+__device__ __forceinline__ void fold_param_metas(const StepConfig &c, int64_t warp, int64_t warps, int lane) {
+    const bool per_tensor = c.block_size == 0;
+    for (int64_t k = warp; k < c.nparams; k += warps) {
+        const Param &p = c.params[k];
+        if (per_tensor && lane == 0) {
+            Amax a;
+            a.m = c.tensor_amax[3 * k + 0], a.v = c.tensor_amax[3 * k + 1], a.w = c.tensor_amax[3 * k + 2];
+            const NewScales ns = scales_of(a);
+            if (M8) p.m_scale_inv[p.scale_begin] = fdiv(1.0f, ns.m);
+            if (V16) p.v_scale_inv[p.scale_begin] = fdiv(1.0f, ns.v);
+            if (MASTER) p.master_scale_inv[p.scale_begin] = fdiv(1.0f, ns.w);
+        }
+        if (!p.param_meta) continue;
+        ScalingState &m = *p.param_meta;
+        if (lane == 0) {
+            if (p.param_scale_inv) *p.param_scale_inv = m.scale_inv;
+            fold_history(m);
+        }
+        __syncwarp();
+        if (scale_due(m)) {
+            uint32_t h = 0;
+            if (m.most_recent) {
+                h = __float_as_uint(m.history()[m.head]);
+            } else {
+                for (uint32_t j = lane; j < m.history_len; j += 32) h = max(h, __float_as_uint(m.history()[j]));
+                h = __reduce_max_sync(kFull, h);
+            }
+            __syncwarp();
+            if (lane == 0) apply_scale(m, __uint_as_float(h));
+        }
+        __syncwarp();
+    }
+}
+
+// The end of phase 1, for both kernels: each thread's sum of squares and bad flag reduced over its
+// CTA into c.partials, a grid sync, then every CTA reduces the partials in the same order, so all
+// agree on found_inf and the norm. kSumDecides (the fast kernel, which tests no element): a sum that
+// is not finite counts as found; the generic kernel's bad flag already covers every element. CTA 0
+// publishes the status and updates the scaler. Returns whether the step skips, and the global norm.
+struct CheckResult {
+    bool found;
+    float norm;
+};
+template <bool kSumDecides>
+__device__ __forceinline__ CheckResult end_check(const StepConfig &c, cg::grid_group &grid, double sumsq, bool bad,
+                                                 int lane, int64_t step) {
+    __shared__ double s_sum[kWarps];
+    __shared__ int s_bad[kWarps];
+    for (int o = 16; o > 0; o /= 2) sumsq += __shfl_down_sync(kFull, sumsq, o);
+    const int any_bad = __any_sync(kFull, bad);
+    if (lane == 0) {
+        s_sum[threadIdx.x / 32] = sumsq;
+        s_bad[threadIdx.x / 32] = any_bad;
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        double t = 0.0;
+        int b = 0;
+        for (int w = 0; w < kWarps; ++w) t += s_sum[w], b |= s_bad[w];
+        c.partials[blockIdx.x].sumsq = t;
+        c.partials[blockIdx.x].bad = b;
+    }
+    grid.sync();
+    __shared__ double s_total;
+    __shared__ int s_found;
+    if (threadIdx.x < 32) {
+        double t = 0.0;
+        int b = 0;
+        for (int i = lane; i < int(gridDim.x); i += 32) t += c.partials[i].sumsq, b |= c.partials[i].bad;
+        for (int o = 16; o > 0; o /= 2) t += __shfl_down_sync(kFull, t, o);
+        b = __any_sync(kFull, b);
+        if (lane == 0) s_total = t, s_found = kSumDecides ? b || !(t <= 1.7976931348623157e308) : b;  // inf/NaN
+    }
+    __syncthreads();
+    const bool found = s_found != 0;
+    const float norm = float(sqrt(s_total));
+    if (blockIdx.x == 0 && threadIdx.x == 0) {
+        c.status->found_inf = found ? 1 : 0;
+        c.status->grad_norm = found ? __uint_as_float(codec::kF32QuietNaN) : norm;
+        if (!found) c.status->step = step + 1;
+        if (c.scaler) adam::scaler_update(*c.scaler, c.scaler_config, found);
+    }
+    return {found, norm};
+}
+
+}  // namespace fp8amp::kernels::cuda::adam_common
