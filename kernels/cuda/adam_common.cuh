@@ -40,6 +40,23 @@ __device__ __forceinline__ NewScales scales_of(const Amax &a) {
             pow2(pow2_exponent(__uint_as_float(a.w), kF16Max))};
 }
 
+// Encodes of two values in one hardware instruction (cvt.rn.satfinite.e4m3x2.f32, cvt.rn.f16x2.f32,
+// cvt.rn.bf16x2.f32): round to nearest even, as the CPU codec, for values that are not NaN (the
+// hardware's NaN is not the CPU codec's; the callers take from_f32 for those).
+__device__ __forceinline__ uint32_t e4m3x4(float a, float b, float c, float d) {
+    const uint32_t lo = __nv_cvt_float2_to_fp8x2(make_float2(a, b), __NV_SATFINITE, __NV_E4M3);
+    const uint32_t hi = __nv_cvt_float2_to_fp8x2(make_float2(c, d), __NV_SATFINITE, __NV_E4M3);
+    return (lo & 0xFFFFu) | (hi << 16);
+}
+__device__ __forceinline__ uint32_t f16x2(float a, float b) {
+    const __half2 h = __floats2half2_rn(a, b);
+    return *reinterpret_cast<const uint32_t *>(&h);
+}
+__device__ __forceinline__ uint32_t bf16x2(float a, float b) {
+    const __nv_bfloat162 h = __floats2bfloat162_rn(a, b);
+    return *reinterpret_cast<const uint32_t *>(&h);
+}
+
 // The parameter owning unit u: the last k with params[k].unit_begin <= u.
 __device__ __forceinline__ int find_param(const StepConfig &c, int64_t u) {
     int lo = 0, hi = c.nparams - 1;

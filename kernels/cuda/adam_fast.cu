@@ -255,20 +255,6 @@ __device__ __forceinline__ uint32_t scale_bits(uint32_t a) {
 }
 __device__ __forceinline__ uint32_t inverse_bits(uint32_t scale_bits) { return (254u << 23) - scale_bits; }  // 1/2^k, exact
 
-__device__ __forceinline__ uint32_t e4m3x4(float a, float b, float c, float d) {
-    const uint32_t lo = __nv_cvt_float2_to_fp8x2(make_float2(a, b), __NV_SATFINITE, __NV_E4M3);
-    const uint32_t hi = __nv_cvt_float2_to_fp8x2(make_float2(c, d), __NV_SATFINITE, __NV_E4M3);
-    return (lo & 0xFFFFu) | (hi << 16);
-}
-__device__ __forceinline__ uint32_t f16x2(float a, float b) {
-    const __half2 h = __floats2half2_rn(a, b);
-    return *reinterpret_cast<const uint32_t *>(&h);
-}
-__device__ __forceinline__ uint32_t bf16x2(float a, float b) {
-    const __nv_bfloat162 h = __floats2bfloat162_rn(a, b);
-    return *reinterpret_cast<const uint32_t *>(&h);
-}
-
 // 8 values -> 8 codes of DT. FAST: the pair conversions (values finite, or for BF16/unscaled F16 not
 // NaN, and within range where the format saturates); else the per-element encoders (CPU rules).
 // The exact encoders of 8 values (the CPU codec's rules, NaN with its sign): not inlined, they run

@@ -185,20 +185,19 @@ __device__ __forceinline__ Amax warp_amax(Amax a) {
     return a;
 }
 
-// Encodes of 4 values at once. The fast path converts pairs in one hardware instruction
-// (cvt.rn.satfinite.e4m3x2.f32, cvt.rn.f16x2.f32, cvt.rn.bf16x2.f32: round to nearest even, as the
-// CPU codec); a quad holding a NaN takes from_f32's explicit NaN rule, so the bits match the CPU's.
+// Encodes of 4 values at once, per element by from_f32 (the CPU codec's rules, NaN included).
+// FP8AMP_ADAM_FAST_CODEC builds convert pairs in one hardware instruction instead (adam_common.cuh's
+// pair encoders: round to nearest even, as the CPU codec) where the quad holds no NaN, whose bits only
+// from_f32's explicit rule gives.
+#if FP8AMP_ADAM_FAST_CODEC
 __device__ __forceinline__ bool any_nan4(const float x[4]) {
     return x[0] != x[0] || x[1] != x[1] || x[2] != x[2] || x[3] != x[3];
 }
+#endif
 
 __device__ __forceinline__ uint32_t pack_e4m3(const float x[4]) {
 #if FP8AMP_ADAM_FAST_CODEC
-    if (!any_nan4(x)) {
-        const uint32_t lo = __nv_cvt_float2_to_fp8x2(make_float2(x[0], x[1]), __NV_SATFINITE, __NV_E4M3);
-        const uint32_t hi = __nv_cvt_float2_to_fp8x2(make_float2(x[2], x[3]), __NV_SATFINITE, __NV_E4M3);
-        return (lo & 0xFFFFu) | (hi & 0xFFFFu) << 16;
-    }
+    if (!any_nan4(x)) return e4m3x4(x[0], x[1], x[2], x[3]);
 #endif
     uint32_t q = 0;
 #pragma unroll
@@ -210,12 +209,8 @@ template <bool kBF16>
 __device__ __forceinline__ uint2 pack_16(const float x[4]) {
 #if FP8AMP_ADAM_FAST_CODEC
     if (!any_nan4(x)) {
-        if (kBF16) {
-            const __nv_bfloat162 a = __floats2bfloat162_rn(x[0], x[1]), b = __floats2bfloat162_rn(x[2], x[3]);
-            return make_uint2(*reinterpret_cast<const uint32_t *>(&a), *reinterpret_cast<const uint32_t *>(&b));
-        }
-        const __half2 a = __floats2half2_rn(x[0], x[1]), b = __floats2half2_rn(x[2], x[3]);
-        return make_uint2(*reinterpret_cast<const uint32_t *>(&a), *reinterpret_cast<const uint32_t *>(&b));
+        if (kBF16) return make_uint2(bf16x2(x[0], x[1]), bf16x2(x[2], x[3]));
+        return make_uint2(f16x2(x[0], x[1]), f16x2(x[2], x[3]));
     }
 #endif
     uint32_t h[4];
