@@ -27,6 +27,11 @@ __device__ __forceinline__ float grad_factor(const StepConfig &c, const Param &p
     return fmul(fmul(c.grad_scale_inv, p.grad_scale_inv ? *p.grad_scale_inv : 1.0f), loss_scale_inv);
 }
 
+// Bytes per element of a dtype: the generic kernel's at run time, the fast kernel's in its types.
+constexpr int dtype_size(int32_t dtype) {
+    return dtype == FP8AMP_DTYPE_F32 ? 4 : (dtype == FP8AMP_DTYPE_F16 || dtype == FP8AMP_DTYPE_BF16) ? 2 : 1;
+}
+
 struct Amax {
     uint32_t m = 0, v = 0, w = 0;
 };

@@ -63,7 +63,6 @@ constexpr int kFastMinBlocks = FP8AMP_ADAM_FAST_MIN_BLOCKS;
 constexpr int kF32 = FP8AMP_DTYPE_F32, kF16 = FP8AMP_DTYPE_F16, kBF16 = FP8AMP_DTYPE_BF16,
               kE4M3 = FP8AMP_DTYPE_E4M3, kE5M2 = FP8AMP_DTYPE_E5M2;
 constexpr int pair_code(int pd, int gd) { return pd * 5 + gd; }
-constexpr int dt_size(int dt) { return dt == kF32 ? 4 : (dt == kF16 || dt == kBF16) ? 2 : 1; }
 
 // The pairs each state layout has a fast path for.
 template <bool M8, bool V16, bool MASTER> struct FastPairs;
@@ -105,7 +104,7 @@ struct Cfg {
     static constexpr bool M8 = M8_, V16 = V16_, MASTER = MASTER_;
     static constexpr bool L2 = L2_;      // Adam with weight decay: g += wd * p (else p *= decay: AdamW or none)
     static constexpr bool CLIP = CLIP_;  // g *= clip coefficient
-    static constexpr int GB = dt_size(GD), PB = dt_size(PD);
+    static constexpr int GB = dtype_size(GD), PB = dtype_size(PD);
     static constexpr int WB = MASTER ? 2 : PB;                        // bytes per element of the weight read
     static constexpr bool SCALABLE = PD == kF16 || PD == kE4M3;        // may carry a scale_inv / meta
     static constexpr bool WAMAX = MASTER || PD != kF32;                 // the new weights' amax is needed
@@ -260,12 +259,12 @@ __device__ __forceinline__ uint32_t inverse_bits(uint32_t scale_bits) { return (
 // The exact encoders of 8 values (the CPU codec's rules, NaN with its sign): not inlined, they run
 // only for blocks or lanes holding inf/NaN.
 template <int DT>
-__device__ __noinline__ Bits<8 * dt_size(DT)> encode8_exact(float x0, float x1, float x2, float x3, float x4, float x5,
+__device__ __noinline__ Bits<8 * dtype_size(DT)> encode8_exact(float x0, float x1, float x2, float x3, float x4, float x5,
                                                             float x6, float x7) {
     const float x[8] = {x0, x1, x2, x3, x4, x5, x6, x7};
-    Bits<8 * dt_size(DT)> b;
+    Bits<8 * dtype_size(DT)> b;
 #pragma unroll
-    for (int k = 0; k < 2 * dt_size(DT); ++k) b.w[k] = 0u;
+    for (int k = 0; k < 2 * dtype_size(DT); ++k) b.w[k] = 0u;
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
         if constexpr (DT == kE4M3) b.w[j / 4] |= uint32_t(from_f32<FP8AMP_DTYPE_E4M3>(x[j])) << (8 * (j % 4));
@@ -276,8 +275,8 @@ __device__ __noinline__ Bits<8 * dt_size(DT)> encode8_exact(float x0, float x1, 
 }
 
 template <int DT>
-__device__ __forceinline__ Bits<8 * dt_size(DT)> encode8(const float x[8], bool fast) {
-    Bits<8 * dt_size(DT)> b;
+__device__ __forceinline__ Bits<8 * dtype_size(DT)> encode8(const float x[8], bool fast) {
+    Bits<8 * dtype_size(DT)> b;
     if constexpr (DT == kF32) {
 #pragma unroll
         for (int j = 0; j < 8; ++j) b.w[j] = __float_as_uint(x[j]);
@@ -621,7 +620,7 @@ __device__ __forceinline__ float sum_squares(const Bits<16> &b) {
 template <int GD, Cache K>
 __device__ __forceinline__ void check_grad(const uint8_t *grad, int64_t e0, int64_t e1, bool vec, float f, int lane,
                                            double &acc0, double &acc1) {
-    constexpr int GB = dt_size(GD), V = 16 / GB;  // elements per lane per 16-byte load
+    constexpr int GB = dtype_size(GD), V = 16 / GB;  // elements per lane per 16-byte load
     int64_t e = e0;
     if constexpr (GD != kF32 && GD != kBF16) {
         if (vec && fabsf(fmul(max_finite<GD>(), f)) <= FLT_MAX) {

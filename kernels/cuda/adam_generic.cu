@@ -80,10 +80,6 @@ struct BlockScales {
     float m_inv, v_inv, w_inv;  // scale_inv of the stored (old) state
 };
 
-__device__ __forceinline__ int dtype_bytes(int32_t dtype) {
-    return dtype == FP8AMP_DTYPE_F32 ? 4 : (dtype == FP8AMP_DTYPE_F16 || dtype == FP8AMP_DTYPE_BF16) ? 2 : 1;
-}
-
 // The bits of 4 contiguous elements (n valid) of an array of esize-byte elements, packed little-endian
 // into 1, 2 or 4 words: one vector load for a whole aligned quad, element loads otherwise. Loading
 // bits first and decoding later lets a warp issue the loads of several chunks before it uses any.
@@ -127,8 +123,8 @@ struct Raw {
 
 template <bool M8, bool V16, bool MASTER>
 __device__ __forceinline__ void load_raw(const Param &p, int64_t i, int n, Raw &r) {
-    r.g = load_bits(p.grad, dtype_bytes(p.grad_dtype), i, n, p.vec_ok);
-    r.w = MASTER ? load_bits(p.master, 2, i, n, true) : load_bits(p.param, dtype_bytes(p.param_dtype), i, n, p.vec_ok);
+    r.g = load_bits(p.grad, dtype_size(p.grad_dtype), i, n, p.vec_ok);
+    r.w = MASTER ? load_bits(p.master, 2, i, n, true) : load_bits(p.param, dtype_size(p.param_dtype), i, n, p.vec_ok);
     r.m = load_bits(p.m, M8 ? 1 : 4, i, n, true);
     r.v = load_bits(p.v, V16 ? 2 : 4, i, n, true);
 }
@@ -347,7 +343,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) adam_kernel(const __grid
             if (u == p.unit_begin && p.grad_meta && p.grad_meta->amax_bits >= 0x7F800000u) bad = true;
             const float f = grad_factor(c, p, loss_scale_inv);
             const int32_t gd = p.grad_dtype;
-            const int gs = dtype_bytes(gd);
+            const int gs = dtype_size(gd);
             const bool vec = p.vec_ok;
             const void *grad = p.grad;
             const int64_t e1 = min((stop - p.unit_begin) * unit_elems, p.numel);
