@@ -334,14 +334,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) adam_kernel(const __grid
     bool bad = false;
     {
         const int64_t ub = c.total_units * warp / warps, ue = c.total_units * (warp + 1) / warps;
-        int k = ub < ue ? find_param(c, ub) : 0;
-        for (int64_t u = ub; u < ue;) {
-            while (k + 1 < c.nparams && c.params[k + 1].unit_begin <= u) ++k;
-            const Param &p = c.params[k];
-            const int64_t next = k + 1 < c.nparams ? c.params[k + 1].unit_begin : c.total_units;
-            const int64_t stop = min(ue, next);
-            if (u == p.unit_begin && p.grad_meta && p.grad_meta->amax_bits >= 0x7F800000u) bad = true;
-            const float f = grad_factor(c, p, loss_scale_inv);
+        for_each_grad_run(c, ub, ue, loss_scale_inv, bad, [&](const Param &p, float f, int64_t u, int64_t stop) {
             const int32_t gd = p.grad_dtype;
             const int gs = dtype_size(gd);
             const bool vec = p.vec_ok;
@@ -364,8 +357,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) adam_kernel(const __grid
                     }
                 }
             }
-            u = stop;
-        }
+        });
     }
     const CheckResult check = end_check<false>(c, grid, sumsq, bad, lane, step);
     if (check.found) return;  // uniform across the grid: nothing is written
