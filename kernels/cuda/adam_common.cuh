@@ -1,8 +1,9 @@
 // What the two Adam kernels share (adam_generic.cu's and adam_fast.cu's): the warp constants, the
-// gradient's unscale factor, the walk from a unit to its parameter, the end of phase 1 (the grid-wide
-// reduction of the sums of squares and bad flags, the step's status, the scaler's update) and phase 3
-// (the scaled parameters' metas). The arithmetic of a step is kernels/adam.hpp's, which the CPU
-// backend shares too.
+// gradient's unscale factor, bytes per dtype, the pair encoders, the element-by-element loads and
+// stores of the edges, the walk from units to parameters, the end of phase 1 (the grid-wide reduction
+// of the sums of squares and bad flags, the step's status, the scaler's update) and phase 3 (the
+// scaled parameters' metas). The arithmetic of a step is kernels/adam.hpp's, which the CPU backend
+// shares too.
 #pragma once
 
 #include <cooperative_groups.h>
@@ -60,6 +61,37 @@ __device__ __forceinline__ uint32_t f16x2(float a, float b) {
 __device__ __forceinline__ uint32_t bf16x2(float a, float b) {
     const __nv_bfloat162 h = __floats2bfloat162_rn(a, b);
     return *reinterpret_cast<const uint32_t *>(&h);
+}
+
+// The first n of N contiguous elements of ESIZE bytes each, element by element, packed little-endian
+// into the words w (their other bits zero), and the store of the first n of them back: where a vector
+// access cannot serve (a parameter's partial last chunk, an array not aligned for it), in both kernels.
+template <int N, int ESIZE, int WORDS>
+__device__ __forceinline__ void load_elements(const uint8_t *ptr, int n, uint32_t (&w)[WORDS]) {
+    static_assert(N * ESIZE <= 4 * WORDS, "the words hold the N elements");
+#pragma unroll
+    for (int k = 0; k < WORDS; ++k) w[k] = 0u;
+#pragma unroll
+    for (int j = 0; j < N; ++j) {
+        if (j < n) {
+            if constexpr (ESIZE == 4) w[j] = reinterpret_cast<const uint32_t *>(ptr)[j];
+            else if constexpr (ESIZE == 2) w[j / 2] |= uint32_t(reinterpret_cast<const uint16_t *>(ptr)[j]) << (16 * (j % 2));
+            else w[j / 4] |= uint32_t(ptr[j]) << (8 * (j % 4));
+        }
+    }
+}
+
+template <int N, int ESIZE, int WORDS>
+__device__ __forceinline__ void store_elements(uint8_t *ptr, int n, const uint32_t (&w)[WORDS]) {
+    static_assert(N * ESIZE <= 4 * WORDS, "the words hold the N elements");
+#pragma unroll
+    for (int j = 0; j < N; ++j) {
+        if (j < n) {
+            if constexpr (ESIZE == 4) reinterpret_cast<uint32_t *>(ptr)[j] = w[j];
+            else if constexpr (ESIZE == 2) reinterpret_cast<uint16_t *>(ptr)[j] = uint16_t(w[j / 2] >> (16 * (j % 2)));
+            else ptr[j] = uint8_t(w[j / 4] >> (8 * (j % 4)));
+        }
+    }
 }
 
 // The parameter owning unit u: the last k with params[k].unit_begin <= u.

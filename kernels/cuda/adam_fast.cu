@@ -167,43 +167,19 @@ __device__ __forceinline__ void store_vec(uint8_t *ptr, const Bits<BYTES> &b) {
     }
 }
 
-// The first n (of 8) elements of ESIZE bytes each, element by element; the others are zero.
-template <int ESIZE>
-__device__ __forceinline__ Bits<8 * ESIZE> load_guarded(const uint8_t *ptr, int n) {
-    Bits<8 * ESIZE> b;
-#pragma unroll
-    for (int k = 0; k < 2 * ESIZE; ++k) b.w[k] = 0u;
-#pragma unroll
-    for (int j = 0; j < 8; ++j) {
-        if (j < n) {
-            if constexpr (ESIZE == 4) b.w[j] = reinterpret_cast<const uint32_t *>(ptr)[j];
-            else if constexpr (ESIZE == 2) b.w[j / 2] |= uint32_t(reinterpret_cast<const uint16_t *>(ptr)[j]) << (16 * (j % 2));
-            else b.w[j / 4] |= uint32_t(ptr[j]) << (8 * (j % 4));
-        }
-    }
-    return b;
-}
-
-template <int ESIZE>
-__device__ __forceinline__ void store_guarded(uint8_t *ptr, const Bits<8 * ESIZE> &b, int n) {
-#pragma unroll
-    for (int j = 0; j < 8; ++j) {
-        if (j < n) {
-            if constexpr (ESIZE == 4) reinterpret_cast<uint32_t *>(ptr)[j] = b.w[j];
-            else if constexpr (ESIZE == 2) reinterpret_cast<uint16_t *>(ptr)[j] = uint16_t(b.w[j / 2] >> (16 * (j % 2)));
-            else ptr[j] = uint8_t(b.w[j / 4] >> (8 * (j % 4)));
-        }
-    }
-}
-
 template <int ESIZE, bool GUARD, Cache K>
 __device__ __forceinline__ Bits<8 * ESIZE> load8(const uint8_t *ptr, int n) {
-    if constexpr (GUARD) return load_guarded<ESIZE>(ptr, n);
-    else return load_vec<8 * ESIZE, K>(ptr);
+    if constexpr (GUARD) {
+        Bits<8 * ESIZE> b;
+        load_elements<8, ESIZE>(ptr, n, b.w);
+        return b;
+    } else {
+        return load_vec<8 * ESIZE, K>(ptr);
+    }
 }
 template <int ESIZE, bool GUARD, Cache K>
 __device__ __forceinline__ void store8(uint8_t *ptr, const Bits<8 * ESIZE> &b, int n) {
-    if constexpr (GUARD) store_guarded<ESIZE>(ptr, b, n);
+    if constexpr (GUARD) store_elements<8, ESIZE>(ptr, n, b.w);
     else store_vec<8 * ESIZE, K>(ptr, b);
 }
 

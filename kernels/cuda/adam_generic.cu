@@ -92,15 +92,11 @@ __device__ __forceinline__ uint4 load_bits(const void *base, int esize, int64_t 
         }
         return make_uint4(*reinterpret_cast<const uint32_t *>(static_cast<const uint8_t *>(base) + i), 0u, 0u, 0u);
     }
-    uint32_t w[4] = {0u, 0u, 0u, 0u};
-#pragma unroll
-    for (int k = 0; k < 4; ++k) {
-        if (k < n) {
-            if (esize == 4) w[k] = static_cast<const uint32_t *>(base)[i + k];
-            else if (esize == 2) w[k / 2] |= uint32_t(static_cast<const uint16_t *>(base)[i + k]) << (16 * (k % 2));
-            else w[0] |= uint32_t(static_cast<const uint8_t *>(base)[i + k]) << (8 * k);
-        }
-    }
+    uint32_t w[4];
+    const auto *bytes = static_cast<const uint8_t *>(base);
+    if (esize == 4) load_elements<4, 4>(bytes + 4 * i, n, w);
+    else if (esize == 2) load_elements<4, 2>(bytes + 2 * i, n, w);
+    else load_elements<4, 1>(bytes + i, n, w);
     return make_uint4(w[0], w[1], w[2], w[3]);
 }
 
@@ -220,9 +216,8 @@ __device__ __forceinline__ void store_bytes(void *base, int64_t i, int n, bool v
         *reinterpret_cast<uint32_t *>(static_cast<uint8_t *>(base) + i) = q;
         return;
     }
-#pragma unroll
-    for (int k = 0; k < 4; ++k)
-        if (k < n) static_cast<uint8_t *>(base)[i + k] = uint8_t(q >> (8 * k));
+    const uint32_t w[1] = {q};
+    store_elements<4, 1>(static_cast<uint8_t *>(base) + i, n, w);
 }
 
 __device__ __forceinline__ void store_halves(void *base, int64_t i, int n, bool vec, uint2 h) {
@@ -230,9 +225,8 @@ __device__ __forceinline__ void store_halves(void *base, int64_t i, int n, bool 
         *reinterpret_cast<uint2 *>(static_cast<uint16_t *>(base) + i) = h;
         return;
     }
-#pragma unroll
-    for (int k = 0; k < 4; ++k)
-        if (k < n) static_cast<uint16_t *>(base)[i + k] = uint16_t((k < 2 ? h.x : h.y) >> (16 * (k % 2)));
+    const uint32_t w[2] = {h.x, h.y};
+    store_elements<4, 2>(static_cast<uint8_t *>(base) + 2 * i, n, w);
 }
 
 __device__ __forceinline__ void store_floats(void *base, int64_t i, int n, bool vec, const float x[4]) {
@@ -240,9 +234,8 @@ __device__ __forceinline__ void store_floats(void *base, int64_t i, int n, bool 
         *reinterpret_cast<float4 *>(static_cast<float *>(base) + i) = make_float4(x[0], x[1], x[2], x[3]);
         return;
     }
-#pragma unroll
-    for (int k = 0; k < 4; ++k)
-        if (k < n) static_cast<float *>(base)[i + k] = x[k];
+    const uint32_t w[4] = {__float_as_uint(x[0]), __float_as_uint(x[1]), __float_as_uint(x[2]), __float_as_uint(x[3])};
+    store_elements<4, 4>(static_cast<uint8_t *>(base) + 4 * i, n, w);
 }
 
 template <bool M8, bool V16, bool MASTER>
