@@ -65,7 +65,8 @@ __device__ __forceinline__ uint32_t bf16x2(float a, float b) {
 
 // The first n of N contiguous elements of ESIZE bytes each, element by element, packed little-endian
 // into the words w (their other bits zero), and the store of the first n of them back: where a vector
-// access cannot serve (a parameter's partial last chunk, an array not aligned for it), in both kernels.
+// access cannot serve (a parameter's partial last chunk, an array not aligned for it). Both kernels
+// store through store_elements; the generic kernel's loads keep their own loop (load_bits says why).
 template <int N, int ESIZE, int WORDS>
 __device__ __forceinline__ void load_elements(const uint8_t *ptr, int n, uint32_t (&w)[WORDS]) {
     static_assert(N * ESIZE <= 4 * WORDS, "the words hold the N elements");

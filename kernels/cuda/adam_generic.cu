@@ -92,11 +92,18 @@ __device__ __forceinline__ uint4 load_bits(const void *base, int esize, int64_t 
         }
         return make_uint4(*reinterpret_cast<const uint32_t *>(static_cast<const uint8_t *>(base) + i), 0u, 0u, 0u);
     }
-    uint32_t w[4];
-    const auto *bytes = static_cast<const uint8_t *>(base);
-    if (esize == 4) load_elements<4, 4>(bytes + 4 * i, n, w);
-    else if (esize == 2) load_elements<4, 2>(bytes + 2 * i, n, w);
-    else load_elements<4, 1>(bytes + i, n, w);
+    // The element size of the gradient and the parameter is known only at run time here, so the loop
+    // tests it per element rather than calling load_elements (one loop per size): built that way, the
+    // generic kernel's code changed throughout, for no gain on this path.
+    uint32_t w[4] = {0u, 0u, 0u, 0u};
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+        if (k < n) {
+            if (esize == 4) w[k] = static_cast<const uint32_t *>(base)[i + k];
+            else if (esize == 2) w[k / 2] |= uint32_t(static_cast<const uint16_t *>(base)[i + k]) << (16 * (k % 2));
+            else w[0] |= uint32_t(static_cast<const uint8_t *>(base)[i + k]) << (8 * k);
+        }
+    }
     return make_uint4(w[0], w[1], w[2], w[3]);
 }
 
