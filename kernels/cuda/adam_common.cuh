@@ -105,22 +105,25 @@ __device__ __forceinline__ int find_param(const StepConfig &c, int64_t u) {
     return lo;
 }
 
-// Phase 1's walk over units [ub, ue), parameter by parameter: body(p, f, u, stop) for each run
-// [u, stop) of parameter p's units, f its gradient's unscale factor. A gradient whose meta records an
-// inf/NaN amax (an FP8 gradient quantized from non-finite values) sets bad, once, at its first unit.
+// Phase 1's walk over units [ub, ue), parameter by parameter: body(p, u, stop) for each run [u, stop)
+// of parameter p's units.
 template <class Body>
-__device__ __forceinline__ void for_each_grad_run(const StepConfig &c, int64_t ub, int64_t ue, float loss_scale_inv,
-                                                  bool &bad, Body &&body) {
+__device__ __forceinline__ void for_each_param_run(const StepConfig &c, int64_t ub, int64_t ue, Body &&body) {
     int k = ub < ue ? find_param(c, ub) : 0;
     for (int64_t u = ub; u < ue;) {
         while (k + 1 < c.nparams && c.params[k + 1].unit_begin <= u) ++k;
         const Param &p = c.params[k];
         const int64_t next = k + 1 < c.nparams ? c.params[k + 1].unit_begin : c.total_units;
         const int64_t stop = min(ue, next);
-        if (u == p.unit_begin && p.grad_meta && p.grad_meta->amax_bits >= 0x7F800000u) bad = true;
-        body(p, grad_factor(c, p, loss_scale_inv), u, stop);
+        body(p, u, stop);
         u = stop;
     }
+}
+
+// Whether p's gradient meta records an inf/NaN amax (an FP8 gradient quantized from non-finite
+// values): the step skips, whatever its codes hold.
+__device__ __forceinline__ bool grad_meta_not_finite(const Param &p) {
+    return p.grad_meta && p.grad_meta->amax_bits >= 0x7F800000u;
 }
 
 // Phase 3 (after a grid sync): per-tensor mode's state scales from the tensors' new amax, and each

@@ -664,7 +664,9 @@ __global__ void __launch_bounds__(kThreads, kFastMinBlocks) adam_fast_kernel(con
     // Units [rb, re) of this warp's range.
     const auto check_units = [&](int64_t rb, int64_t re) {
         if (FP8AMP_ADAM_SKIP_CHECK) return;
-        for_each_grad_run(c, rb, re, loss_scale_inv, bad, [&](const Param &p, float f, int64_t u, int64_t stop) {
+        for_each_param_run(c, rb, re, [&](const Param &p, int64_t u, int64_t stop) {
+            if (u == p.unit_begin && grad_meta_not_finite(p)) bad = true;
+            const float f = grad_factor(c, p, loss_scale_inv);
             const int64_t e0 = (u - p.unit_begin) * unit_elems, e1 = min((stop - p.unit_begin) * unit_elems, p.numel);
             const auto *grad = static_cast<const uint8_t *>(p.grad);
             const bool vec = p.vec_ok;

@@ -334,7 +334,9 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) adam_kernel(const __grid
     bool bad = false;
     {
         const int64_t ub = c.total_units * warp / warps, ue = c.total_units * (warp + 1) / warps;
-        for_each_grad_run(c, ub, ue, loss_scale_inv, bad, [&](const Param &p, float f, int64_t u, int64_t stop) {
+        for_each_param_run(c, ub, ue, [&](const Param &p, int64_t u, int64_t stop) {
+            if (u == p.unit_begin && grad_meta_not_finite(p)) bad = true;
+            const float f = grad_factor(c, p, loss_scale_inv);
             const int32_t gd = p.grad_dtype;
             const int gs = dtype_size(gd);
             const bool vec = p.vec_ok;
