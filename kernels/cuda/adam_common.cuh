@@ -1,9 +1,9 @@
 // What the two Adam kernels share (adam_generic.cu's and adam_fast.cu's): the warp constants, the
 // gradient's unscale factor, bytes per dtype, the pair encoders, the element-by-element loads and
-// stores of the edges, the walk from units to parameters, the end of phase 1 (the grid-wide reduction
-// of the sums of squares and bad flags, the step's status, the scaler's update) and phase 3 (the
-// scaled parameters' metas). The arithmetic of a step is kernels/adam.hpp's, which the CPU backend
-// shares too.
+// stores of the edges, the search from a unit to its parameter, the end of phase 1 (the grid-wide
+// reduction of the sums of squares and bad flags, the step's status, the scaler's update) and phase 3
+// (the scaled parameters' metas). The arithmetic of a step is kernels/adam.hpp's, which the CPU
+// backend shares too.
 #pragma once
 
 #include <cooperative_groups.h>
@@ -65,8 +65,9 @@ __device__ __forceinline__ uint32_t bf16x2(float a, float b) {
 
 // The first n of N contiguous elements of ESIZE bytes each, element by element, packed little-endian
 // into the words w (their other bits zero), and the store of the first n of them back: where a vector
-// access cannot serve (a parameter's partial last chunk, an array not aligned for it). Both kernels
-// store through store_elements; the generic kernel's loads keep their own loop (load_bits says why).
+// access cannot serve (a parameter's partial last chunk, an array not aligned for it). The generic
+// kernel stores its 1- and 2-byte codes through store_elements; its loads and its float stores keep
+// loops of their own (load_bits and store_floats say why).
 template <int N, int ESIZE, int WORDS>
 __device__ __forceinline__ void load_elements(const uint8_t *ptr, int n, uint32_t (&w)[WORDS]) {
     static_assert(N * ESIZE <= 4 * WORDS, "the words hold the N elements");
@@ -95,7 +96,9 @@ __device__ __forceinline__ void store_elements(uint8_t *ptr, int n, const uint32
     }
 }
 
-// The parameter owning unit u: the last k with params[k].unit_begin <= u.
+// The parameter owning unit u: the last k with params[k].unit_begin <= u. Each kernel's phase 1
+// walks its units parameter by parameter in a loop of its own (the same few lines): through one
+// shared walk taking the loop's body, the generic kernel's phase-1 prologue compiled differently.
 __device__ __forceinline__ int find_param(const StepConfig &c, int64_t u) {
     int lo = 0, hi = c.nparams - 1;
     while (lo < hi) {
@@ -103,27 +106,6 @@ __device__ __forceinline__ int find_param(const StepConfig &c, int64_t u) {
         if (c.params[mid].unit_begin <= u) lo = mid; else hi = mid - 1;
     }
     return lo;
-}
-
-// Phase 1's walk over units [ub, ue), parameter by parameter: body(p, u, stop) for each run [u, stop)
-// of parameter p's units.
-template <class Body>
-__device__ __forceinline__ void for_each_param_run(const StepConfig &c, int64_t ub, int64_t ue, Body &&body) {
-    int k = ub < ue ? find_param(c, ub) : 0;
-    for (int64_t u = ub; u < ue;) {
-        while (k + 1 < c.nparams && c.params[k + 1].unit_begin <= u) ++k;
-        const Param &p = c.params[k];
-        const int64_t next = k + 1 < c.nparams ? c.params[k + 1].unit_begin : c.total_units;
-        const int64_t stop = min(ue, next);
-        body(p, u, stop);
-        u = stop;
-    }
-}
-
-// Whether p's gradient meta records an inf/NaN amax (an FP8 gradient quantized from non-finite
-// values): the step skips, whatever its codes hold.
-__device__ __forceinline__ bool grad_meta_not_finite(const Param &p) {
-    return p.grad_meta && p.grad_meta->amax_bits >= 0x7F800000u;
 }
 
 // Phase 3 (after a grid sync): per-tensor mode's state scales from the tensors' new amax, and each

@@ -664,8 +664,13 @@ __global__ void __launch_bounds__(kThreads, kFastMinBlocks) adam_fast_kernel(con
     // Units [rb, re) of this warp's range.
     const auto check_units = [&](int64_t rb, int64_t re) {
         if (FP8AMP_ADAM_SKIP_CHECK) return;
-        for_each_param_run(c, rb, re, [&](const Param &p, int64_t u, int64_t stop) {
-            if (u == p.unit_begin && grad_meta_not_finite(p)) bad = true;
+        int kk = rb < re ? find_param(c, rb) : 0;
+        for (int64_t u = rb; u < re;) {
+            while (kk + 1 < c.nparams && c.params[kk + 1].unit_begin <= u) ++kk;
+            const Param &p = c.params[kk];
+            const int64_t next = kk + 1 < c.nparams ? c.params[kk + 1].unit_begin : c.total_units;
+            const int64_t stop = min(re, next);
+            if (u == p.unit_begin && p.grad_meta && p.grad_meta->amax_bits >= 0x7F800000u) bad = true;
             const float f = grad_factor(c, p, loss_scale_inv);
             const int64_t e0 = (u - p.unit_begin) * unit_elems, e1 = min((stop - p.unit_begin) * unit_elems, p.numel);
             const auto *grad = static_cast<const uint8_t *>(p.grad);
@@ -677,7 +682,8 @@ __global__ void __launch_bounds__(kThreads, kFastMinBlocks) adam_fast_kernel(con
             case kE4M3: check_grad<kE4M3, kCheckCache>(grad, e0, e1, vec, f, lane, acc0, acc1); break;
             default: check_grad<kE5M2, kCheckCache>(grad, e0, e1, vec, f, lane, acc0, acc1); break;
             }
-        });
+            u = stop;
+        }
     };
     if constexpr (M8) {
         // O2, O3: runs of kRun units from the last to the first, loaded with the normal L2 priority,

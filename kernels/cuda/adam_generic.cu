@@ -241,8 +241,11 @@ __device__ __forceinline__ void store_floats(void *base, int64_t i, int n, bool 
         *reinterpret_cast<float4 *>(static_cast<float *>(base) + i) = make_float4(x[0], x[1], x[2], x[3]);
         return;
     }
-    const uint32_t w[4] = {__float_as_uint(x[0]), __float_as_uint(x[1]), __float_as_uint(x[2]), __float_as_uint(x[3])};
-    store_elements<4, 4>(static_cast<uint8_t *>(base) + 4 * i, n, w);
+    // Floats, not their bits through store_elements: as words, the zeros of a lane's missing elements
+    // (compute_raw) are selected as integers instead of floats (SEL for FSEL), which changed the SASS.
+#pragma unroll
+    for (int k = 0; k < 4; ++k)
+        if (k < n) static_cast<float *>(base)[i + k] = x[k];
 }
 
 template <bool M8, bool V16, bool MASTER>
@@ -334,8 +337,13 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) adam_kernel(const __grid
     bool bad = false;
     {
         const int64_t ub = c.total_units * warp / warps, ue = c.total_units * (warp + 1) / warps;
-        for_each_param_run(c, ub, ue, [&](const Param &p, int64_t u, int64_t stop) {
-            if (u == p.unit_begin && grad_meta_not_finite(p)) bad = true;
+        int k = ub < ue ? find_param(c, ub) : 0;
+        for (int64_t u = ub; u < ue;) {
+            while (k + 1 < c.nparams && c.params[k + 1].unit_begin <= u) ++k;
+            const Param &p = c.params[k];
+            const int64_t next = k + 1 < c.nparams ? c.params[k + 1].unit_begin : c.total_units;
+            const int64_t stop = min(ue, next);
+            if (u == p.unit_begin && p.grad_meta && p.grad_meta->amax_bits >= 0x7F800000u) bad = true;
             const float f = grad_factor(c, p, loss_scale_inv);
             const int32_t gd = p.grad_dtype;
             const int gs = dtype_size(gd);
@@ -359,7 +367,8 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) adam_kernel(const __grid
                     }
                 }
             }
-        });
+            u = stop;
+        }
     }
     const CheckResult check = end_check<false>(c, grid, sumsq, bad, lane, step);
     if (check.found) return;  // uniform across the grid: nothing is written
