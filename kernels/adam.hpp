@@ -160,8 +160,8 @@ FP8AMP_HD float clip_coefficient(float max_norm, float norm) {
 // One element of Adam/AdamW in float32, torch.optim's order of operations (non-capturable,
 // non-fused path): g is the unscaled, clipped gradient; p, m, v are updated in place.
 //
-// The CUDA fast kernel (kernels/cuda/adam.cu) does the same operations with two exact rewrites: it
-// folds maximize into the unscale factor (rn(d * -f) = -rn(d * f), RNE is symmetric), and it
+// The CUDA fast kernel (kernels/cuda/adam_fast.cu) does the same operations with two exact rewrites:
+// it folds maximize into the unscale factor (rn(d * -f) = -rn(d * f), RNE is symmetric), and it
 // specializes the weight-decay branch at compile time.
 FP8AMP_HD void adam_element(const StepConfig &c, const StepScalars &s, float g, float &p, float &m, float &v) {
     if (c.maximize) g = -g;

@@ -1,5 +1,5 @@
-// Division by the Adam step's constant bc2_sqrt, shared by kernels/cuda/adam.cu and the check that
-// compares it with __fdiv_rn on the GPU (bench/adam_ieee_check.cu).
+// Division by the Adam step's constant bc2_sqrt, shared by kernels/cuda/adam_fast.cu and the check
+// that compares it with __fdiv_rn on the GPU (bench/adam_ieee_check.cu).
 #pragma once
 
 namespace fp8amp::kernels::cuda {

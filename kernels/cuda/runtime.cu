@@ -184,6 +184,11 @@ void stream_join(int device, void *from, void *to) {
     check(waited, "cudaEventRecord / cudaStreamWaitEvent");
 }
 
+void memset(int device, void *stream, void *dst, int value, size_t nbytes) {
+    DeviceGuard guard(device);
+    check(cudaMemsetAsync(dst, value, nbytes, static_cast<cudaStream_t>(stream)), "cudaMemsetAsync");
+}
+
 void synchronize(int device, void *stream) {
     DeviceGuard guard(device);
     check(cudaStreamSynchronize(static_cast<cudaStream_t>(stream)), "cudaStreamSynchronize");
