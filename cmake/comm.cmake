@@ -25,12 +25,12 @@ endif()
 message(STATUS "fp8amp: MPI communicator ${FP8AMP_HAVE_MPI}")
 
 # ---- NCCL and the CUDA kernels --------------------------------------------------------------------
-set(FP8AMP_HAVE_NCCL OFF)
+# FP8AMP_HAVE_NCCL and the imported target fp8amp::nccl come from CMakeLists.txt (option FP8AMP_NCCL).
 if(FP8AMP_HAVE_CUDA)
   target_sources(fp8amp PRIVATE kernels/cuda/comm.cu)
-  if(FP8AMP_NCCL_LIBRARY AND FP8AMP_NCCL_INCLUDE_DIR)
-    set(FP8AMP_HAVE_NCCL ON)
+  if(FP8AMP_HAVE_NCCL)
     set_source_files_properties(core/comm_nccl.cpp PROPERTIES COMPILE_DEFINITIONS "FP8AMP_HAVE_NCCL=1")
+    target_link_libraries(fp8amp PRIVATE fp8amp::nccl)
   endif()
 else()
   target_sources(fp8amp PRIVATE kernels/cuda/comm_disabled.cpp)
