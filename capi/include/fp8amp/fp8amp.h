@@ -950,7 +950,9 @@ FP8AMP_API fp8amp_status fp8amp_comm_unique_id_create(fp8amp_context ctx, fp8amp
  *  CPU: MPI (initialized here with MPI_THREAD_FUNNELED if the caller has not), over a duplicate of
  *  MPI_COMM_WORLD reordered by rank, which must then hold exactly nranks processes (a subset: adopt
  *  a communicator made with MPI_Comm_split). nranks 1 needs no backend at all (a local transport).
- *  The id is checked to be the same on every rank. The communicator uses ctx (its device and its
+ *  The id is checked to be the same on every rank (CPU). CUDA: the id is NCCL's own ncclUniqueId and
+ *  goes to ncclCommInitRank unchecked (a bad id fails there with status NCCL), and with nranks > 1
+ *  the call blocks, as NCCL's does, until every rank has called it. The communicator uses ctx (its device and its
  *  current stream at each call) and keeps it alive.
  *  Statuses: SUCCESS; INVALID_HANDLE; INVALID_ARGUMENT (NULL id or out, nranks < 1, rank outside
  *  0..nranks-1, an id not made by fp8amp_comm_unique_id_create for this device type, ids that differ
