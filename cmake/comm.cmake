@@ -4,8 +4,8 @@
 set(FP8AMP_MPI "AUTO" CACHE STRING "Build the MPI backend of the CPU communicator: AUTO (when MPI is found), ON or OFF")
 set_property(CACHE FP8AMP_MPI PROPERTY STRINGS AUTO ON OFF)
 
-target_sources(fp8amp PRIVATE capi/api_comm.cpp core/communicator.cpp core/comm_local.cpp core/comm_mpi.cpp
-                              core/comm_nccl.cpp kernels/cpu/comm.cpp)
+target_sources(fp8amp PRIVATE capi/api_comm.cpp core/communicator.cpp kernels/comm_local.cpp
+                              kernels/cpu/mpi_transport.cpp kernels/cuda/nccl_transport.cpp kernels/cpu/comm.cpp)
 
 # ---- MPI -----------------------------------------------------------------------------------------
 set(FP8AMP_HAVE_MPI OFF)
@@ -19,7 +19,7 @@ if(NOT FP8AMP_MPI STREQUAL "OFF")
 endif()
 if(FP8AMP_HAVE_MPI)
   # The C interface only (Open MPI's deprecated C++ bindings stay out).
-  set_source_files_properties(core/comm_mpi.cpp PROPERTIES COMPILE_DEFINITIONS "FP8AMP_HAVE_MPI=1;OMPI_SKIP_MPICXX=1;MPICH_SKIP_MPICXX=1")
+  set_source_files_properties(kernels/cpu/mpi_transport.cpp PROPERTIES COMPILE_DEFINITIONS "FP8AMP_HAVE_MPI=1;OMPI_SKIP_MPICXX=1;MPICH_SKIP_MPICXX=1")
   target_link_libraries(fp8amp PRIVATE MPI::MPI_C)
 endif()
 message(STATUS "fp8amp: MPI communicator ${FP8AMP_HAVE_MPI}")
@@ -29,7 +29,7 @@ message(STATUS "fp8amp: MPI communicator ${FP8AMP_HAVE_MPI}")
 if(FP8AMP_HAVE_CUDA)
   target_sources(fp8amp PRIVATE kernels/cuda/comm.cu)
   if(FP8AMP_HAVE_NCCL)
-    set_source_files_properties(core/comm_nccl.cpp PROPERTIES COMPILE_DEFINITIONS "FP8AMP_HAVE_NCCL=1")
+    set_source_files_properties(kernels/cuda/nccl_transport.cpp PROPERTIES COMPILE_DEFINITIONS "FP8AMP_HAVE_NCCL=1")
     target_link_libraries(fp8amp PRIVATE fp8amp::nccl)
   endif()
 else()

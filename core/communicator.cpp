@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "backend.hpp"
 #include "error.hpp"
 #include "tensor.hpp"
 
@@ -31,10 +32,6 @@ void hash_shape(Hash &h, const Tensor &t) {
     for (int32_t d = 0; d < t.ndim(); ++d) h.add(static_cast<uint64_t>(t.shape()[d]));
 }
 
-void copy_fn(void *compute, void *dst, const void *src, size_t n, void *stream) {
-    static_cast<kernels::CommCompute *>(compute)->copy_async(dst, src, n, stream);
-}
-
 std::string arg(const char *array, size_t i) { return std::string(array) + "[" + std::to_string(i) + "]"; }
 
 void check_not_overlapping(const Tensor &a, const std::string &an, const Tensor &b, const std::string &bn) {
@@ -52,8 +49,7 @@ std::vector<std::shared_ptr<Storage>> &kept_after_failure() {
 }  // namespace
 
 void Communicator::unique_id(const Context &ctx, fp8amp_comm_unique_id *id) {
-    if (ctx.device().type == FP8AMP_DEVICE_CUDA) nccl_unique_id(id);
-    else mpi_unique_id(id);
+    ctx.backend().comm_unique_id(id);
 }
 
 Communicator::Communicator(std::shared_ptr<const Context> ctx, std::unique_ptr<kernels::CommCompute> compute,
@@ -63,24 +59,15 @@ Communicator::Communicator(std::shared_ptr<const Context> ctx, std::unique_ptr<k
     compute_->memset_async(saturated_->data(), 0, sizeof(unsigned long long), ctx_->stream());
 }
 
-// The device's compute and transport are chosen here, once (the lead folds this into the
-// per-context Backend).
+// The device's compute and transport come from the context's backend.
 std::shared_ptr<Communicator> Communicator::create(std::shared_ptr<const Context> ctx, const fp8amp_comm_unique_id &id,
                                                    int nranks, int rank) {
     if (nranks < 1) fail(FP8AMP_ERROR_INVALID_ARGUMENT, "nranks is " + std::to_string(nranks) + ", not >= 1");
     if (rank < 0 || rank >= nranks)
         fail(FP8AMP_ERROR_INVALID_ARGUMENT,
              "rank is " + std::to_string(rank) + ", outside 0.." + std::to_string(nranks - 1));
-    const bool cuda = ctx->device().type == FP8AMP_DEVICE_CUDA;
-    std::unique_ptr<kernels::CommCompute> compute =
-        cuda ? kernels::make_cuda_comm_compute(ctx->device().index) : kernels::make_cpu_comm_compute();
-    std::unique_ptr<Transport> transport;
-    if (cuda) {
-        transport = make_nccl_transport(id, nranks, rank, ctx->device().index);
-    } else {
-        check_cpu_unique_id(id);
-        transport = nranks == 1 ? make_local_transport(copy_fn, compute.get()) : make_mpi_transport(id, nranks, rank);
-    }
+    std::unique_ptr<kernels::CommCompute> compute = ctx->backend().make_comm_compute();
+    std::unique_ptr<kernels::Transport> transport = ctx->backend().make_comm_transport(id, nranks, rank, *compute);
     try {
         return std::shared_ptr<Communicator>(new Communicator(std::move(ctx), std::move(compute), std::move(transport)));
     } catch (...) {
@@ -91,11 +78,8 @@ std::shared_ptr<Communicator> Communicator::create(std::shared_ptr<const Context
 }
 
 std::shared_ptr<Communicator> Communicator::adopt(std::shared_ptr<const Context> ctx, void *native) {
-    const bool cuda = ctx->device().type == FP8AMP_DEVICE_CUDA;
-    std::unique_ptr<kernels::CommCompute> compute =
-        cuda ? kernels::make_cuda_comm_compute(ctx->device().index) : kernels::make_cpu_comm_compute();
-    std::unique_ptr<Transport> transport =
-        cuda ? adopt_nccl_transport(native, ctx->device().index) : adopt_mpi_transport(native);
+    std::unique_ptr<kernels::CommCompute> compute = ctx->backend().make_comm_compute();
+    std::unique_ptr<kernels::Transport> transport = ctx->backend().adopt_comm_transport(native);
     return std::shared_ptr<Communicator>(new Communicator(std::move(ctx), std::move(compute), std::move(transport)));
 }
 

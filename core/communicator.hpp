@@ -15,6 +15,9 @@
 
 namespace fp8amp::core {
 
+using kernels::Transport;
+
+
 class Tensor;
 
 struct CommReduceOptions {

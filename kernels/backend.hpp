@@ -27,6 +27,9 @@
 
 namespace fp8amp::kernels {
 
+class CommCompute;  // comm.hpp
+class Transport;    // comm_transport.hpp
+
 class Backend {
 public:
     virtual ~Backend() = default;
@@ -132,6 +135,19 @@ public:
     virtual Graph end_capture(void *stream) = 0;
     virtual void abort_capture(void *stream) noexcept = 0;
     virtual void launch_graph(const Graph &graph, void *stream) = 0;
+
+    // ---- communicators (docs/communicator.md): what a communicator of this device is made of -------
+    // The id one rank makes and every rank passes to make_comm_transport (CPU: random bytes with a
+    // tag, checked there; CUDA: NCCL's own ncclUniqueId).
+    virtual void comm_unique_id(fp8amp_comm_unique_id *id) const = 0;
+    // The device compute of the collectives (quantize, fixed-order FP32 accumulation, requantize).
+    virtual std::unique_ptr<CommCompute> make_comm_compute() const = 0;
+    // The transport between the ranks (CPU: local for one rank, else MPI; CUDA: NCCL), for this
+    // process's rank of nranks; compute serves a local transport's copies.
+    virtual std::unique_ptr<Transport> make_comm_transport(const fp8amp_comm_unique_id &id, int nranks, int rank,
+                                                           CommCompute &compute) const = 0;
+    // A transport over the caller's own communicator (CPU: a pointer to an MPI_Comm; CUDA: an ncclComm_t).
+    virtual std::unique_ptr<Transport> adopt_comm_transport(void *native) const = 0;
 
 protected:
     explicit Backend(fp8amp_device device) : device_(device) {}

@@ -6,6 +6,8 @@
 #include <cstring>
 
 #include "backend.hpp"
+#include "comm.hpp"
+#include "comm_transport.hpp"
 #include "error.hpp"
 #include "kernels.hpp"
 
@@ -107,6 +109,22 @@ public:
     Graph end_capture(void *) override { no_graphs(); }
     void abort_capture(void *) noexcept override {}
     void launch_graph(const Graph &, void *) override { no_graphs(); }
+
+    void comm_unique_id(fp8amp_comm_unique_id *id) const override { mpi_unique_id(id); }
+    std::unique_ptr<CommCompute> make_comm_compute() const override { return make_cpu_comm_compute(); }
+    std::unique_ptr<Transport> make_comm_transport(const fp8amp_comm_unique_id &id, int nranks, int rank,
+                                                   CommCompute &compute) const override {
+        check_cpu_unique_id(id);
+        // One rank needs no MPI: a send to itself is a copy.
+        if (nranks == 1) return make_local_transport(copy_on_host, &compute);
+        return make_mpi_transport(id, nranks, rank);
+    }
+    std::unique_ptr<Transport> adopt_comm_transport(void *native) const override { return adopt_mpi_transport(native); }
+
+private:
+    static void copy_on_host(void *compute, void *dst, const void *src, size_t n, void *stream) {
+        static_cast<CommCompute *>(compute)->copy_async(dst, src, n, stream);
+    }
 };
 
 int cpu_device_count(std::string *) { return 1; }

@@ -5,6 +5,8 @@
 // plan cache), made on first use; memory core allocates through the context's allocator (the GEMM
 // workspace, the column-sum partials, the amax word, the optimizer's partials) comes in as arguments.
 #include "backend.hpp"
+#include "comm.hpp"
+#include "comm_transport.hpp"
 #include "error.hpp"
 #include "kernels.hpp"
 
@@ -134,6 +136,16 @@ public:
     void abort_capture(void *stream) noexcept override { cuda::abort_capture(index(), stream); }
     void launch_graph(const Graph &graph, void *stream) override {
         cuda::launch_graph(*static_cast<cuda::GraphExec *>(graph.get()), stream);
+    }
+
+    void comm_unique_id(fp8amp_comm_unique_id *id) const override { nccl_unique_id(id); }
+    std::unique_ptr<CommCompute> make_comm_compute() const override { return make_cuda_comm_compute(index()); }
+    std::unique_ptr<Transport> make_comm_transport(const fp8amp_comm_unique_id &id, int nranks, int rank,
+                                                   CommCompute &) const override {
+        return make_nccl_transport(id, nranks, rank, index());
+    }
+    std::unique_ptr<Transport> adopt_comm_transport(void *native) const override {
+        return adopt_nccl_transport(native, index());
     }
 
 private:

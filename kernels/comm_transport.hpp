@@ -1,6 +1,6 @@
 // The transport of a communicator: the few collective primitives the FP8 algorithm of
 // core/communicator.cpp needs, over memory of the communicator's device. Implementations: local (one
-// rank, no library), MPI (CPU tensors; core/comm_mpi.cpp) and NCCL (CUDA tensors; core/comm_nccl.cpp).
+// rank, no library), MPI (CPU tensors; kernels/cpu/mpi_transport.cpp) and NCCL (CUDA tensors; kernels/cuda/nccl_transport.cpp).
 // Operations are enqueued on `stream` (NCCL) or complete before returning (MPI, local). A failure
 // throws fp8amp::Error (COMM for MPI, NCCL for NCCL) and leaves the transport failed: every later
 // call throws COMM with the first failure's message.
@@ -14,7 +14,7 @@
 
 #include "fp8amp/fp8amp.h"
 
-namespace fp8amp::core {
+namespace fp8amp::kernels {
 
 class Transport {
 public:
@@ -66,17 +66,17 @@ public:
 std::unique_ptr<Transport> make_local_transport(void (*copy)(void *ctx, void *dst, const void *src, size_t n, void *stream),
                                                 void *copy_ctx);
 
-// MPI (core/comm_mpi.cpp, or NOT_SUPPORTED stubs in a build without MPI).
+// MPI (kernels/cpu/mpi_transport.cpp, or NOT_SUPPORTED stubs in a build without MPI).
 bool mpi_available(std::string *why);
 void mpi_unique_id(fp8amp_comm_unique_id *id);  // also without MPI (one-rank communicators)
 void check_cpu_unique_id(const fp8amp_comm_unique_id &id);
 std::unique_ptr<Transport> make_mpi_transport(const fp8amp_comm_unique_id &id, int nranks, int rank);
 std::unique_ptr<Transport> adopt_mpi_transport(const void *mpi_comm);
 
-// NCCL (core/comm_nccl.cpp, or NOT_SUPPORTED stubs in a build without CUDA/NCCL).
+// NCCL (kernels/cuda/nccl_transport.cpp, or NOT_SUPPORTED stubs in a build without CUDA/NCCL).
 bool nccl_available(std::string *why);
 void nccl_unique_id(fp8amp_comm_unique_id *id);
 std::unique_ptr<Transport> make_nccl_transport(const fp8amp_comm_unique_id &id, int nranks, int rank, int device);
 std::unique_ptr<Transport> adopt_nccl_transport(void *nccl_comm, int device);
 
-}  // namespace fp8amp::core
+}  // namespace fp8amp::kernels

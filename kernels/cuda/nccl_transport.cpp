@@ -13,7 +13,7 @@
 #include <cstring>
 #endif
 
-namespace fp8amp::core {
+namespace fp8amp::kernels {
 
 #if FP8AMP_HAVE_NCCL
 namespace {
@@ -168,4 +168,4 @@ std::unique_ptr<Transport> adopt_nccl_transport(void *, int) { fail(FP8AMP_ERROR
 
 #endif
 
-}  // namespace fp8amp::core
+}  // namespace fp8amp::kernels

@@ -5,7 +5,7 @@
 #include "comm_transport.hpp"
 #include "error.hpp"
 
-namespace fp8amp::core {
+namespace fp8amp::kernels {
 namespace {
 
 class LocalTransport final : public Transport {
@@ -61,4 +61,4 @@ std::unique_ptr<Transport> make_local_transport(void (*copy)(void *, void *, con
     return std::make_unique<LocalTransport>(copy, copy_ctx);
 }
 
-}  // namespace fp8amp::core
+}  // namespace fp8amp::kernels

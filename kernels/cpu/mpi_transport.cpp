@@ -28,7 +28,7 @@
 #include <vector>
 #endif
 
-namespace fp8amp::core {
+namespace fp8amp::kernels {
 
 namespace {
 constexpr char kMpiIdTag[16] = "fp8amp-mpi-id1";
@@ -302,4 +302,4 @@ std::unique_ptr<Transport> adopt_mpi_transport(const void *) { fail(FP8AMP_ERROR
 
 #endif
 
-}  // namespace fp8amp::core
+}  // namespace fp8amp::kernels
