@@ -4,8 +4,7 @@
 set(FP8AMP_MPI "AUTO" CACHE STRING "Build the MPI backend of the CPU communicator: AUTO (when MPI is found), ON or OFF")
 set_property(CACHE FP8AMP_MPI PROPERTY STRINGS AUTO ON OFF)
 
-target_sources(fp8amp PRIVATE capi/api_comm.cpp core/communicator.cpp kernels/comm_local.cpp
-                              kernels/cpu/mpi_transport.cpp kernels/cuda/nccl_transport.cpp kernels/cpu/comm.cpp)
+# The sources are in CMakeLists.txt's FP8AMP_SOURCES (the fuzzers' library builds them too).
 
 # ---- MPI -----------------------------------------------------------------------------------------
 set(FP8AMP_HAVE_MPI OFF)
@@ -26,14 +25,9 @@ message(STATUS "fp8amp: MPI communicator ${FP8AMP_HAVE_MPI}")
 
 # ---- NCCL and the CUDA kernels --------------------------------------------------------------------
 # FP8AMP_HAVE_NCCL and the imported target fp8amp::nccl come from CMakeLists.txt (option FP8AMP_NCCL).
-if(FP8AMP_HAVE_CUDA)
-  target_sources(fp8amp PRIVATE kernels/cuda/comm.cu)
-  if(FP8AMP_HAVE_NCCL)
-    set_source_files_properties(kernels/cuda/nccl_transport.cpp PROPERTIES COMPILE_DEFINITIONS "FP8AMP_HAVE_NCCL=1")
-    target_link_libraries(fp8amp PRIVATE fp8amp::nccl)
-  endif()
-else()
-  target_sources(fp8amp PRIVATE kernels/cuda/comm_disabled.cpp)
+if(FP8AMP_HAVE_CUDA AND FP8AMP_HAVE_NCCL)
+  set_source_files_properties(kernels/cuda/nccl_transport.cpp PROPERTIES COMPILE_DEFINITIONS "FP8AMP_HAVE_NCCL=1")
+  target_link_libraries(fp8amp PRIVATE fp8amp::nccl)
 endif()
 message(STATUS "fp8amp: NCCL communicator ${FP8AMP_HAVE_NCCL}")
 
