@@ -13,13 +13,19 @@
  * stay identical: a checksum of every parameter's bytes (and scale_inv) is compared across ranks
  * every --check-every steps and at the end, and the run fails if any rank differs.
  *
- * The delayed-scaling metas (the amax histories of the Linears' inputs and output gradients) stay per
- * rank, as they do without an amax reduction in other FP8 frameworks: each rank scales its slice by
- * its slice's amax history. This and the per-rank FP8 rounding of the partial gradients on the wire
- * are where nranks > 1 differs from the reference (docs/communicator.md gives the measured size).
+ * The delayed-scaling metas (the amax histories of the Linears' inputs and output gradients) record
+ * each rank's slice. After each step's update the ranks agree on their scales: the minimum over ranks
+ * of each meta's scale (one MPI_Allreduce of 4 floats), which is the scale of the largest amax, i.e.
+ * the scale the single process computes from the combined batch (a scale is fp8_max / amax of the
+ * history, non-increasing in the amax), like Transformer Engine's amax reduction over the data-
+ * parallel group; then every rank also evaluates the held-out set identically (checked). With
+ * --local-scales each rank keeps its own scales (its evaluation may then differ from rank 0's). What
+ * remains different from the reference is the FP8 rounding of each rank's partial gradient on the
+ * wire, and of its slice's activations and output gradients (docs/communicator.md: measured sizes).
  *
  * Usage: [mpirun -n N] fp8amp_data_parallel --data FILE [--epochs N] [--steps N] [--batch B]
  *                                           [--check-every N] [--opt-level O1|O2] [--seed S]
+ *                                           [--local-scales]
  *   --steps N stops after N optimizer steps in all (the test); --batch is the global batch (60 by
  *   default: divisible by 1..6 ranks), a multiple of the number of ranks; --seed varies the split,
  *   the initial weights and the batch order (0, the default: the main job's).
@@ -54,6 +60,34 @@ static uint64_t fnv1a(uint64_t h, const void *p, size_t n) {
     const unsigned char *b = p;
     for (size_t i = 0; i < n; ++i) h = (h ^ b[i]) * 0x100000001B3ull;
     return h;
+}
+
+/* The delayed-scaling agreement: each meta's scale becomes the minimum over ranks (see the top). */
+static void agree_on_scales(fp8amp_scaling *metas, int n) {
+#ifdef FP8AMP_EXAMPLE_HAVE_MPI
+    float scales[8];
+    if (g_nranks == 1) return;
+    for (int i = 0; i < n; ++i) CHECK(fp8amp_scaling_get(metas[i], &scales[i], NULL, NULL));
+    MPI_Allreduce(MPI_IN_PLACE, scales, n, MPI_FLOAT, MPI_MIN, MPI_COMM_WORLD);
+    for (int i = 0; i < n; ++i) CHECK(fp8amp_scaling_set_scale(metas[i], scales[i]));
+#else
+    (void)metas;
+    (void)n;
+#endif
+}
+
+/* Whether v is the same (bit for bit) on every rank. */
+static int same_on_all_ranks(double v) {
+#ifdef FP8AMP_EXAMPLE_HAVE_MPI
+    if (g_nranks > 1) {
+        double lo = v, hi = v;
+        MPI_Allreduce(MPI_IN_PLACE, &lo, 1, MPI_DOUBLE, MPI_MIN, MPI_COMM_WORLD);
+        MPI_Allreduce(MPI_IN_PLACE, &hi, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+        return memcmp(&lo, &hi, sizeof lo) == 0;
+    }
+#endif
+    (void)v;
+    return 1;
 }
 
 static uint64_t hash_tensor(uint64_t h, fp8amp_tensor t) {
@@ -109,7 +143,7 @@ int main(int argc, char **argv) {
     MPI_Comm_size(MPI_COMM_WORLD, &g_nranks);
 #endif
     const char *data_path = NULL, *level = "O1";
-    int epochs = 10, global_batch = 60, check_every = 10;
+    int epochs = 10, global_batch = 60, check_every = 10, local_scales = 0;
     long max_steps = -1;
     unsigned long long seed = 0;
     for (int i = 1; i < argc; ++i) {
@@ -120,13 +154,14 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--check-every") && i + 1 < argc) check_every = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--opt-level") && i + 1 < argc) level = argv[++i];
         else if (!strcmp(argv[i], "--seed") && i + 1 < argc) seed = strtoull(argv[++i], NULL, 10);
+        else if (!strcmp(argv[i], "--local-scales")) local_scales = 1;
         else data_path = NULL, i = argc;
     }
     if (!data_path || epochs < 1 || global_batch < 1 || check_every < 1 || max_steps == 0 ||
         (strcmp(level, "O1") && strcmp(level, "O2"))) {
         if (g_rank == 0)
             fprintf(stderr,
-                    "usage: %s --data FILE [--epochs N] [--steps N] [--batch B] [--check-every N] [--opt-level O1|O2] [--seed S]\n",
+                    "usage: %s --data FILE [--epochs N] [--steps N] [--batch B] [--check-every N] [--opt-level O1|O2] [--seed S] [--local-scales]\n",
                     argv[0]);
         return 2;
     }
@@ -173,7 +208,8 @@ int main(int argc, char **argv) {
     if (g_rank == 0) {
         printf("fp8amp data-parallel: %d rank%s, global batch %d (%d per rank), FP8 %s on the CPU, AdamW lr 3e-3\n",
                g_nranks, g_nranks > 1 ? "s" : "", global_batch, local_batch, level);
-        printf("gradients: one fp8amp_comm_all_reduce of 4 tensors per step (E4M3 wire, mean)\n");
+        printf("gradients: one fp8amp_comm_all_reduce of 4 tensors per step (E4M3 wire, mean); delayed scales %s\n",
+               local_scales ? "per rank" : "agreed across ranks (min)");
         printf("%6s %10s %10s\n", "epoch", "loss", "acc");
     }
     int *perm = malloc(sizeof(int) * n_train);
@@ -195,6 +231,7 @@ int main(int argc, char **argv) {
             int c = 0;
             loss += net_grad(&m, xb, yb, classes, &c);
             correct += c;
+            if (!local_scales) agree_on_scales(m.metas, 4);
             CHECK(fp8amp_comm_all_reduce(comm, 4, bucket, bucket, &rd)); /* in place */
             CHECK(fp8amp_optimizer_step(m.opt, NULL));
             if (++step % check_every == 0) checksum = check_params_agree(&m, step);
@@ -212,11 +249,15 @@ int main(int argc, char **argv) {
     CHECK(fp8amp_comm_get_saturated(comm, &saturated));
     double test_loss;
     const double acc = net_accuracy(&m, xs + (size_t)n_train * cols, ys + n_train, n_test, classes, &test_loss);
+    const int eval_agrees = same_on_all_ranks(test_loss) && same_on_all_ranks(acc);
+    if (!local_scales && !eval_agrees) die("the ranks' held-out evaluations differ despite agreed scales", NULL);
     if (g_rank == 0) {
         printf("steps %ld, gradient elements saturated on the wire: %llu\n", step, (unsigned long long)saturated);
         printf("final held-out loss %.6f accuracy %.2f%% (%d samples)\n", test_loss, 100 * acc, n_test);
         printf("parameters identical on all %d rank%s (checksum %016llx)\n", g_nranks, g_nranks > 1 ? "s" : "",
                (unsigned long long)checksum);
+        printf("held-out evaluation %s (scales %s)\n", eval_agrees ? "identical on all ranks" : "differs across ranks",
+               local_scales ? "per rank" : "agreed");
     }
     CHECK(fp8amp_comm_destroy(comm));
     net_free(&m);
