@@ -216,6 +216,7 @@ int main(int argc, char **argv) {
     if (!perm) die("out of memory", NULL);
     for (int i = 0; i < n_train; ++i) perm[i] = i;
     const int batches = n_train / global_batch; /* the remainder of each shuffled epoch is skipped */
+    if (batches == 0) die("--batch is larger than the training set", NULL);
     long step = 0;
     uint64_t checksum = 0;
     for (int epoch = 1; epoch <= epochs && step != max_steps; ++epoch) {
