@@ -31,6 +31,12 @@ if(FP8AMP_HAVE_CUDA AND FP8AMP_HAVE_NCCL)
 endif()
 message(STATUS "fp8amp: NCCL communicator ${FP8AMP_HAVE_NCCL}")
 
+# ---- the data-parallel example (examples/CMakeLists.txt, added before this file) -----------------
+if(TARGET fp8amp_data_parallel AND FP8AMP_HAVE_MPI)
+  target_compile_definitions(fp8amp_data_parallel PRIVATE FP8AMP_EXAMPLE_HAVE_MPI=1 OMPI_SKIP_MPICXX=1 MPICH_SKIP_MPICXX=1)
+  target_link_libraries(fp8amp_data_parallel PRIVATE MPI::MPI_C)
+endif()
+
 # ---- tests under mpirun ---------------------------------------------------------------------------
 if(FP8AMP_BUILD_TESTS AND FP8AMP_HAVE_MPI)
   add_subdirectory(tests/mpi)
