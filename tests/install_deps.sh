@@ -37,6 +37,11 @@ case " $* " in *" python "*)
     python3 -m pip install -q numpy ml_dtypes 2>/dev/null \
       || { $fp8amp_sudo apt-get update -qq && $fp8amp_sudo apt-get install -y -qq python3-numpy python3-ml-dtypes; }
   fi
+  # scikit-learn ships the dataset of the main job and of the data-parallel example's check
+  if ! python3 -c "import sklearn" 2>/dev/null; then
+    python3 -m pip install -q scikit-learn 2>/dev/null \
+      || { $fp8amp_sudo apt-get update -qq && $fp8amp_sudo apt-get install -y -qq python3-sklearn; }
+  fi
   if ! python3 -c "import cffi, pytest, setuptools, wheel" 2>/dev/null; then
     python3 -m pip install -q cffi pytest setuptools wheel 2>/dev/null \
       || { $fp8amp_sudo apt-get update -qq \
