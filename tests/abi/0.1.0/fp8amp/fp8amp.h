@@ -272,7 +272,7 @@ FP8AMP_API fp8amp_status fp8amp_tensor_to_dlpack(fp8amp_tensor t, struct DLManag
 FP8AMP_API fp8amp_status fp8amp_cast(fp8amp_context ctx, fp8amp_tensor src, fp8amp_tensor dst);
 
 /* ---------------------------------------------------------------------------------------------
- * Recipes and scaling meta (DESIGN.md section 4)
+ * Recipes and scaling meta (docs/design.md section 4)
  * ------------------------------------------------------------------------------------------- */
 
 typedef enum fp8amp_format {
@@ -557,13 +557,13 @@ FP8AMP_API fp8amp_status fp8amp_linear_graph_replays(fp8amp_linear lin, uint64_t
 
 /* ---------------------------------------------------------------------------------------------
  * Adam / AdamW with low-precision state (O1/O2/O3), dynamic loss scaling, checkpoints
- * (DESIGN.md section 3; docs/api.md section 12; numerics in docs/numerics.md)
+ * (docs/design.md section 3; docs/api.md section 12; numerics in docs/numerics.md)
  * ------------------------------------------------------------------------------------------- */
 
 typedef struct fp8amp_optimizer_s *fp8amp_optimizer;
 typedef struct fp8amp_grad_scaler_s *fp8amp_grad_scaler;
 
-/** Optimization levels (MS-AMP's meaning, DESIGN.md section 1). */
+/** Optimization levels (MS-AMP's meaning, docs/design.md section 1). */
 typedef enum fp8amp_opt_level {
     FP8AMP_OPT_LEVEL_O1 = 1, /**< Adam m and v in F32 */
     FP8AMP_OPT_LEVEL_O2 = 2, /**< m in E4M3, v in F16, each with per-block power-of-two scales */
@@ -752,7 +752,7 @@ FP8AMP_API fp8amp_status fp8amp_grad_scaler_update(fp8amp_grad_scaler scaler, fp
  * ------------------------------------------------------------------------------------------- */
 
 /** Fills both descriptors (either may be NULL) with the defaults, then the level's choices
- *  (MS-AMP's table, DESIGN.md section 1): FP8 GEMMs and E4M3 weight gradients at every level;
+ *  (MS-AMP's table, docs/design.md section 1): FP8 GEMMs and E4M3 weight gradients at every level;
  *  weights in scaled F16 (O1, O2) or E4M3 (O3); Adam state F32 + F32 (O1), E4M3 + F16 (O2, O3);
  *  an F16 master copy (O3). in_features and out_features stay 0: set them.
  *  Statuses: SUCCESS; INVALID_ARGUMENT (both NULL, unknown level). */
