@@ -54,6 +54,17 @@ CommReduceOptions options_of(const fp8amp_comm_reduce_desc *caller) {
     return o;
 }
 
+// The desc's options, or the error it gives kept in `error`: raised inside the cross-rank agreement,
+// so that a bad desc on one rank fails the call on every rank instead of leaving the others waiting.
+CommReduceOptions options_or_deferred_error(const fp8amp_comm_reduce_desc *desc, std::exception_ptr &error) {
+    try {
+        return options_of(desc);
+    } catch (...) {
+        error = std::current_exception();
+        return CommReduceOptions{};
+    }
+}
+
 }  // namespace
 
 extern "C" {
@@ -145,13 +156,8 @@ FP8AMP_API fp8amp_status fp8amp_comm_all_reduce(fp8amp_comm comm, int32_t n, con
                                                 const fp8amp_tensor *outputs, const fp8amp_comm_reduce_desc *desc) {
     return fp8amp::capi::guarded(__func__, [&]() {
         auto c = lookup<Communicator>(comm, "comm");
-        CommReduceOptions o;  // a bad desc: refused with the default check, so that the others hear of it
-        std::exception_ptr desc_error;
-        try {
-            o = options_of(desc);
-        } catch (...) {
-            desc_error = std::current_exception();
-        }
+        std::exception_ptr desc_error;  // a bad desc: refused with the default check, so that the others hear of it
+        const CommReduceOptions o = options_or_deferred_error(desc, desc_error);
         std::vector<std::shared_ptr<Tensor>> in, out;
         c->agreed(o.check, "fp8amp_comm_all_reduce", [&] {
             if (desc_error) std::rethrow_exception(desc_error);
@@ -170,13 +176,8 @@ FP8AMP_API fp8amp_status fp8amp_comm_reduce_scatter(fp8amp_comm comm, fp8amp_ten
                                                     const fp8amp_comm_reduce_desc *desc) {
     return fp8amp::capi::guarded(__func__, [&]() {
         auto c = lookup<Communicator>(comm, "comm");
-        CommReduceOptions o;
         std::exception_ptr desc_error;
-        try {
-            o = options_of(desc);
-        } catch (...) {
-            desc_error = std::current_exception();
-        }
+        const CommReduceOptions o = options_or_deferred_error(desc, desc_error);
         std::shared_ptr<Tensor> in, out;
         c->agreed(o.check, "fp8amp_comm_reduce_scatter", [&] {
             if (desc_error) std::rethrow_exception(desc_error);
@@ -192,13 +193,8 @@ FP8AMP_API fp8amp_status fp8amp_comm_all_gather(fp8amp_comm comm, fp8amp_tensor 
                                                 fp8amp_tensor output_scale_inv, const fp8amp_comm_reduce_desc *desc) {
     return fp8amp::capi::guarded(__func__, [&]() {
         auto c = lookup<Communicator>(comm, "comm");
-        CommReduceOptions o;
         std::exception_ptr desc_error;
-        try {
-            o = options_of(desc);
-        } catch (...) {
-            desc_error = std::current_exception();
-        }
+        const CommReduceOptions o = options_or_deferred_error(desc, desc_error);
         std::shared_ptr<Tensor> in, out, si;
         c->agreed(o.check, "fp8amp_comm_all_gather", [&] {
             if (desc_error) std::rethrow_exception(desc_error);
