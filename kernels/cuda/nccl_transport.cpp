@@ -10,7 +10,9 @@
 #include <nccl.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstring>
+#include <thread>
 #endif
 
 namespace fp8amp::kernels {
@@ -75,8 +77,9 @@ public:
         check_cuda(cudaMemcpyAsync(scratch, values, nbytes, cudaMemcpyHostToDevice, s), "cudaMemcpyAsync");
         call(ncclAllReduce(scratch, scratch, count, ncclUint64, ncclMax, comm_, s), "ncclAllReduce");
         check_cuda(cudaMemcpyAsync(values, scratch, nbytes, cudaMemcpyDeviceToHost, s), "cudaMemcpyAsync");
-        check_cuda(cudaStreamSynchronize(s), "cudaStreamSynchronize (the consistency check)");
+        wait(s, "the consistency check");
     }
+    void set_timeout(double seconds) override { timeout_s_ = seconds; }
     bool failed() const override { return aborted_.load() || !failure_.empty(); }
     // May come from another thread (a watchdog), as ncclCommAbort may: once, and only a flag besides.
     // An adopted communicator is the caller's to abort; this one only stops using it.
@@ -91,6 +94,33 @@ public:
     }
 
 private:
+    // Waits for the stream as cudaStreamSynchronize would, but never forever: NCCL kernels whose peer
+    // died or stopped taking part spin on the GPU, so a plain synchronize would hang the process.
+    // Polls the stream and ncclCommGetAsyncError (a network or remote error NCCL detected) until
+    // the timeout (fp8amp_comm_set_timeout, default 300 s); either failure aborts the communicator
+    // (ncclCommAbort stops its kernels, so the stream drains) and fails with NCCL.
+    void wait(cudaStream_t s, const char *what) {
+        const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s_);
+        for (long polls = 0;; ++polls) {
+            const cudaError_t q = cudaStreamQuery(s);
+            if (q == cudaSuccess) return;
+            if (q != cudaErrorNotReady) check_cuda(q, what);
+            ncclResult_t async = ncclSuccess;
+            if (ncclCommGetAsyncError(comm_, &async) == ncclSuccess && async != ncclSuccess && async != ncclInProgress)
+                fail_and_abort(std::string(what) + ": NCCL reported an asynchronous error: " + ncclGetErrorString(async));
+            if (std::chrono::steady_clock::now() > deadline)
+                fail_and_abort(std::string(what) + " timed out after " + std::to_string(timeout_s_) + " s on rank " +
+                               std::to_string(rank_) + " of " + std::to_string(nranks_) +
+                               ": a peer died or stopped taking part");
+            // Spin briefly for latency, then sleep between polls.
+            if (polls > 2000) std::this_thread::sleep_for(std::chrono::microseconds(50));
+        }
+    }
+    [[noreturn]] void fail_and_abort(const std::string &msg) {
+        failure_ = msg;
+        abort();
+        fail(FP8AMP_ERROR_NCCL, msg + "; the communicator was aborted: destroy it");
+    }
     void check_alive() const {
         if (aborted_.load()) fail(FP8AMP_ERROR_COMM, "the communicator was aborted (fp8amp_comm_abort): destroy it");
         if (!failure_.empty()) fail(FP8AMP_ERROR_COMM, "the communicator failed earlier: " + failure_ + "; destroy it");
@@ -111,6 +141,7 @@ private:
     int rank_ = 0, nranks_ = 1;
     std::atomic<bool> aborted_{false};
     std::string failure_;
+    double timeout_s_ = 300.0;
 };
 
 void nccl_check(ncclResult_t r, const char *what) {

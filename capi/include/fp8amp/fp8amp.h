@@ -986,9 +986,12 @@ FP8AMP_API fp8amp_status fp8amp_comm_rank(fp8amp_comm comm, int32_t *rank);
 /** The number of ranks. Statuses: SUCCESS; INVALID_HANDLE; INVALID_ARGUMENT (NULL nranks). */
 FP8AMP_API fp8amp_status fp8amp_comm_size(fp8amp_comm comm, int32_t *nranks);
 
-/** How long an MPI operation waits for its peers before the call fails with COMM and the
- *  communicator is marked failed (a rank that died or stopped taking part); default 300 s.
- *  seconds > 0. NCCL operations are asynchronous and are not timed here (use fp8amp_comm_abort).
+/** How long an operation waits for its peers before the call fails and the communicator is marked
+ *  failed (a rank that died or stopped taking part); default 300 s. seconds > 0. MPI: every
+ *  operation (status COMM). NCCL: the waits on the host, i.e. the cross-rank argument check (status
+ *  NCCL; an error NCCL reports asynchronously fails it too); the communicator is then aborted
+ *  (ncclCommAbort, when it was created here). Enqueued NCCL work is not timed by the host: a watchdog
+ *  calls fp8amp_comm_abort.
  *  Statuses: SUCCESS; INVALID_HANDLE; INVALID_ARGUMENT (seconds not > 0 or not finite). */
 FP8AMP_API fp8amp_status fp8amp_comm_set_timeout(fp8amp_comm comm, double seconds);
 

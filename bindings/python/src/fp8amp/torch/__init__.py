@@ -30,7 +30,8 @@ from fp8amp.errors import DtypeMismatchError, check
 from fp8amp.linear import GemmPolicy, Role, _as_policy
 from fp8amp.optim import AdamConfig, as_opt_level
 
-__all__ = ["Linear", "initialize", "Optimizer", "GradScaler", "all_reduce_grads", "context", "to_fp8amp"]
+__all__ = ["Linear", "initialize", "Optimizer", "GradScaler", "all_reduce_grads", "communicator", "context",
+           "to_fp8amp"]
 
 _DT = {torch.float32: int(fp8amp.F32), torch.float16: int(fp8amp.F16), torch.bfloat16: int(fp8amp.BF16),
        torch.float8_e4m3fn: int(fp8amp.E4M3), torch.float8_e5m2: int(fp8amp.E5M2)}
@@ -804,27 +805,79 @@ class GradScaler:
         self._scaler.load_state_dict(state)
 
 
-def all_reduce_grads(model: nn.Module, group: Any = None) -> None:
+_COMMS: Dict[Tuple[str, int], fp8amp.Communicator] = {}
+
+
+def communicator(device: Any, group: Any = None) -> fp8amp.Communicator:
+    """fp8amp's communicator (FP8 on the wire, docs/communicator.md) over the ranks of torch.distributed's
+    `group` (the default group when None) on a CUDA `device`: made on first use -- collectively: every
+    rank of the group must ask for it the first time -- with its NCCL id broadcast through the group,
+    then cached for that device and group. Rank r of the group is rank r of the communicator."""
+    import torch.distributed as dist
+
+    d = _norm_device(device)
+    if d.type != "cuda":
+        raise fp8amp.NotSupportedError(int(lib.FP8AMP_ERROR_NOT_SUPPORTED),
+            "fp8amp.torch.communicator: %s is not a CUDA device; the CPU communicator runs over MPI "
+            "(processes started by mpirun), not over torch.distributed's processes" % d)
+    key = (str(d), id(group))
+    comm = _COMMS.get(key)
+    if comm is None or comm.closed:
+        ctx = context(d)
+        world, rank = dist.get_world_size(group), dist.get_rank(group)
+        box = [fp8amp.Communicator.unique_id(ctx) if rank == 0 else None]
+        src = 0 if group is None else dist.get_global_rank(group, 0)
+        dist.broadcast_object_list(box, src=src, group=group)
+        comm = fp8amp.Communicator(ctx, box[0], world, rank)
+        comm._group = group  # type: ignore[attr-defined]  # keeps the key's id(group) from being reused
+        _COMMS[key] = comm
+    return comm
+
+
+def all_reduce_grads(model: nn.Module, group: Any = None, *, fp8_wire: bool = True) -> None:
     """Averages every gradient of `model` over torch.distributed's `group` (the default group when
-    None): torch-visible grads (bf16/f32) with one all_reduce each, and each fp8amp.torch.Linear's
-    E4M3 weight gradient by dequantizing it to float32, all-reducing that, and quantizing the mean
-    back with the gradient's meta (current scaling). Call after backward, before step. FP8 on the
-    wire waits for fp8amp's communicator."""
+    None). Call after backward, before step, on every rank.
+
+    On CUDA with ``fp8_wire`` (the default), the E4M3 weight gradients of the fp8amp.torch.Linear
+    layers go in one bucket through fp8amp's communicator (FP8 on the wire, FP32 accumulation in rank
+    order, one agreed scale per tensor; every rank gets identical bytes; docs/communicator.md), in
+    place: each keeps its codes' new scale_inv. The other gradients (biases, norms, embeddings,
+    BF16/F32 weight gradients) keep their dtype and go through torch.distributed, coalesced into one
+    all_reduce per dtype and device. Without ``fp8_wire``, or on the CPU, the E4M3 weight gradients are
+    dequantized to float32, all-reduced through torch.distributed and quantized back."""
     import torch.distributed as dist
 
     world = dist.get_world_size(group)
     seen = set()
+    buckets: Dict[str, List[Tuple[Linear, fp8amp.Tensor]]] = {}
     for mod in model.modules():
         if isinstance(mod, Linear) and mod._lin.weight_grad.dtype == fp8amp.E4M3:
+            seen.add(id(mod.weight))
+            if fp8_wire and mod._device.type == "cuda":
+                buckets.setdefault(str(mod._device), []).append((mod, mod._lin.weight_grad))
+                continue
             g = mod.dequantized_weight_grad()
             dist.all_reduce(g, group=group)
             g.div_(world)
             _on_current_stream(mod._ctx, mod._device)
             # same stream as the reduction's consumer; g's memory is reused only after this kernel
             fp8amp.quantize(mod._ctx, to_fp8amp(g, mod._ctx), mod._lin.weight_grad)
-            seen.add(id(mod.weight))
+    for dev, items in buckets.items():
+        comm = communicator(dev, group)
+        _on_current_stream(comm.context, _norm_device(dev))
+        grads = [g for _, g in items]
+        comm.all_reduce(grads, grads)
+    # The rest in its own dtype: one flat buffer per (device, dtype), so one collective each.
+    rest: Dict[Tuple[str, torch.dtype], List[torch.Tensor]] = {}
     for p in model.parameters():
         if id(p) in seen or p.grad is None:
             continue
-        dist.all_reduce(p.grad, group=group)
-        p.grad.div_(world)
+        rest.setdefault((str(p.grad.device), p.grad.dtype), []).append(p.grad)
+    for grads in rest.values():
+        flat = torch.cat([g.reshape(-1) for g in grads])
+        dist.all_reduce(flat, group=group)
+        flat.div_(world)
+        offset = 0
+        for g in grads:
+            g.copy_(flat[offset:offset + g.numel()].view_as(g))
+            offset += g.numel()

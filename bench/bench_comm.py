@@ -1,0 +1,248 @@
+"""fp8amp's FP8 gradient all-reduce against NCCL on the same GPUs, in one run (issue 17).
+
+    python3 bench/bench_comm.py --lib build/libfp8amp.so --out comm.json [--elements 268435456]
+                                [--nranks 2] [--commit sha]
+
+Starts one process per GPU (rank r on cuda:r). Every rank holds its own BF16 "gradients" (normal
+values with a few orders of magnitude of spread, different on every rank), and each method reduces
+the same data to the mean over ranks, out of place, timed with CUDA events on the rank's stream
+(median of the iterations; every rank waits for the others before each method):
+
+- ``nccl.bf16``, ``nccl.f32``: ncclAllReduce SUM of the BF16 data, and of it converted to F32 (the
+  conversion not timed), then the division by N (timed, as a framework must do it);
+- ``nccl.e4m3.wire``: ncclAllReduce SUM with NCCL's native ncclFloat8e4m3 of data already in E4M3:
+  the wire alone, no amax, no cast (the floor for any FP8 all-reduce on these links);
+- ``nccl.e4m3.torch_casts``: what a framework does with native E4M3 for BF16 gradients: amax, an
+  all-reduce MAX of it, cast to E4M3 with scale 448 / (amax * N) (so that the sum cannot overflow),
+  ncclAllReduce SUM in E4M3, cast back to BF16 and unscale (eager torch ops, unfused);
+- ``fp8amp.e4m3``: fp8amp_comm_all_reduce of the BF16 tensor into a BF16 output (agreed scale,
+  quantize, FP8 reduce-scatter, FP32 accumulation in rank order, requantize, FP8 all-gather,
+  dequantize: all included), with the cross-rank argument check (``check=1``, the default) and
+  without it (``check=0``).
+
+NCCL is called through ctypes on the libnccl that libfp8amp links (so that every method uses one
+NCCL build); torch.distributed (gloo) only exchanges the ids and the results. Errors are measured
+against the exact mean (the F32 sum of BF16 values of up to 8 ranks is exact here: their exponents
+span far less than F32's 24 bits), as a relative RMS and as the largest error over the largest |mean|.
+Bus bandwidth is NCCL's definition, (bytes / time) * 2 (N - 1) / N, with the bytes the data type
+puts on the wire (2 for BF16, 1 for FP8); fp8amp's is also given as a fraction of NCCL BF16's.
+"""
+import argparse
+import ctypes
+import datetime
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+NCCL_SUM, NCCL_MAX = 0, 2
+NCCL_FLOAT32, NCCL_BF16, NCCL_E4M3 = 7, 9, 10  # ncclDataType_t (nccl.h 2.24+)
+
+
+class NcclUniqueId(ctypes.Structure):
+    _fields_ = [("internal", ctypes.c_char * 128)]
+
+
+def nccl_path(lib_path):
+    """The libnccl that libfp8amp was linked with (ldd), so that both sides use one NCCL build."""
+    out = subprocess.run(["ldd", lib_path], capture_output=True, text=True).stdout
+    m = re.search(r"libnccl\.so\.\d+ => (\S+)", out)
+    if not m:
+        raise SystemExit(f"{lib_path} does not link libnccl (built without NCCL?):\n{out}")
+    return m.group(1)
+
+
+class Nccl:
+    def __init__(self, path):
+        self.lib = ctypes.CDLL(path)
+        v = ctypes.c_int()
+        self.check(self.lib.ncclGetVersion(ctypes.byref(v)), "ncclGetVersion")
+        self.version = v.value
+        self.lib.ncclCommInitRank.argtypes = [ctypes.c_void_p, ctypes.c_int, NcclUniqueId, ctypes.c_int]
+        self.lib.ncclAllReduce.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int,
+                                           ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p]
+        self.lib.ncclGetErrorString.restype = ctypes.c_char_p
+
+    def check(self, r, what):
+        if r != 0:
+            raise RuntimeError(f"{what}: {self.lib.ncclGetErrorString(r).decode()}")
+
+    def unique_id(self):
+        uid = NcclUniqueId()
+        self.check(self.lib.ncclGetUniqueId(ctypes.byref(uid)), "ncclGetUniqueId")
+        return bytes(uid.internal)
+
+    def comm(self, uid_bytes, nranks, rank):
+        uid = NcclUniqueId()
+        ctypes.memmove(ctypes.byref(uid), uid_bytes, 128)
+        c = ctypes.c_void_p()
+        self.check(self.lib.ncclCommInitRank(ctypes.byref(c), nranks, uid, rank), "ncclCommInitRank")
+        self.c = c
+
+    def all_reduce(self, src, dst, dtype, op):
+        self.check(self.lib.ncclAllReduce(src.data_ptr(), dst.data_ptr(), src.numel(), dtype, op, self.c,
+                                          torch.cuda.current_stream().cuda_stream), "ncclAllReduce")
+
+
+def timed(fn, iters, warmup):
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    dist.barrier()
+    times = []
+    for _ in range(iters):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b) * 1000.0)  # µs
+    dist.barrier()
+    return statistics.median(times), times
+
+
+def errors(y, exact):
+    d = (y.float() - exact)
+    return {"rel_rms": float(d.norm() / exact.norm()), "max_err_over_amax": float(d.abs().max() / exact.abs().max()),
+            "nonfinite": int((~torch.isfinite(y)).sum())}
+
+
+def rank_main(rank, args, store):
+    torch.cuda.set_device(rank)
+    dist.init_process_group("gloo", init_method="file://" + store, rank=rank, world_size=args.nranks)
+    N, n = args.nranks, args.elements
+    from fp8amp_bench import Lib
+    L = Lib(args.lib)
+    fp8amp = L.fp8amp
+    nccl = Nccl(nccl_path(args.lib))
+    box = [nccl.unique_id() if rank == 0 else None]
+    dist.broadcast_object_list(box, src=0)
+    nccl.comm(box[0], N, rank)
+
+    g = torch.Generator(device="cuda").manual_seed(1234 + rank)
+    # Normal values times a per-block power of two in [2^-6, 2^2]: gradients of different layers.
+    x = torch.randn(n, device="cuda", generator=g)
+    blocks = torch.randint(-6, 3, ((n + 65535) // 65536,), device="cuda", generator=g).float().exp2()
+    x = (x * blocks.repeat_interleave(65536)[:n]).to(torch.bfloat16)
+    del blocks
+    exact = torch.empty(n, device="cuda")
+    nccl.all_reduce(x.float(), exact, NCCL_FLOAT32, NCCL_SUM)
+    torch.cuda.synchronize()
+    exact /= N
+    out = torch.empty_like(x)
+    res = {}
+
+    def record(name, fn, y):
+        med, all_t = timed(fn, args.iters, args.warmup)
+        res[name] = {"us": med, "all_us": all_t, **errors(y, exact)}
+
+    record("nccl.bf16", lambda: (nccl.all_reduce(x, out, NCCL_BF16, NCCL_SUM), out.div_(N)), out)
+    x32, out32 = x.float(), torch.empty(n, device="cuda")
+    record("nccl.f32", lambda: (nccl.all_reduce(x32, out32, NCCL_FLOAT32, NCCL_SUM), out32.div_(N)), out32)
+    del x32, out32
+    amax0 = x.abs().max().float()
+    q = (x.float() * (448.0 / (amax0 * N))).to(torch.float8_e4m3fn)
+    qo = torch.empty_like(q)
+    record("nccl.e4m3.wire", lambda: nccl.all_reduce(q, qo, NCCL_E4M3, NCCL_SUM), (qo.float() * (amax0 * N / 448.0)) / N)
+
+    amax = torch.empty(1, device="cuda")
+
+    def native_casts():
+        amax.copy_(torch.linalg.vector_norm(x, float("inf")))
+        nccl.all_reduce(amax, amax, NCCL_FLOAT32, NCCL_MAX)
+        scale = 448.0 / (amax * N)
+        qq = x.float().mul_(scale).to(torch.float8_e4m3fn)  # eager torch: unfused casts
+        nccl.all_reduce(qq, qq, NCCL_E4M3, NCCL_SUM)
+        torch.mul(qq.float(), 1.0 / (scale * N), out=out)
+    record("nccl.e4m3.torch_casts", native_casts, out)
+    del q, qo
+
+    # fp8amp on the rank's current stream.
+    ffi, lib = L.ffi, L.lib
+    ctx = L.context(torch.cuda.current_stream())
+    uid_p = ffi.new("fp8amp_comm_unique_id *")
+    if rank == 0:
+        L("fp8amp_comm_unique_id_create", ctx, uid_p)
+    box = [bytes(ffi.buffer(uid_p)) if rank == 0 else None]
+    dist.broadcast_object_list(box, src=0)
+    ffi.memmove(uid_p, box[0], 128)
+    comm_p = ffi.new("fp8amp_comm *")
+    L("fp8amp_comm_create", ctx, uid_p, N, rank, comm_p)
+    comm = comm_p[0]
+    ins = ffi.new("fp8amp_tensor[]", [L.wrap(ctx, x, L.lib.FP8AMP_DTYPE_BF16)])
+    outs = ffi.new("fp8amp_tensor[]", [L.wrap(ctx, out, L.lib.FP8AMP_DTYPE_BF16)])
+    for check in (1, 0):
+        desc = L.init("fp8amp_comm_reduce_desc")
+        desc.check = check
+        record(f"fp8amp.e4m3{'' if check else '.nocheck'}",
+               lambda: L("fp8amp_comm_all_reduce", comm, 1, ins, outs, desc), out)
+    sat = ffi.new("uint64_t *")
+    L("fp8amp_comm_get_saturated", comm, sat)
+    res["fp8amp.e4m3"]["saturated"] = int(sat[0])
+    # Every rank must hold identical bytes: an exact checksum of all of them plus a strided sample.
+    digest = (int(out.view(torch.int16).to(torch.int64).sum().item()), out[::4099].cpu().view(torch.int16).numpy().tobytes())
+    digests = [None] * N
+    dist.all_gather_object(digests, digest)
+    res["fp8amp.e4m3"]["identical_on_every_rank"] = all(d == digests[0] for d in digests)
+    L("fp8amp_comm_destroy", comm)
+
+    if rank == 0:
+        bf16 = res["nccl.bf16"]["us"]
+        bus = lambda nbytes, us: nbytes / (us * 1e-6) * 2 * (N - 1) / N / 1e9  # GB/s
+        for k, v in res.items():
+            wire = {"nccl.bf16": 2, "nccl.f32": 4}.get(k, 1)
+            v["busbw_GBps"] = bus(n * wire, v["us"])
+            v["speedup_vs_nccl_bf16"] = bf16 / v["us"]
+        nb = res["nccl.bf16"]["busbw_GBps"]
+        for k in ("fp8amp.e4m3", "fp8amp.e4m3.nocheck"):
+            res[k]["busbw_fraction_of_nccl_bf16"] = res[k]["busbw_GBps"] / nb
+            res[k]["vs_native_e4m3_wire"] = res["nccl.e4m3.wire"]["us"] / res[k]["us"]
+            res[k]["vs_native_e4m3_casts"] = res["nccl.e4m3.torch_casts"]["us"] / res[k]["us"]
+        gpus = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
+                              capture_output=True, text=True).stdout.strip().splitlines()
+        topo = subprocess.run(["nvidia-smi", "topo", "-m"], capture_output=True, text=True).stdout
+        doc = {"device": gpus, "topology": topo, "date": datetime.date.today().isoformat(), "commit": args.commit,
+               "torch": torch.__version__, "nccl_version": nccl.version, "nranks": N, "elements": n,
+               "iters": args.iters, "warmup": args.warmup, "methods": res}
+        with open(args.out, "w") as f:
+            json.dump(doc, f, indent=1)
+        print(f"{n} BF16 elements, {N} ranks, NCCL {nccl.version}")
+        print(f"{'method':24s} {'us':>9s} {'x bf16':>7s} {'busbw GB/s':>10s} {'rel_rms':>9s} {'max/amax':>9s}")
+        for k, v in res.items():
+            print(f"{k:24s} {v['us']:9.1f} {v['speedup_vs_nccl_bf16']:7.3f} {v['busbw_GBps']:10.1f} "
+                  f"{v['rel_rms']:9.2e} {v['max_err_over_amax']:9.2e}")
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--lib", required=True)
+    p.add_argument("--out", required=True)
+    p.add_argument("--commit", default="unknown")
+    p.add_argument("--elements", type=int, default=256 * 1024 * 1024)
+    p.add_argument("--nranks", type=int, default=None)
+    p.add_argument("--iters", type=int, default=10)
+    p.add_argument("--warmup", type=int, default=3)
+    args = p.parse_args()
+    args.lib = os.path.abspath(args.lib)
+    args.out = os.path.abspath(args.out)
+    gpus = torch.cuda.device_count()
+    args.nranks = args.nranks or gpus
+    if args.nranks < 2 or gpus < args.nranks:
+        raise SystemExit(f"bench_comm needs at least 2 GPUs and nranks <= GPUs ({gpus} visible, nranks {args.nranks})")
+    store = tempfile.mktemp(prefix="fp8amp_bench_comm_")
+    mp.spawn(rank_main, args=(args, store), nprocs=args.nranks, join=True)
+
+
+if __name__ == "__main__":
+    main()
