@@ -16,7 +16,9 @@
    layout Julia gives an isbits struct (each field at its alignment, the size rounded up to the
    largest; the C rule) must reproduce those offsets and sizes; each enum alias must be the integer
    type of the C enum's size and signedness, each enumerator and macro constant the C value.
-4. With tree-sitter-julia installed (pip), both Julia files must parse without a syntax error.
+4. The hand-written FP8AMP.jl and test/runtests.jl call only generated fp8amp_* functions, with their
+   argument counts, and use only defined FP8AMP_* names; with tree-sitter-julia installed (pip), all
+   three Julia files must parse without a syntax error.
 --self-test also feeds the checks a few broken copies of the Julia file (an argument type, an
 argument dropped, a return type, a field type, an enumerator value, a struct field order, a stale
 file) and fails unless each one is caught. Exit 0 when everything holds, 1 otherwise.
@@ -472,16 +474,18 @@ def main(argv):
     exported = exported_symbols(a.lib) if a.lib else None
     found, jl = problems(committed, header, facts, exported)
     failures += found
-    with open(os.path.join(HERE, "src", "FP8AMP.jl")) as f:
-        hand = handwritten_problems(f.read(), jl)
+    hand = []
+    for rel in ("src/FP8AMP.jl", "test/runtests.jl"):
+        with open(os.path.join(HERE, rel)) as f:
+            hand += ["%s: %s" % (rel, m) for m in handwritten_problems(f.read(), jl)]
     failures += hand
-    syntax = syntax_problems([API, os.path.join(HERE, "src", "FP8AMP.jl")])
+    syntax = syntax_problems([API, os.path.join(HERE, "src", "FP8AMP.jl"), os.path.join(HERE, "test", "runtests.jl")])
     if syntax is None:
         print("syntax: not checked (pip install tree-sitter tree-sitter-julia to parse the Julia files)")
     else:
         failures += syntax
-        print("syntax: both Julia files parse (tree-sitter-julia)%s" % (": %d errors" % len(syntax) if syntax else ""))
-    print("FP8AMP.jl: %s" % ("every generated name it uses exists, with its argument count" if not hand
+        print("syntax: the three Julia files parse (tree-sitter-julia)%s" % (": %d errors" % len(syntax) if syntax else ""))
+    print("FP8AMP.jl, test/runtests.jl: %s" % ("every generated name they use exists, with its argument count" if not hand
                               else "%d problems" % len(hand)))
     print("checked %d functions (ccall symbol, %d arguments, return types), %d structs (fields, types, %d offsets, "
           "sizes), %d enums (%d enumerators), %d macros, %d opaque types%s"
