@@ -113,7 +113,8 @@ class Checker:
         if not np.all(ok):
             idx = tuple(np.argwhere(~ok)[0])
             self.failures.append("%s: %s: at %s got %r, reference %r, |diff| %.3g > tolerance %.3g (%d of %d elements)"
-                                 % (name, what, [int(v) for v in idx], got[idx], ref[idx], err[idx], tol[idx], int(np.sum(~ok)), ok.size))
+                                 % (name, what, [int(v) for v in idx], float(got[idx]), float(ref[idx]), float(err[idx]), float(tol[idx]),
+                                    int(np.sum(~ok)), ok.size))
         else:
             print("  %-16s ok  %s; max |diff|/tolerance %.3g, max |diff| %.3g"
                   % (name, what, worst, float(np.max(err)) if err.size else 0.0))
@@ -205,10 +206,48 @@ def check_reference(rec):
     return c.failures
 
 
+def self_test(c_data):
+    """The compare must catch what it is for: returns the mutations it missed."""
+    import struct
+    offsets, off = {}, 0
+    for name, size, _, _ in RECORDS:
+        offsets[name] = off
+        off += size
+    missed = []
+    flipped = bytearray(c_data)
+    flipped[offsets["Y"] + 5] ^= 0x01  # one bit of one float of Y: within Y's tolerance, not the same file
+    d = first_difference(c_data, bytes(flipped))
+    if not d or d[0] != "Y":
+        missed.append("a flipped bit of Y in another binding's file")
+    else:
+        print("  self-test: %-36s caught: differs first in record %s" % ("a flipped bit of Y in another file", d[0]))
+    x, w, b, dy = inputs()
+    cases = {
+        "a step that did nothing": ("W_AFTER", w.astype(BF16).tobytes()),
+        "a NaN in DX": ("DX", struct.pack("<f", float("nan"))),
+        "a dequantize at the wrong scale": ("D", (split(c_data)["D"] * F32(2)).astype("<f4").tobytes()),
+        "a bias gradient 64 ulps off": ("BGRAD", (split(c_data)["BGRAD"] + np.spacing(split(c_data)["BGRAD"]) * 64).astype("<f4").tobytes()),
+        "FOUND_INF 1": ("FOUND_INF", struct.pack("<i", 1)),
+    }
+    for what, (name, raw) in cases.items():
+        bad = bytearray(c_data)
+        bad[offsets[name]:offsets[name] + len(raw)] = raw
+        import contextlib
+        import io
+        with contextlib.redirect_stdout(io.StringIO()):
+            found = check_reference(split(bytes(bad)))
+        print("  self-test: %-36s %s" % (what, "caught: " + found[0][:90] if found else "NOT CAUGHT"))
+        if not found:
+            missed.append(what)
+    return missed
+
+
 def main(argv):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("dir", help="the folder of <binding>.bin files")
     ap.add_argument("--require", default="c", help="comma-separated bindings whose files must exist (c always)")
+    ap.add_argument("--self-test", action="store_true",
+                    help="also check that broken copies of c.bin are caught (a flipped bit, a no-op step, a NaN, ...)")
     a = ap.parse_args(argv)
     required = {"c"} | {s.strip() for s in a.require.split(",") if s.strip()}
     files = {}
@@ -245,6 +284,8 @@ def main(argv):
                             % (name, d[0], d[1], d[2]))
     print("(b) the C runner's numbers against the float64 + ml_dtypes reference:")
     failures += check_reference(split(data["c"]))
+    if a.self_test:
+        failures += ["self-test: not caught: " + m for m in self_test(data["c"])]
     print("compared bindings: %s" % ", ".join(["c"] + sorted(n for n in files if n != "c")))
     if failures:
         print("\n".join("FAIL: " + m for m in failures))
