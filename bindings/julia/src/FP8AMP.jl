@@ -77,7 +77,9 @@ Base.showerror(io::IO, e::FP8AMPError) = print(io, "FP8AMPError: ", status_name(
     check(status)
 
 Throws `FP8AMPError(status, message)` unless `status == FP8AMP_SUCCESS`. The message is the calling
-thread's (fp8amp keeps it per thread), read before anything else can run on this task.
+thread's (fp8amp keeps it per thread), read before anything can yield this task to another thread.
+A finalizer that the string's allocation lets run only destroys handles, which succeeds and leaves
+the message as it is (a successful fp8amp call does not change it).
 """
 @inline function check(status::Integer)
     status == FP8AMP_SUCCESS && return nothing
@@ -129,6 +131,12 @@ function _live(x::Handle)
     return x.handle
 end
 
+# The objects themselves are passed to the generated functions: ccall converts each to its handle
+# (Base.unsafe_convert below, after every type is defined) and keeps the object rooted until the C
+# function returns (cconvert's result is), so a finalizer cannot destroy a handle between reading
+# it and the call. Only an object of the handle's own kind converts: a Tensor where a context is
+# expected is a MethodError, not a wrong handle.
+
 """
     Context(device = :cpu, index = 0)
 
@@ -164,7 +172,7 @@ _destroy_fn(::Tensor) = fp8amp_tensor_destroy
 function Tensor(ctx::Context, dt::Integer, dims::Integer...)
     shape = Int64[reverse(dims)...]
     out = Ref{fp8amp_tensor}(C_NULL)
-    check(fp8amp_tensor_create(_live(ctx), fp8amp_dtype(dt), Int32(length(shape)), shape, out))
+    check(fp8amp_tensor_create(ctx, fp8amp_dtype(dt), Int32(length(shape)), shape, out))
     return Tensor(out[])
 end
 
@@ -190,21 +198,21 @@ end
 
 function dtype(t::Tensor)
     out = Ref{fp8amp_dtype}(0)
-    check(fp8amp_tensor_dtype(_live(t), out))
+    check(fp8amp_tensor_dtype(t, out))
     return out[]
 end
 
 function Base.size(t::Tensor)
     n = Ref{Int32}(0)
-    check(fp8amp_tensor_ndim(_live(t), n))
+    check(fp8amp_tensor_ndim(t, n))
     shape = zeros(Int64, max(Int(n[]), 1))
-    check(fp8amp_tensor_shape(t.handle, n[], shape))
+    check(fp8amp_tensor_shape(t, n[], shape))
     return Tuple(Int.(reverse(shape[1:n[]])))
 end
 
 function _nbytes(t::Tensor)
     out = Ref{Csize_t}(0)
-    check(fp8amp_tensor_nbytes(_live(t), out))
+    check(fp8amp_tensor_nbytes(t, out))
     return Int(out[])
 end
 
@@ -213,21 +221,21 @@ function Base.copyto!(t::Tensor, a::Array)
     T = _eltype(dtype(t))
     eltype(a) === T || throw(ArgumentError("the tensor holds $(T) elements, the array $(eltype(a))"))
     sizeof(a) == _nbytes(t) || throw(DimensionMismatch("the array has $(sizeof(a)) bytes, the tensor $(_nbytes(t))"))
-    GC.@preserve a check(fp8amp_tensor_copy_from_host(t.handle, pointer(a), Csize_t(sizeof(a))))
+    check(fp8amp_tensor_copy_from_host(t, a, Csize_t(sizeof(a))))   # ccall roots t and a
     return t
 end
 
 "A host copy of the tensor, of Julia-order dims (FP8 and BF16 as their codes)."
 function Base.Array(t::Tensor)
     a = Array{_eltype(dtype(t))}(undef, size(t)...)
-    GC.@preserve a check(fp8amp_tensor_copy_to_host(t.handle, pointer(a), Csize_t(sizeof(a))))
+    check(fp8amp_tensor_copy_to_host(t, a, Csize_t(sizeof(a))))
     return a
 end
 
 "A new tensor handle to the scale_inv this tensor's data was written with (F32, 0-d)."
 function scale_inv(t::Tensor)
     out = Ref{fp8amp_tensor}(C_NULL)
-    check(fp8amp_tensor_scale_inv(_live(t), out))
+    check(fp8amp_tensor_scale_inv(t, out))
     return Tensor(out[])
 end
 
@@ -246,24 +254,24 @@ _destroy_fn(::Scaling) = fp8amp_scaling_destroy
 
 function Scaling(ctx::Context, r::fp8amp_recipe = recipe(), dt::Integer = FP8AMP_DTYPE_E4M3)
     out = Ref{fp8amp_scaling}(C_NULL)
-    check(fp8amp_scaling_create(_live(ctx), Ref(r), fp8amp_dtype(dt), out))
+    check(fp8amp_scaling_create(ctx, Ref(r), fp8amp_dtype(dt), out))
     return Scaling(out[])
 end
 
-set_scale!(s::Scaling, scale::Real) = check(fp8amp_scaling_set_scale(_live(s), Float32(scale)))
+set_scale!(s::Scaling, scale::Real) = check(fp8amp_scaling_set_scale(s, Float32(scale)))
 set_scaling!(t::Tensor, s::Union{Scaling,Nothing}) =
-    check(fp8amp_tensor_set_scaling(_live(t), s === nothing ? fp8amp_scaling(C_NULL) : _live(s)))
+    check(fp8amp_tensor_set_scaling(t, s === nothing ? fp8amp_scaling(C_NULL) : s))
 
 "The meta's (scale, scale_inv, amax)."
 function scale_state(s::Scaling)
     scale, si, amax = Ref{Cfloat}(0), Ref{Cfloat}(0), Ref{Cfloat}(0)
-    check(fp8amp_scaling_get(_live(s), scale, si, amax))
+    check(fp8amp_scaling_get(s, scale, si, amax))
     return (scale = scale[], scale_inv = si[], amax = amax[])
 end
 
-quantize!(ctx::Context, src::Tensor, dst::Tensor) = check(fp8amp_quantize(_live(ctx), _live(src), _live(dst)))
-dequantize!(ctx::Context, src::Tensor, dst::Tensor) = check(fp8amp_dequantize(_live(ctx), _live(src), _live(dst)))
-cast!(ctx::Context, src::Tensor, dst::Tensor) = check(fp8amp_cast(_live(ctx), _live(src), _live(dst)))
+quantize!(ctx::Context, src::Tensor, dst::Tensor) = check(fp8amp_quantize(ctx, src, dst))
+dequantize!(ctx::Context, src::Tensor, dst::Tensor) = check(fp8amp_dequantize(ctx, src, dst))
+cast!(ctx::Context, src::Tensor, dst::Tensor) = check(fp8amp_cast(ctx, src, dst))
 
 # ---- the FP8 Linear -------------------------------------------------------------------------
 
@@ -283,7 +291,7 @@ mutable struct Linear <: Handle
         d[] = _with(d[]; in_features = in_features, out_features = out_features, has_bias = Int32(bias),
                     weight_dtype = weight_dtype, wgrad_dtype = wgrad_dtype, policy = policy, recipe = recipe)
         out = Ref{fp8amp_linear}(C_NULL)
-        check(fp8amp_linear_create(_live(ctx), d, out))
+        check(fp8amp_linear_create(ctx, d, out))
         return finalizer(_finalizer(fp8amp_linear_destroy), new(out[]))
     end
 end
@@ -291,7 +299,7 @@ _destroy_fn(::Linear) = fp8amp_linear_destroy
 
 function _linear_tensor(lin::Linear, getter)
     out = Ref{fp8amp_tensor}(C_NULL)
-    check(getter(_live(lin), out))
+    check(getter(lin, out))
     return Tensor(out[])
 end
 "New handles to the Linear's parameters and gradients (each destroyed by its own finalizer)."
@@ -301,9 +309,9 @@ weight_grad(lin::Linear) = _linear_tensor(lin, fp8amp_linear_weight_grad)
 bias_grad(lin::Linear) = _linear_tensor(lin, fp8amp_linear_bias_grad)
 
 forward!(lin::Linear, x::Tensor, y::Tensor; training::Bool = false) =
-    check(fp8amp_linear_forward(_live(lin), _live(x), _live(y), Int32(training)))
+    check(fp8amp_linear_forward(lin, x, y, Int32(training)))
 backward!(lin::Linear, dy::Tensor, dx::Union{Tensor,Nothing}; accumulate::Bool = false) =
-    check(fp8amp_linear_backward(_live(lin), _live(dy), dx === nothing ? fp8amp_tensor(C_NULL) : _live(dx),
+    check(fp8amp_linear_backward(lin, dy, dx === nothing ? fp8amp_tensor(C_NULL) : dx,
                                  Int32(accumulate)))
 
 # ---- the optimizer --------------------------------------------------------------------------
@@ -323,14 +331,20 @@ mutable struct Optimizer <: Handle
         check(fp8amp_opt_level_adam_init(fp8amp_opt_level(level), d, sizeof(fp8amp_adam_desc)))
         d[] = _with(d[]; kw...)
         out = Ref{fp8amp_optimizer}(C_NULL)
-        check(fp8amp_optimizer_create(_live(ctx), d, out))
+        check(fp8amp_optimizer_create(ctx, d, out))
         return finalizer(_finalizer(fp8amp_optimizer_destroy), new(out[], Tuple{Tensor,Tensor}[]))
     end
 end
 _destroy_fn(::Optimizer) = fp8amp_optimizer_destroy
 
+for (J, H) in ((Context, fp8amp_context), (Tensor, fp8amp_tensor), (Scaling, fp8amp_scaling),
+               (Linear, fp8amp_linear), (Optimizer, fp8amp_optimizer))
+    @eval Base.cconvert(::Type{$H}, x::$J) = x
+    @eval Base.unsafe_convert(::Type{$H}, x::$J) = _live(x)
+end
+
 function add_param!(opt::Optimizer, param::Tensor, grad::Tensor)
-    check(fp8amp_optimizer_add_param(_live(opt), _live(param), _live(grad)))
+    check(fp8amp_optimizer_add_param(opt, param, grad))
     push!(opt.params, (param, grad))
     return opt
 end
@@ -340,12 +354,12 @@ function step!(opt::Optimizer; lr::Union{Real,Nothing} = nothing, grad_scale_inv
     a = Ref{fp8amp_adam_step_args}()
     check(fp8amp_adam_step_args_init(a, sizeof(fp8amp_adam_step_args)))
     a[] = _with(a[]; lr = lr === nothing ? -1.0f0 : Float32(lr), grad_scale_inv = Float32(grad_scale_inv))
-    return check(fp8amp_optimizer_step(_live(opt), a))
+    return check(fp8amp_optimizer_step(opt, a))
 end
 
 function found_inf(opt::Optimizer)
     out = Ref{Int32}(0)
-    check(fp8amp_optimizer_get_found_inf(_live(opt), out))
+    check(fp8amp_optimizer_get_found_inf(opt, out))
     return out[] != 0
 end
 
