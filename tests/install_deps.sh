@@ -47,6 +47,9 @@ case " $* " in *" python "*)
       || { $fp8amp_sudo apt-get update -qq \
            && $fp8amp_sudo apt-get install -y -qq python3-cffi python3-pytest python3-setuptools python3-wheel; }
   fi
+  # tree-sitter's Julia grammar: ctest julia.wrappers parses the Julia bindings with it (no Julia here)
+  python3 -c "import tree_sitter, tree_sitter_julia" 2>/dev/null \
+    || python3 -m pip install -q tree-sitter tree-sitter-julia 2>/dev/null || true
   if ! python3 -c "import sysconfig, os, sys; sys.exit(not os.path.exists(os.path.join(sysconfig.get_paths()['include'], 'Python.h')))"; then
     $fp8amp_sudo apt-get update -qq && $fp8amp_sudo apt-get install -y -qq python3-dev
   fi ;;
