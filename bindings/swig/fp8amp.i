@@ -31,7 +31,7 @@
  *                 (const int8_t / int16_t / float *IN_ARRAY, size_t LENGTH) and the OUT_ARRAY ones
  *                                                            a language array of elements,
  *                 (void *NULLABLE_OUT_BYTES, size_t NBYTES)  optimizer_save's buffer (NULL asks the size).
- * bindings/java/fp8amp_java.i is the example (about 250 lines, most of them JNI array plumbing).
+ * bindings/java/fp8amp_java.i is the example (under 300 lines, most of them JNI array plumbing).
  *
  * Not wrapped here (each needs a pointer the language cannot give safely, or a second library):
  * fp8amp_tensor_wrap / _rebind / _data (raw device or host addresses), the DLPack import/export,
