@@ -119,12 +119,14 @@ if(NOT FP8AMP_JUNIT_CONSOLE)
                       "junit-platform-console-standalone.jar (Debian: apt-get install junit5; "
                       "or set FP8AMP_JUNIT_CONSOLE to its path)")
 endif()
-file(GLOB_RECURSE FP8AMP_JAVA_TEST_SOURCES CONFIGURE_DEPENDS ${FP8AMP_JAVA_DIR}/src/test/java/*.java)
+# The README's example (examples/Example.java) is compiled with the tests, which check it and run it.
+file(GLOB_RECURSE FP8AMP_JAVA_TEST_SOURCES CONFIGURE_DEPENDS ${FP8AMP_JAVA_DIR}/src/test/java/*.java
+     ${FP8AMP_JAVA_DIR}/examples/*.java)
 add_custom_command(
   OUTPUT ${FP8AMP_JAVA_BUILD}/fp8amp-tests.jar
   COMMAND ${CMAKE_COMMAND} -DJAVAC=${Java_JAVAC_EXECUTABLE} -DJAR=${Java_JAR_EXECUTABLE}
           -DOUT=${FP8AMP_JAVA_BUILD}/fp8amp-tests.jar -DCLASSES=${FP8AMP_JAVA_BUILD}/classes/test
-          -DSOURCES=${FP8AMP_JAVA_DIR}/src/test/java
+          "-DSOURCES=${FP8AMP_JAVA_DIR}/src/test/java;${FP8AMP_JAVA_DIR}/examples"
           -DCLASSPATH=${FP8AMP_JAVA_BUILD}/fp8amp.jar:${FP8AMP_JUNIT_CONSOLE}
           -P ${FP8AMP_JAVA_DIR}/build_jar.cmake
   DEPENDS ${FP8AMP_JAVA_BUILD}/fp8amp.jar ${FP8AMP_JAVA_TEST_SOURCES} ${FP8AMP_JAVA_DIR}/build_jar.cmake
@@ -132,7 +134,9 @@ add_custom_command(
   VERBATIM)
 add_custom_target(fp8amp_java_tests ALL DEPENDS ${FP8AMP_JAVA_BUILD}/fp8amp-tests.jar)
 add_test(NAME java.junit
-         COMMAND ${FP8AMP_JAVA_RUN} -jar ${FP8AMP_JUNIT_CONSOLE} --disable-banner --details=tree
+         COMMAND ${FP8AMP_JAVA_RUN} -Dfp8amp.java.readme=${FP8AMP_JAVA_DIR}/README.md
+                 -Dfp8amp.java.example=${FP8AMP_JAVA_DIR}/examples/Example.java
+                 -jar ${FP8AMP_JUNIT_CONSOLE} --disable-banner --details=tree
                  --fail-if-no-tests
                  --class-path ${FP8AMP_JAVA_BUILD}/fp8amp.jar:${FP8AMP_JAVA_BUILD}/fp8amp-tests.jar
                  --select-package org.fp8amp)

@@ -9,7 +9,12 @@ import static org.junit.jupiter.api.Assertions.assertTrue;
 
 import java.nio.ByteBuffer;
 import java.nio.ByteOrder;
+import java.util.ArrayList;
+import java.util.List;
 import java.util.Random;
+import java.util.concurrent.ExecutorService;
+import java.util.concurrent.Executors;
+import java.util.concurrent.Future;
 import org.fp8amp.swig.DType;
 import org.fp8amp.swig.DeviceType;
 import org.fp8amp.swig.Fp8amp;
@@ -200,5 +205,43 @@ class HandlesAndErrorsTest {
         assertEquals(1, Fp8amp.dtype_size(DType.DTYPE_E5M2));
         assertEquals("FP8AMP_ERROR_SHAPE_MISMATCH", Fp8amp.status_name(Status.ERROR_SHAPE_MISMATCH.swigValue()));
         assertEquals(1, Context.deviceCount(DeviceType.DEVICE_CPU));
+    }
+
+    @Test
+    void contextsOnSeveralThreadsAndPerThreadMessages() throws Exception {
+        // one context per thread (the C contract); each thread's failures carry its own message
+        int threads = 4;
+        ExecutorService pool = Executors.newFixedThreadPool(threads);
+        try {
+            List<Future<?>> done = new ArrayList<>();
+            for (int id = 0; id < threads; ++id) {
+                final int extent = -(id + 2);
+                final long seed = 100 + id;
+                done.add(pool.submit(() -> {
+                    Random rng = new Random(seed);
+                    try (Context ctx = Context.cpu();
+                         Scaling meta = new Scaling(ctx, DType.DTYPE_E4M3);
+                         Tensor x = new Tensor(ctx, DType.DTYPE_F32, 256);
+                         Tensor q = new Tensor(ctx, DType.DTYPE_E4M3, 256)) {
+                        q.setScaling(meta);
+                        for (int round = 0; round < 50; ++round) {
+                            Fp8ampException e = assertThrows(Fp8ampException.class, () -> new Tensor(ctx, DType.DTYPE_F32, extent));
+                            assertTrue(e.libraryMessage().contains("is " + extent + ":"), e.libraryMessage());
+                            float[] v = randomFloats(rng, 256, 20.0f);
+                            x.copyFrom(v);
+                            ctx.quantize(x, q);
+                            byte[] codes = q.toBytes();
+                            for (int i = 0; i < 256; ++i) {
+                                assertEquals(Reference.e4m3(v[i]), codes[i], "element " + i);
+                            }
+                        }
+                    }
+                    return null;
+                }));
+            }
+            for (Future<?> f : done) f.get();
+        } finally {
+            pool.shutdown();
+        }
     }
 }
