@@ -136,6 +136,7 @@ add_custom_target(fp8amp_java_tests ALL DEPENDS ${FP8AMP_JAVA_BUILD}/fp8amp-test
 add_test(NAME java.junit
          COMMAND ${FP8AMP_JAVA_RUN} -Dfp8amp.java.readme=${FP8AMP_JAVA_DIR}/README.md
                  -Dfp8amp.java.example=${FP8AMP_JAVA_DIR}/examples/Example.java
+                 -Dfp8amp.header=${PROJECT_SOURCE_DIR}/capi/include/fp8amp/fp8amp.h
                  -jar ${FP8AMP_JUNIT_CONSOLE} --disable-banner --details=tree
                  --fail-if-no-tests
                  --class-path ${FP8AMP_JAVA_BUILD}/fp8amp.jar:${FP8AMP_JAVA_BUILD}/fp8amp-tests.jar
