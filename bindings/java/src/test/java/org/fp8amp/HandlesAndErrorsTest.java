@@ -244,4 +244,31 @@ class HandlesAndErrorsTest {
             pool.shutdown();
         }
     }
+
+    private static long unclosedTensor(Context ctx) {
+        Tensor t = new Tensor(ctx, DType.DTYPE_F32, 64);
+        return t.handle(); // t becomes unreachable here, never closed
+    }
+
+    @Test
+    void theCleanerDestroysAnObjectNeverClosed() throws InterruptedException {
+        try (Context ctx = Context.cpu()) {
+            long raw = unclosedTensor(ctx);
+            long[] numel = new long[1];
+            Fp8amp.tensor_numel(raw, numel); // still alive
+            assertEquals(64, numel[0]);
+            boolean destroyed = false;
+            for (int i = 0; i < 100 && !destroyed; ++i) {
+                System.gc();
+                Thread.sleep(50);
+                try {
+                    Fp8amp.tensor_numel(raw, numel);
+                } catch (Fp8ampException e) {
+                    assertEquals(Status.ERROR_INVALID_HANDLE, e.status());
+                    destroyed = true;
+                }
+            }
+            assertTrue(destroyed, "the Cleaner did not destroy the unreachable tensor within 5 s");
+        }
+    }
 }
