@@ -12,8 +12,10 @@
  *   - out-parameters and (count, pointer) pairs get the generic typemap names listed below;
  *   - option structs get a constructor that fills the defaults with the sized init of the header
  *     (fp8amp_recipe_init(r, sizeof *r) ...), so no binding ever passes a sizeof by hand;
- *   - byte / float / 16-bit-code copies in and out of a tensor, and the O1/O2/O3 presets, as small
- *     C helpers (fp8amp_swig_*), since the header takes a void pointer and a byte count.
+ *   - byte / float / 16-bit-code copies in and out of a tensor (the header takes a void pointer and
+ *     a byte count), and the O1/O2/O3 presets without their sizeof arguments, as small C helpers
+ *     fp8amp_swig_*, wrapped under the name without that prefix (tensor_copy_from_host_floats,
+ *     opt_level_init); the sized inits (fp8amp_recipe_init, ...) are the structs' constructors.
  *
  * A language file sets %module, then, before %include-ing this file, defines:
  *   FP8AMP_SWIG_RAISE(status)  C code (inside the wrapper) that raises the language's error for a
