@@ -54,3 +54,15 @@ case " $* " in *" python "*)
     $fp8amp_sudo apt-get update -qq && $fp8amp_sudo apt-get install -y -qq python3-dev
   fi ;;
 esac
+# java: the Java binding (cmake -DFP8AMP_BINDINGS_JAVA=ON, bindings/java): SWIG, a JDK (17 or newer;
+# the jar is compiled with --release 17) and JUnit 5's console launcher (Debian's junit5 package).
+case " $* " in *" java "*)
+  fp8amp_need_java=()
+  command -v swig >/dev/null || fp8amp_need_java+=(swig)
+  command -v javac >/dev/null || fp8amp_need_java+=(default-jdk-headless)
+  [ -f /usr/share/java/junit-platform-console-standalone.jar ] || fp8amp_need_java+=(junit5)
+  if [ ${#fp8amp_need_java[@]} -gt 0 ]; then
+    $fp8amp_sudo apt-get update -qq
+    $fp8amp_sudo apt-get install -y -qq "${fp8amp_need_java[@]}"
+  fi ;;
+esac
