@@ -38,6 +38,39 @@
 //! This is stricter than C in one way: C lets a context's handle be destroyed before its tensors;
 //! here the borrow makes the context outlive them.
 //!
+//! The compiler enforces each rule (these examples must not compile; `cargo test` checks it):
+//!
+//! ```compile_fail
+//! // a tensor cannot go to another thread (its context stays here)
+//! let ctx = fp8amp::Context::cpu().unwrap();
+//! let t = fp8amp::Tensor::new(&ctx, fp8amp::Dtype::F32, &[4]).unwrap();
+//! std::thread::spawn(move || t.numel().unwrap());
+//! ```
+//!
+//! ```compile_fail
+//! // two threads cannot share one context
+//! fn shared<T: Sync>(_: &T) {}
+//! let ctx = fp8amp::Context::cpu().unwrap();
+//! shared(&ctx);
+//! ```
+//!
+//! ```compile_fail
+//! // a context cannot move (or drop) while its objects live
+//! let ctx = fp8amp::Context::cpu().unwrap();
+//! let t = fp8amp::Tensor::new(&ctx, fp8amp::Dtype::F32, &[4]).unwrap();
+//! std::thread::spawn(move || drop(ctx));
+//! t.numel().unwrap();
+//! ```
+//!
+//! ```
+//! // a context alone moves to another thread and works there
+//! let ctx = fp8amp::Context::cpu().unwrap();
+//! std::thread::spawn(move || {
+//!     let t = fp8amp::Tensor::new(&ctx, fp8amp::Dtype::F32, &[4]).unwrap();
+//!     assert_eq!(t.numel().unwrap(), 4);
+//! }).join().unwrap();
+//! ```
+//!
 //! # Host data
 //!
 //! Host copies take slices of an [`Element`] type: `f32` for F32 tensors, `u16` (the bits) for F16
