@@ -83,10 +83,21 @@ pub struct DLManagedTensorVersioned {
 }
 
 pub type fp8amp_alloc_fn = Option<
-    unsafe extern "C" fn(user_data: *mut c_void, nbytes: usize, device: fp8amp_device, stream: *mut c_void) -> *mut c_void,
+    unsafe extern "C" fn(
+        user_data: *mut c_void,
+        nbytes: usize,
+        device: fp8amp_device,
+        stream: *mut c_void,
+    ) -> *mut c_void,
 >;
 pub type fp8amp_free_fn = Option<
-    unsafe extern "C" fn(user_data: *mut c_void, ptr: *mut c_void, nbytes: usize, device: fp8amp_device, stream: *mut c_void),
+    unsafe extern "C" fn(
+        user_data: *mut c_void,
+        ptr: *mut c_void,
+        nbytes: usize,
+        device: fp8amp_device,
+        stream: *mut c_void,
+    ),
 >;
 
 pub const FP8AMP_MAX_NDIM: i32 = 8;
@@ -244,10 +255,28 @@ extern "C" {
     pub fn fp8amp_context_device(ctx: fp8amp_context, out: *mut fp8amp_device) -> fp8amp_status;
     pub fn fp8amp_context_set_stream(ctx: fp8amp_context, cuda_stream: *mut c_void) -> fp8amp_status;
     pub fn fp8amp_context_get_stream(ctx: fp8amp_context, cuda_stream: *mut *mut c_void) -> fp8amp_status;
-    pub fn fp8amp_context_set_allocator(ctx: fp8amp_context, alloc_fn: fp8amp_alloc_fn, free_fn: fp8amp_free_fn, user_data: *mut c_void) -> fp8amp_status;
+    pub fn fp8amp_context_set_allocator(
+        ctx: fp8amp_context,
+        alloc_fn: fp8amp_alloc_fn,
+        free_fn: fp8amp_free_fn,
+        user_data: *mut c_void,
+    ) -> fp8amp_status;
     pub fn fp8amp_context_synchronize(ctx: fp8amp_context) -> fp8amp_status;
-    pub fn fp8amp_tensor_create(ctx: fp8amp_context, dtype: fp8amp_dtype, ndim: i32, shape: *const i64, out: *mut fp8amp_tensor) -> fp8amp_status;
-    pub fn fp8amp_tensor_wrap(ctx: fp8amp_context, dtype: fp8amp_dtype, ndim: i32, shape: *const i64, data: *mut c_void, out: *mut fp8amp_tensor) -> fp8amp_status;
+    pub fn fp8amp_tensor_create(
+        ctx: fp8amp_context,
+        dtype: fp8amp_dtype,
+        ndim: i32,
+        shape: *const i64,
+        out: *mut fp8amp_tensor,
+    ) -> fp8amp_status;
+    pub fn fp8amp_tensor_wrap(
+        ctx: fp8amp_context,
+        dtype: fp8amp_dtype,
+        ndim: i32,
+        shape: *const i64,
+        data: *mut c_void,
+        out: *mut fp8amp_tensor,
+    ) -> fp8amp_status;
     pub fn fp8amp_tensor_rebind(t: fp8amp_tensor, data: *mut c_void, ndim: i32, shape: *const i64) -> fp8amp_status;
     pub fn fp8amp_tensor_destroy(t: fp8amp_tensor) -> fp8amp_status;
     pub fn fp8amp_tensor_dtype(t: fp8amp_tensor, out: *mut fp8amp_dtype) -> fp8amp_status;
@@ -259,16 +288,26 @@ extern "C" {
     pub fn fp8amp_tensor_device(t: fp8amp_tensor, out: *mut fp8amp_device) -> fp8amp_status;
     pub fn fp8amp_tensor_copy_from_host(t: fp8amp_tensor, src: *const c_void, nbytes: usize) -> fp8amp_status;
     pub fn fp8amp_tensor_copy_to_host(t: fp8amp_tensor, dst: *mut c_void, nbytes: usize) -> fp8amp_status;
-    pub fn fp8amp_tensor_from_dlpack(ctx: fp8amp_context, managed: *mut DLManagedTensorVersioned, out: *mut fp8amp_tensor) -> fp8amp_status;
+    pub fn fp8amp_tensor_from_dlpack(
+        ctx: fp8amp_context,
+        managed: *mut DLManagedTensorVersioned,
+        out: *mut fp8amp_tensor,
+    ) -> fp8amp_status;
     pub fn fp8amp_tensor_to_dlpack(t: fp8amp_tensor, out: *mut *mut DLManagedTensorVersioned) -> fp8amp_status;
     pub fn fp8amp_cast(ctx: fp8amp_context, src: fp8amp_tensor, dst: fp8amp_tensor) -> fp8amp_status;
     pub fn fp8amp_recipe_init(recipe: *mut fp8amp_recipe, size: usize) -> fp8amp_status;
     pub fn fp8amp_recipe_init_default(recipe: *mut fp8amp_recipe) -> fp8amp_status;
-    pub fn fp8amp_scaling_create(ctx: fp8amp_context, recipe: *const fp8amp_recipe, fp8_dtype: fp8amp_dtype, out: *mut fp8amp_scaling) -> fp8amp_status;
+    pub fn fp8amp_scaling_create(
+        ctx: fp8amp_context,
+        recipe: *const fp8amp_recipe,
+        fp8_dtype: fp8amp_dtype,
+        out: *mut fp8amp_scaling,
+    ) -> fp8amp_status;
     pub fn fp8amp_scaling_destroy(s: fp8amp_scaling) -> fp8amp_status;
     pub fn fp8amp_scaling_update(s: fp8amp_scaling) -> fp8amp_status;
     pub fn fp8amp_scaling_update_many(ctx: fp8amp_context, n: i32, metas: *const fp8amp_scaling) -> fp8amp_status;
-    pub fn fp8amp_scaling_get(s: fp8amp_scaling, scale: *mut f32, scale_inv: *mut f32, amax: *mut f32) -> fp8amp_status;
+    pub fn fp8amp_scaling_get(s: fp8amp_scaling, scale: *mut f32, scale_inv: *mut f32, amax: *mut f32)
+        -> fp8amp_status;
     pub fn fp8amp_scaling_get_history(s: fp8amp_scaling, capacity: i32, history: *mut f32) -> fp8amp_status;
     pub fn fp8amp_scaling_set_scale(s: fp8amp_scaling, scale: f32) -> fp8amp_status;
     pub fn fp8amp_scaling_enable_stats(s: fp8amp_scaling, enable: i32) -> fp8amp_status;
@@ -277,30 +316,65 @@ extern "C" {
     pub fn fp8amp_tensor_set_scaling(t: fp8amp_tensor, s: fp8amp_scaling) -> fp8amp_status;
     pub fn fp8amp_tensor_scale_inv(t: fp8amp_tensor, out: *mut fp8amp_tensor) -> fp8amp_status;
     pub fn fp8amp_quantize(ctx: fp8amp_context, src: fp8amp_tensor, dst: fp8amp_tensor) -> fp8amp_status;
-    pub fn fp8amp_quantize_transpose(ctx: fp8amp_context, src: fp8amp_tensor, dst: fp8amp_tensor, dst_t: fp8amp_tensor) -> fp8amp_status;
+    pub fn fp8amp_quantize_transpose(
+        ctx: fp8amp_context,
+        src: fp8amp_tensor,
+        dst: fp8amp_tensor,
+        dst_t: fp8amp_tensor,
+    ) -> fp8amp_status;
     pub fn fp8amp_dequantize(ctx: fp8amp_context, src: fp8amp_tensor, dst: fp8amp_tensor) -> fp8amp_status;
     pub fn fp8amp_amax(ctx: fp8amp_context, t: fp8amp_tensor, amax: *mut f32) -> fp8amp_status;
     pub fn fp8amp_linear_desc_init(desc: *mut fp8amp_linear_desc, size: usize) -> fp8amp_status;
     pub fn fp8amp_linear_desc_init_default(desc: *mut fp8amp_linear_desc) -> fp8amp_status;
-    pub fn fp8amp_linear_create(ctx: fp8amp_context, desc: *const fp8amp_linear_desc, out: *mut fp8amp_linear) -> fp8amp_status;
+    pub fn fp8amp_linear_create(
+        ctx: fp8amp_context,
+        desc: *const fp8amp_linear_desc,
+        out: *mut fp8amp_linear,
+    ) -> fp8amp_status;
     pub fn fp8amp_linear_destroy(lin: fp8amp_linear) -> fp8amp_status;
     pub fn fp8amp_linear_weight(lin: fp8amp_linear, out: *mut fp8amp_tensor) -> fp8amp_status;
     pub fn fp8amp_linear_bias(lin: fp8amp_linear, out: *mut fp8amp_tensor) -> fp8amp_status;
     pub fn fp8amp_linear_weight_grad(lin: fp8amp_linear, out: *mut fp8amp_tensor) -> fp8amp_status;
     pub fn fp8amp_linear_bias_grad(lin: fp8amp_linear, out: *mut fp8amp_tensor) -> fp8amp_status;
-    pub fn fp8amp_linear_scaling(lin: fp8amp_linear, role: fp8amp_linear_role, out: *mut fp8amp_scaling) -> fp8amp_status;
+    pub fn fp8amp_linear_scaling(
+        lin: fp8amp_linear,
+        role: fp8amp_linear_role,
+        out: *mut fp8amp_scaling,
+    ) -> fp8amp_status;
     pub fn fp8amp_linear_weight_changed(lin: fp8amp_linear) -> fp8amp_status;
-    pub fn fp8amp_linear_forward(lin: fp8amp_linear, x: fp8amp_tensor, y: fp8amp_tensor, training: i32) -> fp8amp_status;
-    pub fn fp8amp_linear_backward(lin: fp8amp_linear, dy: fp8amp_tensor, dx: fp8amp_tensor, accumulate_wgrad: i32) -> fp8amp_status;
+    pub fn fp8amp_linear_forward(
+        lin: fp8amp_linear,
+        x: fp8amp_tensor,
+        y: fp8amp_tensor,
+        training: i32,
+    ) -> fp8amp_status;
+    pub fn fp8amp_linear_backward(
+        lin: fp8amp_linear,
+        dy: fp8amp_tensor,
+        dx: fp8amp_tensor,
+        accumulate_wgrad: i32,
+    ) -> fp8amp_status;
     pub fn fp8amp_linear_gemm_kind(lin: fp8amp_linear, out: *mut fp8amp_gemm_kind) -> fp8amp_status;
     pub fn fp8amp_linear_graph_replays(lin: fp8amp_linear, out: *mut u64) -> fp8amp_status;
     pub fn fp8amp_adam_desc_init(desc: *mut fp8amp_adam_desc, size: usize) -> fp8amp_status;
     pub fn fp8amp_adam_desc_init_default(desc: *mut fp8amp_adam_desc) -> fp8amp_status;
-    pub fn fp8amp_opt_level_adam_init(level: fp8amp_opt_level, desc: *mut fp8amp_adam_desc, size: usize) -> fp8amp_status;
+    pub fn fp8amp_opt_level_adam_init(
+        level: fp8amp_opt_level,
+        desc: *mut fp8amp_adam_desc,
+        size: usize,
+    ) -> fp8amp_status;
     pub fn fp8amp_opt_level_adam_config(level: fp8amp_opt_level, desc: *mut fp8amp_adam_desc) -> fp8amp_status;
-    pub fn fp8amp_optimizer_create(ctx: fp8amp_context, desc: *const fp8amp_adam_desc, out: *mut fp8amp_optimizer) -> fp8amp_status;
+    pub fn fp8amp_optimizer_create(
+        ctx: fp8amp_context,
+        desc: *const fp8amp_adam_desc,
+        out: *mut fp8amp_optimizer,
+    ) -> fp8amp_status;
     pub fn fp8amp_optimizer_destroy(opt: fp8amp_optimizer) -> fp8amp_status;
-    pub fn fp8amp_optimizer_add_param(opt: fp8amp_optimizer, param: fp8amp_tensor, grad: fp8amp_tensor) -> fp8amp_status;
+    pub fn fp8amp_optimizer_add_param(
+        opt: fp8amp_optimizer,
+        param: fp8amp_tensor,
+        grad: fp8amp_tensor,
+    ) -> fp8amp_status;
     pub fn fp8amp_adam_step_args_init(args: *mut fp8amp_adam_step_args, size: usize) -> fp8amp_status;
     pub fn fp8amp_adam_step_args_init_default(args: *mut fp8amp_adam_step_args) -> fp8amp_status;
     pub fn fp8amp_optimizer_step(opt: fp8amp_optimizer, args: *const fp8amp_adam_step_args) -> fp8amp_status;
@@ -309,21 +383,52 @@ extern "C" {
     pub fn fp8amp_optimizer_get_grad_norm(opt: fp8amp_optimizer, norm: *mut f32) -> fp8amp_status;
     pub fn fp8amp_optimizer_num_params(opt: fp8amp_optimizer, count: *mut i32) -> fp8amp_status;
     pub fn fp8amp_optimizer_state_bytes(opt: fp8amp_optimizer, bytes: *mut usize) -> fp8amp_status;
-    pub fn fp8amp_optimizer_save(opt: fp8amp_optimizer, buffer: *mut c_void, capacity: usize, size: *mut usize) -> fp8amp_status;
+    pub fn fp8amp_optimizer_save(
+        opt: fp8amp_optimizer,
+        buffer: *mut c_void,
+        capacity: usize,
+        size: *mut usize,
+    ) -> fp8amp_status;
     pub fn fp8amp_optimizer_load(opt: fp8amp_optimizer, data: *const c_void, size: usize) -> fp8amp_status;
     pub fn fp8amp_grad_scaler_desc_init(desc: *mut fp8amp_grad_scaler_desc, size: usize) -> fp8amp_status;
     pub fn fp8amp_grad_scaler_desc_init_default(desc: *mut fp8amp_grad_scaler_desc) -> fp8amp_status;
-    pub fn fp8amp_grad_scaler_create(ctx: fp8amp_context, desc: *const fp8amp_grad_scaler_desc, out: *mut fp8amp_grad_scaler) -> fp8amp_status;
+    pub fn fp8amp_grad_scaler_create(
+        ctx: fp8amp_context,
+        desc: *const fp8amp_grad_scaler_desc,
+        out: *mut fp8amp_grad_scaler,
+    ) -> fp8amp_status;
     pub fn fp8amp_grad_scaler_destroy(scaler: fp8amp_grad_scaler) -> fp8amp_status;
     pub fn fp8amp_grad_scaler_get_scale(scaler: fp8amp_grad_scaler, scale: *mut f32) -> fp8amp_status;
     pub fn fp8amp_grad_scaler_scale_device_ptr(scaler: fp8amp_grad_scaler, scale: *mut *const f32) -> fp8amp_status;
-    pub fn fp8amp_grad_scaler_get_state(scaler: fp8amp_grad_scaler, state: *mut fp8amp_grad_scaler_state) -> fp8amp_status;
-    pub fn fp8amp_grad_scaler_set_state(scaler: fp8amp_grad_scaler, state: *const fp8amp_grad_scaler_state) -> fp8amp_status;
+    pub fn fp8amp_grad_scaler_get_state(
+        scaler: fp8amp_grad_scaler,
+        state: *mut fp8amp_grad_scaler_state,
+    ) -> fp8amp_status;
+    pub fn fp8amp_grad_scaler_set_state(
+        scaler: fp8amp_grad_scaler,
+        state: *const fp8amp_grad_scaler_state,
+    ) -> fp8amp_status;
     pub fn fp8amp_grad_scaler_update(scaler: fp8amp_grad_scaler, opt: fp8amp_optimizer) -> fp8amp_status;
-    pub fn fp8amp_opt_level_init(level: fp8amp_opt_level, linear_desc: *mut fp8amp_linear_desc, linear_size: usize, adam_desc: *mut fp8amp_adam_desc, adam_size: usize) -> fp8amp_status;
-    pub fn fp8amp_opt_level_config(level: fp8amp_opt_level, linear_desc: *mut fp8amp_linear_desc, adam_desc: *mut fp8amp_adam_desc) -> fp8amp_status;
+    pub fn fp8amp_opt_level_init(
+        level: fp8amp_opt_level,
+        linear_desc: *mut fp8amp_linear_desc,
+        linear_size: usize,
+        adam_desc: *mut fp8amp_adam_desc,
+        adam_size: usize,
+    ) -> fp8amp_status;
+    pub fn fp8amp_opt_level_config(
+        level: fp8amp_opt_level,
+        linear_desc: *mut fp8amp_linear_desc,
+        adam_desc: *mut fp8amp_adam_desc,
+    ) -> fp8amp_status;
     pub fn fp8amp_comm_unique_id_create(ctx: fp8amp_context, id: *mut fp8amp_comm_unique_id) -> fp8amp_status;
-    pub fn fp8amp_comm_create(ctx: fp8amp_context, id: *const fp8amp_comm_unique_id, nranks: i32, rank: i32, out: *mut fp8amp_comm) -> fp8amp_status;
+    pub fn fp8amp_comm_create(
+        ctx: fp8amp_context,
+        id: *const fp8amp_comm_unique_id,
+        nranks: i32,
+        rank: i32,
+        out: *mut fp8amp_comm,
+    ) -> fp8amp_status;
     pub fn fp8amp_comm_adopt(ctx: fp8amp_context, native: *mut c_void, out: *mut fp8amp_comm) -> fp8amp_status;
     pub fn fp8amp_comm_destroy(comm: fp8amp_comm) -> fp8amp_status;
     pub fn fp8amp_comm_abort(comm: fp8amp_comm) -> fp8amp_status;
@@ -332,7 +437,24 @@ extern "C" {
     pub fn fp8amp_comm_set_timeout(comm: fp8amp_comm, seconds: f64) -> fp8amp_status;
     pub fn fp8amp_comm_get_saturated(comm: fp8amp_comm, count: *mut u64) -> fp8amp_status;
     pub fn fp8amp_comm_reduce_desc_init(desc: *mut fp8amp_comm_reduce_desc, size: usize) -> fp8amp_status;
-    pub fn fp8amp_comm_all_reduce(comm: fp8amp_comm, n: i32, inputs: *const fp8amp_tensor, outputs: *const fp8amp_tensor, desc: *const fp8amp_comm_reduce_desc) -> fp8amp_status;
-    pub fn fp8amp_comm_reduce_scatter(comm: fp8amp_comm, input: fp8amp_tensor, output: fp8amp_tensor, desc: *const fp8amp_comm_reduce_desc) -> fp8amp_status;
-    pub fn fp8amp_comm_all_gather(comm: fp8amp_comm, input: fp8amp_tensor, output: fp8amp_tensor, output_scale_inv: fp8amp_tensor, desc: *const fp8amp_comm_reduce_desc) -> fp8amp_status;
+    pub fn fp8amp_comm_all_reduce(
+        comm: fp8amp_comm,
+        n: i32,
+        inputs: *const fp8amp_tensor,
+        outputs: *const fp8amp_tensor,
+        desc: *const fp8amp_comm_reduce_desc,
+    ) -> fp8amp_status;
+    pub fn fp8amp_comm_reduce_scatter(
+        comm: fp8amp_comm,
+        input: fp8amp_tensor,
+        output: fp8amp_tensor,
+        desc: *const fp8amp_comm_reduce_desc,
+    ) -> fp8amp_status;
+    pub fn fp8amp_comm_all_gather(
+        comm: fp8amp_comm,
+        input: fp8amp_tensor,
+        output: fp8amp_tensor,
+        output_scale_inv: fp8amp_tensor,
+        desc: *const fp8amp_comm_reduce_desc,
+    ) -> fp8amp_status;
 }

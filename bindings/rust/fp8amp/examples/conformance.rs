@@ -4,7 +4,9 @@
 //!
 //! `cargo run --offline --example conformance -- OUT.bin`; exits 0 on success, 1 with the library's
 //! status and message on stderr on any failed call, 2 on a usage error.
-use fp8amp::{AdamDesc, Context, Dtype, GemmPolicy, Linear, LinearDesc, OptLevel, Optimizer, Recipe, Scaling, StepArgs, Tensor};
+use fp8amp::{
+    AdamDesc, Context, Dtype, GemmPolicy, Linear, LinearDesc, OptLevel, Optimizer, Recipe, Scaling, StepArgs, Tensor,
+};
 use std::io::Write;
 
 /// The scenario's inputs: `(float)(f(i)) / d` with IEEE float32 division, as every runner computes them.

@@ -555,13 +555,18 @@ impl<'c> Tensor<'c> {
         if shape.len() > sys::FP8AMP_MAX_NDIM as usize {
             return Err(Error::binding(
                 Status::InvalidArgument,
-                format!("Tensor::new: shape has {} dimensions, more than FP8AMP_MAX_NDIM = {}",
-                        shape.len(), sys::FP8AMP_MAX_NDIM),
+                format!(
+                    "Tensor::new: shape has {} dimensions, more than FP8AMP_MAX_NDIM = {}",
+                    shape.len(),
+                    sys::FP8AMP_MAX_NDIM
+                ),
             ));
         }
         let mut raw = ptr::null_mut();
         // SAFETY: shape has shape.len() entries; raw is a valid out pointer.
-        check(unsafe { sys::fp8amp_tensor_create(ctx.raw, dtype.to_raw(), shape.len() as i32, shape.as_ptr(), &mut raw) })?;
+        check(unsafe {
+            sys::fp8amp_tensor_create(ctx.raw, dtype.to_raw(), shape.len() as i32, shape.as_ptr(), &mut raw)
+        })?;
         Ok(Tensor { raw, _ctx: PhantomData })
     }
 
@@ -858,7 +863,8 @@ impl<'c> Scaling<'c> {
     /// (`fp8amp_scaling_get_history`).
     pub fn history(&self, len: usize) -> Result<Vec<f32>> {
         let mut h = vec![0f32; len];
-        let cap = i32::try_from(len).map_err(|_| Error::binding(Status::InvalidArgument, "Scaling::history: len too large".into()))?;
+        let cap = i32::try_from(len)
+            .map_err(|_| Error::binding(Status::InvalidArgument, "Scaling::history: len too large".into()))?;
         // SAFETY: h has `cap` entries.
         check(unsafe { sys::fp8amp_scaling_get_history(self.raw, cap, h.as_mut_ptr()) })?;
         Ok(h)
@@ -992,7 +998,10 @@ impl<'c> Linear<'c> {
         self.raw
     }
 
-    fn tensor(&self, f: unsafe extern "C" fn(sys::fp8amp_linear, *mut sys::fp8amp_tensor) -> sys::fp8amp_status) -> Result<Tensor<'c>> {
+    fn tensor(
+        &self,
+        f: unsafe extern "C" fn(sys::fp8amp_linear, *mut sys::fp8amp_tensor) -> sys::fp8amp_status,
+    ) -> Result<Tensor<'c>> {
         let mut raw = ptr::null_mut();
         // SAFETY: live handle, valid out pointer; the new handle is ours.
         check(unsafe { f(self.raw, &mut raw) })?;
@@ -1266,7 +1275,9 @@ impl<'c> Optimizer<'c> {
         let mut buf = vec![0u8; size];
         let mut written = 0usize;
         // SAFETY: buf has `size` bytes.
-        check(unsafe { sys::fp8amp_optimizer_save(self.raw, buf.as_mut_ptr() as *mut c_void, buf.len(), &mut written) })?;
+        check(unsafe {
+            sys::fp8amp_optimizer_save(self.raw, buf.as_mut_ptr() as *mut c_void, buf.len(), &mut written)
+        })?;
         buf.truncate(written);
         Ok(buf)
     }
@@ -1350,3 +1361,8 @@ impl Drop for GradScaler<'_> {
         unsafe { sys::fp8amp_grad_scaler_destroy(self.raw) };
     }
 }
+
+// The README's Rust examples run as doctests, so the documented program stays true.
+#[doc = include_str!("../../README.md")]
+#[cfg(doctest)]
+pub struct ReadmeDoctests;

@@ -136,8 +136,18 @@ fn quantize_matches_an_independent_e4m3_reference() {
     let mut saturated = 0u64;
     for (i, (&xi, &c)) in x.iter().zip(&codes).enumerate() {
         let want = e4m3_encode(xi * scale);
-        assert_eq!(c, want, "element {}: x = {:e}, scale = {}, got {:#04x} ({}), want {:#04x} ({})",
-                   i, xi, scale, c, e4m3_decode(c), want, e4m3_decode(want));
+        assert_eq!(
+            c,
+            want,
+            "element {}: x = {:e}, scale = {}, got {:#04x} ({}), want {:#04x} ({})",
+            i,
+            xi,
+            scale,
+            c,
+            e4m3_decode(c),
+            want,
+            e4m3_decode(want)
+        );
         assert!(!e4m3_decode(c).is_nan(), "element {} quantized to NaN", i);
         if (xi * scale).abs() > 448.0 {
             saturated += 1;
@@ -300,7 +310,14 @@ fn o2_adam_step_matches_float64_adamw() {
         let got = p1[i] as f64;
         // m in E4M3 and v in F16 (block-scaled): the update's relative error stays within ~2^-4
         let tol = 0.07 * lr + 4.0 * f32::EPSILON as f64 * (p0[i] as f64).abs();
-        assert!(got.is_finite() && (got - want).abs() <= tol, "p[{}] = {} vs float64 {} (tolerance {})", i, got, want, tol);
+        assert!(
+            got.is_finite() && (got - want).abs() <= tol,
+            "p[{}] = {} vs float64 {} (tolerance {})",
+            i,
+            got,
+            want,
+            tol
+        );
         changed += (p1[i] != p0[i]) as usize;
     }
     assert!(changed > n / 2, "the step changed only {} of {} parameters", changed, n);
