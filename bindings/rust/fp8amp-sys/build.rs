@@ -22,7 +22,9 @@ fn pkg_config_lib_dirs() -> Vec<String> {
     };
     String::from_utf8_lossy(&out.stdout)
         .split_whitespace()
-        .filter_map(|f| f.strip_prefix("-L").map(str::to_owned))
+        .filter_map(|f| f.strip_prefix("-L"))
+        // a relocatable .pc gives <prefix>/lib/pkgconfig/../../lib: make the rpath plain
+        .map(|d| std::fs::canonicalize(d).map_or_else(|_| d.to_owned(), |p| p.to_string_lossy().into_owned()))
         .collect()
 }
 
@@ -45,6 +47,12 @@ fn main() {
         println!("cargo:rustc-link-search=native={}", d);
         // For this crate's tests; dependents get it through DEP_FP8AMP_LIB_DIR.
         println!("cargo:rustc-link-arg=-Wl,-rpath,{}", d);
+    }
+    if dirs.is_empty() {
+        println!(
+            "cargo:warning=fp8amp-sys: neither FP8AMP_LIB_DIR nor pkg-config's fp8amp names a folder; \
+             linking libfp8amp from the linker's default paths"
+        );
     }
     if let Some(d) = dirs.first() {
         println!("cargo:lib_dir={}", d);
