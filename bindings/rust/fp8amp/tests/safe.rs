@@ -396,3 +396,37 @@ fn version_and_names() {
     assert_eq!(r.amax_history_len, 1024);
     assert_eq!(fp8amp::Device::count(fp8amp::DeviceType::Cpu).unwrap(), 1);
 }
+
+#[test]
+fn grad_scaler_backs_off_on_a_nan_step() {
+    let mut rng = Rng::new("scaler");
+    let ctx = Context::cpu().unwrap();
+    let desc = fp8amp::GradScaler::default_desc().unwrap();
+    assert_eq!(desc.init_scale, 65536.0);
+    let scaler = fp8amp::GradScaler::new(&ctx, &desc).unwrap();
+    let opt = Optimizer::new(&ctx, &AdamDesc::opt_level(OptLevel::O2).unwrap()).unwrap();
+    let n = 300;
+    let p0 = rng.spread(n, -3, 1);
+    let p = Tensor::from_f32(&ctx, &[n as i64], &p0).unwrap();
+    let mut g = rng.spread(n, 0, 10); // scaled gradients, as a scaled loss gives them
+    let gt = Tensor::from_f32(&ctx, &[n as i64], &g).unwrap();
+    opt.add_param(&p, &gt).unwrap();
+    let args = StepArgs { scaler: Some(&scaler), ..StepArgs::default() };
+    opt.step(&args).unwrap();
+    assert!(!opt.found_inf().unwrap());
+    assert_eq!(scaler.scale().unwrap(), 65536.0);
+    let p1 = p.to_vec::<f32>().unwrap();
+    assert!(p1.iter().zip(&p0).any(|(a, b)| a != b) && p1.iter().all(|v| v.is_finite()));
+    g[rng.next_u64() as usize % n] = f32::INFINITY;
+    gt.copy_from_host(&g).unwrap();
+    opt.step(&args).unwrap();
+    assert!(opt.found_inf().unwrap());
+    assert_eq!(scaler.scale().unwrap(), 32768.0);
+    assert_eq!(p.to_vec::<f32>().unwrap(), p1);
+    let st = scaler.state().unwrap();
+    scaler.set_state(&fp8amp::GradScalerState { scale: 1024.0, ..st }).unwrap();
+    assert_eq!(scaler.scale().unwrap(), 1024.0);
+    let e = scaler.set_state(&fp8amp::GradScalerState { scale: f32::NAN, ..st }).unwrap_err();
+    assert_eq!(e.status, Status::InvalidArgument, "{}", e);
+    assert_eq!(scaler.scale().unwrap(), 1024.0);
+}
