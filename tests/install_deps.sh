@@ -66,3 +66,10 @@ case " $* " in *" java "*)
     $fp8amp_sudo apt-get install -y -qq "${fp8amp_need_java[@]}"
   fi ;;
 esac
+case " $* " in *" rust "*)
+  # rust: cargo and rustc >= 1.63 (Debian 12's) for the Rust binding (bindings/rust,
+  # FP8AMP_BINDINGS_RUST); its crates use the standard library only: nothing comes from crates.io
+  if ! command -v cargo >/dev/null && [ ! -x "${CARGO_HOME:-$HOME/.cargo}/bin/cargo" ]; then
+    $fp8amp_sudo apt-get update -qq && $fp8amp_sudo apt-get install -y -qq cargo rustc
+  fi ;;
+esac
