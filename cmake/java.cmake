@@ -2,7 +2,7 @@
 # package org.fp8amp.swig from the public header (bindings/swig/fp8amp.i, the language-neutral part,
 # and bindings/java/fp8amp_java.i); the hand-written classes of org.fp8amp sit on top. Builds
 # libfp8amp_java.so and fp8amp.jar, and with FP8AMP_BUILD_TESTS the tests java.junit and
-# java.conformance. Maven cannot fetch plugins offline here, so javac and jar run directly
+# conformance.java. Maven cannot fetch plugins offline here, so javac and jar run directly
 # (bindings/java/build_jar.cmake), with JUnit 5's console launcher from Debian's junit5 package.
 option(FP8AMP_BINDINGS_JAVA "Build the Java binding (SWIG + JNI): libfp8amp_java.so and fp8amp.jar" OFF)
 if(NOT FP8AMP_BINDINGS_JAVA)
@@ -104,12 +104,15 @@ add_custom_command(
 add_custom_target(fp8amp_java_conformance ALL DEPENDS ${FP8AMP_JAVA_BUILD}/fp8amp-conformance.jar)
 
 set(FP8AMP_JAVA_RUN ${Java_JAVA_EXECUTABLE} -Xcheck:jni -Dfp8amp.jni.library=$<TARGET_FILE:fp8amp_java>)
-add_test(NAME java.conformance
-         COMMAND ${FP8AMP_JAVA_RUN}
+# The runner writes beside the other bindings' files; conformance.compare (tests/conformance) requires
+# java.bin when FP8AMP_BINDINGS_JAVA is on, and runs after this test (the fixture).
+set(fp8amp_java_bin ${PROJECT_BINARY_DIR}/tests/conformance/out/java.bin)
+file(MAKE_DIRECTORY ${PROJECT_BINARY_DIR}/tests/conformance/out)
+add_test(NAME conformance.java
+         COMMAND sh -c "rm -f \"$1\" && shift && exec \"$@\"" sh ${fp8amp_java_bin} ${FP8AMP_JAVA_RUN}
                  -cp ${FP8AMP_JAVA_BUILD}/fp8amp.jar:${FP8AMP_JAVA_BUILD}/fp8amp-conformance.jar
-                 org.fp8amp.conformance.Conformance ${PROJECT_BINARY_DIR}/conformance/java.bin)
-# The runner writes into conformance/ of the build tree (beside the other bindings' files).
-file(MAKE_DIRECTORY ${PROJECT_BINARY_DIR}/conformance)
+                 org.fp8amp.conformance.Conformance ${fp8amp_java_bin})
+set_tests_properties(conformance.java PROPERTIES FIXTURES_SETUP conformance)
 
 # JUnit 5 through its console launcher (Debian: junit5, /usr/share/java).
 find_file(FP8AMP_JUNIT_CONSOLE junit-platform-console-standalone.jar

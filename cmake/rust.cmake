@@ -2,8 +2,8 @@
 # header) and fp8amp (the safe crate). Standard library only, built offline with the committed
 # Cargo.lock. Included at the end of the top-level CMakeLists.txt.
 #   rust.cargo_test    cargo test: both crates against the libfp8amp just built
-#   rust.conformance   the conformance scenario's Rust runner (tests/conformance/SCENARIO.md),
-#                      writing ${PROJECT_BINARY_DIR}/conformance/rust.bin
+#   conformance.rust   the conformance scenario's Rust runner (tests/conformance/SCENARIO.md),
+#                      writing ${PROJECT_BINARY_DIR}/tests/conformance/out/rust.bin
 option(FP8AMP_BINDINGS_RUST "Test the Rust binding (bindings/rust) with cargo, offline" OFF)
 set(FP8AMP_RUST_JOBS 2 CACHE STRING "cargo -j for the Rust binding's tests")
 
@@ -22,18 +22,23 @@ if(FP8AMP_BINDINGS_RUST)
         FP8AMP_LIB_DIR=$<TARGET_FILE_DIR:fp8amp>
         CARGO_TARGET_DIR=${PROJECT_BINARY_DIR}/rust-target
         CC=${CMAKE_C_COMPILER})
-    file(MAKE_DIRECTORY ${PROJECT_BINARY_DIR}/conformance)
+    # The runner writes beside the other bindings' files; conformance.compare (tests/conformance)
+    # requires rust.bin when FP8AMP_BINDINGS_RUST is on, and runs after this test (the fixture).
+    set(fp8amp_rust_bin ${PROJECT_BINARY_DIR}/tests/conformance/out/rust.bin)
+    file(MAKE_DIRECTORY ${PROJECT_BINARY_DIR}/tests/conformance/out)
     add_test(NAME rust.cargo_test
              COMMAND ${CMAKE_COMMAND} -E env ${fp8amp_rust_env}
                      ${FP8AMP_CARGO} test --offline --locked -j ${FP8AMP_RUST_JOBS}
              WORKING_DIRECTORY ${PROJECT_SOURCE_DIR}/bindings/rust)
-    add_test(NAME rust.conformance
-             COMMAND ${CMAKE_COMMAND} -E env ${fp8amp_rust_env}
+    add_test(NAME conformance.rust
+             COMMAND sh -c "rm -f \"$1\" && shift && exec \"$@\"" sh ${fp8amp_rust_bin}
+                     ${CMAKE_COMMAND} -E env ${fp8amp_rust_env}
                      ${FP8AMP_CARGO} run --offline --locked -q -j ${FP8AMP_RUST_JOBS} -p fp8amp
-                     --example conformance -- ${PROJECT_BINARY_DIR}/conformance/rust.bin
+                     --example conformance -- ${fp8amp_rust_bin}
              WORKING_DIRECTORY ${PROJECT_SOURCE_DIR}/bindings/rust)
     # the first run compiles both crates; both tests share cargo's target folder
-    set_tests_properties(rust.cargo_test rust.conformance PROPERTIES
+    set_tests_properties(rust.cargo_test conformance.rust PROPERTIES
                          TIMEOUT 900 RESOURCE_LOCK fp8amp_rust_target LABELS rust)
+    set_tests_properties(conformance.rust PROPERTIES FIXTURES_SETUP conformance)
   endif()
 endif()

@@ -7,11 +7,14 @@
 # Also the generated API reference (tests/check_docs.sh) and the add_subdirectory check.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-. tests/install_deps.sh python
+. tests/install_deps.sh python java rust
 # The default build (with CUDA kernels when nvcc is found; MPI required, so that the communicator
 # tests under mpirun run rather than skip), then a build without CUDA, whose CUDA
 # entry points must answer NOT_SUPPORTED while everything on the CPU works the same.
-cmake -S . -B build -G Ninja -DFP8AMP_BUILD_TESTS=ON -DFP8AMP_BUILD_EXAMPLES=ON -DFP8AMP_MPI=ON
+# The Java (SWIG) and Rust bindings are built and tested here too, with the conformance scenario
+# comparing their output to the C runner's.
+cmake -S . -B build -G Ninja -DFP8AMP_BUILD_TESTS=ON -DFP8AMP_BUILD_EXAMPLES=ON -DFP8AMP_MPI=ON \
+  -DFP8AMP_BINDINGS_JAVA=ON -DFP8AMP_BINDINGS_RUST=ON
 cmake --build build
 cmake -S . -B build-nocuda -G Ninja -DFP8AMP_CUDA=OFF -DFP8AMP_BUILD_TESTS=ON -DFP8AMP_BUILD_EXAMPLES=OFF -DFP8AMP_MPI=ON
 cmake --build build-nocuda
