@@ -84,11 +84,12 @@ print("fp8amp %s (library %d, header %d) from %s" % (fp8amp.__version__, fp8amp.
                                                     fp8amp.HEADER_VERSION, pkg))
 assert fp8amp.library_version() == fp8amp.HEADER_VERSION
 
-# Every shared object in the package resolves its libraries inside the wheel or to the manylinux base.
+# Every shared object of the package, and those auditwheel grafted into fp8amp.libs/ (cuBLASLt and
+# NCCL in a CUDA wheel), resolves its libraries inside the wheel or to the manylinux base.
 BASE = ("linux-vdso", "ld-linux", "libc.so", "libm.so", "libstdc++.so", "libgcc_s.so", "libpthread.so", "libdl.so",
         "librt.so")
 ldd = shutil.which("ldd", path="/usr/bin:/bin")
-for root, _, files in os.walk(pkg):
+for root, _, files in (w for d in (pkg, pkg + ".libs") for w in os.walk(d)):
     for f in files:
         if ".so" not in f:
             continue
