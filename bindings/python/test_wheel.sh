@@ -13,8 +13,8 @@
 #      tests skip without PyTorch).
 # The CPU-only wheel (FP8AMP_WHEEL_CUDA=OFF): a CUDA build takes too long on CI's 2 cores; build the
 # CUDA wheel the same way without that variable where nvcc is (bindings/python/README.md).
-# pip's cache (PIP_CACHE_DIR, default ~/.cache/pip) keeps the downloads of later runs; the isolated
-# build environment uses it too. About 1.5 minutes on 2 cores with a warm cache.
+# pip's cache (PIP_CACHE_DIR, default ~/.cache/pip) keeps the downloads for later runs where the
+# index allows; the isolated build environment uses it too. 63 to 105 s on 2 shared cores.
 # Usage: bindings/python/test_wheel.sh [SOURCE_DIR] [pytest args...]; PYTHON picks the interpreter;
 # FP8AMP_WHEEL_OUT=DIR keeps the repaired wheel there. Exit 77 (SKIPPED) when the interpreter cannot
 # make a venv (Debian: python3-venv; `. tests/install_deps.sh wheel` installs it).
