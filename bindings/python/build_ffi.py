@@ -26,7 +26,8 @@ The module links ``-lfp8amp`` with an rpath to the library's folder, so ``import
 LD_LIBRARY_PATH.
 
 Run as a script to print the generated cdef: ``python3 build_ffi.py [INCLUDE_DIR ...]`` (default: the
-source tree's, as in 3.).
+source tree's, as in 3.); ``python3 build_ffi.py --emit-c OUT.c [INCLUDE_DIR ...]`` writes the module's C
+source instead (the wheel's CMake build compiles it: bindings/python/CMakeLists.txt).
 """
 import os
 import re
@@ -297,24 +298,42 @@ def version(include_dirs) -> str:
     return ".".join(parts)
 
 
-def make_ffibuilder():
+def _ffibuilder(include_dirs, **link):
     from cffi import FFI
 
-    incs, lib, how = locate()
-    header = find_header(incs, "fp8amp/fp8amp.h")
-    cdef = header_cdef(incs)
-    print("fp8amp: building the CFFI module against %s (%s), library in %s" % (header, how, lib), file=sys.stderr)
     builder = FFI()
-    builder.cdef(cdef)
+    builder.cdef(header_cdef(include_dirs))
     builder.cdef(HELPERS_CDEF)
-    builder.set_source("fp8amp._fp8amp_cffi", HELPERS_SOURCE, include_dirs=incs, library_dirs=[lib],
-                       libraries=["fp8amp"], runtime_library_dirs=[lib])
+    builder.set_source("fp8amp._fp8amp_cffi", HELPERS_SOURCE, include_dirs=include_dirs, **link)
     return builder
 
 
+def make_ffibuilder():
+    incs, lib, how = locate()
+    header = find_header(incs, "fp8amp/fp8amp.h")
+    print("fp8amp: building the CFFI module against %s (%s), library in %s" % (header, how, lib), file=sys.stderr)
+    return _ffibuilder(incs, library_dirs=[lib], libraries=["fp8amp"], runtime_library_dirs=[lib])
+
+
+def emit_c(include_dirs, path: str) -> None:
+    """Writes the extension module's C source (cffi's API mode) to path, for a build that compiles
+    and links it itself: the wheel's CMake build (bindings/python/CMakeLists.txt), which links it to
+    the libfp8amp it builds and bundles."""
+    _ffibuilder(include_dirs).emit_c_code(path)
+
+
 if __name__ == "__main__":
-    dirs = sys.argv[1:] or [os.path.join(REPO, "capi", "include"),
-                            os.path.join(os.environ.get("FP8AMP_BUILD_DIR", os.path.join(REPO, "build")), "include")]
-    sys.stdout.write(header_cdef(dirs))
+    args = sys.argv[1:]
+    out = None
+    if args[:1] == ["--emit-c"]:
+        if len(args) < 2:
+            sys.exit("usage: build_ffi.py --emit-c OUT.c [INCLUDE_DIR ...]")
+        out, args = args[1], args[2:]
+    dirs = args or [os.path.join(REPO, "capi", "include"),
+                    os.path.join(os.environ.get("FP8AMP_BUILD_DIR", os.path.join(REPO, "build")), "include")]
+    if out:
+        emit_c(dirs, out)
+    else:
+        sys.stdout.write(header_cdef(dirs))
 elif __name__ == "__cffi__":  # executed by cffi's setuptools integration (setup.py: cffi_modules)
     ffibuilder = make_ffibuilder()
