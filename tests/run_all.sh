@@ -7,7 +7,7 @@
 # Also the generated API reference (tests/check_docs.sh) and the add_subdirectory check.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-. tests/install_deps.sh python java rust
+. tests/install_deps.sh python java rust wheel
 # The default build (with CUDA kernels when nvcc is found; MPI required, so that the communicator
 # tests under mpirun run rather than skip), then a build without CUDA, whose CUDA
 # entry points must answer NOT_SUPPORTED while everything on the CPU works the same.
@@ -23,6 +23,9 @@ cmake --build build-nocuda
 # added to another project with add_subdirectory (no CMocka, no tests, the parent's build type kept).
 bash tests/check_docs.sh
 bash tests/subproject/check.sh "$PWD" "$PWD/build-subproject"
+# The Python wheel (pip install . at the root, CPU-only here: a CUDA wheel takes too long on CI's
+# 2 cores), installed into a fresh venv with no compiler, against ml_dtypes and the package's tests.
+FP8AMP_WHEEL_CUDA=OFF bash bindings/python/test_wheel.sh
 if [ "${FP8AMP_QUICK:-0}" != 1 ]; then
   bash tests/sanitizers.sh
   bash tests/fuzz/run.sh "${FUZZ_SECONDS:-60}"
