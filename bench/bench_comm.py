@@ -20,8 +20,8 @@ the same data to the mean over ranks, out of place, timed with CUDA events on th
   dequantize: all included), with the cross-rank argument check (``check=1``, the default) and
   without it (``check=0``).
 
-NCCL is called through ctypes on the libnccl that libfp8amp links (so that every method uses one
-NCCL build); torch.distributed (gloo) only exchanges the ids and the results. Errors are measured
+NCCL is called through ctypes on the libnccl loaded in the process (torch's; libfp8amp's libnccl.so.2
+resolves to it, so that every method uses one NCCL build); torch.distributed (gloo) only exchanges the ids and the results. Errors are measured
 against the exact mean (the F32 sum of BF16 values of up to 8 ranks is exact here: their exponents
 span far less than F32's 24 bits), as a relative RMS and as the largest error over the largest |mean|.
 Bus bandwidth is NCCL's definition, (bytes / time) * 2 (N - 1) / N, with the bytes the data type
@@ -52,13 +52,15 @@ class NcclUniqueId(ctypes.Structure):
     _fields_ = [("internal", ctypes.c_char * 128)]
 
 
-def nccl_path(lib_path):
-    """The libnccl that libfp8amp was linked with (ldd), so that both sides use one NCCL build."""
-    out = subprocess.run(["ldd", lib_path], capture_output=True, text=True).stdout
-    m = re.search(r"libnccl\.so\.\d+ => (\S+)", out)
-    if not m:
-        raise SystemExit(f"{lib_path} does not link libnccl (built without NCCL?):\n{out}")
-    return m.group(1)
+def nccl_path():
+    """The libnccl already loaded in this process (torch's, which libfp8amp's libnccl.so.2 also
+    resolves to once torch is imported: the loader matches the soname), so that every method runs
+    on one NCCL build; a second copy loaded by path would be another NCCL instance in the process."""
+    with open("/proc/self/maps") as f:
+        paths = sorted({line.split()[-1] for line in f if re.search(r"/libnccl\.so", line)})
+    if not paths:
+        raise SystemExit("no libnccl is loaded in this process (libfp8amp built without NCCL?)")
+    return paths[0]
 
 
 class Nccl:
@@ -117,13 +119,25 @@ def errors(y, exact):
 
 
 def rank_main(rank, args, store):
+    import faulthandler
+    import traceback
+    faulthandler.enable()
+    faulthandler.dump_traceback_later(args.hang_s, exit=True)  # a hung rank shows where it hangs
+    try:
+        run_rank(rank, args, store)
+    except BaseException:
+        print(f"[rank {rank}] " + traceback.format_exc(), file=sys.stderr, flush=True)
+        raise
+
+
+def run_rank(rank, args, store):
     torch.cuda.set_device(rank)
     dist.init_process_group("gloo", init_method="file://" + store, rank=rank, world_size=args.nranks)
     N, n = args.nranks, args.elements
     from fp8amp_bench import Lib
     L = Lib(args.lib)
     fp8amp = L.fp8amp
-    nccl = Nccl(nccl_path(args.lib))
+    nccl = Nccl(nccl_path())
     box = [nccl.unique_id() if rank == 0 else None]
     dist.broadcast_object_list(box, src=0)
     nccl.comm(box[0], N, rank)
@@ -185,6 +199,25 @@ def rank_main(rank, args, store):
         desc.check = check
         record(f"fp8amp.e4m3{'' if check else '.nocheck'}",
                lambda: L("fp8amp_comm_all_reduce", comm, 1, ins, outs, desc), out)
+    # Where fp8amp's time goes: the GPU kernels of 3 calls (without the check), rank 0 profiled.
+    desc = L.init("fp8amp_comm_reduce_desc")
+    desc.check = 0
+    prof = None
+    if rank == 0:
+        prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA])
+        prof.__enter__()
+    for _ in range(3):
+        L("fp8amp_comm_all_reduce", comm, 1, ins, outs, desc)
+    torch.cuda.synchronize()
+    if prof is not None:
+        prof.__exit__(None, None, None)
+        kernels = {}
+        for e in prof.key_averages():
+            t = getattr(e, "device_time_total", None) or getattr(e, "cuda_time_total", 0)
+            if t:
+                kernels[e.key[:90]] = {"us_per_call": t / 3, "launches_per_call": e.count / 3}
+        res["fp8amp.e4m3.nocheck"]["kernels"] = dict(sorted(kernels.items(), key=lambda kv: -kv[1]["us_per_call"]))
+    dist.barrier()
     sat = ffi.new("uint64_t *")
     L("fp8amp_comm_get_saturated", comm, sat)
     res["fp8amp.e4m3"]["saturated"] = int(sat[0])
@@ -220,6 +253,9 @@ def rank_main(rank, args, store):
         for k, v in res.items():
             print(f"{k:24s} {v['us']:9.1f} {v['speedup_vs_nccl_bf16']:7.3f} {v['busbw_GBps']:10.1f} "
                   f"{v['rel_rms']:9.2e} {v['max_err_over_amax']:9.2e}")
+        print("fp8amp's GPU time per call (3 calls profiled on rank 0, check=0):")
+        for name, v in res["fp8amp.e4m3.nocheck"].get("kernels", {}).items():
+            print(f"  {v['us_per_call']:9.1f} us  x{v['launches_per_call']:.0f}  {name}")
     dist.barrier()
     dist.destroy_process_group()
 
@@ -233,6 +269,7 @@ def main():
     p.add_argument("--nranks", type=int, default=None)
     p.add_argument("--iters", type=int, default=10)
     p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--hang-s", type=float, default=200.0, help="dump every rank's stack and exit after this long")
     args = p.parse_args()
     args.lib = os.path.abspath(args.lib)
     args.out = os.path.abspath(args.out)

@@ -39,6 +39,14 @@ void check_not_overlapping(const Tensor &a, const std::string &an, const Tensor 
         fail(FP8AMP_ERROR_INVALID_ARGUMENT, an + " and " + bn + " overlap in memory");
 }
 
+// The all-reduce's chunk per rank: ceil(total / N) rounded up to a multiple of 16 elements (bytes on
+// the wire), so that every rank's chunk starts aligned for the vectorized device code. Which rank
+// reduces an element changes nothing in its value (the sum is in rank order, the scale agreed).
+int64_t chunk_elements(int64_t total, int N) {
+    const int64_t c = (total + N - 1) / N;
+    return (c + 15) / 16 * 16;
+}
+
 // Buffers of a failed communicator may still be named by requests pending in MPI or NCCL: they are
 // kept alive until the process ends.
 std::vector<std::shared_ptr<Storage>> &kept_after_failure() {
@@ -184,7 +192,7 @@ void Communicator::all_reduce(const std::vector<std::shared_ptr<Tensor>> &inputs
         sig.dtypes = dtypes.h;
         sig.options = options.h;
         // The scratch too, before the agreement: a rank out of memory refuses like any other.
-        const int64_t chunk = (offset[n] + N - 1) / N;
+        const int64_t chunk = chunk_elements(offset[n], N);
         scratch(0, 16 * n);
         scratch(1, static_cast<size_t>(chunk) * N);
         scratch(2, static_cast<size_t>(chunk) * N);
@@ -194,7 +202,7 @@ void Communicator::all_reduce(const std::vector<std::shared_ptr<Tensor>> &inputs
 
     void *stream = ctx_->stream();
     const int64_t total = offset[n];
-    const int64_t C = (total + N - 1) / N;  // chunk per rank
+    const int64_t C = chunk_elements(total, N);  // chunk per rank
     const size_t padded = static_cast<size_t>(C) * static_cast<size_t>(N);
     // Small per-tensor values: amax before and after the reduction, wire and output scale_inv.
     auto *small = static_cast<uint32_t *>(scratch(0, 16 * n));

@@ -7,6 +7,9 @@
 // synchronizes except to_host/from_host.
 #include <cuda_runtime.h>
 
+#include <cstdint>
+#include <type_traits>
+
 #include "comm.hpp"
 #include "cuda_common.cuh"
 
@@ -109,6 +112,172 @@ __global__ void convert_kernel(const float *src, int64_t n, void *dst, fp8amp_dt
         store_wide(dst, dtype, k, src[k]);
 }
 
+// Vectorized variants for the large buckets: each thread takes 8 consecutive elements per step, so
+// that one load or store moves 8 to 32 bytes (a scalar 1- or 2-byte access per thread leaves too
+// few bytes in flight to reach the memory's bandwidth). The arithmetic per element is the same
+// inline functions as above, so the bytes are the same; they are used when every pointer is aligned
+// to its vector width (8 elements), and the last n % 8 elements go through the scalar code in the
+// same kernel.
+constexpr int kVec = 8;
+
+template <fp8amp_dtype D>
+__device__ void load8(const void *src, int64_t k, float s, float v[kVec]) {
+    if constexpr (D == FP8AMP_DTYPE_F32) {
+        const float4 a = *reinterpret_cast<const float4 *>(static_cast<const float *>(src) + k);
+        const float4 b = *reinterpret_cast<const float4 *>(static_cast<const float *>(src) + k + 4);
+        const float f[kVec] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+#pragma unroll
+        for (int i = 0; i < kVec; ++i) v[i] = codec::canonical_f32(f[i]);
+    } else if constexpr (D == FP8AMP_DTYPE_F16 || D == FP8AMP_DTYPE_BF16) {
+        const uint4 u = *reinterpret_cast<const uint4 *>(static_cast<const uint16_t *>(src) + k);
+        const uint16_t *h = reinterpret_cast<const uint16_t *>(&u);
+#pragma unroll
+        for (int i = 0; i < kVec; ++i)
+            v[i] = D == FP8AMP_DTYPE_F16 ? codec::decode<codec::F16>(h[i]) : codec::decode<codec::BF16>(h[i]);
+    } else {
+        const uint2 u = *reinterpret_cast<const uint2 *>(static_cast<const uint8_t *>(src) + k);
+        const uint8_t *c = reinterpret_cast<const uint8_t *>(&u);
+#pragma unroll
+        for (int i = 0; i < kVec; ++i)
+            v[i] = scaled(D == FP8AMP_DTYPE_E5M2 ? codec::decode<codec::E5M2>(c[i]) : codec::decode<codec::E4M3>(c[i]), s);
+    }
+}
+
+template <fp8amp_dtype D>
+__device__ void store8(void *dst, int64_t k, const float v[kVec]) {
+    if constexpr (D == FP8AMP_DTYPE_F32) {
+        float *d = static_cast<float *>(dst) + k;
+        *reinterpret_cast<float4 *>(d) = make_float4(codec::canonical_f32(v[0]), codec::canonical_f32(v[1]),
+                                                     codec::canonical_f32(v[2]), codec::canonical_f32(v[3]));
+        *reinterpret_cast<float4 *>(d + 4) = make_float4(codec::canonical_f32(v[4]), codec::canonical_f32(v[5]),
+                                                         codec::canonical_f32(v[6]), codec::canonical_f32(v[7]));
+    } else {
+        uint4 u;
+        uint16_t *h = reinterpret_cast<uint16_t *>(&u);
+#pragma unroll
+        for (int i = 0; i < kVec; ++i)
+            h[i] = static_cast<uint16_t>(D == FP8AMP_DTYPE_F16 ? codec::encode<codec::F16, false>(v[i])
+                                                               : codec::encode<codec::BF16, false>(v[i]));
+        *reinterpret_cast<uint4 *>(static_cast<uint16_t *>(dst) + k) = u;
+    }
+}
+
+__device__ int64_t vec_start() { return blockIdx.x * int64_t(blockDim.x) + threadIdx.x; }
+__device__ int64_t vec_step() { return int64_t(gridDim.x) * blockDim.x; }
+// The scalar tail [n8, n): taken by the first block's threads.
+#define FP8AMP_TAIL(n8, n) for (int64_t k = (n8) + threadIdx.x; blockIdx.x == 0 && k < (n); k += blockDim.x)
+
+template <fp8amp_dtype D>
+__global__ void amax_vec_kernel(const void *src, const float *scale_inv, int64_t n, uint32_t *amax) {
+    const float s = input_scale(D, scale_inv);
+    const int64_t n8 = n / kVec * kVec;
+    uint32_t m = 0;
+    for (int64_t k = vec_start() * kVec; k < n8; k += vec_step() * kVec) {
+        float v[kVec];
+        load8<D>(src, k, s, v);
+#pragma unroll
+        for (int i = 0; i < kVec; ++i) m = max(m, amax_bits_of(v[i]));
+    }
+    FP8AMP_TAIL(n8, n) m = max(m, amax_bits_of(load_real(src, D, s, k)));
+    fold_max(m, amax);
+}
+
+template <fp8amp_dtype D>
+__global__ void quantize_vec_kernel(const void *src, const float *src_scale_inv, int64_t n, const uint32_t *amax_bits,
+                                    fp8amp_dtype wire, uint8_t *dst, float *scale_inv_out,
+                                    unsigned long long *saturated) {
+    const float in_s = input_scale(D, src_scale_inv);
+    const float s = comm_scale(comm_fp8_max(wire), *amax_bits);
+    const int64_t n8 = n / kVec * kVec;
+    unsigned long long sat = 0;
+    for (int64_t k = vec_start() * kVec; k < n8; k += vec_step() * kVec) {
+        float v[kVec];
+        load8<D>(src, k, in_s, v);
+        uint2 out;
+        uint8_t *c = reinterpret_cast<uint8_t *>(&out);
+#pragma unroll
+        for (int i = 0; i < kVec; ++i) {
+            const float y = scaled(v[i], s);
+            sat += comm_saturates(wire, y);
+            c[i] = comm_encode(wire, y);
+        }
+        *reinterpret_cast<uint2 *>(dst + k) = out;
+    }
+    FP8AMP_TAIL(n8, n) {
+        const float y = scaled(load_real(src, D, in_s, k), s);
+        sat += comm_saturates(wire, y);
+        dst[k] = comm_encode(wire, y);
+    }
+    fold_count(sat, saturated);
+    if (scale_inv_out && blockIdx.x == 0 && threadIdx.x == 0) *scale_inv_out = 1.0f / s;
+}
+
+__global__ void accumulate_vec_kernel(const uint8_t *src, int64_t stride, int nranks, int64_t n, fp8amp_dtype wire,
+                                      const float *wire_scale_inv, bool average, float *dst, uint32_t *amax_bits) {
+    const float f = comm_reduce_factor(*wire_scale_inv, nranks, average);
+    const int64_t n8 = n / kVec * kVec;
+    uint32_t m = 0;
+    for (int64_t k = vec_start() * kVec; k < n8; k += vec_step() * kVec) {
+        float sum[kVec];
+#pragma unroll
+        for (int i = 0; i < kVec; ++i) sum[i] = 0.0f;
+        for (int j = 0; j < nranks; ++j) {  // in rank order, as the scalar kernel
+            const uint2 u = *reinterpret_cast<const uint2 *>(src + j * stride + k);
+            const uint8_t *c = reinterpret_cast<const uint8_t *>(&u);
+#pragma unroll
+            for (int i = 0; i < kVec; ++i) sum[i] = __fadd_rn(sum[i], comm_decode(wire, c[i]));
+        }
+        float v[kVec];
+#pragma unroll
+        for (int i = 0; i < kVec; ++i) {
+            v[i] = __fmul_rn(sum[i], f);
+            m = max(m, amax_bits_of(v[i]));
+        }
+        *reinterpret_cast<float4 *>(dst + k) = make_float4(v[0], v[1], v[2], v[3]);
+        *reinterpret_cast<float4 *>(dst + k + 4) = make_float4(v[4], v[5], v[6], v[7]);
+    }
+    FP8AMP_TAIL(n8, n) {
+        float sum = 0.0f;
+        for (int j = 0; j < nranks; ++j) sum = __fadd_rn(sum, comm_decode(wire, src[j * stride + k]));
+        const float v = __fmul_rn(sum, f);
+        dst[k] = v;
+        m = max(m, amax_bits_of(v));
+    }
+    if (amax_bits) fold_max(m, amax_bits);
+}
+
+template <fp8amp_dtype D>
+__global__ void dequantize_vec_kernel(const uint8_t *src, fp8amp_dtype format, const float *scale_inv, int64_t n,
+                                      void *dst) {
+    const float s = *scale_inv;
+    const int64_t n8 = n / kVec * kVec;
+    for (int64_t k = vec_start() * kVec; k < n8; k += vec_step() * kVec) {
+        float v[kVec];
+        if (format == FP8AMP_DTYPE_E5M2) load8<FP8AMP_DTYPE_E5M2>(src, k, s, v);
+        else load8<FP8AMP_DTYPE_E4M3>(src, k, s, v);
+        store8<D>(dst, k, v);
+    }
+    FP8AMP_TAIL(n8, n) store_wide(dst, D, k, load_real(src, format, s, k));
+}
+#undef FP8AMP_TAIL
+
+bool aligned(const void *p, size_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
+// The vector width in bytes of kVec elements of dtype d.
+size_t vec_bytes(fp8amp_dtype d) { return kVec * (d == FP8AMP_DTYPE_F32 ? 4 : (d == FP8AMP_DTYPE_F16 || d == FP8AMP_DTYPE_BF16) ? 2 : 1); }
+int vec_blocks(int64_t n) { return blocks_for((n + kVec - 1) / kVec); }
+
+// Calls f(std::integral_constant<fp8amp_dtype, d>) for a runtime dtype.
+template <class F>
+void with_dtype(fp8amp_dtype d, F &&f) {
+    switch (d) {
+    case FP8AMP_DTYPE_F32: f(std::integral_constant<fp8amp_dtype, FP8AMP_DTYPE_F32>()); break;
+    case FP8AMP_DTYPE_F16: f(std::integral_constant<fp8amp_dtype, FP8AMP_DTYPE_F16>()); break;
+    case FP8AMP_DTYPE_BF16: f(std::integral_constant<fp8amp_dtype, FP8AMP_DTYPE_BF16>()); break;
+    case FP8AMP_DTYPE_E4M3: f(std::integral_constant<fp8amp_dtype, FP8AMP_DTYPE_E4M3>()); break;
+    case FP8AMP_DTYPE_E5M2: f(std::integral_constant<fp8amp_dtype, FP8AMP_DTYPE_E5M2>()); break;
+    }
+}
+
 class CudaCommCompute final : public CommCompute {
 public:
     explicit CudaCommCompute(int device) : device_(device) {}
@@ -135,22 +304,39 @@ public:
     void amax(const void *src, fp8amp_dtype dtype, const float *src_scale_inv, int64_t n, uint32_t *amax_bits,
               void *stream) override {
         cuda::DeviceGuard g(device_);
-        amax_kernel<<<blocks_for(n), kThreads, 0, st(stream)>>>(src, dtype, src_scale_inv, n, amax_bits);
+        if (aligned(src, vec_bytes(dtype))) {
+            with_dtype(dtype, [&](auto d) {
+                amax_vec_kernel<decltype(d)::value><<<vec_blocks(n), kThreads, 0, st(stream)>>>(src, src_scale_inv, n, amax_bits);
+            });
+        } else {
+            amax_kernel<<<blocks_for(n), kThreads, 0, st(stream)>>>(src, dtype, src_scale_inv, n, amax_bits);
+        }
         cuda::check_launch("comm amax_kernel");
     }
     void quantize(const void *src, fp8amp_dtype dtype, const float *src_scale_inv, int64_t n, const uint32_t *amax_bits,
                   fp8amp_dtype wire, uint8_t *dst, float *scale_inv_out, unsigned long long *saturated,
                   void *stream) override {
         cuda::DeviceGuard g(device_);
-        quantize_kernel<<<blocks_for(n), kThreads, 0, st(stream)>>>(src, dtype, src_scale_inv, n, amax_bits, wire, dst,
-                                                                    scale_inv_out, saturated);
+        if (aligned(src, vec_bytes(dtype)) && aligned(dst, kVec)) {
+            with_dtype(dtype, [&](auto d) {
+                quantize_vec_kernel<decltype(d)::value><<<vec_blocks(n), kThreads, 0, st(stream)>>>(
+                    src, src_scale_inv, n, amax_bits, wire, dst, scale_inv_out, saturated);
+            });
+        } else {
+            quantize_kernel<<<blocks_for(n), kThreads, 0, st(stream)>>>(src, dtype, src_scale_inv, n, amax_bits, wire,
+                                                                        dst, scale_inv_out, saturated);
+        }
         cuda::check_launch("comm quantize_kernel");
     }
     void accumulate(const uint8_t *src, int64_t stride, int nranks, int64_t n, fp8amp_dtype wire,
                     const float *wire_scale_inv, bool average, float *dst, uint32_t *amax_bits, void *stream) override {
         cuda::DeviceGuard g(device_);
-        accumulate_kernel<<<blocks_for(n), kThreads, 0, st(stream)>>>(src, stride, nranks, n, wire, wire_scale_inv,
-                                                                      average, dst, amax_bits);
+        if (aligned(src, kVec) && stride % kVec == 0 && aligned(dst, kVec * sizeof(float)))
+            accumulate_vec_kernel<<<vec_blocks(n), kThreads, 0, st(stream)>>>(src, stride, nranks, n, wire,
+                                                                              wire_scale_inv, average, dst, amax_bits);
+        else
+            accumulate_kernel<<<blocks_for(n), kThreads, 0, st(stream)>>>(src, stride, nranks, n, wire, wire_scale_inv,
+                                                                          average, dst, amax_bits);
         cuda::check_launch("comm accumulate_kernel");
     }
     void requantize(const float *src, int64_t n, const uint32_t *amax_bits, fp8amp_dtype format, uint8_t *dst,
@@ -165,7 +351,15 @@ public:
     void dequantize(const uint8_t *src, fp8amp_dtype format, const float *scale_inv, int64_t n, void *dst,
                     fp8amp_dtype dtype, void *stream) override {
         cuda::DeviceGuard g(device_);
-        dequantize_kernel<<<blocks_for(n), kThreads, 0, st(stream)>>>(src, format, scale_inv, n, dst, dtype);
+        if (aligned(src, kVec) && aligned(dst, vec_bytes(dtype)) && !(dtype == FP8AMP_DTYPE_E4M3 || dtype == FP8AMP_DTYPE_E5M2)) {
+            with_dtype(dtype, [&](auto d) {
+                constexpr fp8amp_dtype D = decltype(d)::value;
+                if constexpr (D == FP8AMP_DTYPE_F32 || D == FP8AMP_DTYPE_F16 || D == FP8AMP_DTYPE_BF16)
+                    dequantize_vec_kernel<D><<<vec_blocks(n), kThreads, 0, st(stream)>>>(src, format, scale_inv, n, dst);
+            });
+        } else {
+            dequantize_kernel<<<blocks_for(n), kThreads, 0, st(stream)>>>(src, format, scale_inv, n, dst, dtype);
+        }
         cuda::check_launch("comm dequantize_kernel");
     }
     void convert(const float *src, int64_t n, void *dst, fp8amp_dtype dtype, void *stream) override {

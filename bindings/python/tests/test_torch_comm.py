@@ -21,6 +21,9 @@ GPUS = torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
 def _worker(rank, world, store, case, seed, q):
+    import faulthandler
+    faulthandler.enable()
+    faulthandler.dump_traceback_later(100, exit=True)  # a hung rank shows where, then ends
     try:
         torch.cuda.set_device(rank)
         dist.init_process_group("gloo", init_method="file://" + store, rank=rank, world_size=world)
@@ -33,7 +36,7 @@ def _worker(rank, world, store, case, seed, q):
             dist.destroy_process_group()
 
 
-def run_ranks(world, case, timeout=240):
+def run_ranks(world, case, timeout=120):
     seed = int(os.environ.get("FP8AMP_TEST_SEED", time.time_ns() % (2**31)))
     print("FP8AMP_TEST_SEED=%d" % seed)
     store = tempfile.mktemp(prefix="fp8amp_torch_comm_")
