@@ -1,6 +1,7 @@
 /* rank_channel.h through files in a shared directory (no MPI): for the GPU machines, which have
  * none. The protocol is described in rank_channel.h; tests/mpi/run_ranks.sh sets the environment. */
 #define _POSIX_C_SOURCE 200809L
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <stdarg.h>
@@ -93,10 +94,28 @@ int rank_channel_init(int *argc, char ***argv) {
         if (*end || !(g_timeout > 0) || g_timeout > 1e6)
             return fail(1, "FP8AMP_TEST_CHANNEL_TIMEOUT=\"%s\" is not a number of seconds in (0, 1e6]", timeout);
     }
-    /* A directory left from an earlier run would feed this one its old files: refuse it. */
+    /* A directory left from an earlier run would feed this one its old files: refuse it. Before
+     * this rank's first file, no other rank can be past collective #1, so any file of a later
+     * collective, or this rank's own of #1, is stale. */
     path_of(mine, sizeof mine, 1, g_rank, 0);
     if (access(mine, F_OK) == 0)
         return fail(1, "%s exists already: FP8AMP_TEST_CHANNEL_DIR must be a fresh, empty directory per run", mine);
+    {
+        DIR *d = opendir(g_dir);
+        struct dirent *e;
+        if (!d) return fail(1, "cannot list FP8AMP_TEST_CHANNEL_DIR=\"%s\": %s", g_dir, strerror(errno));
+        while ((e = readdir(d)) != NULL) {
+            unsigned long long seq;
+            int r, used = 0;
+            if (sscanf(e->d_name, "%llu.%d%n", &seq, &r, &used) == 2 && e->d_name[used] == 0 && seq >= 2) {
+                snprintf(mine, sizeof mine, "%s/%s", g_dir, e->d_name);
+                closedir(d);
+                return fail(1, "%s is left from an earlier run: FP8AMP_TEST_CHANNEL_DIR must be a fresh, empty "
+                               "directory per run (run_ranks.sh makes one)", mine);
+            }
+        }
+        closedir(d);
+    }
     return 0;
 }
 

@@ -10,8 +10,8 @@
 # (TERM, then KILL after 5 s), so that nothing is left waiting on a rank that is gone; 124 when
 # FP8AMP_RUN_RANKS_TIMEOUT seconds (default 600) pass before every rank has exited.
 set -u
-if [ $# -lt 2 ] || ! [[ $1 =~ ^[1-9][0-9]*$ ]]; then
-  echo "usage: $0 N <exe> [args...]   (N >= 1 processes; env FP8AMP_RUN_RANKS_TIMEOUT, default 600 s)" >&2
+if [ $# -lt 2 ] || ! [[ $1 =~ ^[1-9][0-9]*$ ]] || ! [[ ${FP8AMP_RUN_RANKS_TIMEOUT:-600} =~ ^[1-9][0-9]*$ ]]; then
+  echo "usage: $0 N <exe> [args...]   (N >= 1 processes; FP8AMP_RUN_RANKS_TIMEOUT: whole seconds, default 600)" >&2
   exit 2
 fi
 n=$1
@@ -48,7 +48,9 @@ done
 # Poll rather than `wait -n`, so that the rank that ended is known (and any bash 4 works).
 done_count=0
 failed=""
-start=$SECONDS
+# Microseconds (bash 5's EPOCHREALTIME; whole seconds from SECONDS on older bash).
+now_us() { if [ -n "${EPOCHREALTIME:-}" ]; then echo "${EPOCHREALTIME/[.,]/}"; else echo $((SECONDS * 1000000)); fi; }
+start=$(now_us)
 while [ $done_count -lt "$n" ]; do
   for ((r = 0; r < n; ++r)); do
     [ -n "${status[r]:-}" ] && continue
@@ -77,7 +79,7 @@ while [ $done_count -lt "$n" ]; do
     done
     break
   fi
-  if [ $((SECONDS - start)) -ge "$limit" ] && [ $done_count -lt "$n" ]; then
+  if [ $(($(now_us) - start)) -ge $((limit * 1000000)) ] && [ $done_count -lt "$n" ]; then
     echo "run_ranks: timed out after $limit s (FP8AMP_RUN_RANKS_TIMEOUT): stopping the ranks" >&2
     stop_all
     rm -rf "$dir"

@@ -82,6 +82,12 @@ static double now_s(void) {
 static uint64_t g_seed;
 static fp8amp_context g_ctx;
 
+/* Rank 0 says which part is done (so that a run stopped midway, e.g. a hang on the GPUs, shows where),
+ * with this rank's failures so far. */
+static void done(const char *what) {
+    if (g_rank == 0) printf(TEST_NAME ": %s done (rank 0: %d failed checks so far)\n", what, g_failures);
+}
+
 static uint64_t fnv(const void *p, size_t n) {
     const unsigned char *b = (const unsigned char *)p;
     uint64_t h = 1469598103934665603ull;
@@ -585,6 +591,8 @@ int main(int argc, char **argv) {
     fp8amp_comm comm, adopted, late;
     uint64_t digest_created = 0, digest_adopted = 1;
     uint64_t total;
+    /* Line by line, so that a rank stopped by the launcher (another failed) has said how far it got. */
+    setvbuf(stdout, NULL, _IOLBF, 0);
     if (rank_channel_init(&argc, &argv) != 0) {
         fprintf(stderr, TEST_NAME ": %s\n", rank_channel_error());
         return 1;
@@ -646,6 +654,7 @@ int main(int argc, char **argv) {
         uint64_t d;
         test_all_reduce_on(comm, "all-reduce (sum)", 0, &d);
     }
+    done("the bucket all-reduce (mean, sum)");
 #ifdef FP8AMP_TEST_CHANNEL_MPI
     if (!cuda) {
         /* The same call through an adopted MPI_Comm: the same bytes. */
@@ -660,7 +669,9 @@ int main(int argc, char **argv) {
     (void)digest_adopted;
 #endif
     test_reduce_scatter(comm);
+    done("reduce-scatter and all-gather");
     test_mismatch(comm);
+    done("mismatched calls");
     {
         uint64_t sat = 1;
         OK(fp8amp_comm_get_saturated(comm, &sat));

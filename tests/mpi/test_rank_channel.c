@@ -219,6 +219,8 @@ static int missing(void) {
 int main(int argc, char **argv) {
     int rounds = 200, round;
     uint64_t seed = ((uint64_t)time(NULL) << 20) ^ (uint64_t)getpid(), total;
+    /* Line by line, so that a rank stopped by the launcher (another failed) has said how far it got. */
+    setvbuf(stdout, NULL, _IOLBF, 0);
     if (rank_channel_init(&argc, &argv) != 0) {
         fprintf(stderr, "test_rank_channel: %s\n", rank_channel_error());
         return 1;

@@ -2,6 +2,8 @@
 # The launcher tests/mpi/run_ranks.sh (ctest channel.launcher): its exit status in each case, that a
 # failed rank stops the others at once rather than leaving them waiting, its overall timeout, the
 # environment each rank gets, and that the channel directory is fresh and removed.
+# test_run_ranks.sh [test_rank_channel]: with the file channel's test executable, also that a
+# directory left from an earlier run is refused at once rather than read.
 set -u
 here=$(cd "$(dirname "$0")" && pwd)
 run="$here/run_ranks.sh"
@@ -31,9 +33,10 @@ expect "one rank fails" 1 10 3 bash -c '[ "$FP8AMP_TEST_RANK" = 1 ] && exit 3; e
 expect "a rank skips, another passes" 1 10 2 bash -c 'exit $((FP8AMP_TEST_RANK == 0 ? 77 : 0))'
 # The others would wait 100 s for the failed rank: they are stopped at once.
 expect "one rank fails, the others hang" 1 15 3 bash -c '[ "$FP8AMP_TEST_RANK" = 2 ] && exit 5; exec sleep 100'
-# Stopped even when they ignore TERM (KILL after 5 s).
+# Stopped even when they ignore TERM (KILL after 5 s; the failing rank waits until the other has set
+# its trap).
 expect "one rank fails, the others ignore TERM" 1 20 2 bash -c \
-  '[ "$FP8AMP_TEST_RANK" = 0 ] && exit 5; trap "" TERM; for i in $(seq 1000); do sleep 0.1; done'
+  '[ "$FP8AMP_TEST_RANK" = 0 ] && sleep 1 && exit 5; trap "" TERM; for i in $(seq 1000); do sleep 0.1; done'
 FP8AMP_RUN_RANKS_TIMEOUT=2 expect "every rank hangs: the overall timeout" 124 15 2 bash -c 'exec sleep 100'
 expect "a rank killed by a signal" 1 10 2 bash -c '[ "$FP8AMP_TEST_RANK" = 1 ] && kill -KILL $$; exit 0'
 expect "usage" 2 5 0 true
@@ -50,6 +53,27 @@ if [ "$(awk '{print $1, $2}' "$work/env.sorted" | tr '\n' ' ')" != "0 4 1 4 2 4 
   failures=$((failures + 1))
 else
   echo "ok: ranks 0..3 of 4, one fresh directory, removed after"
+fi
+
+if [ $# -ge 1 ]; then
+  # Three ranks run in a directory of our own; the files of its last collective stay there (see
+  # rank_channel_finalize). A second run in the same directory must refuse it on its first call.
+  stale="$work/stale"
+  mkdir "$stale"
+  for r in 0 1 2; do
+    FP8AMP_TEST_RANK=$r FP8AMP_TEST_NRANKS=3 FP8AMP_TEST_CHANNEL_DIR=$stale "$1" 5 >/dev/null 2>&1 &
+  done
+  wait
+  FP8AMP_TEST_RANK=1 FP8AMP_TEST_NRANKS=3 FP8AMP_TEST_CHANNEL_DIR=$stale FP8AMP_TEST_CHANNEL_TIMEOUT=60 \
+    timeout 30 "$1" 5 >"$work/out" 2>&1
+  got=$?
+  if [ $got != 1 ] || ! grep -q "left from an earlier run" "$work/out" || [ "$(ls "$stale" | wc -l)" -gt 3 ]; then
+    echo "FAILED: a reused channel directory: status $got, $(ls "$stale" | wc -l) files left; output:" >&2
+    cat "$work/out" >&2
+    failures=$((failures + 1))
+  else
+    echo "ok: a reused channel directory is refused: $(cat "$work/out")"
+  fi
 fi
 
 [ $failures = 0 ] && echo "test_run_ranks: all passed" || echo "test_run_ranks: $failures failed" >&2
