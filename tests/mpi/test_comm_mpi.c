@@ -628,8 +628,8 @@ int main(int argc, char **argv) {
     if (g_rank == 0) printf(TEST_NAME ": on %s\n", cuda ? "CUDA (NCCL)" : "the CPU (MPI)");
 #ifndef FP8AMP_TEST_CHANNEL_MPI
     if (g_rank == 0)
-        printf(TEST_NAME ": side channel of files, no MPI: the MPI-only parts (an adopted MPI_Comm; the CPU "
-                         "communicator's checks) are left out\n");
+        printf(TEST_NAME ": side channel of files, no MPI: the MPI-only parts (an adopted MPI_Comm, the "
+                         "silent rank's timeout, the CPU communicator) are left out\n");
 #endif
     OK(fp8amp_context_create(device, &g_ctx));
 
