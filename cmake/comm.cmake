@@ -37,7 +37,7 @@ if(TARGET fp8amp_data_parallel AND FP8AMP_HAVE_MPI)
   target_link_libraries(fp8amp_data_parallel PRIVATE MPI::MPI_C)
 endif()
 
-# ---- tests under mpirun ---------------------------------------------------------------------------
-if(FP8AMP_BUILD_TESTS AND FP8AMP_HAVE_MPI)
+# ---- multi-rank tests: under mpirun (with MPI), and through run_ranks.sh (always; tests/mpi) --------
+if(FP8AMP_BUILD_TESTS)
   add_subdirectory(tests/mpi)
 endif()

@@ -15,8 +15,23 @@
  *
  * FP8AMP_TEST_COMM_DEVICE=cuda runs the same checks on GPUs (rank r on cuda:r; at least as many GPUs
  * as ranks, or SKIPPED with 77) through NCCL, against the same model: the GPU bytes must equal what the CPU run checks. The
- * MPI-only parts (an adopted MPI_Comm, the timeout of a silent rank) are left out there. */
+ * MPI-only parts (an adopted MPI_Comm, the timeout of a silent rank) are left out there.
+ *
+ * The ranks share the seed and the communicator id, and compare their bytes, through a side channel
+ * outside the communicator under test (rank_channel.h). This source is built twice
+ * (tests/mpi/CMakeLists.txt):
+ *   - test_comm_mpi (FP8AMP_TEST_CHANNEL_MPI): the channel is MPI_COMM_WORLD; run under mpirun, on
+ *     the CPU (ctest mpi.comm.np2, np3) or on GPUs (mpi.comm.cuda.np2);
+ *   - test_comm_ranks (FP8AMP_TEST_CHANNEL_FILES): no MPI at all, the channel is a directory of files;
+ *     run by tests/mpi/run_ranks.sh N (ctest comm.cuda.ranks.np2), for the GPU machines, which have
+ *     no MPI. CUDA only (FP8AMP_TEST_COMM_DEVICE=cuda): a CPU communicator of more than one rank is
+ *     itself MPI. The adopted MPI_Comm is left out (the silent rank's timeout is CPU-only anyway). */
+#ifdef FP8AMP_TEST_CHANNEL_MPI
 #include <mpi.h>
+#define TEST_NAME "test_comm_mpi"
+#else
+#define TEST_NAME "test_comm_ranks"
+#endif
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -26,6 +41,7 @@
 
 #include "comm_reference.h"
 #include "fp8amp/fp8amp.h"
+#include "rank_channel.h"
 
 static int g_rank, g_n, g_failures;
 
@@ -47,6 +63,16 @@ static int g_rank, g_n, g_failures;
     } while (0)
 #define OK(call) EXPECT(call, FP8AMP_SUCCESS)
 
+/* The side channel failed (a rank is gone, or timed out): nothing further can be checked. */
+#define CH(call)                                                                                  \
+    do {                                                                                          \
+        if ((call) != 0) {                                                                        \
+            fprintf(stderr, "[rank %d] %s:%d: %s failed: %s\n", g_rank, __FILE__, __LINE__, #call, \
+                    rank_channel_error());                                                        \
+            exit(1);                                                                              \
+        }                                                                                         \
+    } while (0)
+
 static double now_s(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -55,6 +81,12 @@ static double now_s(void) {
 
 static uint64_t g_seed;
 static fp8amp_context g_ctx;
+
+/* Rank 0 says which part is done (so that a run stopped midway, e.g. a hang on the GPUs, shows where),
+ * with this rank's failures so far. */
+static void done(const char *what) {
+    if (g_rank == 0) printf(TEST_NAME ": %s done (rank 0: %d failed checks so far)\n", what, g_failures);
+}
 
 static uint64_t fnv(const void *p, size_t n) {
     const unsigned char *b = (const unsigned char *)p;
@@ -67,8 +99,8 @@ static uint64_t fnv(const void *p, size_t n) {
 /* Every rank passes the same 64-bit digest of its output bytes. */
 static void check_identical_on_all_ranks(const void *bytes, size_t n, const char *what) {
     uint64_t h = fnv(bytes, n), lo = h, hi = h;
-    MPI_Allreduce(MPI_IN_PLACE, &lo, 1, MPI_UINT64_T, MPI_MIN, MPI_COMM_WORLD);
-    MPI_Allreduce(MPI_IN_PLACE, &hi, 1, MPI_UINT64_T, MPI_MAX, MPI_COMM_WORLD);
+    CH(rank_channel_allreduce_u64(&lo, 1, RANK_CHANNEL_MIN));
+    CH(rank_channel_allreduce_u64(&hi, 1, RANK_CHANNEL_MAX));
     CHECK(lo == hi, "%s: the ranks hold different bytes", what);
 }
 
@@ -76,7 +108,7 @@ static fp8amp_comm make_comm(void) {
     fp8amp_comm_unique_id id;
     fp8amp_comm comm = NULL;
     if (g_rank == 0) OK(fp8amp_comm_unique_id_create(g_ctx, &id));
-    MPI_Bcast(&id, sizeof id, MPI_BYTE, 0, MPI_COMM_WORLD); /* the caller's own channel */
+    CH(rank_channel_bcast(&id, sizeof id, 0)); /* the caller's own channel */
     OK(fp8amp_comm_create(g_ctx, &id, g_n, g_rank, &comm));
     return comm;
 }
@@ -330,9 +362,9 @@ static void test_reduce_scatter(fp8amp_comm comm) {
             /* Every rank's shard, as the others hold it. */
             uint8_t *ref = malloc((size_t)total);
             float *ref_si = malloc(sizeof(float) * (size_t)g_n);
-            MPI_Allgather(got8, (int)k, MPI_BYTE, ref, (int)k, MPI_BYTE, MPI_COMM_WORLD);
-            MPI_Allgather(&my_si, 1, MPI_FLOAT, ref_si, 1, MPI_FLOAT, MPI_COMM_WORLD);
-            CHECK(memcmp(all, ref, (size_t)total) == 0, "all-gather: codes differ from MPI_Allgather's");
+            CH(rank_channel_allgather(got8, (size_t)k, ref));
+            CH(rank_channel_allgather(&my_si, sizeof my_si, ref_si));
+            CHECK(memcmp(all, ref, (size_t)total) == 0, "all-gather: codes differ from the side channel's");
             CHECK(memcmp(all_si, ref_si, sizeof(float) * (size_t)g_n) == 0, "all-gather: scale_inv differ");
             free(ref);
             free(ref_si);
@@ -558,26 +590,47 @@ int main(int argc, char **argv) {
     int cuda = want && strcmp(want, "cuda") == 0;
     fp8amp_comm comm, adopted, late;
     uint64_t digest_created = 0, digest_adopted = 1;
-    int total;
-    MPI_Init(&argc, &argv);
-    MPI_Comm_rank(MPI_COMM_WORLD, &g_rank);
-    MPI_Comm_size(MPI_COMM_WORLD, &g_n);
+    uint64_t total;
+    /* Line by line, so that a rank stopped by the launcher (another failed) has said how far it got. */
+    setvbuf(stdout, NULL, _IOLBF, 0);
+    if (rank_channel_init(&argc, &argv) != 0) {
+        fprintf(stderr, TEST_NAME ": %s\n", rank_channel_error());
+        return 1;
+    }
+    g_rank = rank_channel_rank();
+    g_n = rank_channel_size();
+#ifndef FP8AMP_TEST_CHANNEL_MPI
+    if (!cuda) {
+        if (g_rank == 0)
+            fprintf(stderr, TEST_NAME ": needs FP8AMP_TEST_COMM_DEVICE=cuda: this build has no MPI, and a CPU "
+                            "communicator of more than one rank runs on MPI (test_comm_mpi under mpirun checks "
+                            "the CPU)\n");
+        return 1;
+    }
+#endif
     g_seed = ((uint64_t)time(NULL) << 20) ^ (uint64_t)getpid();
     if (getenv("FP8AMP_TEST_SEED")) g_seed = strtoull(getenv("FP8AMP_TEST_SEED"), NULL, 0);
-    MPI_Bcast(&g_seed, 1, MPI_UINT64_T, 0, MPI_COMM_WORLD);
-    if (g_rank == 0) printf("test_comm_mpi: %d ranks, seed FP8AMP_TEST_SEED=%llu\n", g_n, (unsigned long long)g_seed);
+    CH(rank_channel_bcast(&g_seed, sizeof g_seed, 0));
+    if (g_rank == 0)
+        printf(TEST_NAME ": %d ranks, side channel %s, seed FP8AMP_TEST_SEED=%llu\n", g_n, rank_channel_name(),
+               (unsigned long long)g_seed);
     if (cuda) {
         int32_t gpus = 0;
         OK(fp8amp_device_count(FP8AMP_DEVICE_CUDA, &gpus));
         if (gpus < g_n) { /* NCCL refuses two ranks on one GPU */
-            if (g_rank == 0) printf("test_comm_mpi: FP8AMP_TEST_COMM_DEVICE=cuda needs %d GPUs, %d seen: SKIPPED\n", g_n, gpus);
-            MPI_Finalize();
+            if (g_rank == 0) printf(TEST_NAME ": FP8AMP_TEST_COMM_DEVICE=cuda needs %d GPUs, %d seen: SKIPPED\n", g_n, gpus);
+            CH(rank_channel_finalize());
             return 77;
         }
         device.type = FP8AMP_DEVICE_CUDA;
         device.index = g_rank % gpus;
     }
-    if (g_rank == 0) printf("test_comm_mpi: on %s\n", cuda ? "CUDA (NCCL)" : "the CPU (MPI)");
+    if (g_rank == 0) printf(TEST_NAME ": on %s\n", cuda ? "CUDA (NCCL)" : "the CPU (MPI)");
+#ifndef FP8AMP_TEST_CHANNEL_MPI
+    if (g_rank == 0)
+        printf(TEST_NAME ": side channel of files, no MPI: the MPI-only parts (an adopted MPI_Comm, the "
+                         "silent rank's timeout, the CPU communicator) are left out\n");
+#endif
     OK(fp8amp_context_create(device, &g_ctx));
 
     comm = make_comm();
@@ -592,7 +645,7 @@ int main(int argc, char **argv) {
         fp8amp_comm_unique_id id;
         fp8amp_comm none = NULL;
         if (g_rank == 0) OK(fp8amp_comm_unique_id_create(g_ctx, &id));
-        MPI_Bcast(&id, sizeof id, MPI_BYTE, 0, MPI_COMM_WORLD);
+        CH(rank_channel_bcast(&id, sizeof id, 0));
         EXPECT(fp8amp_comm_create(g_ctx, &id, g_n + 1, g_rank, &none), FP8AMP_ERROR_NOT_SUPPORTED);
         CHECK(none == NULL, "a refused create wrote its output");
     }
@@ -601,6 +654,8 @@ int main(int argc, char **argv) {
         uint64_t d;
         test_all_reduce_on(comm, "all-reduce (sum)", 0, &d);
     }
+    done("the bucket all-reduce (mean, sum)");
+#ifdef FP8AMP_TEST_CHANNEL_MPI
     if (!cuda) {
         /* The same call through an adopted MPI_Comm: the same bytes. */
         MPI_Comm world = MPI_COMM_WORLD;
@@ -609,8 +664,14 @@ int main(int argc, char **argv) {
         CHECK(digest_created == digest_adopted, "the adopted communicator gave other bytes");
         OK(fp8amp_comm_destroy(adopted));
     }
+#else
+    (void)adopted;
+    (void)digest_adopted;
+#endif
     test_reduce_scatter(comm);
+    done("reduce-scatter and all-gather");
     test_mismatch(comm);
+    done("mismatched calls");
     {
         uint64_t sat = 1;
         OK(fp8amp_comm_get_saturated(comm, &sat));
@@ -621,9 +682,10 @@ int main(int argc, char **argv) {
     late = make_comm(); /* destroyed after MPI_Finalize, below */
 
     OK(fp8amp_context_destroy(g_ctx));
-    MPI_Allreduce(&g_failures, &total, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
-    if (g_rank == 0) printf("test_comm_mpi: %d ranks, %d failed checks\n", g_n, total);
-    MPI_Finalize();
+    total = (uint64_t)g_failures;
+    CH(rank_channel_allreduce_u64(&total, 1, RANK_CHANNEL_SUM));
+    if (g_rank == 0) printf(TEST_NAME ": %d ranks, %llu failed checks\n", g_n, (unsigned long long)total);
+    CH(rank_channel_finalize()); /* MPI_Finalize for test_comm_mpi */
     /* After MPI_Finalize a communicator can still be destroyed: it must not call MPI any more (Open
      * MPI aborts the process on MPI_Comm_free after finalization). */
     if (fp8amp_comm_destroy(late) != FP8AMP_SUCCESS) {
