@@ -49,7 +49,7 @@ NCCL_FLOAT32, NCCL_BF16, NCCL_E4M3 = 7, 9, 10  # ncclDataType_t (nccl.h 2.24+)
 
 
 class NcclUniqueId(ctypes.Structure):
-    _fields_ = [("internal", ctypes.c_char * 128)]
+    _fields_ = [("internal", ctypes.c_ubyte * 128)]  # not c_char: its value would stop at the first NUL
 
 
 def nccl_path():
@@ -81,7 +81,7 @@ class Nccl:
     def unique_id(self):
         uid = NcclUniqueId()
         self.check(self.lib.ncclGetUniqueId(ctypes.byref(uid)), "ncclGetUniqueId")
-        return bytes(uid.internal)
+        return ctypes.string_at(ctypes.addressof(uid), 128)
 
     def comm(self, uid_bytes, nranks, rank):
         uid = NcclUniqueId()

@@ -122,15 +122,21 @@ def grads_case(rank, world, seed):
 
 
 def timeout_case(rank, world, seed):
-    """Rank 1 makes the communicator, then never joins the all-reduce: rank 0 must fail with NcclError
-    after its timeout (its cross-rank check waits on the host), not hang."""
+    """Both ranks make the communicator and reduce once; then rank 1 stops taking part: rank 0's next
+    all-reduce must fail with NcclError after its timeout (its cross-rank check waits on the host),
+    not hang."""
     import fp8amp
     import fp8amp.torch as ft
 
     comm = ft.communicator("cuda:%d" % rank)
+    t = fp8amp.Tensor.from_numpy(comm.context, np.random.default_rng(seed).standard_normal(1000).astype(np.float32))
+    # One call on both ranks first: NCCL connects its peers lazily, in the host call of the first
+    # operation that needs them, and that call blocks until the peers take part (the timeout cannot
+    # cover it); after it, the enqueued work is what waits for a peer.
+    comm.all_reduce([t])
+    torch.cuda.synchronize()
     if rank == 0:
         comm.set_timeout(2.0)
-        t = fp8amp.Tensor.from_numpy(comm.context, np.random.default_rng(seed).standard_normal(1000).astype(np.float32))
         t0 = time.time()
         with pytest.raises(fp8amp.NcclError, match="timed out"):
             comm.all_reduce([t])
