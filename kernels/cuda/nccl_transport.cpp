@@ -74,10 +74,18 @@ public:
         check_alive();
         auto s = static_cast<cudaStream_t>(stream);
         const size_t nbytes = count * sizeof(uint64_t);
-        check_cuda(cudaMemcpyAsync(scratch, values, nbytes, cudaMemcpyHostToDevice, s), "cudaMemcpyAsync");
+        // Through pinned memory: a copy into pageable memory would block the host until the stream
+        // reached it -- forever, if a peer never joins -- before wait() could time it out.
+        uint64_t *pinned = pinned_buffer(count);
+        std::memcpy(pinned, values, nbytes);
+        check_cuda(cudaMemcpyAsync(scratch, pinned, nbytes, cudaMemcpyHostToDevice, s), "cudaMemcpyAsync");
         call(ncclAllReduce(scratch, scratch, count, ncclUint64, ncclMax, comm_, s), "ncclAllReduce");
-        check_cuda(cudaMemcpyAsync(values, scratch, nbytes, cudaMemcpyDeviceToHost, s), "cudaMemcpyAsync");
+        check_cuda(cudaMemcpyAsync(pinned, scratch, nbytes, cudaMemcpyDeviceToHost, s), "cudaMemcpyAsync");
         wait(s, "the consistency check");
+        std::memcpy(values, pinned, nbytes);
+    }
+    ~NcclTransport() override {
+        if (pinned_) cudaFreeHost(pinned_);
     }
     void set_timeout(double seconds) override { timeout_s_ = seconds; }
     bool failed() const override { return aborted_.load() || !failure_.empty(); }
@@ -116,6 +124,16 @@ private:
             if (polls > 2000) std::this_thread::sleep_for(std::chrono::microseconds(50));
         }
     }
+    uint64_t *pinned_buffer(size_t count) {
+        if (count > pinned_count_) {
+            void *p = nullptr;
+            check_cuda(cudaMallocHost(&p, count * sizeof(uint64_t)), "cudaMallocHost (the consistency check)");
+            if (pinned_) cudaFreeHost(pinned_);
+            pinned_ = static_cast<uint64_t *>(p);
+            pinned_count_ = count;
+        }
+        return pinned_;
+    }
     [[noreturn]] void fail_and_abort(const std::string &msg) {
         failure_ = msg;
         abort();
@@ -142,6 +160,8 @@ private:
     std::atomic<bool> aborted_{false};
     std::string failure_;
     double timeout_s_ = 300.0;
+    uint64_t *pinned_ = nullptr;  // host side of the check's exchange (pinned_buffer)
+    size_t pinned_count_ = 0;
 };
 
 void nccl_check(ncclResult_t r, const char *what) {

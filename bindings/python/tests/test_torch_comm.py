@@ -23,7 +23,8 @@ GPUS = torch.cuda.device_count() if torch.cuda.is_available() else 0
 def _worker(rank, world, store, case, seed, q):
     import faulthandler
     faulthandler.enable()
-    faulthandler.dump_traceback_later(100, exit=True)  # a hung rank shows where, then ends
+    # a hung rank shows where, then ends
+    faulthandler.dump_traceback_later(float(os.environ.get("FP8AMP_TEST_HANG_S", "100")), exit=True)
     try:
         torch.cuda.set_device(rank)
         dist.init_process_group("gloo", init_method="file://" + store, rank=rank, world_size=world)
