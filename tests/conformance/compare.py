@@ -3,7 +3,8 @@
 Usage: compare.py DIR [--require c,python[,java,rust]]
 
 DIR holds one file per runner, named <binding>.bin (c.bin, python.bin, java.bin, rust.bin, ...).
-  (a) every file is byte-identical to c.bin; the first differing record is named, with its offset;
+  (a) every file is byte-identical to c.bin, the optimizer's checkpoint included; the first differing
+      record is named, with its offset, and a checksum of every record of every file is printed;
   (b) c.bin's numbers agree with an independent float64 + ml_dtypes reference of the scenario, which
       uses no fp8amp code (the tolerances and how they are derived are in tests/conformance/README.md).
 --require lists the bindings whose files must be present (c is always required). The bindings that
@@ -42,6 +43,23 @@ RECORDS = [
 ]
 TOTAL = sum(r[1] for r in RECORDS)
 assert TOTAL == 8648
+# Then the optimizer's checkpoint after the step: CHECKPOINT_SIZE (uint64) and CHECKPOINT (that many
+# bytes; fp8amp's own format, compared byte for byte, not decoded here).
+
+
+def layout(data):
+    """[(name, offset, size)] of every record of a file, the checkpoint's included; None when the
+    file is too short or its checkpoint length does not match its size."""
+    out, off = [], 0
+    for name, size, _, _ in RECORDS:
+        out.append((name, off, size))
+        off += size
+    if len(data) < off + 8:
+        return None
+    n = int(np.frombuffer(data[off:off + 8], dtype="<u8")[0])
+    out.append(("CHECKPOINT_SIZE", off, 8))
+    out.append(("CHECKPOINT", off + 8, n))
+    return out if len(data) == off + 8 + n else None
 
 
 def split(data):
@@ -54,13 +72,19 @@ def split(data):
 
 def first_difference(a, b):
     """(record name, byte offset in the file, offset in the record) of the first differing byte."""
-    off = 0
-    for name, size, _, _ in RECORDS:
+    for name, off, size in layout(a):
         for i in range(size):
             if off + i >= len(a) or off + i >= len(b) or a[off + i] != b[off + i]:
                 return name, off + i, i
-        off += size
+    if len(b) != len(a):
+        return "(the end: %d bytes against %d)" % (len(b), len(a)), min(len(a), len(b)), 0
     return None
+
+
+def checksums(data):
+    """{record: the first 16 hex digits of its SHA-256}."""
+    import hashlib
+    return {name: hashlib.sha256(data[off:off + size]).hexdigest()[:16] for name, off, size in layout(data)}
 
 
 # ---- the reference: SCENARIO.md computed with numpy float64 and ml_dtypes' codecs ---------------
@@ -214,13 +238,17 @@ def self_test(c_data):
         offsets[name] = off
         off += size
     missed = []
-    flipped = bytearray(c_data)
-    flipped[offsets["Y"] + 5] ^= 0x01  # one bit of one float of Y: within Y's tolerance, not the same file
-    d = first_difference(c_data, bytes(flipped))
-    if not d or d[0] != "Y":
-        missed.append("a flipped bit of Y in another binding's file")
-    else:
-        print("  self-test: %-36s caught: differs first in record %s" % ("a flipped bit of Y in another file", d[0]))
+    flips = {"Y": offsets["Y"] + 5,  # one bit of one float of Y: within Y's tolerance, not the same file
+             "CHECKPOINT": dict((n, o) for n, o, _ in layout(c_data))["CHECKPOINT"] + len(c_data[TOTAL + 8:]) // 2}
+    for record, at in flips.items():
+        flipped = bytearray(c_data)
+        flipped[at] ^= 0x01
+        d = first_difference(c_data, bytes(flipped))
+        what = "a flipped bit of %s in another file" % record
+        if not d or d[0] != record:
+            missed.append(what)
+        else:
+            print("  self-test: %-36s caught: differs first in record %s" % (what, d[0]))
     x, w, b, dy = inputs()
     cases = {
         "a step that did nothing": ("W_AFTER", w.astype(BF16).tobytes()),
@@ -267,8 +295,11 @@ def main(argv):
     for name, path in files.items():
         with open(path, "rb") as f:
             data[name] = f.read()
-        if len(data[name]) != TOTAL:
-            failures.append("%s: %d bytes, the scenario's file has %d" % (path, len(data[name]), TOTAL))
+        if layout(data[name]) is None:
+            failures.append("%s: %d bytes, not the scenario's %d plus an 8-byte checkpoint length and that many bytes"
+                            % (path, len(data[name]), TOTAL))
+        elif len(data[name]) == TOTAL + 8:
+            failures.append("%s: the optimizer's checkpoint is empty" % path)
     if failures:
         print("\n".join("FAIL: " + m for m in failures))
         return 1
@@ -278,10 +309,17 @@ def main(argv):
             continue
         d = first_difference(data["c"], data[name])
         if d is None:
-            print("  %-8s identical (%d bytes)" % (name, TOTAL))
+            print("  %-8s identical (%d bytes, a %d-byte checkpoint included)"
+                  % (name, len(data[name]), len(data[name]) - TOTAL - 8))
         else:
             failures.append("%s.bin differs from c.bin first in record %s (byte %d of the file, %d of the record)"
                             % (name, d[0], d[1], d[2]))
+    sums = {name: checksums(d) for name, d in data.items()}
+    order = ["c"] + sorted(n for n in data if n != "c")
+    print("checksums (SHA-256, first 16 hex digits) of every record, by binding:")
+    print("  %-16s %s" % ("record", " ".join("%-16s" % n for n in order)))
+    for rec in sums["c"]:
+        print("  %-16s %s" % (rec, " ".join("%-16s" % sums[n].get(rec, "-") for n in order)))
     print("(b) the C runner's numbers against the float64 + ml_dtypes reference:")
     failures += check_reference(split(data["c"]))
     if a.self_test:

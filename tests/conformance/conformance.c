@@ -150,10 +150,22 @@ int main(int argc, char **argv) {
     CHECK(fp8amp_optimizer_get_found_inf(opt, &found_inf));
     record(f, weight, 1536, "W_AFTER");
     record(f, bias, 96, "B_AFTER");
-    if (fwrite(&found_inf, 4, 1, f) != 1 || fclose(f) != 0) {
+    /* The optimizer's checkpoint after the step: its length (uint64) and its bytes. */
+    size_t ckpt_size = 0;
+    CHECK(fp8amp_optimizer_save(opt, NULL, 0, &ckpt_size));
+    unsigned char *ckpt = malloc(ckpt_size ? ckpt_size : 1);
+    if (!ckpt) {
+        fprintf(stderr, "conformance: out of memory\n");
+        return 1;
+    }
+    CHECK(fp8amp_optimizer_save(opt, ckpt, ckpt_size, &ckpt_size));
+    const uint64_t ckpt_len = ckpt_size;
+    if (fwrite(&found_inf, 4, 1, f) != 1 || fwrite(&ckpt_len, 8, 1, f) != 1 ||
+        fwrite(ckpt, 1, ckpt_size, f) != ckpt_size || fclose(f) != 0) {
         fprintf(stderr, "conformance: writing %s failed\n", argv[1]);
         return 1;
     }
+    free(ckpt);
 
     CHECK(fp8amp_optimizer_destroy(opt));
     fp8amp_tensor all[] = {tx, tq, td, tw, ty, tdy, tdx, weight, bias, wgrad, bgrad, wgrad_si};

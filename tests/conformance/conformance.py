@@ -82,9 +82,11 @@ def run(fp8amp, np, out_path):
         records.append(lin.weight.numpy().tobytes())
         records.append(lin.bias.numpy().tobytes())
         records.append(np.array([1 if opt.found_inf else 0], dtype="<i4").tobytes())
+        ckpt = opt.save()
     data = b"".join(records)
     if len(data) != 8648:
         raise RuntimeError("the records hold %d bytes, the scenario says 8648" % len(data))
+    data += np.array([len(ckpt)], dtype="<u8").tobytes() + ckpt  # the checkpoint: its length, its bytes
     if sys.byteorder != "little":  # the numpy arrays are in host order
         raise RuntimeError("this runner writes host byte order and needs a little-endian host")
     with open(out_path, "wb") as f:

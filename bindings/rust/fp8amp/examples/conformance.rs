@@ -77,6 +77,11 @@ fn run() -> fp8amp::Result<Vec<u8>> {
     out.extend(bytes_u16(&weight.to_vec::<u16>()?));
     out.extend(bytes_f32(&bias.to_vec::<f32>()?));
     out.extend((opt.found_inf()? as i32).to_le_bytes());
+    assert_eq!(out.len(), 8648, "the scenario's records are 8648 bytes");
+    // The optimizer's checkpoint after the step: its length (u64, little-endian) and its bytes.
+    let checkpoint = opt.save()?;
+    out.extend((checkpoint.len() as u64).to_le_bytes());
+    out.extend(checkpoint);
     Ok(out)
 }
 
@@ -93,7 +98,6 @@ fn main() {
             std::process::exit(1);
         }
     };
-    assert_eq!(bytes.len(), 8648, "the scenario's file is 8648 bytes");
     let written = std::fs::File::create(&args[1]).and_then(|mut f| f.write_all(&bytes));
     if let Err(e) = written {
         eprintln!("conformance (Rust): cannot write {}: {}", args[1], e);

@@ -23,7 +23,7 @@ import org.fp8amp.swig.Recipe;
 /**
  * The Java runner of the conformance scenario (tests/conformance/SCENARIO.md): the same fixed
  * computation as the C, Python and Rust runners, through this binding's classes, written as the
- * same 8648-byte little-endian file.
+ * same little-endian file (8648 bytes of records, then the optimizer's checkpoint).
  *
  * <pre>java -Dfp8amp.jni.library=/path/libfp8amp_java.so -cp fp8amp.jar:fp8amp-conformance.jar \
  *     org.fp8amp.conformance.Conformance OUTPUT</pre>
@@ -57,9 +57,10 @@ public final class Conformance {
         return v;
     }
 
-    /** Runs the scenario and returns the file's 8648 bytes. */
+    /** Runs the scenario and returns the file's bytes: the 8648 of the records, then the checkpoint. */
     public static byte[] run() {
         ByteBuffer out = ByteBuffer.allocate(8648).order(ByteOrder.LITTLE_ENDIAN);
+        byte[] checkpoint;
         try (Context ctx = Context.cpu();
              Tensor x = new Tensor(ctx, DType.DTYPE_F32, 16, 32)) {
             x.copyFrom(x());
@@ -121,6 +122,7 @@ public final class Conformance {
                     out.put(weight.toBytes());
                     putFloats(out, bias.toFloats());
                     out.putInt(opt.foundInf() ? 1 : 0);
+                    checkpoint = opt.save();
                 } finally {
                     adam.delete();
                     args.delete();
@@ -132,7 +134,10 @@ public final class Conformance {
         if (out.position() != out.capacity()) {
             throw new IllegalStateException("wrote " + out.position() + " bytes, the scenario has " + out.capacity());
         }
-        return out.array();
+        // The optimizer's checkpoint after the step: its length (uint64, little-endian) and its bytes.
+        ByteBuffer all = ByteBuffer.allocate(out.capacity() + 8 + checkpoint.length).order(ByteOrder.LITTLE_ENDIAN);
+        all.put(out.array()).putLong(checkpoint.length).put(checkpoint);
+        return all.array();
     }
 
     private static void putFloats(ByteBuffer out, float[] values) {
