@@ -166,7 +166,8 @@ static void test_released_entry_points(void **state) {
         EXPECT_OK(c->old_init(b.body));
         box_check_outside(&b, c->released);
         assert_int_equal(struct_size_of(b.body), c->released);
-        assert_memory_equal(b.body + 4, ref + 4, c->end - 4);
+        /* the fields of the released layout (fp8amp_adam_desc grew past it in 0.4.0) */
+        assert_memory_equal(b.body + 4, ref + 4, (c->end < c->released ? c->end : c->released) - 4);
         assert_int_equal(c->old_init(NULL), FP8AMP_ERROR_INVALID_ARGUMENT);
     }
     /* Their messages name them. */
