@@ -568,10 +568,11 @@ void Optimizer::load(const unsigned char *data, size_t size) {
     } catch (const Error &e) {
         fail(FP8AMP_ERROR_CORRUPT_DATA, std::string("checkpoint holds an invalid configuration: ") + e.what());
     }
-    // The master choice is per parameter (checked below); a version 1 checkpoint made every parameter
-    // follow its desc's master_dtype.
+    // The master choice is per parameter, checked below (a version 1 checkpoint gave every parameter
+    // its desc's master_dtype): an optimizer whose parameters have the same choices loads it, whatever
+    // its own desc's default.
     if (d.exp_avg_dtype != desc_.exp_avg_dtype || d.exp_avg_sq_dtype != desc_.exp_avg_sq_dtype ||
-        (version == 1 && d.master_dtype != desc_.master_dtype) || d.state_block_size != desc_.state_block_size)
+        d.state_block_size != desc_.state_block_size)
         fail(FP8AMP_ERROR_DTYPE_MISMATCH,
              std::string("checkpoint state layout (m ") + fp8amp_dtype_name(d.exp_avg_dtype) + ", v " +
                  fp8amp_dtype_name(d.exp_avg_sq_dtype) + ", master " + std::to_string(d.master_dtype) + ", block " +

@@ -391,6 +391,105 @@ static void test_mixed_masters_checkpoint(void **state) {
     EXPECT_OK(fp8amp_context_destroy(ctx));
 }
 
+/* A checkpoint in 0.3.0's format (version 1) still loads. It is made here from a version 2 one by
+ * hand, following docs/api.md 12.6 -- drop the rounding fields after the desc and each parameter's
+ * has-master byte, set the version, the size and the CRC --, so the reader of version 1 is checked
+ * against the documented layout, not against this library's writer. Loaded into an optimizer that
+ * rounds to nearest, it is saved back as exactly those bytes; an optimizer whose desc has no master
+ * but whose parameters each have one (add_param_ex) loads it too; one whose parameters have none
+ * refuses it (DTYPE_MISMATCH), unchanged. */
+enum { VN0 = 300, VN1 = 129 };
+
+static void test_version1_checkpoint_loads(void **state) {
+    require_variant(state);
+    fp8amp_context ctx = make_context(variant_device(state));
+    const int64_t numel[2] = {VN0, VN1};
+    float *w[2], *g[2];
+    fp8amp_tensor p[4][2], gt[4][2];
+    for (int k = 0; k < 2; ++k) {
+        w[k] = xmalloc(sizeof(float) * (size_t)numel[k]);
+        g[k] = xmalloc(sizeof(float) * (size_t)numel[k]);
+        for (int64_t i = 0; i < numel[k]; ++i) {
+            w[k][i] = (float)test_rng_uniform(-0.1, 0.1);
+            g[k][i] = (float)test_rng_uniform(-1, 1);
+        }
+        for (int o = 0; o < 4; ++o) {
+            p[o][k] = bf16_tensor(ctx, w[k], numel[k]);
+            gt[o][k] = make_tensor(ctx, FP8AMP_DTYPE_F32, 1, &numel[k]);
+        }
+    }
+    fp8amp_optimizer src = make_opt(ctx, FP8AMP_OPT_LEVEL_O3, FP8AMP_MASTER_ROUND_STOCHASTIC, (uint32_t)test_rng_u64(), 1e-3f, 0.0f);
+    fp8amp_optimizer near = make_opt(ctx, FP8AMP_OPT_LEVEL_O3, FP8AMP_MASTER_ROUND_NEAREST, 0, 1e-2f, 0.0f);
+    fp8amp_optimizer ex = make_opt(ctx, FP8AMP_OPT_LEVEL_O2, FP8AMP_MASTER_ROUND_NEAREST, 0, 1e-2f, 0.0f);
+    fp8amp_optimizer none = make_opt(ctx, FP8AMP_OPT_LEVEL_O2, FP8AMP_MASTER_ROUND_NEAREST, 0, 1e-2f, 0.0f);
+    for (int k = 0; k < 2; ++k) {
+        EXPECT_OK(fp8amp_optimizer_add_param(src, p[0][k], gt[0][k]));
+        EXPECT_OK(fp8amp_optimizer_add_param(near, p[1][k], gt[1][k]));
+        add_with(ex, p[2][k], gt[2][k], FP8AMP_DTYPE_F16);
+        EXPECT_OK(fp8amp_optimizer_add_param(none, p[3][k], gt[3][k]));
+        upload_f32(gt[0][k], g[k], numel[k]);
+    }
+    for (int s = 0; s < 3; ++s) EXPECT_OK(fp8amp_optimizer_step(src, NULL));
+    size_t n2 = 0;
+    unsigned char *v2 = save_all(src, &n2);
+    uint32_t version;
+    memcpy(&version, v2 + 8, 4);
+    assert_int_equal(version, 2);
+    /* convert */
+    unsigned char *v1 = xmalloc(n2);
+    size_t at = 0, from = 0;
+    memcpy(v1, v2, 72); /* header (24 bytes) and desc (48) */
+    at = from = 72;
+    from += 8; /* master_rounding, rounding_seed */
+    memcpy(v1 + at, v2 + from, 20); /* step, found_inf, grad_norm, count */
+    at += 20, from += 20;
+    for (int k = 0; k < 2; ++k) {
+        const size_t n = (size_t)numel[k], ns = (n + 127) / 128;
+        memcpy(v1 + at, v2 + from, 21); /* dtypes, ndim, shape, has-meta */
+        at += 21, from += 21;
+        assert_int_equal(v2[from], 1); /* has-master */
+        from += 1;
+        const size_t rest = 8 + 2 * n + (n + 4 * ns) + (2 * n + 4 * ns) + (2 * n + 4 * ns);
+        memcpy(v1 + at, v2 + from, rest);
+        at += rest, from += rest;
+    }
+    assert_int_equal(from, n2 - 4);
+    const size_t n1 = at + 4;
+    put_u32(v1 + 8, 1);
+    for (int b = 0; b < 8; ++b) v1[16 + b] = (unsigned char)((uint64_t)n1 >> (8 * b));
+    put_u32(v1 + n1 - 4, crc32_bitwise(v1, n1 - 4));
+    /* refused where the parameters have no master: nothing changed */
+    size_t nb = 0, na = 0;
+    unsigned char *before = save_all(none, &nb);
+    EXPECT_STATUS(fp8amp_optimizer_load(none, v1, n1), FP8AMP_ERROR_DTYPE_MISMATCH);
+    unsigned char *after = save_all(none, &na);
+    assert_int_equal(na, nb);
+    assert_memory_equal(before, after, nb);
+    /* loads; saved back byte for byte */
+    EXPECT_OK(fp8amp_optimizer_load(near, v1, n1));
+    size_t nn = 0;
+    unsigned char *back = save_all(near, &nn);
+    assert_int_equal(nn, n1);
+    assert_memory_equal(back, v1, n1);
+    EXPECT_OK(fp8amp_optimizer_load(ex, v1, n1));
+    int64_t st = 0;
+    EXPECT_OK(fp8amp_optimizer_get_step(ex, &st));
+    assert_int_equal(st, 3);
+    free(v1), free(v2), free(back), free(before), free(after);
+    EXPECT_OK(fp8amp_optimizer_destroy(src));
+    EXPECT_OK(fp8amp_optimizer_destroy(near));
+    EXPECT_OK(fp8amp_optimizer_destroy(ex));
+    EXPECT_OK(fp8amp_optimizer_destroy(none));
+    for (int k = 0; k < 2; ++k) {
+        for (int o = 0; o < 4; ++o) {
+            EXPECT_OK(fp8amp_tensor_destroy(p[o][k]));
+            EXPECT_OK(fp8amp_tensor_destroy(gt[o][k]));
+        }
+        free(w[k]), free(g[k]);
+    }
+    EXPECT_OK(fp8amp_context_destroy(ctx));
+}
+
 /* ---- bad input ----------------------------------------------------------------------------------- */
 
 static void test_bad_master_choices(void **state) {
@@ -456,6 +555,7 @@ int main(void) {
         DEVICE_TESTS(test_mixed_masters_equal_two_optimizers),
         DEVICE_TESTS(test_mixed_masters_clip_globally),
         DEVICE_TESTS(test_mixed_masters_checkpoint),
+        DEVICE_TESTS(test_version1_checkpoint_loads),
         DEVICE_TESTS(test_bad_master_choices),
     };
     return run_tests_sharded(tests, sizeof tests / sizeof tests[0], test_setup_rng, NULL);
