@@ -115,9 +115,10 @@ def main():
     ap.add_argument("--steps", type=int, default=3000)
     ap.add_argument("--lr", type=float, default=6e-4)
     ap.add_argument("--wd", type=float, default=0.1)
+    ap.add_argument("--seed", type=int, default=0, help="teacher, initial weights and batches")
     ap.add_argument("--json")
     args = ap.parse_args()
-    rng = np.random.default_rng(0)
+    rng = np.random.default_rng(args.seed)
     teacher = {"W1": rng.normal(0, 0.15, (D_IN, D_H)), "b1": rng.normal(0, 0.05, D_H),
                "W2": rng.normal(0, 0.1, (D_H, D_OUT)), "b2": rng.normal(0, 0.05, D_OUT)}
 
@@ -127,13 +128,13 @@ def main():
 
     init = {"W1": rng.normal(0, 0.02, (D_IN, D_H)).astype(np.float32), "b1": np.zeros(D_H, np.float32),
             "W2": rng.normal(0, 0.02, (D_H, D_OUT)).astype(np.float32), "b2": np.zeros(D_OUT, np.float32)}
-    x_test, y_test = batch(np.random.default_rng(99), 4096)
+    x_test, y_test = batch(np.random.default_rng(99 + 1000 * args.seed), 4096)
     ctx = fp8amp.Context("cpu")
     names = ["f32", "o3", "o3-sr", "bf16m", "bf16m-sr"]
     runs = [Run(ctx, n, init, args.lr, args.wd) for n in names]
     w0 = {n: r.weights() for n, r in zip(names, runs)}
     lost = {k: [0, 0, 0] for k in ("W1", "W2")}  # updates below half an ulp, decay terms below, all
-    data = np.random.default_rng(1)
+    data = np.random.default_rng(1 + 1000 * args.seed)
     for t in range(args.steps):
         lr = args.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * t / args.steps)))
         x, y = batch(data, BATCH)
@@ -148,7 +149,7 @@ def main():
                     lost[k][0] += int(np.sum(np.abs(w_new[k] - w[k]) < hu))
                     lost[k][1] += int(np.sum(np.abs(lr * args.wd * w[k]) < hu))
                     lost[k][2] += w[k].size
-    result = {"steps": args.steps, "lr": args.lr, "wd": args.wd, "runs": {}}
+    result = {"steps": args.steps, "lr": args.lr, "wd": args.wd, "seed": args.seed, "runs": {}}
     ref = runs[0].weights()
     print("per weight tensor, along the f32 run: updates below half an F16 ulp of the master / "
           "weight-decay terms below it")
