@@ -490,6 +490,112 @@ static void test_version1_checkpoint_loads(void **state) {
     EXPECT_OK(fp8amp_context_destroy(ctx));
 }
 
+/* ---- CPU and CUDA: the same bytes ---------------------------------------------------------------- */
+
+/* Mixed masters and stochastic rounding on the CPU and on CUDA from the same bytes: after 3 steps
+ * the checkpoints are identical but for the gradient norm (a float64 sum in another order: within
+ * 2^-20 relative, as test_optimizer.c's expect_same_checkpoint) -- the random bits depend on
+ * (seed, step, parameter, element) only, not on the grid. Blocks of 128 and 256 and per tensor;
+ * BF16 and E4M3 (bound to a meta) parameters with a master, BF16 and F32 ones without; long enough
+ * that every warp of the grid takes several blocks. CUDA only (skipped without a GPU). */
+#define XN 4
+static void test_cpu_cuda_identical_mixed_masters(void **state) {
+    (void)state;
+    SKIP_WITHOUT_CUDA();
+    const int64_t numel[XN] = {test_small() ? 20001 : 700001, 4477, 1000, 129};
+    const fp8amp_dtype pdt[XN] = {FP8AMP_DTYPE_BF16, FP8AMP_DTYPE_E4M3, FP8AMP_DTYPE_BF16, FP8AMP_DTYPE_F32};
+    const int32_t master[XN] = {FP8AMP_DTYPE_F16, FP8AMP_DTYPE_F16, FP8AMP_NO_MASTER, FP8AMP_NO_MASTER};
+    const int32_t blocks[3] = {128, 256, 0};
+    fp8amp_context ctx[2] = {make_context(cpu_device()), make_context(cuda_device(0))};
+    for (int bi = 0; bi < 3; ++bi)
+        for (int sr = 0; sr < 2; ++sr) {
+            const uint32_t seed = (uint32_t)test_rng_u64();
+            fp8amp_optimizer opt[2];
+            fp8amp_tensor p[2][XN], g[2][XN];
+            fp8amp_scaling meta[2] = {NULL, NULL};
+            const float e4_scale = 64.0f;
+            for (int d = 0; d < 2; ++d) {
+                fp8amp_adam_desc desc;
+                EXPECT_OK(fp8amp_opt_level_adam_config(FP8AMP_OPT_LEVEL_O2, &desc));
+                desc.lr = 1e-3f;
+                desc.state_block_size = blocks[bi];
+                desc.master_rounding = sr ? FP8AMP_MASTER_ROUND_STOCHASTIC : FP8AMP_MASTER_ROUND_NEAREST;
+                desc.rounding_seed = seed;
+                EXPECT_OK(fp8amp_optimizer_create(ctx[d], &desc, &opt[d]));
+                fp8amp_recipe r;
+                EXPECT_OK(fp8amp_recipe_init_default(&r));
+                EXPECT_OK(fp8amp_scaling_create(ctx[d], &r, FP8AMP_DTYPE_E4M3, &meta[d]));
+                EXPECT_OK(fp8amp_scaling_set_scale(meta[d], e4_scale));
+                for (int k = 0; k < XN; ++k) {
+                    p[d][k] = make_tensor(ctx[d], pdt[k], 1, &numel[k]);
+                    g[d][k] = make_tensor(ctx[d], FP8AMP_DTYPE_F32, 1, &numel[k]);
+                    if (pdt[k] == FP8AMP_DTYPE_E4M3) EXPECT_OK(fp8amp_tensor_set_scaling(p[d][k], meta[d]));
+                }
+            }
+            /* the same parameter bytes on both */
+            for (int k = 0; k < XN; ++k) {
+                const size_t nb = tensor_bytes(p[0][k]);
+                unsigned char *raw = xmalloc(nb);
+                for (int64_t i = 0; i < numel[k]; ++i) {
+                    const float v = (float)test_rng_uniform(-0.05, 0.05);
+                    if (pdt[k] == FP8AMP_DTYPE_F32) memcpy(raw + 4 * i, &v, 4);
+                    else if (pdt[k] == FP8AMP_DTYPE_BF16) {
+                        const uint16_t h = (uint16_t)(f32_bits(v) >> 16);
+                        memcpy(raw + 2 * i, &h, 2);
+                    } else {
+                        raw[i] = (unsigned char)encode_fp8_ref(format_of(FP8AMP_DTYPE_E4M3), (double)v * e4_scale);
+                    }
+                }
+                for (int d = 0; d < 2; ++d) {
+                    EXPECT_OK(fp8amp_tensor_copy_from_host(p[d][k], raw, nb));
+                    add_with(opt[d], p[d][k], g[d][k], master[k]);
+                }
+                free(raw);
+            }
+            for (int step = 0; step < 3; ++step)
+                for (int k = 0; k < XN; ++k) {
+                    float *gv = xmalloc(sizeof(float) * (size_t)numel[k]);
+                    for (int64_t i = 0; i < numel[k]; ++i) gv[i] = (float)test_rng_uniform(-1, 1);
+                    upload_f32(g[0][k], gv, numel[k]);
+                    upload_f32(g[1][k], gv, numel[k]);
+                    free(gv);
+                    if (k == XN - 1) {
+                        EXPECT_OK(fp8amp_optimizer_step(opt[0], NULL));
+                        EXPECT_OK(fp8amp_optimizer_step(opt[1], NULL));
+                    }
+                }
+            enum { kNormAt = 92 }; /* version 2: 8 bytes of rounding fields before the status */
+            size_t na, nb;
+            unsigned char *sa = save_all(opt[0], &na), *sb = save_all(opt[1], &nb);
+            assert_int_equal(na, nb);
+            uint32_t version;
+            memcpy(&version, sa + 8, 4);
+            assert_int_equal(version, 2);
+            float norm_a, norm_b;
+            memcpy(&norm_a, sa + kNormAt, 4), memcpy(&norm_b, sb + kNormAt, 4);
+            assert_true(isfinite(norm_a) && isfinite(norm_b));
+            assert_true(fabs((double)norm_a - (double)norm_b) <= ldexp(fabs((double)norm_a), -20));
+            memset(sa + kNormAt, 0, 4), memset(sb + kNormAt, 0, 4);
+            if (memcmp(sa, sb, na - 4) != 0) {
+                size_t at = 0;
+                while (sa[at] == sb[at]) ++at;
+                fail_msg("block %d, %s: the checkpoints differ first at byte %zu of %zu", blocks[bi],
+                         sr ? "stochastic" : "nearest", at, na);
+            }
+            free(sa), free(sb);
+            for (int d = 0; d < 2; ++d) {
+                EXPECT_OK(fp8amp_optimizer_destroy(opt[d]));
+                for (int k = 0; k < XN; ++k) {
+                    EXPECT_OK(fp8amp_tensor_destroy(p[d][k]));
+                    EXPECT_OK(fp8amp_tensor_destroy(g[d][k]));
+                }
+                EXPECT_OK(fp8amp_scaling_destroy(meta[d]));
+            }
+        }
+    EXPECT_OK(fp8amp_context_destroy(ctx[0]));
+    EXPECT_OK(fp8amp_context_destroy(ctx[1]));
+}
+
 /* ---- bad input ----------------------------------------------------------------------------------- */
 
 static void test_bad_master_choices(void **state) {
@@ -557,6 +663,7 @@ int main(void) {
         DEVICE_TESTS(test_mixed_masters_checkpoint),
         DEVICE_TESTS(test_version1_checkpoint_loads),
         DEVICE_TESTS(test_bad_master_choices),
+        cmocka_unit_test(test_cpu_cuda_identical_mixed_masters),
     };
     return run_tests_sharded(tests, sizeof tests / sizeof tests[0], test_setup_rng, NULL);
 }
