@@ -10,6 +10,11 @@
 #include "struct_size.hpp"
 #include "tensor.hpp"
 
+// The sized-struct rules of struct_size.hpp for fp8amp_param_desc (new in 0.4.0: its first layout
+// is this one), found by argument-dependent lookup as api_comm.cpp's for fp8amp_comm_reduce_desc.
+inline constexpr size_t fields_end(const fp8amp_param_desc *) { return offsetof(fp8amp_param_desc, master_dtype) + 4; }
+inline constexpr size_t released_size(const fp8amp_param_desc *) { return sizeof(fp8amp_param_desc); }
+
 using fp8amp::fail;
 using fp8amp::read_sized;
 using fp8amp::capi::publish;
@@ -128,6 +133,28 @@ FP8AMP_API fp8amp_status fp8amp_optimizer_add_param(fp8amp_optimizer opt, fp8amp
         auto p = lookup<Tensor>(param, "param");
         auto g = lookup<Tensor>(grad, "grad");
         o->add_param(std::move(p), std::move(g));
+    });
+}
+
+FP8AMP_API fp8amp_status fp8amp_param_desc_init(fp8amp_param_desc *desc, size_t size) {
+    FP8AMP_GUARD({
+        require(desc, "desc");
+        fp8amp_param_desc d{};
+        d.struct_size = sizeof d;
+        d.master_dtype = FP8AMP_MASTER_DEFAULT;
+        fp8amp::write_sized(desc, size, d, "fp8amp_param_desc");
+    });
+}
+
+FP8AMP_API fp8amp_status fp8amp_optimizer_add_param_ex(fp8amp_optimizer opt, fp8amp_tensor param, fp8amp_tensor grad,
+                                                       const fp8amp_param_desc *desc) {
+    FP8AMP_GUARD({
+        auto o = lookup<Optimizer>(opt, "opt");
+        auto p = lookup<Tensor>(param, "param");
+        auto g = lookup<Tensor>(grad, "grad");
+        int32_t master = FP8AMP_MASTER_DEFAULT;
+        if (desc) master = read_sized(*desc, "desc", "fp8amp_param_desc", "fp8amp_param_desc_init").master_dtype;
+        o->add_param(std::move(p), std::move(g), master);
     });
 }
 

@@ -25,7 +25,11 @@ std::string num(double x) { return std::to_string(x); }
 
 
 constexpr char kMagic[8] = {'F', 'P', '8', 'A', 'M', 'P', 'O', 'P'};
-constexpr uint32_t kFormatVersion = 1;
+// Version 1: 0.3.0's format. Version 2 (0.4.0) adds the master rounding and its seed after the
+// desc, and a master flag per parameter; save writes version 1 whenever it can say everything (every
+// parameter has the desc's master choice, rounding to nearest), so those checkpoints keep their bytes
+// and older libraries keep reading them.
+constexpr uint32_t kFormatVersion = 2;
 constexpr uint32_t kEndianMarker = 0x01020304u;
 
 }  // namespace
@@ -56,6 +60,9 @@ fp8amp_adam_desc validate_adam_desc(const fp8amp_adam_desc &desc) {
     if (d.master_dtype != FP8AMP_NO_MASTER && d.master_dtype != FP8AMP_DTYPE_F16)
         fail(FP8AMP_ERROR_INVALID_ARGUMENT, "desc->master_dtype " + std::to_string(d.master_dtype) +
                                                 " is neither FP8AMP_NO_MASTER nor FP8AMP_DTYPE_F16");
+    if (d.master_rounding != FP8AMP_MASTER_ROUND_NEAREST && d.master_rounding != FP8AMP_MASTER_ROUND_STOCHASTIC)
+        fail(FP8AMP_ERROR_INVALID_ARGUMENT, "desc->master_rounding " + std::to_string(d.master_rounding) +
+                                                " is neither FP8AMP_MASTER_ROUND_NEAREST nor FP8AMP_MASTER_ROUND_STOCHASTIC");
     const int32_t bs = d.state_block_size;
     if (bs != 0 && (bs < adam::kChunk || bs > FP8AMP_MAX_STATE_BLOCK || (bs & (bs - 1)) != 0))
         fail(FP8AMP_ERROR_INVALID_ARGUMENT, "desc->state_block_size " + std::to_string(bs) + " is neither 0 nor a power of two in " +
@@ -89,10 +96,16 @@ int64_t Optimizer::scales_of(int64_t numel) const {
     return desc_.state_block_size > 0 ? (numel + desc_.state_block_size - 1) / desc_.state_block_size : 1;
 }
 
-void Optimizer::add_param(std::shared_ptr<Tensor> param, std::shared_ptr<Tensor> grad) {
+void Optimizer::add_param(std::shared_ptr<Tensor> param, std::shared_ptr<Tensor> grad, int32_t master_dtype) {
     const Tensor &p = *param;
     const Tensor &g = *grad;
-    const bool master = desc_.master_dtype == FP8AMP_DTYPE_F16;
+    // FP8AMP_MASTER_DEFAULT: the desc's choice (fp8amp_optimizer_add_param); otherwise the caller's
+    // explicit per-parameter choice (fp8amp_optimizer_add_param_ex), checked like the desc's.
+    const bool explicit_choice = master_dtype != FP8AMP_MASTER_DEFAULT;
+    if (explicit_choice && master_dtype != FP8AMP_NO_MASTER && master_dtype != FP8AMP_DTYPE_F16)
+        fail(FP8AMP_ERROR_INVALID_ARGUMENT, "desc->master_dtype " + std::to_string(master_dtype) +
+                                                " is neither FP8AMP_MASTER_DEFAULT, FP8AMP_NO_MASTER nor FP8AMP_DTYPE_F16");
+    const bool master = (explicit_choice ? master_dtype : desc_.master_dtype) == FP8AMP_DTYPE_F16;
     if (stepped_)
         fail(FP8AMP_ERROR_INVALID_ARGUMENT, "the optimizer has already taken a step: add every parameter before the first step");
     // dtypes
@@ -101,6 +114,12 @@ void Optimizer::add_param(std::shared_ptr<Tensor> param, std::shared_ptr<Tensor>
     if (master && p.dtype() == FP8AMP_DTYPE_F32)
         fail(FP8AMP_ERROR_DTYPE_MISMATCH, "param is " + p.describe() +
                                               ": an f16 master copy (O3) is for low-precision parameters, not f32 ones");
+    // Asked for explicitly, no master for an e4m3 weight is a mistake (fp8amp_optimizer_add_param keeps
+    // accepting it at O1/O2, as 0.3.0 did).
+    if (explicit_choice && !master && p.dtype() == FP8AMP_DTYPE_E4M3)
+        fail(FP8AMP_ERROR_DTYPE_MISMATCH, "param is " + p.describe() +
+                                              " and desc->master_dtype is FP8AMP_NO_MASTER: an e4m3 parameter needs an f16 "
+                                              "master copy (without one, updates below half an e4m3 ulp, 2^-4 relative, vanish)");
     // devices
     check_on_device(*ctx_, p, "param");
     check_on_device(*ctx_, g, "grad");
@@ -223,6 +242,7 @@ void Optimizer::rebuild_list() {
     list.reserve(entries_.size());
     int64_t unit = 0;
     int metas = 0;
+    int32_t masters = 0;
     uint32_t pairs = 0;
     int64_t max_numel = 0;
     for (const Entry &e : entries_) {
@@ -252,6 +272,7 @@ void Optimizer::rebuild_list() {
         q.vec_ok = (reinterpret_cast<uintptr_t>(p.data()) % 16 == 0 && reinterpret_cast<uintptr_t>(g.data()) % 16 == 0) ? 1 : 0;
         unit += e.units;
         metas |= q.param_meta ? 1 : 0;
+        masters += q.master ? 1 : 0;
         pairs |= 1u << (q.param_dtype * 5 + q.grad_dtype);
         max_numel = std::max(max_numel, q.numel);
         list.push_back(q);
@@ -264,6 +285,7 @@ void Optimizer::rebuild_list() {
     tensor_amax_ = std::move(amax);
     total_units_ = unit;
     has_param_metas_ = metas;
+    masters_ = masters;
     pair_mask_ = pairs;
     max_numel_ = max_numel;
 }
@@ -305,7 +327,10 @@ void Optimizer::step(float lr, const float *lr_device, float grad_scale_inv, Gra
     c.total_units = total_units_;
     c.m_fp8 = desc_.exp_avg_dtype == FP8AMP_DTYPE_E4M3;
     c.v_f16 = desc_.exp_avg_sq_dtype == FP8AMP_DTYPE_F16;
-    c.has_master = desc_.master_dtype == FP8AMP_DTYPE_F16;
+    c.has_master = masters_ > 0 ? 1 : 0;
+    c.mixed_master = masters_ > 0 && masters_ < num_params() ? 1 : 0;
+    c.master_stochastic = desc_.master_rounding == FP8AMP_MASTER_ROUND_STOCHASTIC ? 1 : 0;
+    c.rounding_seed = desc_.rounding_seed;
     c.adamw = desc_.adamw;
     c.maximize = desc_.maximize;
     c.has_param_metas = has_param_metas_;
@@ -399,11 +424,20 @@ bool pow2_normal(float x) {
 
 }  // namespace
 
+uint32_t Optimizer::format_version() const {
+    if (desc_.master_rounding != FP8AMP_MASTER_ROUND_NEAREST) return 2;
+    const bool desc_master = desc_.master_dtype == FP8AMP_DTYPE_F16;
+    for (const Entry &e : entries_)
+        if ((e.master != nullptr) != desc_master) return 2;
+    return 1;
+}
+
 void Optimizer::serialize(checkpoint::Writer &w) const {
     const bool m8 = desc_.exp_avg_dtype == FP8AMP_DTYPE_E4M3, v16 = desc_.exp_avg_sq_dtype == FP8AMP_DTYPE_F16;
     const adam::Status st = status();
+    const uint32_t version = format_version();
     w.bytes(kMagic, sizeof kMagic);
-    w.u32(kFormatVersion);
+    w.u32(version);
     w.u32(kEndianMarker);
     unsigned char *size_field = w.reserve(8);  // the total size, filled in by save()
     (void)size_field;
@@ -419,6 +453,10 @@ void Optimizer::serialize(checkpoint::Writer &w) const {
     w.i32(desc_.master_dtype);
     w.i32(desc_.state_block_size);
     w.f32(desc_.max_grad_norm);
+    if (version >= 2) {
+        w.i32(desc_.master_rounding);
+        w.u32(desc_.rounding_seed);
+    }
     w.i64(st.step);
     w.i32(st.found_inf);
     w.f32(st.grad_norm);
@@ -433,6 +471,7 @@ void Optimizer::serialize(checkpoint::Writer &w) const {
         w.i32(p.ndim());
         for (int32_t d = 0; d < p.ndim(); ++d) w.i64(p.shape()[d]);
         w.u8(e.param_meta ? 1 : 0);
+        if (version >= 2) w.u8(e.master ? 1 : 0);
         w.u64(static_cast<uint64_t>(e.nscales));
         array(p.data(), p.nbytes());
         if (e.param_meta) {
@@ -495,9 +534,9 @@ void Optimizer::load(const unsigned char *data, size_t size) {
     const uint32_t crc = tail.u32("checksum");
     if (checkpoint::crc32(data, size - 4) != crc)
         fail(FP8AMP_ERROR_CORRUPT_DATA, "checkpoint checksum mismatch (corrupted data)");
-    if (version != kFormatVersion)
+    if (version < 1 || version > kFormatVersion)
         fail(FP8AMP_ERROR_NOT_SUPPORTED, "checkpoint format version " + std::to_string(version) +
-                                             " is not supported (this library reads version " + std::to_string(kFormatVersion) + ")");
+                                             " is not supported (this library reads versions 1.." + std::to_string(kFormatVersion) + ")");
     if (marker != kEndianMarker) fail(FP8AMP_ERROR_CORRUPT_DATA, "checkpoint endianness marker is wrong");
 
     // 2. Parse and validate everything; nothing is written before all of it passed.
@@ -515,6 +554,10 @@ void Optimizer::load(const unsigned char *data, size_t size) {
     d.master_dtype = r.i32("desc");
     d.state_block_size = r.i32("desc");
     d.max_grad_norm = r.f32("desc");
+    if (version >= 2) {
+        d.master_rounding = r.i32("desc");
+        d.rounding_seed = r.u32("desc");
+    }
     // save writes the flags as 0 or 1; validate_adam_desc would quietly read any other value as 1.
     if (d.adamw != 0 && d.adamw != 1)
         fail(FP8AMP_ERROR_CORRUPT_DATA, "checkpoint desc.adamw is " + std::to_string(d.adamw) + ", not 0 or 1");
@@ -525,8 +568,11 @@ void Optimizer::load(const unsigned char *data, size_t size) {
     } catch (const Error &e) {
         fail(FP8AMP_ERROR_CORRUPT_DATA, std::string("checkpoint holds an invalid configuration: ") + e.what());
     }
+    // The master choice is per parameter, checked below (a version 1 checkpoint gave every parameter
+    // its desc's master_dtype): an optimizer whose parameters have the same choices loads it, whatever
+    // its own desc's default.
     if (d.exp_avg_dtype != desc_.exp_avg_dtype || d.exp_avg_sq_dtype != desc_.exp_avg_sq_dtype ||
-        d.master_dtype != desc_.master_dtype || d.state_block_size != desc_.state_block_size)
+        d.state_block_size != desc_.state_block_size)
         fail(FP8AMP_ERROR_DTYPE_MISMATCH,
              std::string("checkpoint state layout (m ") + fp8amp_dtype_name(d.exp_avg_dtype) + ", v " +
                  fp8amp_dtype_name(d.exp_avg_sq_dtype) + ", master " + std::to_string(d.master_dtype) + ", block " +
@@ -611,6 +657,17 @@ void Optimizer::load(const unsigned char *data, size_t size) {
         if (has_meta != (e.param_meta != nullptr))
             fail(FP8AMP_ERROR_DTYPE_MISMATCH, "checkpoint " + who + (has_meta ? " is" : " is not") +
                                                   " bound to a scaling meta, the optimizer's parameter" + (has_meta ? " is not" : " is"));
+        bool has_master = d.master_dtype == FP8AMP_DTYPE_F16;  // version 1: the desc's, for every parameter
+        if (version >= 2) {
+            const uint8_t master_flag = r.u8("master flag");
+            if (master_flag > 1)
+                fail(FP8AMP_ERROR_CORRUPT_DATA,
+                     "checkpoint " + who + ": master flag is " + std::to_string(master_flag) + ", not 0 or 1");
+            has_master = master_flag != 0;
+        }
+        if (has_master != (e.master != nullptr))
+            fail(FP8AMP_ERROR_DTYPE_MISMATCH, "checkpoint " + who + (has_master ? " has" : " has no") +
+                                                  " f16 master copy, the optimizer's parameter" + (has_master ? " has none" : " has one"));
         if (r.u64("scale count") != static_cast<uint64_t>(e.nscales))
             fail(FP8AMP_ERROR_CORRUPT_DATA, "checkpoint " + who + " has an inconsistent number of block scales");
         Plan &plan = plans[i];
@@ -724,6 +781,7 @@ void Optimizer::load(const unsigned char *data, size_t size) {
     }
     to_device(status_->data(), &st, sizeof st);
     for (Entry &e : entries_) e.param->mark_written();
+    d.master_dtype = desc_.master_dtype;  // the default of later add_param calls: this optimizer's
     desc_ = d;
 }
 

@@ -34,7 +34,8 @@ public:
     const fp8amp_adam_desc &desc() const { return desc_; }
     int32_t num_params() const { return static_cast<int32_t>(entries_.size()); }
 
-    void add_param(std::shared_ptr<Tensor> param, std::shared_ptr<Tensor> grad);
+    // master_dtype: FP8AMP_MASTER_DEFAULT (the desc's), FP8AMP_NO_MASTER or FP8AMP_DTYPE_F16.
+    void add_param(std::shared_ptr<Tensor> param, std::shared_ptr<Tensor> grad, int32_t master_dtype = FP8AMP_MASTER_DEFAULT);
     // scaler may be null. lr < 0: the desc's.
     void step(float lr, const float *lr_device, float grad_scale_inv, GradScaler *scaler);
     // The loss scaler's update from the last step's found_inf (fp8amp_grad_scaler_update), queued on
@@ -65,6 +66,7 @@ private:
     void to_host(void *dst, const void *src, size_t n) const;
     void to_device(void *dst, const void *src, size_t n) const;
     void serialize(checkpoint::Writer &w) const;
+    uint32_t format_version() const;  // of the checkpoint save writes (optimizer.cpp kFormatVersion)
     // INVALID_ARGUMENT when a parameter (and, with grads, a gradient) is no longer bound to the meta it
     // had at add_param: `what` names the refused operation.
     void check_bindings(bool grads, const char *what) const;
@@ -76,6 +78,7 @@ private:
     std::vector<Entry> entries_;
     bool stepped_ = false;  // a step was issued: no more parameters
     int has_param_metas_ = 0;
+    int32_t masters_ = 0;  // parameters with a master copy
     uint32_t pair_mask_ = 0;  // (param dtype, grad dtype) pairs present: adam::StepConfig::pair_mask
     int64_t max_numel_ = 0;
     int64_t total_units_ = 0;

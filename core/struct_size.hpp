@@ -29,7 +29,7 @@ namespace fp8amp {
 // adds a line.
 inline constexpr size_t fields_end(const fp8amp_recipe *) { return offsetof(fp8amp_recipe, power_of_two_scales) + 4; }
 inline constexpr size_t fields_end(const fp8amp_linear_desc *) { return offsetof(fp8amp_linear_desc, graph_replay) + 4; }
-inline constexpr size_t fields_end(const fp8amp_adam_desc *) { return offsetof(fp8amp_adam_desc, max_grad_norm) + 4; }
+inline constexpr size_t fields_end(const fp8amp_adam_desc *) { return offsetof(fp8amp_adam_desc, rounding_seed) + 4; }
 inline constexpr size_t fields_end(const fp8amp_adam_step_args *) {
     return offsetof(fp8amp_adam_step_args, scaler) + sizeof(fp8amp_grad_scaler);
 }

@@ -114,6 +114,7 @@ def run(mode, args, train, held_out, device):
         model, opt = ft.initialize(model, torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.95),
                                                             weight_decay=0.1),
                                    opt_level=mode, policy=args.policy, max_grad_norm=1.0,
+                                   master_rounding=args.master_rounding,
                                    exclude=tuple(x for x in args.keep_bf16.split(",") if x))
     warm = max(1, args.steps // 10)
     sched = torch.optim.lr_scheduler.LambdaLR(
@@ -197,6 +198,8 @@ def main():
     ap.add_argument("--heads", type=int, default=12)
     ap.add_argument("--lr", type=float, default=6e-4)
     ap.add_argument("--seed", type=int, default=1234)
+    ap.add_argument("--master-rounding", default="nearest",
+                    help="O3's F16 master copies: nearest or stochastic (docs/numerics.md 6.3)")
     ap.add_argument("--policy", default="fp8", help="fp8amp GEMM policy: fp8 (always), auto, bf16")
     ap.add_argument("--modes", default="bf16,O1,O2")
     ap.add_argument("--keep-bf16", default="head",

@@ -83,7 +83,10 @@ struct StepConfig {
     int64_t total_units;     // work units: state blocks (per-tensor mode: 128-element chunks)
     int32_t m_fp8;           // m in E4M3 (else F32)
     int32_t v_f16;           // v in F16 (else F32)
-    int32_t has_master;
+    int32_t has_master;      // some parameter has a master copy (Param::master not null)
+    int32_t mixed_master;    // ... and some has none (the CUDA fast kernel takes neither case)
+    int32_t master_stochastic; // FP8AMP_MASTER_ROUND_STOCHASTIC: masters rounded by master_code_stochastic
+    uint32_t rounding_seed;
     int32_t adamw;
     int32_t maximize;
     int32_t has_param_metas; // some parameter is scaled: its meta is folded after the update
@@ -210,6 +213,54 @@ FP8AMP_HD float load_value(const void *base, int32_t dtype, int64_t i) {
     case FP8AMP_DTYPE_E4M3: return codec::decode<codec::E4M3>(static_cast<const uint8_t *>(base)[i]);
     default: return codec::decode<codec::E5M2>(static_cast<const uint8_t *>(base)[i]);
     }
+}
+
+// ---- stochastic rounding of the master copy (FP8AMP_MASTER_ROUND_STOCHASTIC) --------------------
+// The random bits are a pure function of (seed, step, parameter index, element index) -- a
+// counter-based generator, no state -- so the CPU and every CUDA grid shape draw the same bits for
+// the same element, and the bytes stay identical. The mixer is SplitMix64's finalizer (Steele, Lea,
+// Flood 2014; the 64-bit MurmurHash3 fmix with better constants): integer operations only.
+FP8AMP_HD uint64_t mix64(uint64_t z) {
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+constexpr uint64_t kGolden = 0x9E3779B97F4A7C15ull;  // 2^64 / golden ratio: SplitMix64's increment
+
+// The key of one parameter in one step (step: the 1-based number of the step being taken).
+FP8AMP_HD uint64_t rounding_key(uint32_t seed, int64_t step, int32_t param_index) {
+    const uint64_t a = mix64(static_cast<uint64_t>(seed) * kGolden + static_cast<uint64_t>(step));
+    return mix64(a ^ (static_cast<uint64_t>(static_cast<uint32_t>(param_index)) * kGolden + 0x632BE59BD9B4E019ull));
+}
+// 24 random bits for element i of the parameter whose key this is.
+FP8AMP_HD uint32_t rounding_bits(uint64_t key, int64_t i) {
+    return static_cast<uint32_t>(mix64(key + static_cast<uint64_t>(i) * kGolden) >> 40);
+}
+
+// The F16 code of x (already multiplied by its block scale, so |x| <= 65504, finite) rounded
+// stochastically: of the two F16 values lo <= |x| < hi around it, hi with probability
+// (|x| - lo) / (hi - lo), from 24 random bits r (up when r * 2^-24 < that fraction). Every step is
+// exact: lo is |x| truncated to F16, |x| - lo is exact (both lie in one binade of F16's grid, which is
+// coarser than float32's), hi - lo is a power of two, and so is the division by it. For a normal
+// F16 the fraction has at most 13 bits, so the probability is exactly the fraction; below F16's
+// normals (|x| < 2^-14) it is within 2^-24 of it. E[decode(code)] = x: updates far below half an
+// ulp still move the master in expectation (docs/numerics.md 6.3).
+FP8AMP_HD uint16_t master_code_stochastic(float x, uint32_t r) {
+    const uint32_t sign = (codec::f32_bits(x) >> 16) & 0x8000u;
+    const float a = codec::bits_f32(codec::f32_bits(x) & 0x7FFFFFFFu);
+    uint32_t mag = codec::encode<codec::F16, true>(a) & 0x7FFFu;  // nearest; one below if above a
+    float lo = codec::decode<codec::F16>(static_cast<uint16_t>(mag));
+    if (lo > a) {
+        mag -= 1;
+        lo = codec::decode<codec::F16>(static_cast<uint16_t>(mag));
+    }
+    const float rest = fsub(a, lo);
+    if (rest > 0.0f) {  // then lo < 65504 and mag + 1 is a finite code
+        const float ulp = fsub(codec::decode<codec::F16>(static_cast<uint16_t>(mag + 1)), lo);
+        const float frac = fdiv(rest, ulp);  // in (0, 1), exact
+        if (fmul(static_cast<float>(r), 0x1p-24f) < frac) mag += 1;
+    }
+    return static_cast<uint16_t>(sign | mag);
 }
 
 // Scaler update from one step's found_inf (torch GradScaler + Megatron hysteresis).

@@ -91,6 +91,9 @@ void adam_step(const StepConfig &c, float *scratch) {
         const float param_scale = p.param_meta ? p.param_meta->scale : 1.0f;
         const int64_t bs = c.block_size > 0 ? c.block_size : p.numel;
         const int64_t nblocks = (p.numel + bs - 1) / bs;
+        // Per parameter: an optimizer may hold parameters with a master copy beside ones without.
+        const bool master = p.master != nullptr;
+        const uint64_t key = c.master_stochastic ? rounding_key(c.rounding_seed, step + 1, k) : 0;
         uint32_t param_amax = 0;
         for (int64_t b = 0; b < nblocks; ++b) {
             const int64_t begin = b * bs;
@@ -98,14 +101,14 @@ void adam_step(const StepConfig &c, float *scratch) {
             const int64_t si = p.scale_begin + b;  // this block's scale slot
             const float m_inv = c.m_fp8 ? p.m_scale_inv[si] : 1.0f;
             const float v_inv = c.v_f16 ? p.v_scale_inv[si] : 1.0f;
-            const float w_inv = c.has_master ? p.master_scale_inv[si] : 1.0f;
+            const float w_inv = master ? p.master_scale_inv[si] : 1.0f;
             uint32_t am = 0, av = 0, aw = 0;
             for (int64_t j = 0; j < len; ++j) {
                 const int64_t i = begin + j;
                 float g = fmul(load_value(p.grad, p.grad_dtype, i), f);
                 if (clip) g = fmul(g, coef);
                 float w;
-                if (c.has_master)
+                if (master)
                     w = fmul(codec::decode<codec::F16>(static_cast<const uint16_t *>(p.master)[i]), w_inv);
                 else if (p.param_scale_inv)
                     w = fmul(load_value(p.param, p.param_dtype, i), param_inv);
@@ -129,7 +132,7 @@ void adam_step(const StepConfig &c, float *scratch) {
             const float w_scale = pow2(pow2_exponent(codec::bits_f32(aw), kF16Max));
             if (c.m_fp8) p.m_scale_inv[si] = fdiv(1.0f, m_scale);
             if (c.v_f16) p.v_scale_inv[si] = fdiv(1.0f, v_scale);
-            if (c.has_master) p.master_scale_inv[si] = fdiv(1.0f, w_scale);
+            if (master) p.master_scale_inv[si] = fdiv(1.0f, w_scale);
             for (int64_t j = 0; j < len; ++j) {
                 const int64_t i = begin + j;
                 if (c.m_fp8)
@@ -140,9 +143,10 @@ void adam_step(const StepConfig &c, float *scratch) {
                     static_cast<uint16_t *>(p.v)[i] = static_cast<uint16_t>(codec::encode<codec::F16, true>(fmul(nv[j], v_scale)));
                 else
                     static_cast<float *>(p.v)[i] = nv[j];
-                if (c.has_master)
+                if (master)
                     static_cast<uint16_t *>(p.master)[i] =
-                        static_cast<uint16_t>(codec::encode<codec::F16, true>(fmul(np[j], w_scale)));
+                        c.master_stochastic ? master_code_stochastic(fmul(np[j], w_scale), rounding_bits(key, i))
+                                            : static_cast<uint16_t>(codec::encode<codec::F16, true>(fmul(np[j], w_scale)));
                 const float w = np[j];
                 switch (p.param_dtype) {
                 case FP8AMP_DTYPE_F32: static_cast<float *>(p.param)[i] = w; break;

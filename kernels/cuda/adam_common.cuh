@@ -121,7 +121,7 @@ __device__ __forceinline__ void fold_param_metas(const StepConfig &c, int64_t wa
             const NewScales ns = scales_of(a);
             if (M8) p.m_scale_inv[p.scale_begin] = fdiv(1.0f, ns.m);
             if (V16) p.v_scale_inv[p.scale_begin] = fdiv(1.0f, ns.v);
-            if (MASTER) p.master_scale_inv[p.scale_begin] = fdiv(1.0f, ns.w);
+            if (MASTER && p.master) p.master_scale_inv[p.scale_begin] = fdiv(1.0f, ns.w);
         }
         if (!p.param_meta) continue;
         ScalingState &m = *p.param_meta;

@@ -775,7 +775,10 @@ bool launch_fast(int device, cudaStream_t stream, const adam::StepConfig &c, int
         // or F32 params and grads), below 2^31 otherwise. Larger parameters take the generic kernel.
         const bool four_byte = !(M8 && V16) || (c.pair_mask & (1u << pair_code(kF32, kF32))) != 0;
         const bool size_ok = c.max_numel < (int64_t(1) << (four_byte ? 30 : 31));
-        if (blocks_ok && pairs_ok && size_ok && FP8AMP_ADAM_FAST) {
+        // Every parameter with a master copy or none, rounded to nearest: the generic kernel takes
+        // mixed masters and stochastic rounding (kernels/adam.hpp master_code_stochastic).
+        const bool master_ok = !c.mixed_master && !c.master_stochastic;
+        if (blocks_ok && pairs_ok && size_ok && master_ok && FP8AMP_ADAM_FAST) {
             const bool l2 = !c.adamw && c.weight_decay != 0.0f, clip = c.max_grad_norm > 0.0f;
             if (l2) {
                 if (clip) launch_cooperative(adam_fast_kernel<M8, V16, MASTER, true, true>, device, stream, c, max_partials);

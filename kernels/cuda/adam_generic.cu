@@ -127,7 +127,9 @@ struct Raw {
 template <bool M8, bool V16, bool MASTER>
 __device__ __forceinline__ void load_raw(const Param &p, int64_t i, int n, Raw &r) {
     r.g = load_bits(p.grad, dtype_size(p.grad_dtype), i, n, p.vec_ok);
-    r.w = MASTER ? load_bits(p.master, 2, i, n, true) : load_bits(p.param, dtype_size(p.param_dtype), i, n, p.vec_ok);
+    // MASTER: some parameter has a master copy; this one has one when its pointer is set.
+    r.w = (MASTER && p.master) ? load_bits(p.master, 2, i, n, true)
+                               : load_bits(p.param, dtype_size(p.param_dtype), i, n, p.vec_ok);
     r.m = load_bits(p.m, M8 ? 1 : 4, i, n, true);
     r.v = load_bits(p.v, V16 ? 2 : 4, i, n, true);
 }
@@ -142,7 +144,7 @@ __device__ __forceinline__ void compute_raw(const StepConfig &c, const StepScala
         float g = fmul(bits_value(r.g, p.grad_dtype, k), f);
         if (clip) g = fmul(g, coef);
         float w;
-        if (MASTER) {
+        if (MASTER && p.master) {
             w = fmul(bits_value(r.w, FP8AMP_DTYPE_F16, k), old.w_inv);
         } else {
             w = bits_value(r.w, p.param_dtype, k);
@@ -248,9 +250,10 @@ __device__ __forceinline__ void store_floats(void *base, int64_t i, int n, bool 
         if (k < n) static_cast<float *>(base)[i + k] = x[k];
 }
 
+// key: the parameter's rounding_key in this step where masters are rounded stochastically.
 template <bool M8, bool V16, bool MASTER>
-__device__ __forceinline__ void store_chunk(const Param &p, int64_t i, const Lane &l, const NewScales &ns,
-                                            float param_scale) {
+__device__ __forceinline__ void store_chunk(const StepConfig &c, const Param &p, int64_t i, const Lane &l,
+                                            const NewScales &ns, float param_scale, uint64_t key) {
     const int n = l.n;
     float y[4];
     if (M8) {
@@ -267,10 +270,18 @@ __device__ __forceinline__ void store_chunk(const Param &p, int64_t i, const Lan
     } else {
         store_floats(p.v, i, n, true, l.v);
     }
-    if (MASTER) {
+    if (MASTER && p.master) {
 #pragma unroll
         for (int k = 0; k < 4; ++k) y[k] = fmul(l.w[k], ns.w);
-        store_halves(p.master, i, n, true, pack_16<false>(y));
+        if (c.master_stochastic) {
+            // kernels/adam.hpp's rounding, from the element's own random bits: the CPU's bytes.
+            uint32_t h[4];
+#pragma unroll
+            for (int k = 0; k < 4; ++k) h[k] = master_code_stochastic(y[k], rounding_bits(key, i + k));
+            store_halves(p.master, i, n, true, make_uint2(h[0] | h[1] << 16, h[2] | h[3] << 16));
+        } else {
+            store_halves(p.master, i, n, true, pack_16<false>(y));
+        }
     }
     // The parameter, in its own dtype (the CPU's codec rules: BF16/F16 overflow to inf, scaled F16 and
     // FP8 saturate).
@@ -397,7 +408,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) adam_kernel(const __grid
         for_my_units(c, warp, warps, [&](int k, const Param &p, int64_t lu) {
             if (k != cur) flush(), cur = k;
             const BlockScales old{M8 ? p.m_scale_inv[p.scale_begin] : 1.0f, V16 ? p.v_scale_inv[p.scale_begin] : 1.0f,
-                                  MASTER ? p.master_scale_inv[p.scale_begin] : 1.0f};
+                                  (MASTER && p.master) ? p.master_scale_inv[p.scale_begin] : 1.0f};
             const float param_inv = p.param_scale_inv ? *p.param_scale_inv : 1.0f;
             const float f = grad_factor(c, p, loss_scale_inv);
             const int64_t base = lu * kChunk + lane * 4;
@@ -420,10 +431,11 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) adam_kernel(const __grid
     };
     auto old_scales = [&](const Param &p, int64_t si) {
         return BlockScales{M8 ? p.m_scale_inv[si] : 1.0f, V16 ? p.v_scale_inv[si] : 1.0f,
-                           MASTER ? p.master_scale_inv[si] : 1.0f};
+                           (MASTER && p.master) ? p.master_scale_inv[si] : 1.0f};
     };
     // A 128-element block in registers: its new amax, its scales, its stores.
-    auto finish_block = [&](const Param &p, int64_t si, int64_t i, const Lane &l, float param_scale) {
+    auto key_of = [&](int k) { return c.master_stochastic ? rounding_key(c.rounding_seed, step + 1, k) : uint64_t(0); };
+    auto finish_block = [&](const Param &p, int64_t si, int64_t i, const Lane &l, float param_scale, uint64_t key) {
         Amax a;
         lane_amax(l, a);
         const NewScales ns = scales_of(warp_amax(a));
@@ -431,11 +443,11 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) adam_kernel(const __grid
         if (lane == 0) {
             if (M8) p.m_scale_inv[si] = fdiv(1.0f, ns.m);
             if (V16) p.v_scale_inv[si] = fdiv(1.0f, ns.v);
-            if (MASTER) p.master_scale_inv[si] = fdiv(1.0f, ns.w);
+            if (MASTER && p.master) p.master_scale_inv[si] = fdiv(1.0f, ns.w);
         }
 #pragma unroll
         for (int q = 0; q < 4; ++q) param_amax = max(param_amax, amax_bits_of(l.w[q]));
-        if (l.n > 0) store_chunk<M8, V16, MASTER>(p, i, l, ns, param_scale);
+        if (l.n > 0) store_chunk<M8, V16, MASTER>(c, p, i, l, ns, param_scale, key);
     };
     if (!per_tensor && c.block_size == kChunk) {
         // The common case: one block per chunk. Two blocks per iteration, all loads issued first.
@@ -450,6 +462,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) adam_kernel(const __grid
             const float param_inv = p.param_scale_inv ? *p.param_scale_inv : 1.0f;
             const float param_scale = p.param_meta ? p.param_meta->scale : 1.0f;
             const float f = grad_factor(c, p, loss_scale_inv);
+            const uint64_t key = key_of(k);
             const int64_t i0 = lu * kChunk + lane * 4;
             const int n0 = lane_count(p.numel - i0);
             if (u + 1 < ue && u + 1 < next) {
@@ -460,14 +473,14 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) adam_kernel(const __grid
                 const BlockScales o0 = old_scales(p, si), o1 = old_scales(p, si + 1);
                 Lane l;
                 compute_raw<M8, V16, MASTER>(c, s, p, r0, n0, f, coef, clip, o0, param_inv, l);
-                finish_block(p, si, i0, l, param_scale);
+                finish_block(p, si, i0, l, param_scale, key);
                 compute_raw<M8, V16, MASTER>(c, s, p, r1, n1, f, coef, clip, o1, param_inv, l);
-                finish_block(p, si + 1, i0 + kChunk, l, param_scale);
+                finish_block(p, si + 1, i0 + kChunk, l, param_scale, key);
                 u += 2;
             } else {
                 Lane l;
                 compute_chunk<M8, V16, MASTER>(c, s, p, i0, n0, f, coef, clip, old_scales(p, si), param_inv, l);
-                finish_block(p, si, i0, l, param_scale);
+                finish_block(p, si, i0, l, param_scale, key);
                 u += 1;
             }
         }
@@ -479,6 +492,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) adam_kernel(const __grid
         const float param_inv = p.param_scale_inv ? *p.param_scale_inv : 1.0f;
         const float param_scale = p.param_meta ? p.param_meta->scale : 1.0f;
         const float f = grad_factor(c, p, loss_scale_inv);
+        const uint64_t key = key_of(k);
         const int64_t begin = lu * unit_elems;
         const int64_t end = min(begin + unit_elems, p.numel);
         auto count = [&](int64_t base) { return lane_count(end - base); };
@@ -503,14 +517,14 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) adam_kernel(const __grid
         if (lane == 0 && !per_tensor) {
             if (M8) p.m_scale_inv[si] = fdiv(1.0f, ns.m);
             if (V16) p.v_scale_inv[si] = fdiv(1.0f, ns.v);
-            if (MASTER) p.master_scale_inv[si] = fdiv(1.0f, ns.w);
+            if (MASTER && p.master) p.master_scale_inv[si] = fdiv(1.0f, ns.w);
         }
         for (int64_t base = begin + lane * 4; base < end; base += kChunk) {
             Lane l;
             compute_chunk<M8, V16, MASTER>(c, s, p, base, count(base), f, coef, clip, old, param_inv, l);
 #pragma unroll
             for (int q = 0; q < 4; ++q) param_amax = max(param_amax, amax_bits_of(l.w[q]));
-            if (l.n > 0) store_chunk<M8, V16, MASTER>(p, base, l, ns, param_scale);
+            if (l.n > 0) store_chunk<M8, V16, MASTER>(c, p, base, l, ns, param_scale, key);
         }
     });
     }

@@ -1031,7 +1031,7 @@ static void test_checkpoint_refuses_bad_input(void **state) {
     }
     /* a future format version (with a valid checksum) */
     memcpy(bad, ck, n);
-    put_u32(bad + 8, 2);
+    put_u32(bad + 8, 3); /* 2 is 0.4.0's format (per-parameter masters) */
     put_u32(bad + n - 4, crc32_bitwise(bad, n - 4));
     EXPECT_STATUS(fp8amp_optimizer_load(b.opt, bad, n), FP8AMP_ERROR_NOT_SUPPORTED);
     /* an invalid value behind a valid checksum: beta1 = 1 */

@@ -75,9 +75,9 @@ static const struct_case cases[] = {
      ALIGN_OF(fp8amp_recipe), 32, 0},
     {"fp8amp_linear_desc", init_linear, old_linear, sizeof(fp8amp_linear_desc), END_OF(fp8amp_linear_desc, graph_replay),
      ALIGN_OF(fp8amp_linear_desc), 80, offsetof(fp8amp_linear_desc, graph_replay)},
-    {"fp8amp_adam_desc", init_adam, old_adam, sizeof(fp8amp_adam_desc), END_OF(fp8amp_adam_desc, max_grad_norm),
+    {"fp8amp_adam_desc", init_adam, old_adam, sizeof(fp8amp_adam_desc), END_OF(fp8amp_adam_desc, rounding_seed),
      ALIGN_OF(fp8amp_adam_desc), 52, 0},
-    {"fp8amp_adam_desc (O2)", init_adam_o2, old_adam_o2, sizeof(fp8amp_adam_desc), END_OF(fp8amp_adam_desc, max_grad_norm),
+    {"fp8amp_adam_desc (O2)", init_adam_o2, old_adam_o2, sizeof(fp8amp_adam_desc), END_OF(fp8amp_adam_desc, rounding_seed),
      ALIGN_OF(fp8amp_adam_desc), 52, 0},
     {"fp8amp_adam_step_args", init_args, old_args, sizeof(fp8amp_adam_step_args), END_OF(fp8amp_adam_step_args, scaler),
      ALIGN_OF(fp8amp_adam_step_args), 32, 0},
@@ -166,7 +166,8 @@ static void test_released_entry_points(void **state) {
         EXPECT_OK(c->old_init(b.body));
         box_check_outside(&b, c->released);
         assert_int_equal(struct_size_of(b.body), c->released);
-        assert_memory_equal(b.body + 4, ref + 4, c->end - 4);
+        /* the fields of the released layout (fp8amp_adam_desc grew past it in 0.4.0) */
+        assert_memory_equal(b.body + 4, ref + 4, (c->end < c->released ? c->end : c->released) - 4);
         assert_int_equal(c->old_init(NULL), FP8AMP_ERROR_INVALID_ARGUMENT);
     }
     /* Their messages name them. */

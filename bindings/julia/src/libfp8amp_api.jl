@@ -5,13 +5,14 @@
 
 # Integer macros of the header (FP8AMP_VERSION* describe the header this file was generated from).
 const FP8AMP_COMM_UNIQUE_ID_BYTES = 128
+const FP8AMP_MASTER_DEFAULT = -2
 const FP8AMP_MAX_AMAX_HISTORY = 65536
 const FP8AMP_MAX_NDIM = 8
 const FP8AMP_MAX_STATE_BLOCK = 8192
 const FP8AMP_NO_MASTER = -1
-const FP8AMP_VERSION = 300
+const FP8AMP_VERSION = 400
 const FP8AMP_VERSION_MAJOR = 0
-const FP8AMP_VERSION_MINOR = 3
+const FP8AMP_VERSION_MINOR = 4
 const FP8AMP_VERSION_PATCH = 0
 
 function fp8amp_version()
@@ -405,7 +406,14 @@ struct fp8amp_adam_desc
     master_dtype::Int32
     state_block_size::Int32
     max_grad_norm::Cfloat
+    master_rounding::Int32
+    rounding_seed::UInt32
 end
+
+# enum fp8amp_master_rounding
+const fp8amp_master_rounding = UInt32
+const FP8AMP_MASTER_ROUND_NEAREST = fp8amp_master_rounding(0)
+const FP8AMP_MASTER_ROUND_STOCHASTIC = fp8amp_master_rounding(1)
 
 function fp8amp_adam_desc_init(desc, size)
     ccall((:fp8amp_adam_desc_init, libfp8amp), fp8amp_status, (Ptr{fp8amp_adam_desc}, Csize_t), desc, size)
@@ -433,6 +441,19 @@ end
 
 function fp8amp_optimizer_add_param(opt, param, grad)
     ccall((:fp8amp_optimizer_add_param, libfp8amp), fp8amp_status, (fp8amp_optimizer, fp8amp_tensor, fp8amp_tensor), opt, param, grad)
+end
+
+struct fp8amp_param_desc
+    struct_size::UInt32
+    master_dtype::Int32
+end
+
+function fp8amp_param_desc_init(desc, size)
+    ccall((:fp8amp_param_desc_init, libfp8amp), fp8amp_status, (Ptr{fp8amp_param_desc}, Csize_t), desc, size)
+end
+
+function fp8amp_optimizer_add_param_ex(opt, param, grad, desc)
+    ccall((:fp8amp_optimizer_add_param_ex, libfp8amp), fp8amp_status, (fp8amp_optimizer, fp8amp_tensor, fp8amp_tensor, Ptr{fp8amp_param_desc}), opt, param, grad, desc)
 end
 
 struct fp8amp_adam_step_args

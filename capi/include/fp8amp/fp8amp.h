@@ -695,7 +695,26 @@ typedef struct fp8amp_adam_desc {
                                        128..FP8AMP_MAX_STATE_BLOCK (default 128), or 0 for one scale
                                        per tensor (costs an extra read pass over the state) */
     float max_grad_norm;          /**< global L2 gradient-norm clipping; 0 (default) = off; >= 0 */
+    int32_t master_rounding;      /**< how each step rounds the F16 master copies: an
+                                       fp8amp_master_rounding, FP8AMP_MASTER_ROUND_NEAREST (0, default)
+                                       or FP8AMP_MASTER_ROUND_STOCHASTIC (docs/numerics.md 6.3). Since 0.4.0 */
+    uint32_t rounding_seed;       /**< the seed of stochastic rounding (default 0): with the step count,
+                                       the parameter's index and the element's index it decides every
+                                       rounding, so runs with one seed give identical bytes on CPU and
+                                       CUDA. Since 0.4.0 */
 } fp8amp_adam_desc;
+
+/** fp8amp_adam_desc.master_rounding: how a step writes an F16 master copy (docs/numerics.md 6.3).
+ *  Since 0.4.0. */
+typedef enum fp8amp_master_rounding {
+    /** round to nearest even (0.3.0's bytes): an update smaller than half an F16 ulp of the master
+     *  is lost, every step */
+    FP8AMP_MASTER_ROUND_NEAREST = 0,
+    /** stochastic rounding: up with the probability of the distance to the lower F16 neighbour over
+     *  the ulp, from a counter-based hash of (rounding_seed, step, parameter index, element index);
+     *  unbiased, so small updates survive in expectation. No extra memory. */
+    FP8AMP_MASTER_ROUND_STOCHASTIC = 1
+} fp8amp_master_rounding;
 
 /** Fills the caller's descriptor of `size` bytes -- pass sizeof(fp8amp_adam_desc) -- with the
  *  defaults above (O1 AdamW), writing exactly `size` bytes (struct_size = size). Since 0.2.0.
@@ -720,7 +739,7 @@ FP8AMP_API fp8amp_status (fp8amp_opt_level_adam_config)(fp8amp_opt_level level, 
  *  Statuses: SUCCESS; INVALID_HANDLE; INVALID_ARGUMENT (NULL desc/out, struct_size too small, a
  *  field out of range: lr, betas, eps, weight_decay, max_grad_norm negative, non-finite or beta
  *  >= 1; state_block_size not 0 nor a power of two in 128..FP8AMP_MAX_STATE_BLOCK; master_dtype
- *  not FP8AMP_NO_MASTER or F16; exp_avg_dtype or exp_avg_sq_dtype no fp8amp_dtype); DTYPE_MISMATCH
+ *  not FP8AMP_NO_MASTER or F16; master_rounding not an fp8amp_master_rounding; exp_avg_dtype or exp_avg_sq_dtype no fp8amp_dtype); DTYPE_MISMATCH
  *  (exp_avg_dtype a dtype other than F32/E4M3, exp_avg_sq_dtype other than F32/F16); OUT_OF_MEMORY;
  *  CUDA; NOT_SUPPORTED (as fp8amp_scaling_create). */
 FP8AMP_API fp8amp_status fp8amp_optimizer_create(fp8amp_context ctx, const fp8amp_adam_desc *desc,
@@ -749,6 +768,35 @@ FP8AMP_API fp8amp_status fp8amp_optimizer_destroy(fp8amp_optimizer opt);
  *  F32 param with an F16 master); DEVICE_MISMATCH (param, grad or a meta not on the optimizer's device);
  *  OUT_OF_MEMORY; CUDA. Each step marks the parameters written (a Linear then re-quantizes them). */
 FP8AMP_API fp8amp_status fp8amp_optimizer_add_param(fp8amp_optimizer opt, fp8amp_tensor param, fp8amp_tensor grad);
+
+/** fp8amp_param_desc.master_dtype value: the optimizer desc's master_dtype. Since 0.4.0. */
+#define FP8AMP_MASTER_DEFAULT (-2)
+
+/** Per-parameter options of fp8amp_optimizer_add_param_ex. Initialize with fp8amp_param_desc_init.
+ *  Since 0.4.0. */
+typedef struct fp8amp_param_desc {
+    uint32_t struct_size;  /**< sizeof(fp8amp_param_desc), set by fp8amp_param_desc_init */
+    int32_t master_dtype;  /**< FP8AMP_MASTER_DEFAULT (default: the optimizer desc's master_dtype),
+                                FP8AMP_NO_MASTER or FP8AMP_DTYPE_F16 (an F16 master copy: for BF16,
+                                F16 and E4M3 parameters, not F32 ones) */
+} fp8amp_param_desc;
+
+/** Fills the caller's descriptor of `size` bytes -- pass sizeof(fp8amp_param_desc) -- with the
+ *  defaults (master_dtype FP8AMP_MASTER_DEFAULT), writing exactly `size` bytes. Since 0.4.0.
+ *  Statuses: SUCCESS; INVALID_ARGUMENT (NULL; a size as for fp8amp_recipe_init). */
+FP8AMP_API fp8amp_status fp8amp_param_desc_init(fp8amp_param_desc *desc, size_t size);
+
+/** fp8amp_optimizer_add_param with per-parameter options (desc may be NULL: the defaults, which is
+ *  fp8amp_optimizer_add_param). An optimizer may hold parameters with an F16 master copy beside
+ *  parameters without one (e.g. O3's E4M3 weights beside BF16 ones): every step is still one launch
+ *  over all of them, and max_grad_norm clips by the norm of all gradients together. Since 0.4.0.
+ *  Statuses: those of fp8amp_optimizer_add_param, and INVALID_ARGUMENT (desc->struct_size too small;
+ *  desc->master_dtype not FP8AMP_MASTER_DEFAULT, FP8AMP_NO_MASTER or FP8AMP_DTYPE_F16);
+ *  DTYPE_MISMATCH (an F16 master asked, explicitly or by default, for an F32 parameter; an E4M3
+ *  parameter with master_dtype FP8AMP_NO_MASTER given explicitly: its updates below half an E4M3 ulp,
+ *  2^-4 relative, would vanish). */
+FP8AMP_API fp8amp_status fp8amp_optimizer_add_param_ex(fp8amp_optimizer opt, fp8amp_tensor param, fp8amp_tensor grad,
+                                                       const fp8amp_param_desc *desc);
 
 /** Per-step arguments. Initialize with fp8amp_adam_step_args_init_default. */
 typedef struct fp8amp_adam_step_args {
@@ -811,7 +859,9 @@ FP8AMP_API fp8amp_status fp8amp_optimizer_state_bytes(fp8amp_optimizer opt, size
 /** Serializes the optimizer (hyperparameters, step count, and per parameter: its shape and dtype,
  *  its data and scale_inv, its meta's full state with the amax history, m, v, the master copy and
  *  every block scale) into the versioned, little-endian, CRC-32-checked format of docs/api.md
- *  section 12.6. Synchronizes (reads device memory).
+ *  section 12.6: format version 1 (0.3.0's bytes) when every parameter has the desc's master choice
+ *  and master_rounding is NEAREST, else version 2, which also records the rounding, its seed and
+ *  each parameter's master choice. Synchronizes (reads device memory).
  *  @param opt      the optimizer
  *  @param buffer   where to write the checkpoint; NULL asks for its size only
  *  @param capacity bytes at buffer: at least the checkpoint's size (ignored when buffer is NULL)
@@ -822,9 +872,10 @@ FP8AMP_API fp8amp_status fp8amp_optimizer_state_bytes(fp8amp_optimizer opt, size
 FP8AMP_API fp8amp_status fp8amp_optimizer_save(fp8amp_optimizer opt, void *buffer, size_t capacity, size_t *size);
 
 /** Restores what fp8amp_optimizer_save wrote into an optimizer with the same state dtypes, block
- *  size and parameters (count, order, shapes, dtypes), on any device (a CPU checkpoint loads into a
- *  CUDA optimizer and back). Hyperparameters (lr, betas, eps, weight decay, maximize, adamw,
- *  max_grad_norm) are taken from the checkpoint. Everything is validated before anything changes: a
+ *  size and parameters (count, order, shapes, dtypes, master choices), on any device (a CPU
+ *  checkpoint loads into a CUDA optimizer and back). Hyperparameters (lr, betas, eps, weight decay,
+ *  maximize, adamw, max_grad_norm; from version 2 also master_rounding and rounding_seed) are taken
+ *  from the checkpoint (a version 1 checkpoint leaves the optimizer's rounding as it is). Everything is validated before anything changes: a
  *  failure leaves the optimizer, its parameters and metas untouched.
  *  The checksum only catches accidents: every field is also checked against its domain (docs/api.md
  *  12.6 lists them: flags 0/1, hyperparameters as at create, a step count in 0..2^62, m finite, v

@@ -26,7 +26,7 @@ from .ops import amax, cast, dequantize, quantize, quantize_transpose
 from .scaling import AmaxAlgo, Format, Recipe, ScaleState, Scaling, ScalingMode, Stats, update_many
 from .tensor import Tensor, from_dlpack
 from .linear import GemmKind, GemmPolicy, Linear, Role
-from .optim import AdamConfig, GradScaler, OptLevel, Optimizer
+from .optim import AdamConfig, GradScaler, MasterRounding, OptLevel, Optimizer
 from .comm import Communicator
 from .errors import CommError
 
@@ -56,5 +56,5 @@ __all__ = [
     "InvalidHandleError", "ShapeMismatchError", "DtypeMismatchError", "DeviceMismatchError", "OutOfMemoryError",
     "NotSupportedError", "CudaError", "CublasError", "NcclError", "CorruptDataError", "InternalError", "check",
     "error_class", "HEADER_VERSION", "library_version", "Linear", "GemmPolicy", "GemmKind", "Role", "Optimizer",
-    "GradScaler", "AdamConfig", "OptLevel", "Communicator", "CommError",
+    "GradScaler", "AdamConfig", "MasterRounding", "OptLevel", "Communicator", "CommError",
 ]

@@ -20,6 +20,7 @@ from .errors import InvalidArgumentError, InvalidHandleError
 
 _INT_RANGES = {
     "int32_t": (-2**31, 2**31 - 1),
+    "uint32_t": (0, 2**32 - 1),
     "int64_t": (-2**63, 2**63 - 1),
     "uint64_t": (0, 2**64 - 1),
     "uintptr_t": (0, 2**64 - 1),

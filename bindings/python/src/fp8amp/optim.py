@@ -40,6 +40,19 @@ class OptLevel(enum.IntEnum):
 _LEVEL_NAMES = {"o1": OptLevel.O1, "o2": OptLevel.O2, "o3": OptLevel.O3}
 
 
+class MasterRounding(enum.IntEnum):
+    """fp8amp_master_rounding: how a step rounds the F16 master copies (docs/numerics.md 6.3).
+    NEAREST loses updates below half an F16 ulp; STOCHASTIC keeps them in expectation (seeded,
+    identical bytes on CPU and CUDA)."""
+
+    NEAREST = 0
+    STOCHASTIC = 1
+
+
+_ROUNDING_NAMES = {"nearest": MasterRounding.NEAREST, "stochastic": MasterRounding.STOCHASTIC}
+_DEFAULT = object()  # add_param's master: the config's master_dtype
+
+
 def as_opt_level(level: Any) -> OptLevel:
     """An OptLevel from a member, 1..3 or "O1".."O3" (another value: InvalidArgumentError, a
     ValueError; another type: TypeError)."""
@@ -62,6 +75,8 @@ class AdamConfig:
     master_dtype: Optional[DType] = None
     state_block_size: int = 128
     max_grad_norm: float = 0.0
+    master_rounding: Any = MasterRounding.NEAREST  # a MasterRounding, 0/1 or "nearest"/"stochastic"
+    rounding_seed: int = 0
 
     @classmethod
     def for_level(cls, level: Any = "O1", **overrides: Any) -> "AdamConfig":
@@ -73,6 +88,9 @@ class AdamConfig:
                 exp_avg_sq_dtype=DType(d.exp_avg_sq_dtype),
                 master_dtype=None if d.master_dtype == lib.FP8AMP_NO_MASTER else DType(d.master_dtype),
                 state_block_size=int(d.state_block_size), max_grad_norm=float(d.max_grad_norm))
+        if hasattr(d, "master_rounding"):  # a header of 0.4.0 or later
+            c.master_rounding = MasterRounding(d.master_rounding)
+            c.rounding_seed = int(d.rounding_seed)
         return dataclasses.replace(c, **overrides)
 
     def _c(self) -> Any:
@@ -88,6 +106,15 @@ class AdamConfig:
         d.exp_avg_sq_dtype = as_dtype(self.exp_avg_sq_dtype)
         d.master_dtype = lib.FP8AMP_NO_MASTER if self.master_dtype is None else as_dtype(self.master_dtype)
         d.state_block_size = as_int(self.state_block_size, "fp8amp_optimizer_create", "state_block_size", "int32_t")
+        rounding = as_enum(MasterRounding, self.master_rounding, "fp8amp_optimizer_create", "master_rounding",
+                           _ROUNDING_NAMES)
+        seed = as_int(self.rounding_seed, "fp8amp_optimizer_create", "rounding_seed", "uint32_t")
+        if hasattr(d, "master_rounding"):
+            d.master_rounding = int(rounding)
+            d.rounding_seed = seed
+        elif rounding != MasterRounding.NEAREST:
+            raise NotSupportedError(lib.FP8AMP_ERROR_NOT_SUPPORTED,
+                                    "fp8amp_optimizer_create: master_rounding needs libfp8amp 0.4.0 or later")
         return d
 
 
@@ -207,10 +234,25 @@ class Optimizer(Handle):
     def config(self) -> AdamConfig:
         return dataclasses.replace(self._config)
 
-    def add_param(self, param: Tensor, grad: Tensor) -> None:
-        p_h = handle_of(param, Tensor, "fp8amp_optimizer_add_param", "param")
-        g_h = handle_of(grad, Tensor, "fp8amp_optimizer_add_param", "grad")
-        check(lib.fp8amp_optimizer_add_param(self._h, p_h, g_h))
+    def add_param(self, param: Tensor, grad: Tensor, master: Any = _DEFAULT) -> None:
+        """Registers (param, grad). master: left out, the config's master_dtype; None, no master copy;
+        DType.F16 (or "f16"), an F16 master copy (fp8amp_optimizer_add_param_ex: one optimizer may mix
+        parameters with and without one)."""
+        if master is _DEFAULT:
+            p_h = handle_of(param, Tensor, "fp8amp_optimizer_add_param", "param")
+            g_h = handle_of(grad, Tensor, "fp8amp_optimizer_add_param", "grad")
+            check(lib.fp8amp_optimizer_add_param(self._h, p_h, g_h))
+        else:
+            where = "fp8amp_optimizer_add_param_ex"
+            if not hasattr(lib, where):
+                raise NotSupportedError(lib.FP8AMP_ERROR_NOT_SUPPORTED,
+                                        "%s: a per-parameter master needs libfp8amp 0.4.0 or later" % where)
+            p_h = handle_of(param, Tensor, where, "param")
+            g_h = handle_of(grad, Tensor, where, "grad")
+            d = ffi.new("fp8amp_param_desc *")
+            check(lib.fp8amp_param_desc_init(d, ffi.sizeof("fp8amp_param_desc")))
+            d.master_dtype = lib.FP8AMP_NO_MASTER if master is None else int(as_dtype(master))
+            check(lib.fp8amp_optimizer_add_param_ex(self._h, p_h, g_h, d))
         self._params.append((param, grad))
 
     @property

@@ -532,7 +532,7 @@ class Optimizer(torch.optim.Optimizer):
     _step_supports_amp_scaling = True
 
     def __init__(self, param_groups: List[Dict[str, Any]], opt_level: Any, adamw: bool, linears: Dict[int, Tuple[Linear, str]],
-                 max_grad_norm: float = 0.0) -> None:
+                 max_grad_norm: float = 0.0, master_rounding: Any = "nearest", rounding_seed: int = 0) -> None:
         super().__init__(param_groups, {})
         self.opt_level = as_opt_level(opt_level)
         o3 = self.opt_level == fp8amp.OptLevel.O3
@@ -550,6 +550,8 @@ class Optimizer(torch.optim.Optimizer):
             cfg = AdamConfig.for_level(self.opt_level, adamw=adamw, lr=float(g["lr"]), beta1=float(beta1),
                                        beta2=float(beta2), eps=float(g["eps"]), weight_decay=float(g["weight_decay"]),
                                        maximize=bool(g.get("maximize", False)), max_grad_norm=float(max_grad_norm))
+            if master_rounding != "nearest" or rounding_seed:  # fp8amp 0.4.0: how O3's masters are rounded
+                cfg = dataclasses.replace(cfg, master_rounding=master_rounding, rounding_seed=rounding_seed)
             low, other = [], []  # O3: E4M3 weights (with the F16 master) / everything else (no master)
             for p in g["params"]:
                 dev = _norm_device(p.device)
@@ -691,7 +693,8 @@ class Optimizer(torch.optim.Optimizer):
 def initialize(model: nn.Module, optimizer: Optional[torch.optim.Optimizer] = None, opt_level: Any = "O1",
                *, policy: Any = "auto", recipe: Optional[fp8amp.Recipe] = None,
                weight_dtype: Optional[torch.dtype] = None, wgrad_dtype: Optional[torch.dtype] = None,
-               max_grad_norm: float = 0.0, exclude: Any = ()) -> Any:
+               max_grad_norm: float = 0.0, exclude: Any = (), master_rounding: Any = "nearest",
+               rounding_seed: int = 0) -> Any:
     """Replaces every nn.Linear of `model` by an fp8amp.torch.Linear (parameters copied) and, with
     an optimizer (torch.optim.Adam or AdamW), returns ``(model, Optimizer)`` running fp8amp's Adam at
     `opt_level` ("O1": F32 m and v; "O2": E4M3 m, F16 v; "O3": O2 plus E4M3 Linear weights with an
@@ -701,7 +704,8 @@ def initialize(model: nn.Module, optimizer: Optional[torch.optim.Optimizer] = No
     weight dtype without), the GEMM policy is `policy` ("auto", "fp8", "bf16") and the recipe current
     scaling unless given. `exclude`: the qualified names of nn.Linear modules to keep as they are
     (e.g. ``("lm_head",)``: output layers are commonly kept in 16 bits), or a callable
-    ``(name, module) -> bool``."""
+    ``(name, module) -> bool``. `master_rounding` ("nearest" or "stochastic") and `rounding_seed`:
+    how the O3 optimizer rounds the F16 master copies (fp8amp_adam_desc.master_rounding)."""
     level = as_opt_level(opt_level)
     o3 = level == fp8amp.OptLevel.O3
     if weight_dtype is None:
@@ -761,7 +765,8 @@ def initialize(model: nn.Module, optimizer: Optional[torch.optim.Optimizer] = No
         groups.append(ng)
     if optimizer.state:
         raise ValueError("initialize needs a fresh optimizer (its state would be lost)")
-    opt = Optimizer(groups, level, isinstance(optimizer, torch.optim.AdamW), linears, max_grad_norm=max_grad_norm)
+    opt = Optimizer(groups, level, isinstance(optimizer, torch.optim.AdamW), linears, max_grad_norm=max_grad_norm,
+                    master_rounding=master_rounding, rounding_seed=rounding_seed)
     return model, opt
 
 
