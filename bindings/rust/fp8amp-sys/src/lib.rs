@@ -195,6 +195,21 @@ pub struct fp8amp_adam_desc {
     pub master_dtype: i32,
     pub state_block_size: i32,
     pub max_grad_norm: f32,
+    pub master_rounding: i32,
+    pub rounding_seed: u32,
+}
+
+pub type fp8amp_master_rounding = c_uint;
+pub const FP8AMP_MASTER_ROUND_NEAREST: fp8amp_master_rounding = 0;
+pub const FP8AMP_MASTER_ROUND_STOCHASTIC: fp8amp_master_rounding = 1;
+
+pub const FP8AMP_MASTER_DEFAULT: i32 = -2;
+
+#[repr(C)]
+#[derive(Debug, Copy, Clone, PartialEq)]
+pub struct fp8amp_param_desc {
+    pub struct_size: u32,
+    pub master_dtype: i32,
 }
 
 #[repr(C)]
@@ -374,6 +389,13 @@ extern "C" {
         opt: fp8amp_optimizer,
         param: fp8amp_tensor,
         grad: fp8amp_tensor,
+    ) -> fp8amp_status;
+    pub fn fp8amp_param_desc_init(desc: *mut fp8amp_param_desc, size: usize) -> fp8amp_status;
+    pub fn fp8amp_optimizer_add_param_ex(
+        opt: fp8amp_optimizer,
+        param: fp8amp_tensor,
+        grad: fp8amp_tensor,
+        desc: *const fp8amp_param_desc,
     ) -> fp8amp_status;
     pub fn fp8amp_adam_step_args_init(args: *mut fp8amp_adam_step_args, size: usize) -> fp8amp_status;
     pub fn fp8amp_adam_step_args_init_default(args: *mut fp8amp_adam_step_args) -> fp8amp_status;

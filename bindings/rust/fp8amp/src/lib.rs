@@ -1109,6 +1109,11 @@ pub struct AdamDesc {
     pub state_block_size: i32,
     /// Global gradient-norm clipping; 0 = off.
     pub max_grad_norm: f32,
+    /// How a step rounds the F16 master copies: nearest (false, the default) or stochastic (true;
+    /// docs/numerics.md 6.3).
+    pub stochastic_master_rounding: bool,
+    /// The seed of stochastic rounding: one seed gives identical bytes on CPU and CUDA.
+    pub rounding_seed: u32,
 }
 
 impl AdamDesc {
@@ -1146,6 +1151,8 @@ impl AdamDesc {
             },
             state_block_size: d.state_block_size,
             max_grad_norm: d.max_grad_norm,
+            stochastic_master_rounding: d.master_rounding == sys::FP8AMP_MASTER_ROUND_STOCHASTIC as i32,
+            rounding_seed: d.rounding_seed,
         })
     }
 
@@ -1165,6 +1172,12 @@ impl AdamDesc {
             master_dtype: self.master_dtype.map_or(sys::FP8AMP_NO_MASTER, |d| d.to_raw() as i32),
             state_block_size: self.state_block_size,
             max_grad_norm: self.max_grad_norm,
+            master_rounding: if self.stochastic_master_rounding {
+                sys::FP8AMP_MASTER_ROUND_STOCHASTIC as i32
+            } else {
+                sys::FP8AMP_MASTER_ROUND_NEAREST as i32
+            },
+            rounding_seed: self.rounding_seed,
         }
     }
 }
