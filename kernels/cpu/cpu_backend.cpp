@@ -10,6 +10,7 @@
 #include "comm_transport.hpp"
 #include "error.hpp"
 #include "kernels.hpp"
+#include "norm.hpp"
 
 namespace fp8amp::kernels {
 namespace {
@@ -99,6 +100,14 @@ public:
     void scaler_update(adam::ScalerState *scaler, const adam::ScalerConfig &config,
                        const adam::Status *status) override {
         cpu::scaler_update(scaler, config, status);
+    }
+
+    void norm_forward(const NormForwardArgs &args) override { cpu::norm_forward(args); }
+    size_t norm_backward_scratch_bytes(int64_t rows, int64_t d) const override {
+        return cpu::norm_backward_scratch_floats(rows, d) * sizeof(float);
+    }
+    void norm_backward(const NormBackwardArgs &args, void *scratch) override {
+        cpu::norm_backward(args, static_cast<float *>(scratch));
     }
 
     bool supports_graphs() const override { return false; }

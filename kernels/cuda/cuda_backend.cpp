@@ -9,6 +9,7 @@
 #include "comm_transport.hpp"
 #include "error.hpp"
 #include "kernels.hpp"
+#include "norm.hpp"
 
 namespace fp8amp::kernels {
 namespace {
@@ -126,6 +127,14 @@ public:
     void scaler_update(adam::ScalerState *scaler, const adam::ScalerConfig &config,
                        const adam::Status *status) override {
         cuda::scaler_update(index(), stream_, scaler, config, status);
+    }
+
+    void norm_forward(const NormForwardArgs &args) override { cuda::norm_forward(index(), stream_, args); }
+    size_t norm_backward_scratch_bytes(int64_t rows, int64_t d) const override {
+        return cuda::norm_backward_partial_floats(rows, d) * sizeof(float);
+    }
+    void norm_backward(const NormBackwardArgs &args, void *scratch) override {
+        cuda::norm_backward(index(), stream_, args, static_cast<float *>(scratch));
     }
 
     bool supports_graphs() const override { return true; }

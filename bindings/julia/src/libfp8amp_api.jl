@@ -9,9 +9,9 @@ const FP8AMP_MAX_AMAX_HISTORY = 65536
 const FP8AMP_MAX_NDIM = 8
 const FP8AMP_MAX_STATE_BLOCK = 8192
 const FP8AMP_NO_MASTER = -1
-const FP8AMP_VERSION = 300
+const FP8AMP_VERSION = 400
 const FP8AMP_VERSION_MAJOR = 0
-const FP8AMP_VERSION_MINOR = 3
+const FP8AMP_VERSION_MINOR = 4
 const FP8AMP_VERSION_PATCH = 0
 
 function fp8amp_version()
@@ -606,4 +606,28 @@ end
 
 function fp8amp_comm_all_gather(comm, input, output, output_scale_inv, desc)
     ccall((:fp8amp_comm_all_gather, libfp8amp), fp8amp_status, (fp8amp_comm, fp8amp_tensor, fp8amp_tensor, fp8amp_tensor, Ptr{fp8amp_comm_reduce_desc}), comm, input, output, output_scale_inv, desc)
+end
+
+# enum fp8amp_norm_kind
+const fp8amp_norm_kind = UInt32
+const FP8AMP_NORM_LAYERNORM = fp8amp_norm_kind(0)
+const FP8AMP_NORM_RMSNORM = fp8amp_norm_kind(1)
+
+struct fp8amp_norm_desc
+    struct_size::UInt32
+    kind::fp8amp_norm_kind
+    eps::Cfloat
+    zero_centered_gamma::Int32
+end
+
+function fp8amp_norm_desc_init(desc, size)
+    ccall((:fp8amp_norm_desc_init, libfp8amp), fp8amp_status, (Ptr{fp8amp_norm_desc}, Csize_t), desc, size)
+end
+
+function fp8amp_norm_forward(ctx, desc, x, gamma, beta, y, y_t, mean, rstd)
+    ccall((:fp8amp_norm_forward, libfp8amp), fp8amp_status, (fp8amp_context, Ptr{fp8amp_norm_desc}, fp8amp_tensor, fp8amp_tensor, fp8amp_tensor, fp8amp_tensor, fp8amp_tensor, fp8amp_tensor, fp8amp_tensor), ctx, desc, x, gamma, beta, y, y_t, mean, rstd)
+end
+
+function fp8amp_norm_backward(ctx, desc, dy, x, gamma, mean, rstd, dx, dgamma, dbeta)
+    ccall((:fp8amp_norm_backward, libfp8amp), fp8amp_status, (fp8amp_context, Ptr{fp8amp_norm_desc}, fp8amp_tensor, fp8amp_tensor, fp8amp_tensor, fp8amp_tensor, fp8amp_tensor, fp8amp_tensor, fp8amp_tensor, fp8amp_tensor), ctx, desc, dy, x, gamma, mean, rstd, dx, dgamma, dbeta)
 end
