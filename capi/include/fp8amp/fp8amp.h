@@ -1064,7 +1064,7 @@ FP8AMP_API fp8amp_status fp8amp_comm_all_gather(fp8amp_comm comm, fp8amp_tensor 
 /** @defgroup norm Fused normalization
  *  LayerNorm and RMSNorm whose forward writes the FP8 input of the next GEMM, with its transpose and
  *  the amax fused, and whose backward takes the GEMM's dX (Transformer Engine's LayerNormLinear idea;
- *  docs/api.md 15, numerics docs/numerics.md 7). Since 0.4.0 (version node FP8AMP_0.4).
+ *  docs/api.md 14, numerics docs/numerics.md 7). Since 0.4.0 (version node FP8AMP_0.4).
  *  @{ */
 
 /** Which normalization. Values are fixed and append-only. */
