@@ -1,5 +1,5 @@
-// The boundary of the fused normalizations (fp8amp.h "Fused normalization"): the descriptor, handle
-// lookups and core calls; no engine logic.
+// The boundary of the fused normalizations and activations (fp8amp.h "Fused normalization", "Fused
+// activations"): the descriptor, handle lookups and core calls; no engine logic.
 #include <cmath>
 #include <cstring>
 #include <memory>
@@ -106,5 +106,32 @@ FP8AMP_API fp8amp_status fp8amp_norm_backward(fp8amp_context ctx, const fp8amp_n
         auto dg = lookup<Tensor>(dgamma, "dgamma");
         auto db = optional_tensor(dbeta, "dbeta");
         fp8amp::core::norm_backward(*c, o, *d, *xs, *g, m.get(), *r, *dxs, *dg, db.get());
+    });
+}
+
+FP8AMP_API fp8amp_status fp8amp_activation_forward(fp8amp_context ctx, fp8amp_activation kind, fp8amp_tensor x,
+                                                   fp8amp_tensor y, fp8amp_tensor y_t) {
+    FP8AMP_GUARD({
+        auto c = lookup<Context>(ctx, "ctx");
+        int32_t k;  // read as an integer: an out-of-range value must not be loaded as the enum
+        std::memcpy(&k, &kind, sizeof k);
+        auto xs = lookup<Tensor>(x, "x");
+        auto ys = lookup<Tensor>(y, "y");
+        auto yt = optional_tensor(y_t, "y_t");
+        fp8amp::core::activation_forward(*c, k, *xs, *ys, yt.get());
+    });
+}
+
+FP8AMP_API fp8amp_status fp8amp_activation_backward(fp8amp_context ctx, fp8amp_activation kind, fp8amp_tensor dy,
+                                                    fp8amp_tensor x, fp8amp_tensor dx, fp8amp_tensor dx_t) {
+    FP8AMP_GUARD({
+        auto c = lookup<Context>(ctx, "ctx");
+        int32_t k;
+        std::memcpy(&k, &kind, sizeof k);
+        auto d = lookup<Tensor>(dy, "dy");
+        auto xs = lookup<Tensor>(x, "x");
+        auto dxs = lookup<Tensor>(dx, "dx");
+        auto dxt = optional_tensor(dx_t, "dx_t");
+        fp8amp::core::activation_backward(*c, k, *d, *xs, *dxs, dxt.get());
     });
 }

@@ -5,7 +5,8 @@
 #include <vector>
 
 #include "backend.hpp"  // kernels/backend.hpp
-#include "norm.hpp"     // kernels/norm.hpp (the argument structs)
+#include "activation.hpp"  // kernels/activation.hpp (the argument struct)
+#include "norm.hpp"        // kernels/norm.hpp (the argument structs)
 #include "scaling_meta.hpp"
 
 namespace fp8amp::core {
@@ -228,6 +229,144 @@ void norm_backward(const Context &ctx, const NormOptions &o, const Tensor &dy, c
     dx.mark_written();
     dgamma.mark_written();
     if (dbeta) dbeta->mark_written();
+}
+
+namespace {
+
+// The checks of an activation's output `out` (named out_name) and its optional transpose: dtypes
+// (check_output_kind), then the meta (check_output_meta: the meta of an FP8 out, null for a wide one).
+void check_output_kind(const Tensor &out, const char *out_name, const Tensor *out_t, const char *t_name) {
+    const bool fp8 = is_fp8(out.dtype());
+    if (!fp8) check_wide(out, out_name);  // F32/F16/BF16 or E4M3/E5M2: nothing else is an output
+    if (out_t && !is_fp8(out_t->dtype()))
+        fail(FP8AMP_ERROR_DTYPE_MISMATCH, std::string(t_name) + " is " + out_t->describe() + ": it must be e4m3 or e5m2");
+    if (out_t && fp8 && out_t->dtype() != out.dtype())
+        fail(FP8AMP_ERROR_DTYPE_MISMATCH,
+             std::string(out_name) + " is " + out.describe() + " but " + t_name + " is " + out_t->describe());
+}
+
+ScalingMeta *check_output_meta(const Tensor &out, const char *out_name, const Tensor *out_t, const char *t_name) {
+    const bool fp8 = is_fp8(out.dtype());
+    if (out_t && !fp8)
+        fail(FP8AMP_ERROR_INVALID_ARGUMENT, std::string(t_name) + " is given but " + out_name + " is " + out.describe() +
+                                                ": the transpose is for an FP8 " + out_name);
+    if (!fp8) return nullptr;
+    ScalingMeta *meta = out.scaling();
+    if (!meta)
+        fail(FP8AMP_ERROR_INVALID_ARGUMENT, std::string(out_name) + " (" + out.describe() +
+                                                ") is not bound to a scaling meta (fp8amp_tensor_set_scaling)");
+    if (out_t && out_t->scaling() != meta)
+        fail(FP8AMP_ERROR_INVALID_ARGUMENT, std::string(t_name) + " is not bound to " + out_name + "'s scaling meta");
+    return meta;
+}
+
+void check_kind(int32_t kind) {
+    if (kind != kernels::kGeluTanh && kind != kernels::kSilu && kind != kernels::kSwiglu)
+        fail(FP8AMP_ERROR_INVALID_ARGUMENT, "kind is " + std::to_string(kind) +
+                                                ", not FP8AMP_ACTIVATION_GELU_TANH (0), _SILU (1) or _SWIGLU (2)");
+}
+
+// t has x's shape but for the last extent, which is `last` (SwiGLU halves it).
+void check_shape_last(const Tensor &t, const char *t_name, const Tensor &x, int64_t last, const char *why) {
+    bool ok = t.ndim() == x.ndim();
+    for (int32_t i = 0; ok && i + 1 < x.ndim(); ++i) ok = t.shape()[i] == x.shape()[i];
+    ok = ok && t.shape()[x.ndim() - 1] == last;
+    if (!ok)
+        fail(FP8AMP_ERROR_SHAPE_MISMATCH, std::string(t_name) + " is " + t.describe() + " but x is " + x.describe() +
+                                              " (" + why + ")");
+}
+
+void check_transpose_shape(const Tensor &out_t, const char *t_name, int64_t rows, int64_t cols) {
+    if (out_t.ndim() != 2 || out_t.shape()[0] != cols || out_t.shape()[1] != rows)
+        fail(FP8AMP_ERROR_SHAPE_MISMATCH, std::string(t_name) + " must be [" + std::to_string(cols) + ", " +
+                                              std::to_string(rows) + "], not " + out_t.describe());
+}
+
+kernels::QuantizeTarget target_of(ScalingMeta *meta, const Tensor &out, const Tensor *out_t) {
+    if (!meta) return kernels::QuantizeTarget{nullptr, nullptr};
+    return kernels::QuantizeTarget{meta->state(), out.scale_inv(), out_t ? out_t->scale_inv() : nullptr,
+                                   meta->current(), meta->stats_enabled()};
+}
+
+}  // namespace
+
+void activation_forward(const Context &ctx, int32_t kind, const Tensor &x, Tensor &y, Tensor *y_t) {
+    check_kind(kind);
+    check_wide(x, "x");
+    check_output_kind(y, "y", y_t, "y_t");
+    ScalingMeta *meta = check_output_meta(y, "y", y_t, "y_t");
+    check_on_device(ctx, x, "x");
+    check_on_device(ctx, y, "y");
+    if (y_t) check_on_device(ctx, *y_t, "y_t");
+    if (meta) check_meta_device(ctx, *meta, "y's scaling meta");
+    check_writable(y, "y");
+    if (y_t) check_writable(*y_t, "y_t");
+    const RowShape s = row_shape(x, "x");
+    const bool glu = kind == kernels::kSwiglu;
+    if (glu && s.d % 2 != 0)
+        fail(FP8AMP_ERROR_SHAPE_MISMATCH, "x is " + x.describe() + ": SwiGLU needs an even last extent (the two halves)");
+    const int64_t cols = glu ? s.d / 2 : s.d;
+    check_shape_last(y, "y", x, cols, glu ? "SwiGLU halves the last extent" : "they must be equal");
+    if (y_t) check_transpose_shape(*y_t, "y_t", s.rows, cols);
+    std::vector<Named> outputs{{&y, "y"}}, inputs{{&x, "x"}};
+    if (y_t) outputs.push_back({y_t, "y_t"});
+    check_no_overlaps(outputs, inputs);
+
+    kernels::ActivationArgs a;
+    a.kind = kind;
+    a.rows = s.rows;
+    a.cols = cols;
+    a.x = x.data();
+    a.x_dtype = x.dtype();
+    a.out = y.data();
+    a.out_dtype = y.dtype();
+    a.out_t = y_t ? y_t->data() : nullptr;
+    a.target = target_of(meta, y, y_t);
+    ctx.backend().activation_forward(a);
+    y.mark_written();
+    if (y_t) y_t->mark_written();
+}
+
+void activation_backward(const Context &ctx, int32_t kind, const Tensor &dy, const Tensor &x, Tensor &dx, Tensor *dx_t) {
+    check_kind(kind);
+    check_wide(dy, "dy");
+    check_wide(x, "x");
+    check_output_kind(dx, "dx", dx_t, "dx_t");
+    ScalingMeta *meta = check_output_meta(dx, "dx", dx_t, "dx_t");
+    check_on_device(ctx, dy, "dy");
+    check_on_device(ctx, x, "x");
+    check_on_device(ctx, dx, "dx");
+    if (dx_t) check_on_device(ctx, *dx_t, "dx_t");
+    if (meta) check_meta_device(ctx, *meta, "dx's scaling meta");
+    check_writable(dx, "dx");
+    if (dx_t) check_writable(*dx_t, "dx_t");
+    const RowShape s = row_shape(x, "x");
+    const bool glu = kind == kernels::kSwiglu;
+    if (glu && s.d % 2 != 0)
+        fail(FP8AMP_ERROR_SHAPE_MISMATCH, "x is " + x.describe() + ": SwiGLU needs an even last extent (the two halves)");
+    const int64_t cols = glu ? s.d / 2 : s.d;
+    check_shape_last(dy, "dy", x, cols, glu ? "dy is the SwiGLU output's gradient: x's last extent halved" : "they must be equal");
+    check_same_shape(x, "x", dx, "dx");
+    if (dx_t) check_transpose_shape(*dx_t, "dx_t", s.rows, s.d);
+    std::vector<Named> outputs{{&dx, "dx"}}, inputs{{&dy, "dy"}, {&x, "x"}};
+    if (dx_t) outputs.push_back({dx_t, "dx_t"});
+    check_no_overlaps(outputs, inputs);
+
+    kernels::ActivationArgs a;
+    a.kind = kind;
+    a.rows = s.rows;
+    a.cols = cols;
+    a.x = x.data();
+    a.x_dtype = x.dtype();
+    a.dy = dy.data();
+    a.dy_dtype = dy.dtype();
+    a.out = dx.data();
+    a.out_dtype = dx.dtype();
+    a.out_t = dx_t ? dx_t->data() : nullptr;
+    a.target = target_of(meta, dx, dx_t);
+    ctx.backend().activation_backward(a);
+    dx.mark_written();
+    if (dx_t) dx_t->mark_written();
 }
 
 }  // namespace fp8amp::core

@@ -10,6 +10,7 @@
 #include "comm_transport.hpp"
 #include "error.hpp"
 #include "kernels.hpp"
+#include "activation.hpp"
 #include "norm.hpp"
 
 namespace fp8amp::kernels {
@@ -109,6 +110,8 @@ public:
     void norm_backward(const NormBackwardArgs &args, void *scratch) override {
         cpu::norm_backward(args, static_cast<float *>(scratch));
     }
+    void activation_forward(const ActivationArgs &args) override { cpu::activation_forward(args); }
+    void activation_backward(const ActivationArgs &args) override { cpu::activation_backward(args); }
 
     bool supports_graphs() const override { return false; }
     [[noreturn]] static void no_graphs() { fail(FP8AMP_ERROR_INTERNAL, "the CPU backend has no graphs"); }

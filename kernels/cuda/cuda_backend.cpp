@@ -9,6 +9,7 @@
 #include "comm_transport.hpp"
 #include "error.hpp"
 #include "kernels.hpp"
+#include "activation.hpp"
 #include "norm.hpp"
 
 namespace fp8amp::kernels {
@@ -136,6 +137,8 @@ public:
     void norm_backward(const NormBackwardArgs &args, void *scratch) override {
         cuda::norm_backward(index(), stream_, args, static_cast<float *>(scratch));
     }
+    void activation_forward(const ActivationArgs &args) override { cuda::activation_forward(index(), stream_, args); }
+    void activation_backward(const ActivationArgs &args) override { cuda::activation_backward(index(), stream_, args); }
 
     bool supports_graphs() const override { return true; }
     bool stream_is_capturing(void *stream) override { return cuda::stream_is_capturing(index(), stream); }

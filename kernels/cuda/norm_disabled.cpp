@@ -1,6 +1,7 @@
-// Built instead of kernels/cuda/norm.cu when the library has no CUDA (no CUDA context can be made
+// Built instead of kernels/cuda/norm.cu and activation.cu when the library has no CUDA (no CUDA context can be made
 // then, so these are never reached through a context; they exist for the link).
 #include "error.hpp"
+#include "activation.hpp"
 #include "norm.hpp"
 
 namespace fp8amp::kernels::cuda {
@@ -13,5 +14,7 @@ namespace {
 void norm_forward(int, void *, const NormForwardArgs &) { unavailable(); }
 size_t norm_backward_partial_floats(int64_t, int64_t) { return 0; }
 void norm_backward(int, void *, const NormBackwardArgs &, float *) { unavailable(); }
+void activation_forward(int, void *, const ActivationArgs &) { unavailable(); }
+void activation_backward(int, void *, const ActivationArgs &) { unavailable(); }
 
 }  // namespace fp8amp::kernels::cuda

@@ -631,3 +631,17 @@ end
 function fp8amp_norm_backward(ctx, desc, dy, x, gamma, mean, rstd, dx, dgamma, dbeta)
     ccall((:fp8amp_norm_backward, libfp8amp), fp8amp_status, (fp8amp_context, Ptr{fp8amp_norm_desc}, fp8amp_tensor, fp8amp_tensor, fp8amp_tensor, fp8amp_tensor, fp8amp_tensor, fp8amp_tensor, fp8amp_tensor, fp8amp_tensor), ctx, desc, dy, x, gamma, mean, rstd, dx, dgamma, dbeta)
 end
+
+# enum fp8amp_activation
+const fp8amp_activation = UInt32
+const FP8AMP_ACTIVATION_GELU_TANH = fp8amp_activation(0)
+const FP8AMP_ACTIVATION_SILU = fp8amp_activation(1)
+const FP8AMP_ACTIVATION_SWIGLU = fp8amp_activation(2)
+
+function fp8amp_activation_forward(ctx, kind, x, y, y_t)
+    ccall((:fp8amp_activation_forward, libfp8amp), fp8amp_status, (fp8amp_context, fp8amp_activation, fp8amp_tensor, fp8amp_tensor, fp8amp_tensor), ctx, kind, x, y, y_t)
+end
+
+function fp8amp_activation_backward(ctx, kind, dy, x, dx, dx_t)
+    ccall((:fp8amp_activation_backward, libfp8amp), fp8amp_status, (fp8amp_context, fp8amp_activation, fp8amp_tensor, fp8amp_tensor, fp8amp_tensor, fp8amp_tensor), ctx, kind, dy, x, dx, dx_t)
+end

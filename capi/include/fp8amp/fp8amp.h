@@ -1157,6 +1157,47 @@ FP8AMP_API fp8amp_status fp8amp_norm_backward(fp8amp_context ctx, const fp8amp_n
 
 /** @} */
 
+/** @defgroup activation Fused activations
+ *  GELU, SiLU and SwiGLU whose forward writes the FP8 input of the next GEMM and whose backward writes
+ *  the FP8 gradient the GEMM before takes, amax fused (Transformer Engine's LayerNormMLP idea;
+ *  docs/api.md 15, numerics docs/numerics.md 8). Since 0.4.0 (version node FP8AMP_0.4).
+ *  @{ */
+
+/** Which activation. Values are fixed and append-only. */
+typedef enum fp8amp_activation {
+    FP8AMP_ACTIVATION_GELU_TANH = 0, /**< 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) */
+    FP8AMP_ACTIVATION_SILU = 1,      /**< x * sigmoid(x) */
+    FP8AMP_ACTIVATION_SWIGLU = 2     /**< silu(a) * b, where a and b are the first and second halves of
+                                          x's last dimension (the output has half of it) */
+} fp8amp_activation;
+
+/** y = kind(x), element by element (SwiGLU: per pair of halves), in float32 with exp computed from
+ *  IEEE multiplies and adds only (docs/numerics.md 8), each operation rounded once. x is F32, F16 or
+ *  BF16, read as [rows, in_cols] (in_cols its last extent). y has x's shape (SwiGLU: the last extent
+ *  halved) and is wide (F32/F16/BF16: rounded once) or E4M3/E5M2 bound to a scaling meta: quantized
+ *  exactly as fp8amp_quantize quantizes the F32 y (delayed or current scaling, amax recorded with NaN
+ *  as inf, statistics, scale_inv slots), byte for byte. A NaN y is the positive NaN. y_t (or NULL),
+ *  with an FP8 y only: the transpose [cols, rows], bound to y's meta. CPU and CUDA compute the same
+ *  bytes. Asynchronous on CUDA.
+ *  Statuses: SUCCESS; INVALID_HANDLE; INVALID_ARGUMENT (unknown kind; y_t with a wide y; an FP8 y
+ *  without a meta; y_t bound to another meta; a read-only output; an output overlapping x or the other
+ *  output); DTYPE_MISMATCH (x not F32/F16/BF16; y_t not E4M3/E5M2 or not y's dtype); DEVICE_MISMATCH;
+ *  SHAPE_MISMATCH (x a scalar; SwiGLU with an odd last extent; y or y_t of another shape); CUDA. On
+ *  failure nothing is written. */
+FP8AMP_API fp8amp_status fp8amp_activation_forward(fp8amp_context ctx, fp8amp_activation kind, fp8amp_tensor x,
+                                                   fp8amp_tensor y, fp8amp_tensor y_t);
+
+/** The backward of fp8amp_activation_forward: dx = dy * kind'(x) (SwiGLU: da = (dy * b) * silu'(a),
+ *  db = dy * silu(a)), in float32 as the forward. dy (F32/F16/BF16) has the forward's y shape, dx x's
+ *  shape; dx is wide, or E4M3/E5M2 bound to a meta (the next backward GEMM's dY, quantized as
+ *  fp8amp_quantize would, amax fused), with dx_t (or NULL) its [in_cols, rows] transpose.
+ *  Statuses: as fp8amp_activation_forward (dy not F32/F16/BF16: DTYPE_MISMATCH; dy not the forward
+ *  output's shape or dx not x's: SHAPE_MISMATCH). */
+FP8AMP_API fp8amp_status fp8amp_activation_backward(fp8amp_context ctx, fp8amp_activation kind, fp8amp_tensor dy,
+                                                    fp8amp_tensor x, fp8amp_tensor dx, fp8amp_tensor dx_t);
+
+/** @} */
+
 #ifdef __cplusplus
 } /* extern "C" */
 #endif

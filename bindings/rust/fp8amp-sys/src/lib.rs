@@ -242,7 +242,7 @@ pub struct fp8amp_comm_reduce_desc {
     pub check: i32,
 }
 
-// ---- fused normalization (0.4.0) ----------------------------------------------------------------
+// ---- fused normalization and activations (0.4.0) ----------------------------------------------------------------
 pub type fp8amp_norm_kind = c_uint;
 pub const FP8AMP_NORM_LAYERNORM: fp8amp_norm_kind = 0;
 pub const FP8AMP_NORM_RMSNORM: fp8amp_norm_kind = 1;
@@ -255,6 +255,11 @@ pub struct fp8amp_norm_desc {
     pub eps: f32,
     pub zero_centered_gamma: i32,
 }
+
+pub type fp8amp_activation = c_uint;
+pub const FP8AMP_ACTIVATION_GELU_TANH: fp8amp_activation = 0;
+pub const FP8AMP_ACTIVATION_SILU: fp8amp_activation = 1;
+pub const FP8AMP_ACTIVATION_SWIGLU: fp8amp_activation = 2;
 
 // ---- functions, in the header's order -------------------------------------------------------
 extern "C" {
@@ -494,5 +499,20 @@ extern "C" {
         dx: fp8amp_tensor,
         dgamma: fp8amp_tensor,
         dbeta: fp8amp_tensor,
+    ) -> fp8amp_status;
+    pub fn fp8amp_activation_forward(
+        ctx: fp8amp_context,
+        kind: fp8amp_activation,
+        x: fp8amp_tensor,
+        y: fp8amp_tensor,
+        y_t: fp8amp_tensor,
+    ) -> fp8amp_status;
+    pub fn fp8amp_activation_backward(
+        ctx: fp8amp_context,
+        kind: fp8amp_activation,
+        dy: fp8amp_tensor,
+        x: fp8amp_tensor,
+        dx: fp8amp_tensor,
+        dx_t: fp8amp_tensor,
     ) -> fp8amp_status;
 }
