@@ -1,5 +1,6 @@
-"""Fused LayerNorm / RMSNorm + FP8 quantize (fp8amp_norm_forward / _backward) vs PyTorch, in the same
-run, on one GPU (issue 19: each fused kernel at >= 85% of copy bandwidth by its own byte count).
+"""Fused LayerNorm / RMSNorm and GELU / SiLU / SwiGLU + FP8 quantize (fp8amp_norm_*, fp8amp_activation_*)
+vs PyTorch, in the same run, on one GPU (issue 19: each fused kernel at >= 85% of copy bandwidth by its
+own byte count).
 
 Measures, with CUDA events after warm-up (median of many runs; inputs rotated among buffers larger
 than L2), for each shape [rows, d] of BF16 activations:
@@ -10,7 +11,9 @@ than L2), for each shape [rows, d] of BF16 activations:
     (two passes over x: 5 B);
   - fp8amp backward from a BF16 dY: read dy and x, write dx (6 B per element; dgamma, dbeta, mean and
     rstd are O(rows + d));
-  - PyTorch peers: F.layer_norm / F.rms_norm followed by a separate amax + scaled cast to
+  - fp8amp activations: GELU (tanh), SiLU, SwiGLU forward into E4M3 (+ y_t) and backward from a BF16
+    dY into E5M2 dx (+ dx_t), byte counts in the code;
+  - PyTorch peers: F.layer_norm / F.rms_norm (F.gelu, F.silu, silu(a) * b) followed by a separate amax + scaled cast to
     float8_e4m3fn (and the transpose), the same under torch.compile (one fused kernel where Inductor
     manages), and the backward (aten's native_layer_norm_backward; autograd of rms_norm; the
     formulas under torch.compile).
@@ -212,6 +215,85 @@ def main():
                        "the formulas, compiled")
             except Exception as e:  # keep the other numbers if the compiler is unavailable
                 results["torch_compile_error"] = str(e)[:300]
+
+        # ---- fused activations on the same activations: GELU (tanh) and SiLU of x [rows, d], SwiGLU of
+        # x as [rows, d/2 | d/2]; forward into E4M3 (read 2 B, write 1 B; SwiGLU: 2 B in, 0.5 B out per
+        # x element), backward from a BF16 dY into E5M2 dx (2 + 2 in, 1 out; SwiGLU: dy is half of x)
+        e5 = torch.empty(rows, d, device="cuda", dtype=torch.uint8)
+        e5t = torch.empty(d, rows, device="cuda", dtype=torch.uint8)
+        yh8 = torch.empty(rows, d // 2, device="cuda", dtype=torch.uint8)
+        hh = [lib.wrap(ctx, x, C.BF16) for x in xs]
+        dyh = [t[:, : d // 2].contiguous() for t in dys]
+        hdyh = [lib.wrap(ctx, t, C.BF16) for t in dyh]
+        he5, he5t, hyh8 = lib.wrap(ctx, e5, C.E5M2), lib.wrap(ctx, e5t, C.E5M2), lib.wrap(ctx, yh8, C.E4M3)
+        meta5 = lib.scaling(ctx, dtype=C.E5M2, scale=1024.0)
+        for h in (he5, he5t):
+            lib("fp8amp_tensor_set_scaling", h, meta5)
+        lib("fp8amp_tensor_set_scaling", hyh8, meta)
+        afwd, abwd = L.fp8amp_activation_forward, L.fp8amp_activation_backward
+        for name, kind in (("gelu_tanh", L.FP8AMP_ACTIVATION_GELU_TANH), ("silu", L.FP8AMP_ACTIVATION_SILU),
+                           ("swiglu", L.FP8AMP_ACTIVATION_SWIGLU)):
+            glu = name == "swiglu"
+            yo, dyo = (hyh8, hdyh) if glu else (hy8, hdy)
+            lib("fp8amp_activation_forward", ctx, kind, hh[0], yo, null)
+            lib("fp8amp_activation_backward", ctx, kind, dyo[0], hh[0], he5, null)
+            out_b = n // 2 if glu else n
+            record(f"fp8amp.{name}.{tag}.fwd.e4m3", bench(lambda i: afwd(ctx, kind, hh[i], yo, null), rot_s), 2 * n + out_b)
+            if not glu:
+                record(f"fp8amp.{name}.{tag}.fwd.e4m3+t", bench(lambda i: afwd(ctx, kind, hh[i], hy8, hy8t), rot_s),
+                       4 * n, "y_t by a separate byte transpose")
+            record(f"fp8amp.{name}.{tag}.bwd.e5m2", bench(lambda i: abwd(ctx, kind, dyo[i], hh[0], he5, null), rot_s),
+                   2 * out_b + 3 * n, "dy rotated, x fixed")
+            record(f"fp8amp.{name}.{tag}.bwd.e5m2+t", bench(lambda i: abwd(ctx, kind, dyo[i], hh[0], he5, he5t), rot_s),
+                   2 * out_b + 4 * n, "dx_t by a separate byte transpose")
+        if not args.fp8amp_only:
+            sc = torch.tensor(scale, device="cuda")
+            sc5 = torch.tensor(1024.0, device="cuda")
+            E5 = torch.float8_e5m2
+
+            def t_act(x, name):
+                if name == "swiglu":
+                    a, b = x.chunk(2, dim=-1)
+                    return F.silu(a) * b
+                return F.gelu(x, approximate="tanh") if name == "gelu_tanh" else F.silu(x)
+
+            def t_fwd(x, name):
+                y = t_act(x, name)
+                return (y.float() * sc).clamp(-448, 448).to(FP8), y.abs().max()
+
+            def t_bwd(dy, x, name):  # the derivative formulas, then the cast of dx to E5M2
+                xf, g = x.float(), dy.float()
+                if name == "gelu_tanh":
+                    t = torch.tanh(0.7978845608 * (xf + 0.044715 * xf ** 3))
+                    dx = g * (0.5 * (1 + t) + 0.5 * xf * (1 - t * t) * 0.7978845608 * (1 + 3 * 0.044715 * xf * xf))
+                elif name == "silu":
+                    s_ = torch.sigmoid(xf)
+                    dx = g * s_ * (1 + xf * (1 - s_))
+                else:
+                    a, b = xf.chunk(2, dim=-1)
+                    s_ = torch.sigmoid(a)
+                    dx = torch.cat([g * b * s_ * (1 + a * (1 - s_)), g * a * s_], dim=-1)
+                return (dx * sc5).clamp(-57344, 57344).to(E5), dx.abs().max()
+
+            for name in ("gelu_tanh", "silu", "swiglu"):
+                glu = name == "swiglu"
+                out_b = n // 2 if glu else n
+                dyo = dyh if glu else dys
+                record(f"torch.{name}.{tag}.fwd.e4m3", bench(lambda i: t_fwd(xs[i], name), rot_s), 2 * n + out_b,
+                       "eager, unfused")
+                record(f"torch.{name}.{tag}.bwd.e5m2", bench(lambda i: t_bwd(dyo[i], xs[0], name), rot_s),
+                       2 * out_b + 3 * n, "eager formulas + cast")
+                try:
+                    cf, cb = torch.compile(t_fwd), torch.compile(t_bwd)
+                    record(f"torch.compile.{name}.{tag}.fwd.e4m3", bench(lambda i: cf(xs[i], name), rot_s),
+                           2 * n + out_b)
+                    record(f"torch.compile.{name}.{tag}.bwd.e5m2", bench(lambda i: cb(dyo[i], xs[0], name), rot_s),
+                           2 * out_b + 3 * n)
+                except Exception as e:
+                    results["torch_compile_error"] = str(e)[:300]
+        for h in hh + hdyh + [he5, he5t, hyh8]:
+            lib("fp8amp_tensor_destroy", h)
+        lib("fp8amp_scaling_destroy", meta5)
 
         for h in hx + hdy + [hg, hb, hy8, hy8t, hybf, hy8c, hdx, hmean, hrstd, hdg, hdb]:
             lib("fp8amp_tensor_destroy", h)
