@@ -29,6 +29,9 @@ namespace fp8amp::kernels {
 
 class CommCompute;  // comm.hpp
 class Transport;    // comm_transport.hpp
+struct NormForwardArgs;   // norm.hpp
+struct NormBackwardArgs;  // norm.hpp
+struct ActivationArgs;    // activation.hpp
 
 class Backend {
 public:
@@ -122,6 +125,15 @@ public:
     virtual void adam_step(const adam::StepConfig &config, int max_partials, float *host_scratch) = 0;
     virtual void scaler_update(adam::ScalerState *scaler, const adam::ScalerConfig &config,
                                const adam::Status *status) = 0;
+
+    // ---- fused normalization (kernels/norm.hpp), queued on the context's stream ----------------------
+    virtual void norm_forward(const NormForwardArgs &args) = 0;
+    // Bytes of device memory norm_backward needs as scratch (core allocates them through the context).
+    virtual size_t norm_backward_scratch_bytes(int64_t rows, int64_t d) const = 0;
+    virtual void norm_backward(const NormBackwardArgs &args, void *scratch) = 0;
+    // Fused activations (kernels/activation.hpp), queued on the context's stream.
+    virtual void activation_forward(const ActivationArgs &args) = 0;
+    virtual void activation_backward(const ActivationArgs &args) = 0;
 
     // ---- graphs: a LaunchList's launches captured once and replayed as one launch ---------------------
     // An instantiated graph, opaque to core (destroyed with its last reference).

@@ -76,6 +76,9 @@
 %rename(AdamStepArgs) fp8amp_adam_step_args;
 %rename(GradScalerDesc) fp8amp_grad_scaler_desc;
 %rename(GradScalerState) fp8amp_grad_scaler_state;
+%rename(NormKind) fp8amp_norm_kind;
+%rename(NormDesc) fp8amp_norm_desc;
+%rename(Activation) fp8amp_activation;
 %rename("%(strip:[FP8AMP_])s", %$isenumitem) "";
 %rename("%(regex:/^fp8amp_(.*)$/\\1/)s", %$isfunction) "";
 
@@ -107,6 +110,7 @@
 %ignore fp8amp_grad_scaler_desc_init_default;
 %ignore fp8amp_opt_level_init;
 %ignore fp8amp_opt_level_config;
+%ignore fp8amp_norm_desc_init;
 %rename("$ignore", regextarget=1) "^fp8amp_comm_";
 %rename("$ignore", regextarget=1) "^FP8AMP_COMM_";
 /* Read-only: the constructors below set it; a caller changing it would describe another layout. */
@@ -115,6 +119,7 @@
 %immutable fp8amp_adam_desc::struct_size;
 %immutable fp8amp_adam_step_args::struct_size;
 %immutable fp8amp_grad_scaler_desc::struct_size;
+%immutable fp8amp_norm_desc::struct_size;
 
 /* ---- statuses: raise after outputs are written and temporaries freed -------------------------- */
 %typemap(ret) fp8amp_status %{
@@ -178,6 +183,7 @@ FP8AMP_SWIG_DEFAULTS(fp8amp_linear_desc, fp8amp_linear_desc_init)
 FP8AMP_SWIG_DEFAULTS(fp8amp_adam_desc, fp8amp_adam_desc_init)
 FP8AMP_SWIG_DEFAULTS(fp8amp_adam_step_args, fp8amp_adam_step_args_init)
 FP8AMP_SWIG_DEFAULTS(fp8amp_grad_scaler_desc, fp8amp_grad_scaler_desc_init)
+FP8AMP_SWIG_DEFAULTS(fp8amp_norm_desc, fp8amp_norm_desc_init)
 
 /* ---- helpers: typed host copies and the presets ----------------------------------------------- */
 %apply (const int8_t *IN_ARRAY, size_t LENGTH) { (const int8_t *src, size_t count) };

@@ -10,6 +10,8 @@
 #include "comm_transport.hpp"
 #include "error.hpp"
 #include "kernels.hpp"
+#include "activation.hpp"
+#include "norm.hpp"
 
 namespace fp8amp::kernels {
 namespace {
@@ -100,6 +102,16 @@ public:
                        const adam::Status *status) override {
         cpu::scaler_update(scaler, config, status);
     }
+
+    void norm_forward(const NormForwardArgs &args) override { cpu::norm_forward(args); }
+    size_t norm_backward_scratch_bytes(int64_t rows, int64_t d) const override {
+        return cpu::norm_backward_scratch_floats(rows, d) * sizeof(float);
+    }
+    void norm_backward(const NormBackwardArgs &args, void *scratch) override {
+        cpu::norm_backward(args, static_cast<float *>(scratch));
+    }
+    void activation_forward(const ActivationArgs &args) override { cpu::activation_forward(args); }
+    void activation_backward(const ActivationArgs &args) override { cpu::activation_backward(args); }
 
     bool supports_graphs() const override { return false; }
     [[noreturn]] static void no_graphs() { fail(FP8AMP_ERROR_INTERNAL, "the CPU backend has no graphs"); }

@@ -9,6 +9,8 @@
 #include "comm_transport.hpp"
 #include "error.hpp"
 #include "kernels.hpp"
+#include "activation.hpp"
+#include "norm.hpp"
 
 namespace fp8amp::kernels {
 namespace {
@@ -127,6 +129,16 @@ public:
                        const adam::Status *status) override {
         cuda::scaler_update(index(), stream_, scaler, config, status);
     }
+
+    void norm_forward(const NormForwardArgs &args) override { cuda::norm_forward(index(), stream_, args); }
+    size_t norm_backward_scratch_bytes(int64_t rows, int64_t d) const override {
+        return cuda::norm_backward_partial_floats(rows, d) * sizeof(float);
+    }
+    void norm_backward(const NormBackwardArgs &args, void *scratch) override {
+        cuda::norm_backward(index(), stream_, args, static_cast<float *>(scratch));
+    }
+    void activation_forward(const ActivationArgs &args) override { cuda::activation_forward(index(), stream_, args); }
+    void activation_backward(const ActivationArgs &args) override { cuda::activation_backward(index(), stream_, args); }
 
     bool supports_graphs() const override { return true; }
     bool stream_is_capturing(void *stream) override { return cuda::stream_is_capturing(index(), stream); }

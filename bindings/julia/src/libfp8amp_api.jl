@@ -628,3 +628,41 @@ end
 function fp8amp_comm_all_gather(comm, input, output, output_scale_inv, desc)
     ccall((:fp8amp_comm_all_gather, libfp8amp), fp8amp_status, (fp8amp_comm, fp8amp_tensor, fp8amp_tensor, fp8amp_tensor, Ptr{fp8amp_comm_reduce_desc}), comm, input, output, output_scale_inv, desc)
 end
+
+# enum fp8amp_norm_kind
+const fp8amp_norm_kind = UInt32
+const FP8AMP_NORM_LAYERNORM = fp8amp_norm_kind(0)
+const FP8AMP_NORM_RMSNORM = fp8amp_norm_kind(1)
+
+struct fp8amp_norm_desc
+    struct_size::UInt32
+    kind::fp8amp_norm_kind
+    eps::Cfloat
+    zero_centered_gamma::Int32
+end
+
+function fp8amp_norm_desc_init(desc, size)
+    ccall((:fp8amp_norm_desc_init, libfp8amp), fp8amp_status, (Ptr{fp8amp_norm_desc}, Csize_t), desc, size)
+end
+
+function fp8amp_norm_forward(ctx, desc, x, gamma, beta, y, y_t, mean, rstd)
+    ccall((:fp8amp_norm_forward, libfp8amp), fp8amp_status, (fp8amp_context, Ptr{fp8amp_norm_desc}, fp8amp_tensor, fp8amp_tensor, fp8amp_tensor, fp8amp_tensor, fp8amp_tensor, fp8amp_tensor, fp8amp_tensor), ctx, desc, x, gamma, beta, y, y_t, mean, rstd)
+end
+
+function fp8amp_norm_backward(ctx, desc, dy, x, gamma, mean, rstd, dx, dgamma, dbeta)
+    ccall((:fp8amp_norm_backward, libfp8amp), fp8amp_status, (fp8amp_context, Ptr{fp8amp_norm_desc}, fp8amp_tensor, fp8amp_tensor, fp8amp_tensor, fp8amp_tensor, fp8amp_tensor, fp8amp_tensor, fp8amp_tensor, fp8amp_tensor), ctx, desc, dy, x, gamma, mean, rstd, dx, dgamma, dbeta)
+end
+
+# enum fp8amp_activation
+const fp8amp_activation = UInt32
+const FP8AMP_ACTIVATION_GELU_TANH = fp8amp_activation(0)
+const FP8AMP_ACTIVATION_SILU = fp8amp_activation(1)
+const FP8AMP_ACTIVATION_SWIGLU = fp8amp_activation(2)
+
+function fp8amp_activation_forward(ctx, kind, x, y, y_t)
+    ccall((:fp8amp_activation_forward, libfp8amp), fp8amp_status, (fp8amp_context, fp8amp_activation, fp8amp_tensor, fp8amp_tensor, fp8amp_tensor), ctx, kind, x, y, y_t)
+end
+
+function fp8amp_activation_backward(ctx, kind, dy, x, dx, dx_t)
+    ccall((:fp8amp_activation_backward, libfp8amp), fp8amp_status, (fp8amp_context, fp8amp_activation, fp8amp_tensor, fp8amp_tensor, fp8amp_tensor, fp8amp_tensor), ctx, kind, dy, x, dx, dx_t)
+end

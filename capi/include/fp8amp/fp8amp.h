@@ -24,7 +24,7 @@
  * header is accepted by an older library when the fields it does not know are zero, and refused
  * with FP8AMP_ERROR_NOT_SUPPORTED otherwise; fp8amp_recipe, embedded in fp8amp_linear_desc, keeps
  * its 32-byte layout within FP8AMP_0. Exported symbols carry the version node of the release that
- * added them (FP8AMP_0: 0.1.0; FP8AMP_0.2: 0.2.0); SONAME libfp8amp.so.0.
+ * added them (FP8AMP_0: 0.1.0; FP8AMP_0.2: 0.2.0; FP8AMP_0.3: 0.3.0; FP8AMP_0.4: 0.4.0); SONAME libfp8amp.so.0.
  */
 #ifndef FP8AMP_FP8AMP_H
 #define FP8AMP_FP8AMP_H
@@ -1109,6 +1109,143 @@ FP8AMP_API fp8amp_status fp8amp_comm_reduce_scatter(fp8amp_comm comm, fp8amp_ten
  *  fp8amp_comm_all_reduce. */
 FP8AMP_API fp8amp_status fp8amp_comm_all_gather(fp8amp_comm comm, fp8amp_tensor input, fp8amp_tensor output,
                                                 fp8amp_tensor output_scale_inv, const fp8amp_comm_reduce_desc *desc);
+
+/** @} */
+
+/** @defgroup norm Fused normalization
+ *  LayerNorm and RMSNorm whose forward writes the FP8 input of the next GEMM, with its transpose and
+ *  the amax fused, and whose backward takes the GEMM's dX (Transformer Engine's LayerNormLinear idea;
+ *  docs/api.md 14, numerics docs/numerics.md 7). Since 0.4.0 (version node FP8AMP_0.4).
+ *  @{ */
+
+/** Which normalization. Values are fixed and append-only. */
+typedef enum fp8amp_norm_kind {
+    FP8AMP_NORM_LAYERNORM = 0, /**< y = (x - mean) / sqrt(var + eps) * w + beta, var the biased variance */
+    FP8AMP_NORM_RMSNORM = 1    /**< y = x / sqrt(mean(x^2) + eps) * w (no mean, no bias) */
+} fp8amp_norm_kind;
+
+/** A normalization's options. Initialize with fp8amp_norm_desc_init_default. The weight w of a column
+ *  is gamma, or 1 + gamma with zero_centered_gamma (Transformer Engine's option: gamma is stored
+ *  around 0, which suits weight decay and low-precision storage). */
+typedef struct fp8amp_norm_desc {
+    uint32_t struct_size;        /**< sizeof(fp8amp_norm_desc), set by the init function */
+    fp8amp_norm_kind kind;       /**< default LAYERNORM */
+    float eps;                   /**< added to the variance (mean square); default 1e-5; finite, >= 0 */
+    int32_t zero_centered_gamma; /**< default 0; 1: w = 1 + gamma */
+} fp8amp_norm_desc;
+
+/** Fills the caller's descriptor of `size` bytes -- pass sizeof(fp8amp_norm_desc) -- with the
+ *  defaults above, writing exactly `size` bytes (struct_size = size). Since 0.4.0.
+ *  Statuses: SUCCESS; INVALID_ARGUMENT (NULL desc; a size as for fp8amp_recipe_init). */
+FP8AMP_API fp8amp_status fp8amp_norm_desc_init(fp8amp_norm_desc *desc, size_t size);
+/** Source code's spelling: fp8amp_norm_desc_init with this header's sizeof. */
+#define fp8amp_norm_desc_init_default(desc) fp8amp_norm_desc_init((desc), sizeof(fp8amp_norm_desc))
+
+/** The forward of a LayerNorm or RMSNorm over the last dimension, in one pass that writes the next
+ *  GEMM's input. x (F32, F16 or BF16) is read as [rows, d]: d its last extent, rows the product of
+ *  the others. Per row, in float32 with the fixed summation order of docs/numerics.md 7 (two passes
+ *  for LayerNorm: the mean, then the variance of x - mean): rstd = 1 / sqrt(var + eps) (RMSNorm:
+ *  mean(x^2) + eps), y = (x - mean) * rstd * w + beta (RMSNorm: x * rstd * w), each operation rounded
+ *  once.
+ *  y has x's shape and is either wide (F32, F16, BF16: y rounded once into it; an F16 y's binding is
+ *  not applied) or E4M3/E5M2 bound to a scaling meta: then y is quantized as fp8amp_quantize would
+ *  quantize the F32 y -- fp8_rne_satfinite(y * scale) with the meta's scale (delayed scaling), or with
+ *  the scale of this y's own amax (current scaling: y is computed twice), max|y| recorded into the
+ *  meta (NaN as inf), the statistics counted, y's scale_inv slot set -- byte for byte, with no F32 y
+ *  in memory. A NaN y is the positive NaN. CPU and CUDA compute the same bytes. Asynchronous on CUDA.
+ *  @param ctx   the context (its device and stream)
+ *  @param desc  the options, or NULL for the defaults (LayerNorm, eps 1e-5)
+ *  @param x     the input, [..., d], F32/F16/BF16
+ *  @param gamma [d], F32/F16/BF16
+ *  @param beta  [d], F32/F16/BF16, or NULL (no bias); must be NULL for RMSNorm
+ *  @param y     the output, x's shape: F32/F16/BF16, or E4M3/E5M2 bound to a meta
+ *  @param y_t   NULL, or with an FP8 y the transposed copy [d, rows], of y's dtype and bound to y's
+ *               meta (what the weight-gradient GEMM of the backward needs, as fp8amp_quantize_transpose)
+ *  @param mean  NULL, or [rows] F32: each row's mean (LayerNorm only: NULL for RMSNorm)
+ *  @param rstd  NULL, or [rows] F32: each row's rstd (the backward needs mean and rstd)
+ *
+ *  Statuses: SUCCESS; INVALID_HANDLE (ctx, a tensor that is not NULL-able or not a live tensor);
+ *  DTYPE_MISMATCH (x, gamma or beta not F32/F16/BF16; y_t not E4M3/E5M2 or of another dtype than y;
+ *  mean or rstd not F32); INVALID_ARGUMENT (a bad desc; beta or mean given for RMSNorm; y_t given for
+ *  a wide y; an FP8 y without a meta; y_t bound to another meta; a read-only output; any output
+ *  overlapping an input or another output); DEVICE_MISMATCH (a tensor or the meta not on ctx's
+ *  device); SHAPE_MISMATCH (x a scalar; gamma, beta not [d]; y not x's shape; y_t not [d, rows]; mean,
+ *  rstd not [rows]); NOT_SUPPORTED (a newer header's desc with a field this library lacks set); CUDA.
+ *  On failure nothing is written. */
+FP8AMP_API fp8amp_status fp8amp_norm_forward(fp8amp_context ctx, const fp8amp_norm_desc *desc, fp8amp_tensor x,
+                                             fp8amp_tensor gamma, fp8amp_tensor beta, fp8amp_tensor y,
+                                             fp8amp_tensor y_t, fp8amp_tensor mean, fp8amp_tensor rstd);
+
+/** The backward of fp8amp_norm_forward, from dy, the next GEMM's dX (F32, F16 or BF16, x's shape),
+ *  with the forward's x, gamma, mean and rstd. Per row, in float32 with the fixed summation order of
+ *  docs/numerics.md 7: g = dy * w, xhat = (x - mean) * rstd (RMSNorm: x * rstd),
+ *  dx = ((g - mean(g)) - xhat * mean(g * xhat)) * rstd (RMSNorm: (g - xhat * mean(g * xhat)) * rstd),
+ *  rounded once into dx's dtype. Over the rows, in a fixed order of row chunks: dgamma = sum of
+ *  dy * xhat, dbeta = sum of dy (written, not accumulated). A NaN result is the positive NaN. CPU and
+ *  CUDA compute the same bytes. Asynchronous on CUDA; allocates scratch through the context (CUDA:
+ *  min(rows, 512) * 2 * d floats; CPU: 2 * d).
+ *  @param ctx    the context
+ *  @param desc   the forward's options, or NULL for the defaults
+ *  @param dy     the gradient of y, x's shape, F32/F16/BF16
+ *  @param x      the forward's input
+ *  @param gamma  the forward's gamma, [d]
+ *  @param mean   the forward's mean, [rows] F32 (LayerNorm: required; RMSNorm: NULL)
+ *  @param rstd   the forward's rstd, [rows] F32
+ *  @param dx     receives the gradient of x, x's shape, F32/F16/BF16
+ *  @param dgamma receives the gradient of gamma, [d] F32
+ *  @param dbeta  receives the gradient of beta, [d] F32, or NULL (RMSNorm: NULL)
+ *
+ *  Statuses: SUCCESS; INVALID_HANDLE; DTYPE_MISMATCH (dy, x, gamma, dx not F32/F16/BF16; mean, rstd,
+ *  dgamma, dbeta not F32); INVALID_ARGUMENT (a bad desc; mean NULL for LayerNorm; mean or dbeta given
+ *  for RMSNorm; a read-only output; an output overlapping an input or another output); DEVICE_MISMATCH;
+ *  SHAPE_MISMATCH (x a scalar; dy or dx not x's shape; gamma, dgamma, dbeta not [d]; mean, rstd not
+ *  [rows]); OUT_OF_MEMORY (the scratch); NOT_SUPPORTED (as fp8amp_norm_forward); CUDA. On failure
+ *  nothing is written. */
+FP8AMP_API fp8amp_status fp8amp_norm_backward(fp8amp_context ctx, const fp8amp_norm_desc *desc, fp8amp_tensor dy,
+                                              fp8amp_tensor x, fp8amp_tensor gamma, fp8amp_tensor mean,
+                                              fp8amp_tensor rstd, fp8amp_tensor dx, fp8amp_tensor dgamma,
+                                              fp8amp_tensor dbeta);
+
+/** @} */
+
+/** @defgroup activation Fused activations
+ *  GELU, SiLU and SwiGLU whose forward writes the FP8 input of the next GEMM and whose backward writes
+ *  the FP8 gradient the GEMM before takes, amax fused (Transformer Engine's LayerNormMLP idea;
+ *  docs/api.md 15, numerics docs/numerics.md 8). Since 0.4.0 (version node FP8AMP_0.4).
+ *  @{ */
+
+/** Which activation. Values are fixed and append-only. */
+typedef enum fp8amp_activation {
+    FP8AMP_ACTIVATION_GELU_TANH = 0, /**< 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) */
+    FP8AMP_ACTIVATION_SILU = 1,      /**< x * sigmoid(x) */
+    FP8AMP_ACTIVATION_SWIGLU = 2     /**< silu(a) * b, where a and b are the first and second halves of
+                                          x's last dimension (the output has half of it) */
+} fp8amp_activation;
+
+/** y = kind(x), element by element (SwiGLU: per pair of halves), in float32 with exp computed from
+ *  IEEE multiplies and adds only (docs/numerics.md 8), each operation rounded once. x is F32, F16 or
+ *  BF16, read as [rows, in_cols] (in_cols its last extent). y has x's shape (SwiGLU: the last extent
+ *  halved) and is wide (F32/F16/BF16: rounded once) or E4M3/E5M2 bound to a scaling meta: quantized
+ *  exactly as fp8amp_quantize quantizes the F32 y (delayed or current scaling, amax recorded with NaN
+ *  as inf, statistics, scale_inv slots), byte for byte. A NaN y is the positive NaN. y_t (or NULL),
+ *  with an FP8 y only: the transpose [cols, rows], bound to y's meta. CPU and CUDA compute the same
+ *  bytes. Asynchronous on CUDA.
+ *  Statuses: SUCCESS; INVALID_HANDLE; INVALID_ARGUMENT (unknown kind; y_t with a wide y; an FP8 y
+ *  without a meta; y_t bound to another meta; a read-only output; an output overlapping x or the other
+ *  output); DTYPE_MISMATCH (x not F32/F16/BF16; y_t not E4M3/E5M2 or not y's dtype); DEVICE_MISMATCH;
+ *  SHAPE_MISMATCH (x a scalar; SwiGLU with an odd last extent; y or y_t of another shape); CUDA. On
+ *  failure nothing is written. */
+FP8AMP_API fp8amp_status fp8amp_activation_forward(fp8amp_context ctx, fp8amp_activation kind, fp8amp_tensor x,
+                                                   fp8amp_tensor y, fp8amp_tensor y_t);
+
+/** The backward of fp8amp_activation_forward: dx = dy * kind'(x) (SwiGLU: da = (dy * b) * silu'(a),
+ *  db = dy * silu(a)), in float32 as the forward. dy (F32/F16/BF16) has the forward's y shape, dx x's
+ *  shape; dx is wide, or E4M3/E5M2 bound to a meta (the next backward GEMM's dY, quantized as
+ *  fp8amp_quantize would, amax fused), with dx_t (or NULL) its [in_cols, rows] transpose.
+ *  Statuses: as fp8amp_activation_forward (dy not F32/F16/BF16: DTYPE_MISMATCH; dy not the forward
+ *  output's shape or dx not x's: SHAPE_MISMATCH). */
+FP8AMP_API fp8amp_status fp8amp_activation_backward(fp8amp_context ctx, fp8amp_activation kind, fp8amp_tensor dy,
+                                                    fp8amp_tensor x, fp8amp_tensor dx, fp8amp_tensor dx_t);
 
 /** @} */
 

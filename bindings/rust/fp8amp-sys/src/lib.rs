@@ -257,6 +257,25 @@ pub struct fp8amp_comm_reduce_desc {
     pub check: i32,
 }
 
+// ---- fused normalization and activations (0.4.0) ----------------------------------------------------------------
+pub type fp8amp_norm_kind = c_uint;
+pub const FP8AMP_NORM_LAYERNORM: fp8amp_norm_kind = 0;
+pub const FP8AMP_NORM_RMSNORM: fp8amp_norm_kind = 1;
+
+#[repr(C)]
+#[derive(Debug, Copy, Clone, PartialEq)]
+pub struct fp8amp_norm_desc {
+    pub struct_size: u32,
+    pub kind: fp8amp_norm_kind,
+    pub eps: f32,
+    pub zero_centered_gamma: i32,
+}
+
+pub type fp8amp_activation = c_uint;
+pub const FP8AMP_ACTIVATION_GELU_TANH: fp8amp_activation = 0;
+pub const FP8AMP_ACTIVATION_SILU: fp8amp_activation = 1;
+pub const FP8AMP_ACTIVATION_SWIGLU: fp8amp_activation = 2;
+
 // ---- functions, in the header's order -------------------------------------------------------
 extern "C" {
     pub fn fp8amp_version() -> u32;
@@ -478,5 +497,44 @@ extern "C" {
         output: fp8amp_tensor,
         output_scale_inv: fp8amp_tensor,
         desc: *const fp8amp_comm_reduce_desc,
+    ) -> fp8amp_status;
+    pub fn fp8amp_norm_desc_init(desc: *mut fp8amp_norm_desc, size: usize) -> fp8amp_status;
+    pub fn fp8amp_norm_forward(
+        ctx: fp8amp_context,
+        desc: *const fp8amp_norm_desc,
+        x: fp8amp_tensor,
+        gamma: fp8amp_tensor,
+        beta: fp8amp_tensor,
+        y: fp8amp_tensor,
+        y_t: fp8amp_tensor,
+        mean: fp8amp_tensor,
+        rstd: fp8amp_tensor,
+    ) -> fp8amp_status;
+    pub fn fp8amp_norm_backward(
+        ctx: fp8amp_context,
+        desc: *const fp8amp_norm_desc,
+        dy: fp8amp_tensor,
+        x: fp8amp_tensor,
+        gamma: fp8amp_tensor,
+        mean: fp8amp_tensor,
+        rstd: fp8amp_tensor,
+        dx: fp8amp_tensor,
+        dgamma: fp8amp_tensor,
+        dbeta: fp8amp_tensor,
+    ) -> fp8amp_status;
+    pub fn fp8amp_activation_forward(
+        ctx: fp8amp_context,
+        kind: fp8amp_activation,
+        x: fp8amp_tensor,
+        y: fp8amp_tensor,
+        y_t: fp8amp_tensor,
+    ) -> fp8amp_status;
+    pub fn fp8amp_activation_backward(
+        ctx: fp8amp_context,
+        kind: fp8amp_activation,
+        dy: fp8amp_tensor,
+        x: fp8amp_tensor,
+        dx: fp8amp_tensor,
+        dx_t: fp8amp_tensor,
     ) -> fp8amp_status;
 }

@@ -407,6 +407,7 @@ fn struct_layouts_match_the_c_compiler() {
         fp8amp_grad_scaler_state { scale, growth_tracker, hysteresis_left }
         fp8amp_comm_unique_id { internal }
         fp8amp_comm_reduce_desc { struct_size, wire_dtype, average, check }
+        fp8amp_norm_desc { struct_size, kind, eps, zero_centered_gamma }
     );
     // This list must name every struct and field of the header (so it cannot go stale).
     let listed: Vec<(String, String)> =

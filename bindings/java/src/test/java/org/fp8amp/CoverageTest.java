@@ -36,7 +36,8 @@ class CoverageTest {
             "fp8amp_linear_desc_init_default", "fp8amp_adam_desc_init", "fp8amp_adam_desc_init_default",
             "fp8amp_opt_level_adam_config", "fp8amp_adam_step_args_init",
             "fp8amp_adam_step_args_init_default", "fp8amp_grad_scaler_desc_init",
-            "fp8amp_grad_scaler_desc_init_default", "fp8amp_opt_level_config");
+            "fp8amp_grad_scaler_desc_init_default", "fp8amp_opt_level_config",
+            "fp8amp_norm_desc_init");
 
     @Test
     void everyHeaderFunctionIsWrappedOrListedAsNotWrapped() throws Exception {

@@ -1,0 +1,178 @@
+// CPU reference of the fused normalizations (kernels/norm.hpp): LayerNorm / RMSNorm forward into a
+// wide or an FP8 y (amax, statistics and current scaling as cpu::quantize does them), and the
+// backward with the fixed-order column sums. Compiled with -ffp-contract=off: every operation is the
+// one rounding of kernels/norm.hpp, as on the GPU.
+#include <algorithm>
+#include <cmath>
+
+#include "convert.hpp"
+#include "kernels.hpp"
+#include "norm.hpp"
+#include "scaling.hpp"
+
+namespace fp8amp::kernels {
+
+namespace cpu {
+namespace {
+
+using namespace norm;
+
+// Element i of a wide (F32/F16/BF16) array, exactly as float32 (F32 NaN canonical).
+float load(const void *p, fp8amp_dtype dtype, int64_t i) {
+    switch (dtype) {
+    case FP8AMP_DTYPE_F32: return codec::canonical_f32(static_cast<const float *>(p)[i]);
+    case FP8AMP_DTYPE_F16: return codec::decode<codec::F16>(static_cast<const uint16_t *>(p)[i]);
+    case FP8AMP_DTYPE_BF16: return codec::decode<codec::BF16>(static_cast<const uint16_t *>(p)[i]);
+    default: fail(FP8AMP_ERROR_INTERNAL, "cpu norm: a wide operand is not F32/F16/BF16");
+    }
+}
+
+void store(void *p, fp8amp_dtype dtype, int64_t i, float v) {
+    switch (dtype) {
+    case FP8AMP_DTYPE_F32: static_cast<float *>(p)[i] = codec::canonical_f32(v); return;
+    case FP8AMP_DTYPE_F16: static_cast<uint16_t *>(p)[i] = static_cast<uint16_t>(codec::encode<codec::F16, false>(v)); return;
+    case FP8AMP_DTYPE_BF16:
+        static_cast<uint16_t *>(p)[i] = static_cast<uint16_t>(codec::encode<codec::BF16, false>(v));
+        return;
+    case FP8AMP_DTYPE_E4M3: static_cast<uint8_t *>(p)[i] = static_cast<uint8_t>(codec::encode<codec::E4M3, true>(v)); return;
+    case FP8AMP_DTYPE_E5M2: static_cast<uint8_t *>(p)[i] = static_cast<uint8_t>(codec::encode<codec::E5M2, true>(v)); return;
+    }
+    fail(FP8AMP_ERROR_INTERNAL, "cpu norm: unknown output dtype");
+}
+
+bool is_fp8(fp8amp_dtype d) { return d == FP8AMP_DTYPE_E4M3 || d == FP8AMP_DTYPE_E5M2; }
+
+// mean (LayerNorm; 0 for RMSNorm) and rstd of row r, in the order of norm.hpp.
+void row_stats(const NormForwardArgs &a, int64_t r, float &mean, float &rstd) {
+    const int64_t base = r * a.d;
+    float p[kLanes];
+    mean = 0.0f;
+    if (!a.rms) {
+        std::fill(p, p + kLanes, 0.0f);
+        for (int64_t i = 0; i < a.d; ++i) p[lane_of(i)] = fadd(p[lane_of(i)], load(a.x, a.x_dtype, base + i));
+        mean = mean_of(tree_sum(p), a.d);
+    }
+    std::fill(p, p + kLanes, 0.0f);
+    for (int64_t i = 0; i < a.d; ++i) {
+        const float v = load(a.x, a.x_dtype, base + i);
+        p[lane_of(i)] = fadd(p[lane_of(i)], a.rms ? square(v) : centered_square(v, mean));
+    }
+    rstd = rstd_of(tree_sum(p), a.d, a.eps);
+}
+
+float y_at(const NormForwardArgs &a, int64_t r, int64_t i, float mean, float rstd) {
+    const float x = load(a.x, a.x_dtype, r * a.d + i);
+    const float w = weight(load(a.gamma, a.gamma_dtype, i), a.zero_centered);
+    const float b = a.beta ? load(a.beta, a.beta_dtype, i) : 0.0f;
+    return y_value(xhat(x, mean, rstd, a.rms), w, b, a.beta != nullptr);
+}
+
+}  // namespace
+
+void norm_forward(const NormForwardArgs &a) {
+    const bool fp8 = is_fp8(a.y_dtype);
+    ScalingState *m = fp8 ? a.target.meta : nullptr;
+    float scale = 1.0f;
+    if (m && m->current) {
+        // Current scaling: the scale comes from this y's own amax, so y is computed twice.
+        uint32_t bits = 0;
+        for (int64_t r = 0; r < a.rows; ++r) {
+            float mean, rstd;
+            row_stats(a, r, mean, rstd);
+            for (int64_t i = 0; i < a.d; ++i) bits = std::max(bits, amax_bits_of(y_at(a, r, i, mean, rstd)));
+        }
+        m->amax_bits = bits;
+        scale = compute_scale(*m, codec::bits_f32(bits), m->scale);
+        m->scale = scale;
+        m->scale_inv = 1.0f / scale;
+    } else if (m) {
+        scale = m->scale;
+    }
+    const float fp8_max = m ? m->fp8_max : 0.0f;
+    const uint32_t mag_mask = a.y_dtype == FP8AMP_DTYPE_E5M2 ? codec::E5M2::kMagMask : codec::E4M3::kMagMask;
+    uint32_t amax = 0;
+    unsigned long long saturated = 0, underflowed = 0;
+    for (int64_t r = 0; r < a.rows; ++r) {
+        float mean, rstd;
+        row_stats(a, r, mean, rstd);
+        if (a.mean) a.mean[r] = canonical(mean);
+        if (a.rstd) a.rstd[r] = canonical(rstd);
+        for (int64_t i = 0; i < a.d; ++i) {
+            const float y = y_at(a, r, i, mean, rstd);
+            const int64_t e = r * a.d + i;
+            if (!fp8) {
+                store(a.y, a.y_dtype, e, y);
+                continue;
+            }
+            amax = std::max(amax, amax_bits_of(y));
+            const float s = scaled(y, scale);
+            store(a.y, a.y_dtype, e, s);
+            if (m->stats_enabled) {
+                const uint32_t code = static_cast<const uint8_t *>(a.y)[e];
+                if (!std::isnan(s) && std::fabs(s) > fp8_max) ++saturated;  // inf included, NaN not
+                if (y != 0.0f && !std::isnan(y) && (code & mag_mask) == 0) ++underflowed;
+            }
+        }
+    }
+    if (!m) return;
+    if (!m->current) m->amax_bits = std::max(m->amax_bits, amax);
+    if (m->stats_enabled) {
+        m->saturated += saturated;
+        m->underflowed += underflowed;
+        m->quantized += static_cast<unsigned long long>(a.rows * a.d);
+    }
+    *a.target.scale_inv = m->scale_inv;
+    if (a.y_t) {
+        transpose_bytes(a.y, a.y_t, static_cast<size_t>(a.rows), static_cast<size_t>(a.d));
+        if (a.target.scale_inv_t) *a.target.scale_inv_t = m->scale_inv;
+    }
+}
+
+size_t norm_backward_scratch_floats(int64_t, int64_t d) { return 2 * static_cast<size_t>(d); }
+
+void norm_backward(const NormBackwardArgs &a, float *scratch) {
+    float *pg = scratch, *pb = scratch + a.d;  // this chunk's partial column sums
+    std::fill(a.dgamma, a.dgamma + a.d, 0.0f);
+    if (a.dbeta) std::fill(a.dbeta, a.dbeta + a.d, 0.0f);
+    const int64_t n_chunks = chunks(a.rows);
+    const float fd = static_cast<float>(a.d);
+    float p1[kLanes], p2[kLanes];
+    for (int64_t k = 0; k < n_chunks; ++k) {
+        std::fill(pg, pg + 2 * a.d, 0.0f);
+        const int64_t r1 = chunk_begin(k + 1, a.rows, n_chunks);
+        for (int64_t r = chunk_begin(k, a.rows, n_chunks); r < r1; ++r) {
+            const float mean = a.rms ? 0.0f : a.mean[r], rstd = a.rstd[r];
+            const int64_t base = r * a.d;
+            std::fill(p1, p1 + kLanes, 0.0f);
+            std::fill(p2, p2 + kLanes, 0.0f);
+            for (int64_t i = 0; i < a.d; ++i) {
+                const float g = fmul(load(a.dy, a.dy_dtype, base + i), weight(load(a.gamma, a.gamma_dtype, i), a.zero_centered));
+                const float xh = xhat(load(a.x, a.x_dtype, base + i), mean, rstd, a.rms);
+                if (!a.rms) p1[lane_of(i)] = fadd(p1[lane_of(i)], g);
+                p2[lane_of(i)] = fadd(p2[lane_of(i)], fmul(g, xh));
+            }
+            const float c1 = a.rms ? 0.0f : fdiv(tree_sum(p1), fd);
+            const float c2 = fdiv(tree_sum(p2), fd);
+            for (int64_t i = 0; i < a.d; ++i) {
+                const float dy = load(a.dy, a.dy_dtype, base + i);
+                const float g = fmul(dy, weight(load(a.gamma, a.gamma_dtype, i), a.zero_centered));
+                const float xh = xhat(load(a.x, a.x_dtype, base + i), mean, rstd, a.rms);
+                store(a.dx, a.dx_dtype, base + i, dx_value(g, xh, c1, c2, rstd, a.rms));
+                pg[i] = fadd(pg[i], fmul(dy, xh));
+                pb[i] = fadd(pb[i], dy);
+            }
+        }
+        for (int64_t i = 0; i < a.d; ++i) {
+            a.dgamma[i] = fadd(a.dgamma[i], pg[i]);
+            if (a.dbeta) a.dbeta[i] = fadd(a.dbeta[i], pb[i]);
+        }
+    }
+    // Canonical NaN, as the GPU's finishing pass stores them.
+    for (int64_t i = 0; i < a.d; ++i) {
+        a.dgamma[i] = canonical(a.dgamma[i]);
+        if (a.dbeta) a.dbeta[i] = canonical(a.dbeta[i]);
+    }
+}
+
+}  // namespace cpu
+}  // namespace fp8amp::kernels

@@ -1,0 +1,167 @@
+// Fused normalization (LayerNorm, RMSNorm) whose forward writes the FP8 input of the next GEMM with
+// the amax fused, and whose backward takes the GEMM's dX (fp8amp_norm_forward / _backward).
+//
+// The arithmetic both backends must agree on bit for bit lives here, as FP8AMP_HD inline functions
+// used by the CPU reference (kernels/cpu/norm.cpp, compiled with -ffp-contract=off) and the CUDA
+// kernels (kernels/cuda/norm.cu, through the __f*_rn intrinsics, which nvcc never contracts into an
+// FMA). Every float32 operation is rounded once, to nearest even.
+//
+// Reduction orders (docs/numerics.md section 7):
+// - A row's sum (mean, variance, the backward's two dot products): the d elements are dealt to
+//   kLanes = 256 lanes in pieces of kPiece = 4 consecutive elements (piece k = elements 4k..4k+3
+//   goes to lane k % 256); each lane adds its elements in increasing index order, starting from +0;
+//   then the 256 lane sums are combined by the fixed tree of tree_sum() below: within each group of
+//   32 lanes, halving strides 16, 8, 4, 2, 1 (lane l += lane l + s), then across the 8 groups, strides
+//   4, 2, 1. This is the order of a 256-thread CUDA block that reduces with warp shuffles and then
+//   across its 8 warps, so the GPU pays nothing for it.
+// - A column sum over rows (dgamma, dbeta): the rows are split into chunks(rows) chunks of
+//   consecutive rows (chunk_begin); each chunk's partial sum adds its rows in increasing order from
+//   +0, and the result adds the chunk partials in increasing chunk order from +0.
+#pragma once
+
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+
+#include "codec.hpp"
+#include "fp8amp/fp8amp.h"
+#include "kernels.hpp"  // QuantizeTarget
+
+namespace fp8amp::kernels {
+
+// ---- the arguments ----------------------------------------------------------------------------
+
+struct NormForwardArgs {
+    bool rms = false;            // RMSNorm (else LayerNorm)
+    bool zero_centered = false;  // the weight is 1 + gamma
+    float eps = 1e-5f;
+    int64_t rows = 0, d = 0;
+    const void *x = nullptr;
+    fp8amp_dtype x_dtype = FP8AMP_DTYPE_F32;
+    const void *gamma = nullptr;
+    fp8amp_dtype gamma_dtype = FP8AMP_DTYPE_F32;
+    const void *beta = nullptr;  // or null (LayerNorm without bias; RMSNorm)
+    fp8amp_dtype beta_dtype = FP8AMP_DTYPE_F32;
+    void *y = nullptr;
+    fp8amp_dtype y_dtype = FP8AMP_DTYPE_F32;  // F32/F16/BF16, or E4M3/E5M2 with `target`
+    void *y_t = nullptr;                      // FP8 only: [d, rows], or null
+    QuantizeTarget target{nullptr, nullptr};  // FP8 y: its meta and scale_inv slots
+    float *mean = nullptr;                    // [rows] or null (LayerNorm only)
+    float *rstd = nullptr;                    // [rows] or null
+};
+
+struct NormBackwardArgs {
+    bool rms = false;
+    bool zero_centered = false;
+    int64_t rows = 0, d = 0;
+    const void *dy = nullptr;
+    fp8amp_dtype dy_dtype = FP8AMP_DTYPE_F32;
+    const void *x = nullptr;
+    fp8amp_dtype x_dtype = FP8AMP_DTYPE_F32;
+    const void *gamma = nullptr;
+    fp8amp_dtype gamma_dtype = FP8AMP_DTYPE_F32;
+    const float *mean = nullptr;  // LayerNorm: [rows]
+    const float *rstd = nullptr;  // [rows]
+    void *dx = nullptr;
+    fp8amp_dtype dx_dtype = FP8AMP_DTYPE_F32;
+    float *dgamma = nullptr;  // [d]
+    float *dbeta = nullptr;   // [d] or null
+};
+
+namespace norm {
+
+constexpr int kLanes = 256;     // lanes of a row reduction (= threads of a CUDA block)
+constexpr int kPiece = 4;       // consecutive elements a lane takes at a time
+constexpr int64_t kMaxChunks = 512;  // row chunks of the column sums
+
+// ---- float32 operations, each rounded once (no FMA contraction on either device) ----------------
+#if defined(__CUDA_ARCH__)
+FP8AMP_HD float fmul(float a, float b) { return __fmul_rn(a, b); }
+FP8AMP_HD float fadd(float a, float b) { return __fadd_rn(a, b); }
+FP8AMP_HD float fsub(float a, float b) { return __fsub_rn(a, b); }
+FP8AMP_HD float fdiv(float a, float b) { return __fdiv_rn(a, b); }
+FP8AMP_HD float fsqrt(float a) { return __fsqrt_rn(a); }
+#else
+inline float fmul(float a, float b) { return a * b; }
+inline float fadd(float a, float b) { return a + b; }
+inline float fsub(float a, float b) { return a - b; }
+inline float fdiv(float a, float b) { return a / b; }
+inline float fsqrt(float a) { return std::sqrt(a); }  // correctly rounded (IEEE)
+#endif
+
+// The lane of element i of a row.
+FP8AMP_HD int lane_of(int64_t i) { return static_cast<int>((i / kPiece) % kLanes); }
+
+// Combines 256 lane sums (p is clobbered) in the fixed order described at the top.
+FP8AMP_HD float tree_sum(float *p) {
+    for (int w = 0; w < kLanes / 32; ++w)
+        for (int s = 16; s > 0; s /= 2)
+            for (int l = 0; l < s; ++l) p[32 * w + l] = fadd(p[32 * w + l], p[32 * w + l + s]);
+    for (int s = 4; s > 0; s /= 2)
+        for (int w = 0; w < s; ++w) p[32 * w] = fadd(p[32 * w], p[32 * (w + s)]);
+    return p[0];
+}
+
+// A NaN result is stored as the positive canonical NaN: the CPU and the GPU make NaNs of different
+// signs and payloads (x86's default NaN is negative), and the FP8 code of a NaN keeps its sign.
+FP8AMP_HD float canonical(float v) { return v != v ? codec::bits_f32(codec::kF32QuietNaN) : v; }
+
+// The statistics of a row from its lane-tree sums. LayerNorm: mean = sum / d, then (second pass)
+// var = sum((x - mean)^2) / d. RMSNorm: ms = sum(x^2) / d. rstd = 1 / sqrt(var_or_ms + eps).
+FP8AMP_HD float mean_of(float sum, int64_t d) { return fdiv(sum, static_cast<float>(d)); }
+FP8AMP_HD float rstd_of(float sum_sq, int64_t d, float eps) {
+    return fdiv(1.0f, fsqrt(fadd(fdiv(sum_sq, static_cast<float>(d)), eps)));
+}
+// The term a lane adds for the second statistic: (x - mean)^2 (LayerNorm) or x^2 (RMSNorm, mean 0 is
+// not subtracted: RMSNorm's first pass is this one).
+FP8AMP_HD float centered_square(float x, float mean) {
+    const float t = fsub(x, mean);
+    return fmul(t, t);
+}
+FP8AMP_HD float square(float x) { return fmul(x, x); }
+
+// The normalized value: (x - mean) * rstd (LayerNorm) or x * rstd (RMSNorm).
+FP8AMP_HD float xhat(float x, float mean, float rstd, bool rms) { return rms ? fmul(x, rstd) : fmul(fsub(x, mean), rstd); }
+// The weight of a column: gamma, or 1 + gamma (zero-centered gamma).
+FP8AMP_HD float weight(float gamma, bool zero_centered) { return zero_centered ? fadd(1.0f, gamma) : gamma; }
+// y = xhat * w (+ beta), canonical NaN.
+FP8AMP_HD float y_value(float xh, float w, float beta, bool has_beta) {
+    const float t = fmul(xh, w);
+    return canonical(has_beta ? fadd(t, beta) : t);
+}
+
+// The backward of a row, from g = dy * w and xhat: c1 = sum(g) / d (LayerNorm), c2 = sum(g * xhat) / d;
+// dx = ((g - c1) - xhat * c2) * rstd (LayerNorm) or (g - xhat * c2) * rstd (RMSNorm), canonical NaN.
+FP8AMP_HD float dx_value(float g, float xh, float c1, float c2, float rstd, bool rms) {
+    const float t = rms ? g : fsub(g, c1);
+    return canonical(fmul(fsub(t, fmul(xh, c2)), rstd));
+}
+
+// Column sums: the chunks of rows.
+FP8AMP_HD int64_t chunks(int64_t rows) { return rows < kMaxChunks ? rows : kMaxChunks; }
+FP8AMP_HD int64_t chunk_begin(int64_t k, int64_t rows, int64_t n_chunks) {
+    return static_cast<int64_t>((static_cast<unsigned long long>(k) * static_cast<unsigned long long>(rows)) /
+                                static_cast<unsigned long long>(n_chunks));
+}
+
+}  // namespace norm
+
+// ---- the kernels (throw fp8amp::Error) ------------------------------------------------------------
+namespace cpu {
+// FP8 y: quantized with the target's meta (delayed: its scale; current: the scale of this y's amax,
+// computed first), amax recorded, statistics counted, scale_inv slots written; y_t = transpose(y).
+void norm_forward(const NormForwardArgs &args);
+// scratch: norm_backward_scratch_floats(rows, d) floats of the caller's.
+size_t norm_backward_scratch_floats(int64_t rows, int64_t d);
+void norm_backward(const NormBackwardArgs &args, float *scratch);
+}  // namespace cpu
+
+namespace cuda {
+// Asynchronous on `stream`, bit-identical to the cpu:: functions. partial: device memory of
+// norm_backward_partial_floats(rows, d) floats.
+void norm_forward(int device, void *stream, const NormForwardArgs &args);
+size_t norm_backward_partial_floats(int64_t rows, int64_t d);
+void norm_backward(int device, void *stream, const NormBackwardArgs &args, float *partial);
+}  // namespace cuda
+
+}  // namespace fp8amp::kernels
