@@ -6,32 +6,13 @@
 #include <cmath>
 
 #include "activation.hpp"
+#include "convert.hpp"
 #include "error.hpp"
 #include "kernels.hpp"
 #include "scaling.hpp"
 
 namespace fp8amp::kernels::cpu {
 namespace {
-
-float load(const void *p, fp8amp_dtype dtype, int64_t i) {
-    switch (dtype) {
-    case FP8AMP_DTYPE_F32: return codec::canonical_f32(static_cast<const float *>(p)[i]);
-    case FP8AMP_DTYPE_F16: return codec::decode<codec::F16>(static_cast<const uint16_t *>(p)[i]);
-    case FP8AMP_DTYPE_BF16: return codec::decode<codec::BF16>(static_cast<const uint16_t *>(p)[i]);
-    default: fail(FP8AMP_ERROR_INTERNAL, "cpu activation: a wide operand is not F32/F16/BF16");
-    }
-}
-
-void store_wide(void *p, fp8amp_dtype dtype, int64_t i, float v) {
-    switch (dtype) {
-    case FP8AMP_DTYPE_F32: static_cast<float *>(p)[i] = codec::canonical_f32(v); return;
-    case FP8AMP_DTYPE_F16: static_cast<uint16_t *>(p)[i] = static_cast<uint16_t>(codec::encode<codec::F16, false>(v)); return;
-    case FP8AMP_DTYPE_BF16:
-        static_cast<uint16_t *>(p)[i] = static_cast<uint16_t>(codec::encode<codec::BF16, false>(v));
-        return;
-    default: fail(FP8AMP_ERROR_INTERNAL, "cpu activation: unknown output dtype");
-    }
-}
 
 // Writes out[0 .. rows * out_cols) = value(r, j) into a wide or an FP8 out.
 template <class Value>
@@ -40,7 +21,7 @@ void write_out(const ActivationArgs &a, int64_t out_cols, Value &&value) {
     const int64_t n = a.rows * out_cols;
     if (!fp8) {
         for (int64_t r = 0; r < a.rows; ++r)
-            for (int64_t j = 0; j < out_cols; ++j) store_wide(a.out, a.out_dtype, r * out_cols + j, value(r, j));
+            for (int64_t j = 0; j < out_cols; ++j) store_element(a.out, a.out_dtype, r * out_cols + j, value(r, j));
         return;
     }
     ScalingState &m = *a.target.meta;
@@ -89,8 +70,8 @@ void activation_forward(const ActivationArgs &a) {
     const bool glu = a.kind == kSwiglu;
     const int64_t in_cols = glu ? 2 * a.cols : a.cols;
     write_out(a, a.cols, [&](int64_t r, int64_t c) {
-        const float x = load(a.x, a.x_dtype, r * in_cols + c);
-        const float b = glu ? load(a.x, a.x_dtype, r * in_cols + a.cols + c) : 0.0f;
+        const float x = load_element(a.x, a.x_dtype, r * in_cols + c);
+        const float b = glu ? load_element(a.x, a.x_dtype, r * in_cols + a.cols + c) : 0.0f;
         return act::forward_value(a.kind, x, b);
     });
 }
@@ -101,9 +82,9 @@ void activation_backward(const ActivationArgs &a) {
     write_out(a, in_cols, [&](int64_t r, int64_t j) {
         const bool second = glu && j >= a.cols;
         const int64_t c = second ? j - a.cols : j;
-        const float dy = load(a.dy, a.dy_dtype, r * a.cols + c);
-        const float x = load(a.x, a.x_dtype, r * in_cols + c);
-        const float b = glu ? load(a.x, a.x_dtype, r * in_cols + a.cols + c) : 0.0f;
+        const float dy = load_element(a.dy, a.dy_dtype, r * a.cols + c);
+        const float x = load_element(a.x, a.x_dtype, r * in_cols + c);
+        const float b = glu ? load_element(a.x, a.x_dtype, r * in_cols + a.cols + c) : 0.0f;
         return act::backward_value(a.kind, dy, x, b, second);
     });
 }

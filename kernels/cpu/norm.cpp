@@ -17,29 +17,6 @@ namespace {
 
 using namespace norm;
 
-// Element i of a wide (F32/F16/BF16) array, exactly as float32 (F32 NaN canonical).
-float load(const void *p, fp8amp_dtype dtype, int64_t i) {
-    switch (dtype) {
-    case FP8AMP_DTYPE_F32: return codec::canonical_f32(static_cast<const float *>(p)[i]);
-    case FP8AMP_DTYPE_F16: return codec::decode<codec::F16>(static_cast<const uint16_t *>(p)[i]);
-    case FP8AMP_DTYPE_BF16: return codec::decode<codec::BF16>(static_cast<const uint16_t *>(p)[i]);
-    default: fail(FP8AMP_ERROR_INTERNAL, "cpu norm: a wide operand is not F32/F16/BF16");
-    }
-}
-
-void store(void *p, fp8amp_dtype dtype, int64_t i, float v) {
-    switch (dtype) {
-    case FP8AMP_DTYPE_F32: static_cast<float *>(p)[i] = codec::canonical_f32(v); return;
-    case FP8AMP_DTYPE_F16: static_cast<uint16_t *>(p)[i] = static_cast<uint16_t>(codec::encode<codec::F16, false>(v)); return;
-    case FP8AMP_DTYPE_BF16:
-        static_cast<uint16_t *>(p)[i] = static_cast<uint16_t>(codec::encode<codec::BF16, false>(v));
-        return;
-    case FP8AMP_DTYPE_E4M3: static_cast<uint8_t *>(p)[i] = static_cast<uint8_t>(codec::encode<codec::E4M3, true>(v)); return;
-    case FP8AMP_DTYPE_E5M2: static_cast<uint8_t *>(p)[i] = static_cast<uint8_t>(codec::encode<codec::E5M2, true>(v)); return;
-    }
-    fail(FP8AMP_ERROR_INTERNAL, "cpu norm: unknown output dtype");
-}
-
 bool is_fp8(fp8amp_dtype d) { return d == FP8AMP_DTYPE_E4M3 || d == FP8AMP_DTYPE_E5M2; }
 
 // mean (LayerNorm; 0 for RMSNorm) and rstd of row r, in the order of norm.hpp.
@@ -49,21 +26,21 @@ void row_stats(const NormForwardArgs &a, int64_t r, float &mean, float &rstd) {
     mean = 0.0f;
     if (!a.rms) {
         std::fill(p, p + kLanes, 0.0f);
-        for (int64_t i = 0; i < a.d; ++i) p[lane_of(i)] = fadd(p[lane_of(i)], load(a.x, a.x_dtype, base + i));
+        for (int64_t i = 0; i < a.d; ++i) p[lane_of(i)] = fadd(p[lane_of(i)], load_element(a.x, a.x_dtype, base + i));
         mean = mean_of(tree_sum(p), a.d);
     }
     std::fill(p, p + kLanes, 0.0f);
     for (int64_t i = 0; i < a.d; ++i) {
-        const float v = load(a.x, a.x_dtype, base + i);
+        const float v = load_element(a.x, a.x_dtype, base + i);
         p[lane_of(i)] = fadd(p[lane_of(i)], a.rms ? square(v) : centered_square(v, mean));
     }
     rstd = rstd_of(tree_sum(p), a.d, a.eps);
 }
 
 float y_at(const NormForwardArgs &a, int64_t r, int64_t i, float mean, float rstd) {
-    const float x = load(a.x, a.x_dtype, r * a.d + i);
-    const float w = weight(load(a.gamma, a.gamma_dtype, i), a.zero_centered);
-    const float b = a.beta ? load(a.beta, a.beta_dtype, i) : 0.0f;
+    const float x = load_element(a.x, a.x_dtype, r * a.d + i);
+    const float w = weight(load_element(a.gamma, a.gamma_dtype, i), a.zero_centered);
+    const float b = a.beta ? load_element(a.beta, a.beta_dtype, i) : 0.0f;
     return y_value(xhat(x, mean, rstd, a.rms), w, b, a.beta != nullptr);
 }
 
@@ -101,12 +78,12 @@ void norm_forward(const NormForwardArgs &a) {
             const float y = y_at(a, r, i, mean, rstd);
             const int64_t e = r * a.d + i;
             if (!fp8) {
-                store(a.y, a.y_dtype, e, y);
+                store_element(a.y, a.y_dtype, e, y);
                 continue;
             }
             amax = std::max(amax, amax_bits_of(y));
             const float s = scaled(y, scale);
-            store(a.y, a.y_dtype, e, s);
+            store_element(a.y, a.y_dtype, e, s);
             if (m->stats_enabled) {
                 const uint32_t code = static_cast<const uint8_t *>(a.y)[e];
                 if (!std::isnan(s) && std::fabs(s) > fp8_max) ++saturated;  // inf included, NaN not
@@ -146,18 +123,18 @@ void norm_backward(const NormBackwardArgs &a, float *scratch) {
             std::fill(p1, p1 + kLanes, 0.0f);
             std::fill(p2, p2 + kLanes, 0.0f);
             for (int64_t i = 0; i < a.d; ++i) {
-                const float g = fmul(load(a.dy, a.dy_dtype, base + i), weight(load(a.gamma, a.gamma_dtype, i), a.zero_centered));
-                const float xh = xhat(load(a.x, a.x_dtype, base + i), mean, rstd, a.rms);
+                const float g = fmul(load_element(a.dy, a.dy_dtype, base + i), weight(load_element(a.gamma, a.gamma_dtype, i), a.zero_centered));
+                const float xh = xhat(load_element(a.x, a.x_dtype, base + i), mean, rstd, a.rms);
                 if (!a.rms) p1[lane_of(i)] = fadd(p1[lane_of(i)], g);
                 p2[lane_of(i)] = fadd(p2[lane_of(i)], fmul(g, xh));
             }
             const float c1 = a.rms ? 0.0f : fdiv(tree_sum(p1), fd);
             const float c2 = fdiv(tree_sum(p2), fd);
             for (int64_t i = 0; i < a.d; ++i) {
-                const float dy = load(a.dy, a.dy_dtype, base + i);
-                const float g = fmul(dy, weight(load(a.gamma, a.gamma_dtype, i), a.zero_centered));
-                const float xh = xhat(load(a.x, a.x_dtype, base + i), mean, rstd, a.rms);
-                store(a.dx, a.dx_dtype, base + i, dx_value(g, xh, c1, c2, rstd, a.rms));
+                const float dy = load_element(a.dy, a.dy_dtype, base + i);
+                const float g = fmul(dy, weight(load_element(a.gamma, a.gamma_dtype, i), a.zero_centered));
+                const float xh = xhat(load_element(a.x, a.x_dtype, base + i), mean, rstd, a.rms);
+                store_element(a.dx, a.dx_dtype, base + i, dx_value(g, xh, c1, c2, rstd, a.rms));
                 pg[i] = fadd(pg[i], fmul(dy, xh));
                 pb[i] = fadd(pb[i], dy);
             }
