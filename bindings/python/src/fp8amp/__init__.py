@@ -22,7 +22,8 @@ from .dtypes import BF16, E4M3, E5M2, F16, F32, DType, as_dtype
 from .errors import (CorruptDataError, CublasError, CudaError, DeviceMismatchError, DtypeMismatchError, Error,
                      InternalError, InvalidArgumentError, InvalidHandleError, NcclError, NotSupportedError,
                      OutOfMemoryError, ShapeMismatchError, check, error_class)
-from .ops import amax, cast, dequantize, quantize, quantize_transpose
+from .ops import (activation_backward, activation_forward, amax, cast, dequantize, norm_backward, norm_forward,
+                  quantize, quantize_transpose)
 from .scaling import AmaxAlgo, Format, Recipe, ScaleState, Scaling, ScalingMode, Stats, update_many
 from .tensor import Tensor, from_dlpack
 from .linear import GemmKind, GemmPolicy, Linear, Role
@@ -52,7 +53,8 @@ __version__ = "%d.%d.%d" % (HEADER_VERSION // 10000, HEADER_VERSION // 100 % 100
 __all__ = [
     "Context", "Device", "device_count", "DType", "F32", "F16", "BF16", "E4M3", "E5M2", "as_dtype", "Tensor",
     "from_dlpack", "Recipe", "Format", "ScalingMode", "AmaxAlgo", "Scaling", "ScaleState", "Stats", "update_many",
-    "cast", "quantize", "quantize_transpose", "dequantize", "amax", "Error", "InvalidArgumentError",
+    "cast", "quantize", "quantize_transpose", "dequantize", "amax", "norm_forward", "norm_backward",
+    "activation_forward", "activation_backward", "Error", "InvalidArgumentError",
     "InvalidHandleError", "ShapeMismatchError", "DtypeMismatchError", "DeviceMismatchError", "OutOfMemoryError",
     "NotSupportedError", "CudaError", "CublasError", "NcclError", "CorruptDataError", "InternalError", "check",
     "error_class", "HEADER_VERSION", "library_version", "Linear", "GemmPolicy", "GemmKind", "Role", "Optimizer",
