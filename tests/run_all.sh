@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
-# Builds fp8amp and runs every test, on a fresh Debian/Ubuntu machine: installs CMocka, CMake and
-# the Python references (numpy, ml_dtypes) first. GPU variants run when a GPU is present and are
+# Builds fp8amp and runs every test, on a fresh Debian/Ubuntu machine: installs CMocka, CMake, the
+# Python references (numpy, ml_dtypes), SWIG + a JDK + JUnit 5 and cargo first (tests/install_deps.sh).
+# The default build includes the Java and Rust bindings and the conformance scenario of every binding. GPU variants run when a GPU is present and are
 # reported SKIPPED otherwise. Then the reliability jobs (docs/reliability.md): the CPU suite under
 # ASan+UBSan and under TSan (tests/sanitizers.sh), and a short run of each fuzz target
 # (tests/fuzz/run.sh; FUZZ_SECONDS per target, default 60). FP8AMP_QUICK=1 skips those two.
-# Also the generated API reference (tests/check_docs.sh) and the add_subdirectory check.
+# Also the generated API reference (tests/check_docs.sh), the add_subdirectory check and the Python
+# wheel installed into a fresh venv (bindings/python/test_wheel.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . tests/install_deps.sh python java rust wheel
