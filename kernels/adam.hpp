@@ -13,6 +13,7 @@
 
 #include "codec.hpp"
 #include "fp8amp/fp8amp.h"
+#include "rounded.hpp"
 #include "scaling.hpp"
 
 namespace fp8amp::kernels::adam {
@@ -104,20 +105,12 @@ struct StepConfig {
     uint32_t *tensor_amax;   // per-tensor mode: 3 per parameter (m, v, master), amax bits
 };
 
-// ---- arithmetic shared by both backends ---------------------------------------------------------
-#if defined(__CUDA_ARCH__)
-FP8AMP_HD float fmul(float a, float b) { return __fmul_rn(a, b); }
-FP8AMP_HD float fadd(float a, float b) { return __fadd_rn(a, b); }
-FP8AMP_HD float fsub(float a, float b) { return __fsub_rn(a, b); }
-FP8AMP_HD float fdiv(float a, float b) { return __fdiv_rn(a, b); }
-FP8AMP_HD float fsqrt(float a) { return __fsqrt_rn(a); }
-#else
-inline float fmul(float a, float b) { return a * b; }
-inline float fadd(float a, float b) { return a + b; }
-inline float fsub(float a, float b) { return a - b; }
-inline float fdiv(float a, float b) { return a / b; }
-inline float fsqrt(float a) { return std::sqrt(a); }
-#endif
+// ---- arithmetic shared by both backends: float32 operations each rounded once (rounded.hpp) ----
+using rounded::fadd;
+using rounded::fdiv;
+using rounded::fmul;
+using rounded::fsqrt;
+using rounded::fsub;
 
 // beta^n by binary exponentiation in double: only IEEE multiplications, so both backends agree
 // (library pow() implementations differ in their last bits).

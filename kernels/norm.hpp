@@ -25,6 +25,7 @@
 
 #include "codec.hpp"
 #include "fp8amp/fp8amp.h"
+#include "rounded.hpp"
 #include "kernels.hpp"  // QuantizeTarget
 
 namespace fp8amp::kernels {
@@ -74,20 +75,12 @@ constexpr int kLanes = 256;     // lanes of a row reduction (= threads of a CUDA
 constexpr int kPiece = 4;       // consecutive elements a lane takes at a time
 constexpr int64_t kMaxChunks = 512;  // row chunks of the column sums
 
-// ---- float32 operations, each rounded once (no FMA contraction on either device) ----------------
-#if defined(__CUDA_ARCH__)
-FP8AMP_HD float fmul(float a, float b) { return __fmul_rn(a, b); }
-FP8AMP_HD float fadd(float a, float b) { return __fadd_rn(a, b); }
-FP8AMP_HD float fsub(float a, float b) { return __fsub_rn(a, b); }
-FP8AMP_HD float fdiv(float a, float b) { return __fdiv_rn(a, b); }
-FP8AMP_HD float fsqrt(float a) { return __fsqrt_rn(a); }
-#else
-inline float fmul(float a, float b) { return a * b; }
-inline float fadd(float a, float b) { return a + b; }
-inline float fsub(float a, float b) { return a - b; }
-inline float fdiv(float a, float b) { return a / b; }
-inline float fsqrt(float a) { return std::sqrt(a); }  // correctly rounded (IEEE)
-#endif
+// ---- float32 operations, each rounded once (rounded.hpp: no FMA contraction on either device) ----
+using rounded::fadd;
+using rounded::fdiv;
+using rounded::fmul;
+using rounded::fsqrt;
+using rounded::fsub;
 
 // The lane of element i of a row.
 FP8AMP_HD int lane_of(int64_t i) { return static_cast<int>((i / kPiece) % kLanes); }
