@@ -36,8 +36,8 @@ __all__ = ["Linear", "initialize", "Optimizer", "GradScaler", "all_reduce_grads"
 # The Linear side (dtype maps, contexts, tensor helpers, the Linear module) lives in linear.py; its
 # names are re-exported here, so fp8amp.torch.X keeps working for each of them.
 from fp8amp.torch.linear import (_CONTEXTS, _DT, _TORCH_DT, Linear, _autocast_dtype, _from_fp8amp,  # noqa: F401
-                                 _norm_device, _on_current_stream, _raw_stream, _torch_alloc, _torch_free, _wrap,
-                                 context, to_fp8amp)
+                                 _norm_device, _on_current_stream, _raw_stream, _replace_linears, _torch_alloc,
+                                 _torch_free, _wrap, context, to_fp8amp)
 
 
 # ---- the optimizer ------------------------------------------------------------------------------
@@ -225,7 +225,7 @@ def initialize(model: nn.Module, optimizer: Optional[torch.optim.Optimizer] = No
                *, policy: Any = "auto", recipe: Optional[fp8amp.Recipe] = None,
                weight_dtype: Optional[torch.dtype] = None, wgrad_dtype: Optional[torch.dtype] = None,
                max_grad_norm: float = 0.0, exclude: Any = (), master_rounding: Any = "nearest",
-               rounding_seed: int = 0) -> Any:
+               rounding_seed: int = 0, save_input: Optional[bool] = None) -> Any:
     """Replaces every nn.Linear of `model` by an fp8amp.torch.Linear (parameters copied) and, with
     an optimizer (torch.optim.Adam or AdamW), returns ``(model, Optimizer)`` running fp8amp's Adam at
     `opt_level` ("O1": F32 m and v; "O2": E4M3 m, F16 v; "O3": O2 plus E4M3 Linear weights with an
@@ -236,7 +236,10 @@ def initialize(model: nn.Module, optimizer: Optional[torch.optim.Optimizer] = No
     scaling unless given. `exclude`: the qualified names of nn.Linear modules to keep as they are
     (e.g. ``("lm_head",)``: output layers are commonly kept in 16 bits), or a callable
     ``(name, module) -> bool``. `master_rounding` ("nearest" or "stochastic") and `rounding_seed`:
-    how the O3 optimizer rounds the F16 master copies (fp8amp_adam_desc.master_rounding)."""
+    how the O3 optimizer rounds the F16 master copies (fp8amp_adam_desc.master_rounding).
+    `save_input`: each new Linear's (None: keep inputs for backward only once a layer is seen used
+    twice per forward; True: always, as nn.Linear; False: never). The logger "fp8amp" tells at INFO
+    level which Linears were replaced and which kept, and why."""
     level = as_opt_level(opt_level)
     o3 = level == fp8amp.OptLevel.O3
     if weight_dtype is None:
@@ -251,34 +254,8 @@ def initialize(model: nn.Module, optimizer: Optional[torch.optim.Optimizer] = No
         raise TypeError("initialize wraps torch.optim.Adam or AdamW, not %s" % type(optimizer).__name__)
     if wgrad_dtype is None:
         wgrad_dtype = torch.float8_e4m3fn if optimizer is not None else weight_dtype
-    replaced: Dict[int, Tuple[Linear, str]] = {}  # id(old param) -> (new module, "weight"/"bias")
-    # A Linear whose weight another module also holds (tied embeddings) stays an nn.Linear: its
-    # replacement would untie them.
-    holders: Dict[int, int] = {}
-    for m in model.modules():
-        for p in m._parameters.values():
-            if p is not None:
-                holders[id(p)] = holders.get(id(p), 0) + 1
-
-    skip = exclude if callable(exclude) else (lambda name, m, names=frozenset(exclude): name in names)
-
-    def swap(mod: nn.Module, prefix: str = "") -> None:
-        for name, child in list(mod.named_children()):
-            qual = prefix + name
-            if type(child) is nn.Linear and holders.get(id(child.weight), 0) == 1 and not skip(qual, child):
-                new = Linear.from_linear(child, weight_dtype=weight_dtype, wgrad_dtype=wgrad_dtype, policy=policy,
-                                         recipe=recipe)
-                new.train(child.training)
-                replaced[id(child.weight)] = (new, "weight")
-                if child.bias is not None:
-                    replaced[id(child.bias)] = (new, "bias")
-                setattr(mod, name, new)
-            else:
-                swap(child, qual + ".")
-
-    if type(model) is nn.Linear:
-        raise TypeError("pass a model containing nn.Linear layers, or use fp8amp.torch.Linear.from_linear")
-    swap(model)
+    replaced = _replace_linears(model, weight_dtype=weight_dtype, wgrad_dtype=wgrad_dtype, policy=policy,
+                                recipe=recipe, exclude=exclude, save_input=save_input)
     if optimizer is None:
         return model
     groups = []

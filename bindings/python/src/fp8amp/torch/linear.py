@@ -5,8 +5,11 @@ overview and bindings/python/README.md ("PyTorch front") for how the two librari
 streams and gradients."""
 from __future__ import annotations
 
+import itertools
+import logging
 import math
-from typing import Any, Dict, List, Optional, Tuple
+import weakref
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import torch
 from torch import nn
@@ -15,6 +18,8 @@ import fp8amp
 from fp8amp._ffi import NULL, ffi, lib
 from fp8amp.errors import DtypeMismatchError, check
 from fp8amp.linear import GemmPolicy, Role, _as_policy
+
+_log = logging.getLogger("fp8amp")
 
 _DT = {torch.float32: int(fp8amp.F32), torch.float16: int(fp8amp.F16), torch.bfloat16: int(fp8amp.BF16),
        torch.float8_e4m3fn: int(fp8amp.E4M3), torch.float8_e5m2: int(fp8amp.E5M2)}
@@ -58,11 +63,11 @@ def context(device: Any) -> fp8amp.Context:
     return ctx
 
 
-try:
-    _raw_stream = torch._C._cuda_getCurrentRawStream  # an int, without making a Stream object
-except AttributeError:  # pragma: no cover
-    def _raw_stream(index: int) -> int:
-        return torch.cuda.current_stream(index).cuda_stream
+def _raw_stream(index: int) -> int:
+    """torch's current CUDA stream of device `index`, as an int. The public API: it makes a Stream
+    object per call, about a microsecond more than torch's private raw-stream getter, which this
+    front no longer uses."""
+    return torch.cuda.current_stream(index).cuda_stream
 
 
 def _on_current_stream(ctx: fp8amp.Context, device: torch.device) -> None:
@@ -130,7 +135,26 @@ except (AttributeError, TypeError):  # pragma: no cover - older torch
 
     def _ac_dtype(device_type: str) -> torch.dtype:
         return _autocast_dtype(device_type)  # type: ignore[return-value]
-_functorch_active = getattr(torch._C, "_are_functorch_transforms_active", lambda: False)
+try:
+    _compiling = torch.compiler.is_compiling
+except AttributeError:  # pragma: no cover - torch < 2.3
+    _compiling = torch._dynamo.is_compiling
+# Whether the caller runs inside a backward pass (a graph task): a training forward there is a
+# recomputation (torch.utils.checkpoint), not a second use of the layer in the same forward pass.
+# Private: torch has no public spelling of it (torch.autograd.graph calls it too); without it every
+# second forward before a backward counts as a reuse (only costs memory: see _train_fwd).
+_graph_task_id = getattr(torch._C, "_current_graph_task_id", lambda: -1)
+# Whether saved-tensor hooks are active (torch.utils.checkpoint, CPU offloading): only then can a
+# saved tensor come back as another one, so only then does the eager path save a token (below).
+# Private too: the query costs 0.14 us, a token tensor 2.9-4 us per call (torch.empty(0) and an
+# attribute; measured on this project's 2-core CPU machine under load), against a forward whose
+# Python part is about 6 us (docs/performance.md). Without it a token is made at every call.
+try:
+    _pack_hooks = torch._C._autograd._top_saved_tensors_default_hooks
+    _pack_hooks(False)
+except (AttributeError, TypeError):  # pragma: no cover - other torch versions
+    def _pack_hooks(ignore_is_tracing: bool) -> Any:
+        return True
 
 
 class _Hot:
@@ -138,7 +162,14 @@ class _Hot:
 
     __slots__ = ("lin_h", "ctx", "ctx_h", "cuda", "index", "dev_type", "n", "weight", "bias", "scale", "wv", "bv",
                  "sv", "fwd_id", "accumulate", "wgrad_visible", "wgrad_view", "bgrad_view", "hx", "hy", "hdy", "hdx",
-                 "keep", "float_loads")
+                 "keep", "float_loads",
+                 # several forwards per backward (see _train_fwd): the forward whose backward the C
+                 # Linear can run (bwd_id: the last forward whose backward ran), the last training
+                 # forward's record (a weakref), save_input (None: auto) and whether a reuse was seen
+                 "bwd_id", "last", "save_input", "reused", "name",
+                 # the custom ops' view of the layer (torch.compile): its key in _LAYERS, the weight
+                 # gradient (any dtype) and the bias gradient as torch tensors (what the backward writes)
+                 "key", "wgrad_t", "bgrad_t", "__weakref__")
 
 
 class _View:
@@ -182,7 +213,7 @@ def _set_stream(st: _Hot, s: int) -> None:
     st.ctx._torch_stream = s  # type: ignore[attr-defined]
 
 
-def _fwd(st: _Hot, x: torch.Tensor, training: int) -> torch.Tensor:
+def _fwd(st: _Hot, x: torch.Tensor, training: int, ydt: Optional[torch.dtype] = None) -> torch.Tensor:
     b, s = st.bias, st.scale
     if st.weight._version != st.wv or (b is not None and b._version != st.bv) or (s is not None and s._version != st.sv):
         _sync_writes(st)
@@ -193,7 +224,8 @@ def _fwd(st: _Hot, x: torch.Tensor, training: int) -> torch.Tensor:
     if not x.is_contiguous():
         x = x.contiguous()
     xdt = x.dtype
-    ydt = _ac_dtype(st.dev_type) if _ac_enabled(st.dev_type) else xdt
+    if ydt is None:
+        ydt = _ac_dtype(st.dev_type) if _ac_enabled(st.dev_type) else xdt
     shape = x.shape
     yshape = (shape[0], st.n) if len(shape) == 2 else shape[:-1] + (st.n,)
     y = x.new_empty(yshape, dtype=ydt)
@@ -260,33 +292,193 @@ def _bwd(st: _Hot, dy: torch.Tensor, dx: Optional[torch.Tensor]) -> None:
         b.grad = st.bgrad_view
 
 
+# ---- several forwards per backward -------------------------------------------------------------
+#
+# The C Linear keeps what its LAST training forward saved (the input as x8^T, 1 byte per element), so
+# its backward backs that forward only. Each training forward gets an id (st.fwd_id counts them); a
+# backward whose forward is the C Linear's last one (and not yet backed) runs directly. Any other
+# backward -- a layer used twice in one forward pass, or torch.utils.checkpoint's recomputation
+# having run in between -- recomputes: one training forward on the saved input, then the backward.
+#
+# Which inputs are kept: keeping every input (as nn.Linear does) would give up the FP8 activation
+# memory, so by default (save_input=None) a forward keeps only a weak reference to its input. A
+# second training forward of the layer while an earlier one still waits for its backward is a reuse:
+# the earlier input is then held (when it is still alive), this one too, and the layer holds every
+# later input (st.reused; logged once). Only a reuse whose earlier input was already freed (e.g. a
+# temporary passed straight in) cannot be backed: that backward raises, naming save_input=True, and
+# the next step works. checkpoint's recomputation runs inside the backward pass and is not counted
+# as a reuse; it re-runs the forward just before the backward, so the saved token (a tensor, which
+# checkpoint replaces by the recomputed one; it carries the recomputed forward's record) names the
+# forward the C Linear holds and no input is needed. A recomputed forward holds its input (in case
+# another backward of the layer runs in between): only until the backward, inside the backward pass.
+
+
+class _Rec:
+    """One training forward: its id, its input (strong or weak) and whether its backward ran."""
+
+    __slots__ = ("fwd_id", "x", "xw", "xv", "done", "__weakref__")
+
+
+def _train_fwd(st: _Hot, x: torch.Tensor, ydt: Optional[torch.dtype] = None) -> Tuple[torch.Tensor, _Rec]:
+    prev = st.last() if st.last is not None else None
+    y = _fwd(st, x, 1, ydt)
+    rec = _Rec()
+    rec.fwd_id, rec.done, rec.xv = st.fwd_id, False, x._version
+    keep = st.save_input
+    if prev is not None and not prev.done and keep is not False:
+        if not st.reused and _graph_task_id() == -1:
+            st.reused = True
+            _log.info("fp8amp.torch.Linear %s: a second training forward before the first one's backward (a layer "
+                      "used twice): from now on it keeps its inputs for backward (in their dtype, as nn.Linear does)",
+                      st.name or "#%d" % st.key)
+        if prev.x is None and prev.xw is not None:
+            prev.x = prev.xw()  # None when it was already freed: that backward raises
+        keep = True
+    if keep or st.reused and keep is None:
+        rec.x, rec.xw = x, None
+    else:
+        rec.x, rec.xw = None, weakref.ref(x)
+    st.last = weakref.ref(rec)
+    return y, rec
+
+
+def _train_bwd(st: _Hot, fwd_id: int, x: Optional[torch.Tensor], xv: int, dy: torch.Tensor,
+               dx: Optional[torch.Tensor]) -> None:
+    """The backward of training forward `fwd_id`; `x` its input if kept (version xv when saved)."""
+    if fwd_id != st.fwd_id or st.bwd_id == fwd_id:
+        if x is None:
+            raise RuntimeError(
+                "fp8amp.torch.Linear %s: this backward is not of the layer's last training forward (the layer ran "
+                "another training forward since, e.g. it is used twice per forward pass) and that forward's input "
+                "was freed before the reuse was seen. The layer keeps its inputs from now on (the next step works); "
+                "create it with save_input=True to keep them from the start." % (st.name or "#%d" % st.key))
+        if x._version != xv:
+            raise RuntimeError("fp8amp.torch.Linear %s: the input saved for backward was modified in place after the "
+                               "forward" % (st.name or "#%d" % st.key))
+        _fwd(st, x, 1)  # recompute: the C Linear saves this input again (its output is not needed)
+    _bwd(st, dy, dx)
+    st.bwd_id = st.fwd_id
+
+
 class _LinearFn(torch.autograd.Function):
+    """The eager path: an autograd.Function (cheaper per call than the custom ops' dispatch)."""
+
     @staticmethod
     def forward(fctx, x, anchor, st):  # type: ignore[override]
         # anchor: the weight (or the bias when only it trains), so that the output needs a gradient
         # when a parameter does; the gradients themselves reach the parameters as views (_bwd).
-        y = _fwd(st, x, 1)
-        fctx.saved = (st, st.fwd_id, x.shape, x.dtype)
+        y, rec = _train_fwd(st, x)
+        hooked = _pack_hooks(False) is not None
+        if hooked:  # checkpoint's recomputation replaces the token by its own (see above)
+            token = torch.empty(0)
+            token._fp8amp_rec = rec
+            fctx.save_for_backward(token)
+            if _graph_task_id() != -1:  # this is a recomputation
+                rec.x, rec.xw = x, None
+        fctx.saved = (st, rec, x.shape, x.dtype, hooked)
         return y
 
     @staticmethod
     def backward(fctx, dy):  # type: ignore[override]
-        st, fwd_id, shape, dtype = fctx.saved
-        if fwd_id != st.fwd_id:
-            raise RuntimeError("fp8amp.torch.Linear: this backward is not of the layer's last training forward "
-                               "(a layer called twice per backward is not supported: the C Linear keeps the "
-                               "input of its last training forward only)")
+        st, rec, shape, dtype, hooked = fctx.saved
+        held = rec
+        if hooked:
+            held = fctx.saved_tensors[0]._fp8amp_rec  # the recomputed forward's, under checkpoint
+        x, xv = (held.x, held.xv) if held.x is not None else (rec.x, rec.xv)
         dx = dy.new_empty(shape, dtype=dtype) if fctx.needs_input_grad[0] else None
-        _bwd(st, dy, dx)
+        _train_bwd(st, held.fwd_id, x, xv, dy, dx)
+        rec.done, rec.x, held.done, held.x = True, None, True, None
         return dx, None, None
 
 
-# Function.apply is a Python wrapper (default-argument binding, functorch checks) around the C++
-# apply; without functorch transforms active it only forwards to it, so call that directly.
-try:
-    _fn_apply = torch._C._FunctionBase.__dict__["apply"].__get__(None, _LinearFn)
-except (AttributeError, KeyError, TypeError):  # pragma: no cover - other torch versions
-    _fn_apply = _LinearFn.apply
+# ---- torch.library custom ops: what torch.compile sees -------------------------------------------
+#
+# Dynamo cannot trace into CFFI calls, so under torch.compile the module calls two custom ops
+# instead of _LinearFn: fp8amp::linear_forward and fp8amp::linear_backward, opaque to the compiler,
+# with fake (meta) implementations for shapes and an autograd formula. A layer reaches them by an
+# int key (custom ops take tensors and scalars, not Python objects); _LAYERS maps it to the layer's
+# state through a weak reference, so the registry keeps no module alive. The backward declares what
+# it writes besides dx (mutates_args): the gradient buffers (the weight gradient -- E4M3 for the
+# fp8amp optimizer -- and the bias gradient, in the Linear's own memory), so compile neither drops it
+# nor reorders it against other readers or writers of them. The forward must stay functional (torch
+# refuses an autograd formula on an op that mutates an input); what it leaves in the C Linear is
+# named by the token it returns, which the backward checks (see "several forwards per backward").
+# A compiled graph is one fixed program, so the eager path's weak references are out: under compile
+# the input is kept for backward unless save_input=False (then a layer must run once per forward
+# pass, and its saved activations are the C Linear's FP8 copy only).
+
+_LAYERS: Dict[int, "weakref.ref[_Hot]"] = {}
+_KEYS = itertools.count(1)
+
+
+def _layer(key: int) -> _Hot:
+    r = _LAYERS.get(key)
+    st = r() if r is not None else None
+    if st is None:
+        raise RuntimeError("fp8amp.torch.Linear #%d no longer exists" % key)
+    return st
+
+
+def _register(st: _Hot) -> None:
+    st.key = next(_KEYS)
+    _LAYERS[st.key] = weakref.ref(st, lambda _r, k=st.key: _LAYERS.pop(k, None))
+
+
+_HAVE_OPS = hasattr(torch.library, "custom_op")
+if _HAVE_OPS:
+    @torch.library.custom_op("fp8amp::linear_forward", mutates_args=())
+    def _op_forward(x: torch.Tensor, anchor: torch.Tensor, wgrad: torch.Tensor, bgrad: Optional[torch.Tensor],
+                    layer: int, out_dtype: torch.dtype, training: bool) -> Tuple[torch.Tensor, torch.Tensor]:
+        # wgrad, bgrad: unused here; inputs so that the graph has them for the backward to write
+        st = _layer(layer)
+        if not training:
+            return _fwd(st, x, 0, out_dtype), torch.zeros((), dtype=torch.int64)
+        y, rec = _train_fwd(st, x, out_dtype)
+        return y, torch.full((), rec.fwd_id, dtype=torch.int64)
+
+    @_op_forward.register_fake
+    def _(x, anchor, wgrad, bgrad, layer, out_dtype, training):
+        n = _layer(layer).n
+        return x.new_empty(tuple(x.shape[:-1]) + (n,), dtype=out_dtype), torch.empty((), dtype=torch.int64)
+
+    @torch.library.custom_op("fp8amp::linear_backward", mutates_args=("wgrad", "bgrad"))
+    def _op_backward(dy: torch.Tensor, token: torch.Tensor, x: Optional[torch.Tensor], wgrad: torch.Tensor,
+                     bgrad: Optional[torch.Tensor], layer: int, x_shape: Sequence[int], x_dtype: torch.dtype,
+                     need_dx: bool) -> torch.Tensor:
+        st = _layer(layer)
+        dx = dy.new_empty(tuple(x_shape), dtype=x_dtype) if need_dx else dy.new_empty((0,))
+        _train_bwd(st, int(token), x, x._version if x is not None else 0, dy, dx if need_dx else None)
+        # The C Linear wrote its own gradient memory. A compiled graph may hand the op a clone of it
+        # (functionalization without re-inplacing, e.g. the aot_eager backend) and copy the clone
+        # back afterwards: give the clone the result, or that copy would undo the backward.
+        if wgrad.data_ptr() != st.wgrad_t.data_ptr():
+            wgrad.copy_(st.wgrad_t)
+        if bgrad is not None and bgrad.data_ptr() != st.bgrad_t.data_ptr():
+            bgrad.copy_(st.bgrad_t)
+        return dx
+
+    @_op_backward.register_fake
+    def _(dy, token, x, wgrad, bgrad, layer, x_shape, x_dtype, need_dx):
+        return dy.new_empty(tuple(x_shape), dtype=x_dtype) if need_dx else dy.new_empty((0,))
+
+    def _setup_forward(ctx, inputs, output):  # type: ignore[no-untyped-def]
+        x, anchor, wgrad, bgrad, layer, out_dtype, training = inputs
+        st = _layer(layer)
+        ctx.layer, ctx.x_shape, ctx.x_dtype = layer, tuple(x.shape), x.dtype
+        ctx.save_for_backward(output[1], x if st.save_input is not False else None)
+        # Not through save_for_backward: each backward writes them (a version bump), and a layer
+        # used twice would fail autograd's check that saved tensors were not modified.
+        ctx.grad_bufs = (wgrad, bgrad)
+
+    def _backward_forward(ctx, dy, dtoken):  # type: ignore[no-untyped-def]
+        token, x = ctx.saved_tensors
+        wgrad, bgrad = ctx.grad_bufs
+        need_dx = bool(ctx.needs_input_grad[0])
+        dx = torch.ops.fp8amp.linear_backward(dy.contiguous(), token, x, wgrad, bgrad, ctx.layer,
+                                              list(ctx.x_shape), ctx.x_dtype, need_dx)
+        return (dx if need_dx else None), None, None, None, None, None, None
+
+    _op_forward.register_autograd(_backward_forward, setup_context=_setup_forward)
 
 
 class Linear(nn.Module):
@@ -316,8 +508,11 @@ class Linear(nn.Module):
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True, device: Any = None,
                  weight_dtype: torch.dtype = torch.float32, wgrad_dtype: Optional[torch.dtype] = None,
-                 policy: Any = "auto", recipe: Optional[fp8amp.Recipe] = None, graph_replay: bool = True) -> None:
+                 policy: Any = "auto", recipe: Optional[fp8amp.Recipe] = None, graph_replay: bool = True,
+                 save_input: Optional[bool] = None) -> None:
         super().__init__()
+        if save_input not in (None, True, False):
+            raise TypeError("save_input must be None (auto), True or False, not %r" % (save_input,))
         dev = _norm_device(device if device is not None else "cpu")
         if weight_dtype not in (torch.float32, torch.bfloat16, torch.float8_e4m3fn):
             raise NotImplementedError("fp8amp.torch.Linear holds float32, bfloat16 or float8_e4m3fn (O3) weights "
@@ -362,6 +557,10 @@ class Linear(nn.Module):
         st.wgrad_view = _from_fp8amp(self._lin.weight_grad) if st.wgrad_visible else None
         st.bgrad_view = _from_fp8amp(self._lin.bias_grad) if bias else None
         st.hx, st.hy, st.hdy, st.hdx, st.keep = {}, {}, {}, {}, []
+        st.bwd_id, st.last, st.save_input, st.reused, st.name = -1, None, save_input, False, ""
+        st.wgrad_t = _from_fp8amp(self._lin.weight_grad)  # E4M3 codes too: what the backward op writes
+        st.bgrad_t = st.bgrad_view
+        _register(st)
         self._st = st
         self._delayed = self.recipe.mode == fp8amp.ScalingMode.DELAYED
         self.reset_parameters()
@@ -473,14 +672,26 @@ class Linear(nn.Module):
         st = self._st
         if x.is_cuda is not st.cuda:
             raise RuntimeError("fp8amp.torch.Linear on %s got an input on %s" % (self._device, x.device))
+        if _compiling():
+            return self._forward_op(x)
         if _grad_enabled():
             w = st.weight
             if x.requires_grad or w.requires_grad:
-                return _fn_apply(x, w, st) if not _functorch_active() else _LinearFn.apply(x, w, st)
+                return _LinearFn.apply(x, w, st)
             b = st.bias
             if b is not None and b.requires_grad:
-                return _fn_apply(x, b, st) if not _functorch_active() else _LinearFn.apply(x, b, st)
+                return _LinearFn.apply(x, b, st)
         return _fwd(st, x, 0)
+
+    def _forward_op(self, x: torch.Tensor) -> torch.Tensor:
+        """The forward through the fp8amp::linear_forward custom op (what torch.compile traces)."""
+        if not _HAVE_OPS:  # pragma: no cover - torch < 2.4
+            raise NotImplementedError("torch.compile of fp8amp.torch.Linear needs torch.library.custom_op (torch 2.4+)")
+        st = self._st
+        anchor = st.weight if st.weight.requires_grad or st.bias is None else st.bias
+        training = torch.is_grad_enabled() and (x.requires_grad or anchor.requires_grad)
+        ydt = torch.get_autocast_dtype(st.dev_type) if torch.is_autocast_enabled(st.dev_type) else x.dtype
+        return torch.ops.fp8amp.linear_forward(x, anchor, st.wgrad_t, st.bgrad_t, st.key, ydt, training)[0]
 
     def scaling_metas(self) -> List[fp8amp.Scaling]:
         """The INPUT and GRAD_OUTPUT metas (those a delayed recipe updates once per step)."""
@@ -490,3 +701,64 @@ class Linear(nn.Module):
         return "in_features=%d, out_features=%d, bias=%s, weight_dtype=%s, policy=%s" % (
             self.in_features, self.out_features, self.bias is not None, str(self.weight_dtype).replace("torch.", ""),
             self.policy.name)
+
+
+# ---- initialize's swap -----------------------------------------------------------------------------
+
+
+def _replace_linears(model: nn.Module, *, weight_dtype: torch.dtype, wgrad_dtype: torch.dtype, policy: Any,
+                     recipe: Optional[fp8amp.Recipe], exclude: Any, save_input: Optional[bool]
+                     ) -> Dict[int, Tuple[Linear, str]]:
+    """Replaces every nn.Linear (exact type) of `model` by an fp8amp.torch.Linear with its parameters,
+    in place; returns {id(old parameter): (new module, "weight" or "bias")}. Logs (logger "fp8amp",
+    INFO) each replacement and each nn.Linear kept, with the reason; a summary line at the end.
+    Iterative (an explicit stack): a recursive local function would be a reference cycle (its cell
+    holds it), keeping every new module alive until the cycle collector runs."""
+    if type(model) is nn.Linear:
+        raise TypeError("pass a model containing nn.Linear layers, or use fp8amp.torch.Linear.from_linear")
+    # A Linear whose weight another module also holds (tied embeddings) stays an nn.Linear: its
+    # replacement would untie them.
+    holders: Dict[int, int] = {}
+    for m in model.modules():
+        for p in m._parameters.values():
+            if p is not None:
+                holders[id(p)] = holders.get(id(p), 0) + 1
+    names = None if callable(exclude) else frozenset(exclude)
+    replaced: Dict[int, Tuple[Linear, str]] = {}
+    kept = 0
+    stack: List[Tuple[nn.Module, str]] = [(model, "")]
+    while stack:
+        mod, prefix = stack.pop()
+        for name, child in list(mod.named_children()):
+            qual = prefix + name
+            if type(child) is not nn.Linear:
+                if isinstance(child, nn.Linear) and not isinstance(child, Linear):
+                    kept += 1
+                    _log.info("fp8amp.initialize: kept %s (%s): a subclass of nn.Linear, whose forward may differ",
+                              qual, type(child).__name__)
+                stack.append((child, qual + "."))
+                continue
+            if holders.get(id(child.weight), 0) != 1:
+                why = "its weight is shared with another module (tied weights); replacing it would untie them"
+            elif exclude and (exclude(qual, child) if names is None else qual in names):
+                why = "excluded by the exclude argument"
+            else:
+                why = ""
+            if why:
+                kept += 1
+                _log.info("fp8amp.initialize: kept %s %s: %s", qual, tuple(child.weight.shape), why)
+                continue
+            new = Linear.from_linear(child, weight_dtype=weight_dtype, wgrad_dtype=wgrad_dtype, policy=policy,
+                                     recipe=recipe, save_input=save_input)
+            new.train(child.training)
+            new._st.name = qual
+            replaced[id(child.weight)] = (new, "weight")
+            if child.bias is not None:
+                replaced[id(child.bias)] = (new, "bias")
+            setattr(mod, name, new)
+            _log.info("fp8amp.initialize: replaced %s (in=%d, out=%d, bias=%s) by fp8amp.torch.Linear (weight %s, "
+                      "weight gradient %s, policy %s)", qual, child.in_features, child.out_features,
+                      child.bias is not None, str(weight_dtype).replace("torch.", ""),
+                      str(wgrad_dtype).replace("torch.", ""), new.policy.name)
+    _log.info("fp8amp.initialize: %d nn.Linear replaced, %d kept", len({id(m) for m, _ in replaced.values()}), kept)
+    return replaced
