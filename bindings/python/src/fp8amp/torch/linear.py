@@ -712,7 +712,8 @@ def _replace_linears(model: nn.Module, *, weight_dtype: torch.dtype, wgrad_dtype
     """Replaces every nn.Linear (exact type) of `model` by an fp8amp.torch.Linear with its parameters,
     in place; returns {id(old parameter): (new module, "weight" or "bias")}. Logs (logger "fp8amp",
     INFO) each replacement and each nn.Linear kept, with the reason; a summary line at the end.
-    Iterative (an explicit stack): a recursive local function would be a reference cycle (its cell
+    Iterative (an explicit stack of child iterators, visiting in the recursive order: depth first,
+    children in order): a recursive local function would be a reference cycle (its closure cell
     holds it), keeping every new module alive until the cycle collector runs."""
     if type(model) is nn.Linear:
         raise TypeError("pass a model containing nn.Linear layers, or use fp8amp.torch.Linear.from_linear")
@@ -726,39 +727,43 @@ def _replace_linears(model: nn.Module, *, weight_dtype: torch.dtype, wgrad_dtype
     names = None if callable(exclude) else frozenset(exclude)
     replaced: Dict[int, Tuple[Linear, str]] = {}
     kept = 0
-    stack: List[Tuple[nn.Module, str]] = [(model, "")]
+    stack: List[Tuple[Any, nn.Module, str]] = [(iter(list(model.named_children())), model, "")]
     while stack:
-        mod, prefix = stack.pop()
-        for name, child in list(mod.named_children()):
-            qual = prefix + name
-            if type(child) is not nn.Linear:
-                if isinstance(child, nn.Linear) and not isinstance(child, Linear):
-                    kept += 1
-                    _log.info("fp8amp.initialize: kept %s (%s): a subclass of nn.Linear, whose forward may differ",
-                              qual, type(child).__name__)
-                stack.append((child, qual + "."))
-                continue
-            if holders.get(id(child.weight), 0) != 1:
-                why = "its weight is shared with another module (tied weights); replacing it would untie them"
-            elif exclude and (exclude(qual, child) if names is None else qual in names):
-                why = "excluded by the exclude argument"
-            else:
-                why = ""
-            if why:
+        children, mod, prefix = stack[-1]
+        nxt = next(children, None)
+        if nxt is None:
+            stack.pop()
+            continue
+        name, child = nxt
+        qual = prefix + name
+        if type(child) is not nn.Linear:
+            if isinstance(child, nn.Linear) and not isinstance(child, Linear):
                 kept += 1
-                _log.info("fp8amp.initialize: kept %s %s: %s", qual, tuple(child.weight.shape), why)
-                continue
-            new = Linear.from_linear(child, weight_dtype=weight_dtype, wgrad_dtype=wgrad_dtype, policy=policy,
-                                     recipe=recipe, save_input=save_input)
-            new.train(child.training)
-            new._st.name = qual
-            replaced[id(child.weight)] = (new, "weight")
-            if child.bias is not None:
-                replaced[id(child.bias)] = (new, "bias")
-            setattr(mod, name, new)
-            _log.info("fp8amp.initialize: replaced %s (in=%d, out=%d, bias=%s) by fp8amp.torch.Linear (weight %s, "
-                      "weight gradient %s, policy %s)", qual, child.in_features, child.out_features,
-                      child.bias is not None, str(weight_dtype).replace("torch.", ""),
-                      str(wgrad_dtype).replace("torch.", ""), new.policy.name)
+                _log.info("fp8amp.initialize: kept %s (%s): a subclass of nn.Linear, whose forward may differ",
+                          qual, type(child).__name__)
+            stack.append((iter(list(child.named_children())), child, qual + "."))
+            continue
+        if holders.get(id(child.weight), 0) != 1:
+            why = "its weight is shared with another module (tied weights); replacing it would untie them"
+        elif exclude and (exclude(qual, child) if names is None else qual in names):
+            why = "excluded by the exclude argument"
+        else:
+            why = ""
+        if why:
+            kept += 1
+            _log.info("fp8amp.initialize: kept %s %s: %s", qual, tuple(child.weight.shape), why)
+            continue
+        new = Linear.from_linear(child, weight_dtype=weight_dtype, wgrad_dtype=wgrad_dtype, policy=policy,
+                                 recipe=recipe, save_input=save_input)
+        new.train(child.training)
+        new._st.name = qual
+        replaced[id(child.weight)] = (new, "weight")
+        if child.bias is not None:
+            replaced[id(child.bias)] = (new, "bias")
+        setattr(mod, name, new)
+        _log.info("fp8amp.initialize: replaced %s (in=%d, out=%d, bias=%s) by fp8amp.torch.Linear (weight %s, "
+                  "weight gradient %s, policy %s)", qual, child.in_features, child.out_features,
+                  child.bias is not None, str(weight_dtype).replace("torch.", ""),
+                  str(wgrad_dtype).replace("torch.", ""), new.policy.name)
     _log.info("fp8amp.initialize: %d nn.Linear replaced, %d kept", len({id(m) for m, _ in replaced.values()}), kept)
     return replaced
