@@ -219,6 +219,31 @@ def test_layer_inside_and_outside_a_checkpoint(tdev, gen):
             torch.testing.assert_close(got, w, rtol=1e-6, atol=1e-6)
 
 
+def test_saved_tensor_hooks_that_copy(tdev, gen):
+    """Saved-tensor hooks that hand back copies (as torch.autograd.graph.save_on_cpu does for CUDA
+    tensors; here a clone): the token loses its record, each backward then backs its own forward;
+    the gradients of the plain run."""
+    import fp8amp.torch as ft
+
+    lin = ft.Linear(16, 16, device=tdev, policy="fp8")
+    x = randn(gen, 8, 16, device=tdev)
+
+    def run(hooks):
+        lin.zero_grad()
+        xa = x.clone().requires_grad_(True)
+        if hooks:
+            with torch.autograd.graph.saved_tensors_hooks(lambda t: t.clone(), lambda t: t):
+                out = lin(torch.tanh(lin(xa)))
+        else:
+            out = lin(torch.tanh(lin(xa)))
+        out.square().sum().backward()
+        return grads(xa, lin.weight, lin.bias)
+
+    want = run(False)
+    for got, w in zip(run(True), want):
+        torch.testing.assert_close(got, w, rtol=1e-6, atol=1e-6)
+
+
 @pytest.mark.parametrize("wgrad", [torch.float32, torch.float8_e4m3fn])
 def test_gradient_accumulation_over_micro_batches(tdev, gen, wgrad):
     """Three micro-batches, each forward then backward: the weight gradient is the FP32 sum of the

@@ -383,7 +383,9 @@ class _LinearFn(torch.autograd.Function):
         st, rec, shape, dtype, hooked = fctx.saved
         held = rec
         if hooked:
-            held = fctx.saved_tensors[0]._fp8amp_rec  # the recomputed forward's, under checkpoint
+            # the recomputed forward's record under checkpoint; hooks that hand back a copy
+            # (torch.autograd.graph.save_on_cpu) drop the attribute: then this forward's own
+            held = getattr(fctx.saved_tensors[0], "_fp8amp_rec", rec)
         x, xv = (held.x, held.xv) if held.x is not None else (rec.x, rec.xv)
         dx = dy.new_empty(shape, dtype=dtype) if fctx.needs_input_grad[0] else None
         _train_bwd(st, held.fwd_id, x, xv, dy, dx)
