@@ -485,8 +485,8 @@ if _HAVE_OPS:
 
 class Linear(nn.Module):
     """``fp8amp.torch.Linear(in_features, out_features, bias=True, device=None, weight_dtype=torch.float32,
-    wgrad_dtype=None, policy="auto", recipe=None, graph_replay=True)``: nn.Linear's interface on fp8amp's
-    FP8 Linear.
+    wgrad_dtype=None, policy="auto", recipe=None, graph_replay=True, save_input=None)``: nn.Linear's
+    interface on fp8amp's FP8 Linear.
 
     ``weight`` [out, in] and ``bias`` [out] (F32) are nn.Parameters sharing the fp8amp Linear's own
     memory (DLPack views): an optimizer, ``load_state_dict`` or ``copy_`` writes them in place, and the
@@ -501,8 +501,13 @@ class Linear(nn.Module):
 
     Gradients accumulate across backward calls (micro-batches) until the grads are reset:
     ``zero_grad()`` of this front's Optimizer or of any torch optimizer / module with
-    ``set_to_none=True`` (the default). Each training forward must be followed by its backward before
-    the next training forward of the same layer. Create it on its final device (``.to()`` would copy
+    ``set_to_none=True`` (the default). A layer may run several training forwards before their
+    backwards (used twice per forward pass, activation checkpointing): the C Linear keeps the last
+    one's input (FP8), and the backward of an earlier one recomputes it from its input. ``save_input``
+    says which inputs the module keeps for that: None (default) only once it has seen the layer
+    reused (eager; under torch.compile: always), True always (as nn.Linear), False never
+    (docs/torch.md section 2). Under torch.compile the module runs as the custom ops
+    fp8amp::linear_forward / linear_backward, without graph breaks. Create it on its final device (``.to()`` would copy
     the parameters away from fp8amp's memory). Like its fp8amp context, a module is used by one thread
     at a time. ``graph_replay`` (CUDA, default on) lets the C Linear replay a call whose launches repeat
     an earlier call's as one CUDA graph launch (docs/linear.md section 6.1).
