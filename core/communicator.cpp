@@ -196,7 +196,6 @@ void Communicator::all_reduce(const std::vector<std::shared_ptr<Tensor>> &inputs
         scratch(0, 16 * n);
         scratch(1, static_cast<size_t>(chunk) * N);
         scratch(2, static_cast<size_t>(chunk) * N);
-        scratch(3, static_cast<size_t>(chunk) * sizeof(float));
         return sig;
     });
 
@@ -210,7 +209,6 @@ void Communicator::all_reduce(const std::vector<std::shared_ptr<Tensor>> &inputs
     float *wire_si = reinterpret_cast<float *>(small + 2 * n), *out_si = reinterpret_cast<float *>(small + 3 * n);
     auto *wire = static_cast<uint8_t *>(scratch(1, padded));  // this rank's codes, later the gathered ones
     auto *recv = static_cast<uint8_t *>(scratch(2, padded));  // chunk r of every rank, rank j's at j * C
-    auto *red = static_cast<float *>(scratch(3, static_cast<size_t>(C) * sizeof(float)));
     auto *sat = static_cast<unsigned long long *>(saturated_->data());
 
     // 1. One scale per tensor for all ranks: the max of the amaxes.
@@ -236,15 +234,17 @@ void Communicator::all_reduce(const std::vector<std::shared_ptr<Tensor>> &inputs
     for (size_t i = 0; i < n; ++i) {
         const int64_t a = std::max(lo, offset[i]), b = std::min(hi, offset[i + 1]);
         if (a >= b) continue;
-        compute_->accumulate(recv + (a - lo), C, N, b - a, o.wire, wire_si + i, o.average, red + (a - lo),
-                             amax_out + i, stream);
+        compute_->accumulate(recv + (a - lo), C, N, b - a, o.wire, wire_si + i, o.average, nullptr, amax_out + i,
+                             stream);
     }
     // 5. Agree on each tensor's new amax; requantize this rank's part.
     transport_->allreduce_max_u32(amax_out, n, stream);
     for (size_t i = 0; i < n; ++i) {
         compute_->scale_inv(amax_out + i, gather[i], out_si + i, stream);
         const int64_t a = std::max(lo, offset[i]), b = std::min(hi, offset[i + 1]);
-        if (a < b) compute_->requantize(red + (a - lo), b - a, amax_out + i, gather[i], wire + a, nullptr, sat, stream);
+        if (a < b)
+            compute_->accumulate_quantize(recv + (a - lo), C, N, b - a, o.wire, wire_si + i, o.average, amax_out + i,
+                                          gather[i], wire + a, sat, stream);
     }
     // 6. All-gather the requantized codes, in place.
     transport_->all_gather(wire + lo, wire, static_cast<size_t>(C), stream);
@@ -295,7 +295,7 @@ void Communicator::reduce_scatter(const std::shared_ptr<Tensor> &input, const st
         scratch(0, 16);
         scratch(1, k * N);
         scratch(2, k * N);
-        if (output->dtype() != FP8AMP_DTYPE_F32) scratch(3, k * sizeof(float));
+        if (output->dtype() != FP8AMP_DTYPE_F32 && !is_fp8(output->dtype())) scratch(3, k * sizeof(float));
         return sig;
     });
 
@@ -308,8 +308,9 @@ void Communicator::reduce_scatter(const std::shared_ptr<Tensor> &input, const st
     auto *wire = static_cast<uint8_t *>(scratch(1, total));
     auto *recv = static_cast<uint8_t *>(scratch(2, total));
     const bool direct = output->dtype() == FP8AMP_DTYPE_F32;  // accumulate straight into the output
-    auto *red = direct ? static_cast<float *>(output->data())
-                       : static_cast<float *>(scratch(3, static_cast<size_t>(k) * sizeof(float)));
+    auto *red = direct || is_fp8(output->dtype())
+                    ? static_cast<float *>(output->data())  // (unused for FP8)
+                    : static_cast<float *>(scratch(3, static_cast<size_t>(k) * sizeof(float)));
     auto *sat = static_cast<unsigned long long *>(saturated_->data());
 
     compute_->memset_async(small, 0, 8, stream);
@@ -324,13 +325,16 @@ void Communicator::reduce_scatter(const std::shared_ptr<Tensor> &input, const st
     }
     transport_->group_end(stream);
     // From here on nothing can fail: the output is written.
-    compute_->accumulate(recv, k, N, k, o.wire, wire_si, o.average, red, amax_out, stream);
     if (is_fp8(output->dtype())) {
-        // Per-shard scale: this shard's own amax.
-        compute_->requantize(red, k, amax_out, output->dtype(), static_cast<uint8_t *>(output->data()),
-                             output->scale_inv(), sat, stream);
-    } else if (!direct) {
-        compute_->convert(red, k, output->data(), output->dtype(), stream);
+        // Per-shard scale: this shard's own amax. Two passes over the FP8 codes (the amax of the
+        // reduced values, then the same values again, quantized), no float32 buffer.
+        compute_->accumulate(recv, k, N, k, o.wire, wire_si, o.average, nullptr, amax_out, stream);
+        compute_->scale_inv(amax_out, output->dtype(), output->scale_inv(), stream);
+        compute_->accumulate_quantize(recv, k, N, k, o.wire, wire_si, o.average, amax_out, output->dtype(),
+                                      static_cast<uint8_t *>(output->data()), sat, stream);
+    } else {
+        compute_->accumulate(recv, k, N, k, o.wire, wire_si, o.average, red, amax_out, stream);
+        if (!direct) compute_->convert(red, k, output->data(), output->dtype(), stream);
     }
     output->mark_written();
 }
