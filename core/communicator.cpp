@@ -245,7 +245,7 @@ void Communicator::all_reduce(const std::vector<std::shared_ptr<Tensor>> &inputs
     // on S as before.
     void *S = ctx_->stream();
     void *X = compute_->side_stream(S);
-    const bool overlap = X != S;
+    const bool overlap = X != S;  // the device overlaps (CUDA); the CPU's transports are synchronous
     const int64_t total = offset[n];
     const int64_t C = chunk_elements(total, N);  // chunk per rank
     const int64_t P = piece_elements(C, overlap);
@@ -278,17 +278,13 @@ void Communicator::all_reduce(const std::vector<std::shared_ptr<Tensor>> &inputs
         compute_->wait(3, S);
     };
     // produce(p) on S, then transfer(p) on X, then consume(p) on S, with produce(p + 1) and
-    // transfer(p + 1) enqueued before consume(p). Without overlap (synchronous transports) every
-    // transfer comes before any consume, so that a failed transfer leaves the outputs unchanged.
+    // transfer(p + 1) enqueued before consume(p). The CPU (synchronous, one stream) runs the same
+    // sequence in this order, which is one order the GPU's streams may take: a piece that read data
+    // not yet written on the GPU reads it unwritten on the CPU too, so the CPU tests with small pieces
+    // (FP8AMP_COMM_PIECE_ELEMENTS) check the pipeline's ordering as well. With the CPU's default of
+    // one piece every transfer comes before any output is written, so that a failed transfer leaves
+    // the outputs unchanged.
     auto pipeline = [&](auto &&produce, auto &&transfer, auto &&consume) {
-        if (!overlap) {
-            for (int64_t p = 0; p < pieces; ++p) {
-                produce(p);
-                transfer(p);
-            }
-            for (int64_t p = 0; p < pieces; ++p) consume(p);
-            return;
-        }
         for (int64_t p = 0; p < pieces; ++p) {
             if (p == 0) {
                 produce(0);
@@ -314,8 +310,10 @@ void Communicator::all_reduce(const std::vector<std::shared_ptr<Tensor>> &inputs
     to_side();
     transport_->allreduce_max_u32(amax_in, n, X);
     from_side();
-    // 2-4, piece by piece: quantize piece p of every rank's chunk onto the wire (the tensor's first
-    // piece also writes its wire scale_inv); reduce-scatter it (piece p of chunk j to rank j, grouped);
+    // 2-4, piece by piece: quantize piece p of every rank's chunk onto the wire (every call also
+    // writes the tensor's wire scale_inv, the same value each time: the accumulation of a piece may
+    // come before the quantization of the tensor's first element, which can lie in a later piece of
+    // a lower rank's chunk); reduce-scatter it (piece p of chunk j to rank j, grouped);
     // the first pass of the accumulation of chunk r's piece p (in float32, in rank order): only the
     // amax of the reduced values.
     const int64_t lo_r = static_cast<int64_t>(r) * C;
@@ -326,7 +324,7 @@ void Communicator::all_reduce(const std::vector<std::shared_ptr<Tensor>> &inputs
                 each(j * C + lo, j * C + hi, [&](size_t i, int64_t a, int64_t b) {
                     const Tensor &in = *inputs[i];
                     compute_->quantize(element(in, a - offset[i]), in.dtype(), in.scale_inv(), b - a, amax_in + i,
-                                       o.wire, wire + a, a == offset[i] ? wire_si + i : nullptr, sat, S);
+                                       o.wire, wire + a, wire_si + i, sat, S);
                 });
         },
         [&](int64_t p) {
