@@ -446,7 +446,8 @@ public:
         if (dtype == FP8AMP_DTYPE_F32 || dtype == FP8AMP_DTYPE_F16 || dtype == FP8AMP_DTYPE_BF16) {
             // from_f32<dtype>(scaled(decode(code), scale_inv)) through a per-block table of the 256
             // results: store_wide(load_real(...)) bit for bit (canonical NaN with its sign, RNE).
-            cuda::dequantize(device_, stream, src, format, dst, dtype, static_cast<size_t>(n), scale_inv);
+            cuda::dequantize(device_, stream, src, format, dst, dtype, static_cast<size_t>(n), scale_inv,
+                             /*yield_sms=*/true);
             return;
         }
         cuda::DeviceGuard g(device_);
@@ -467,6 +468,9 @@ public:
             cuda::check(cudaDeviceGetStreamPriorityRange(&least, &greatest), "cudaDeviceGetStreamPriorityRange");
             cuda::check(cudaStreamCreateWithPriority(&side_, cudaStreamNonBlocking, greatest),
                         "cudaStreamCreateWithPriority (the communicator's transfer stream)");
+            // Every event now too, so that a call captured in a graph (after a first call, as the
+            // scratch requires) creates nothing.
+            for (int slot = 0; slot < kEventSlots; ++slot) event(slot);
         }
         return side_;
     }
