@@ -156,6 +156,20 @@ __device__ __forceinline__ void load_pack(const void *src, int64_t pack, float i
     }
 }
 
+// K values (a multiple of 4) scaled by s and encoded into `format` W, four codes a word, with the
+// saturations counted into sat.
+template <fp8amp_dtype W, int K>
+__device__ __forceinline__ void encode_pack(const float *v, float s, unsigned long long &sat, uint32_t *w) {
+#pragma unroll
+    for (int i = 0; i < K; i += 2) {
+        const float y0 = scaled(v[i], s), y1 = scaled(v[i + 1], s);
+        sat += comm_saturates(W, y0) + comm_saturates(W, y1);
+        const uint32_t pair = cuda::encode2<W>(y0, y1);
+        if (i % 4 == 0) w[i / 4] = pair;
+        else w[i / 4] |= pair << 16;
+    }
+}
+
 template <fp8amp_dtype S, fp8amp_dtype W>
 __global__ void __launch_bounds__(kThreads) quantize_vec_kernel(const void *src, const float *src_scale_inv, int64_t n,
                                                                 const uint32_t *amax_bits, uint8_t *dst,
@@ -168,14 +182,7 @@ __global__ void __launch_bounds__(kThreads) quantize_vec_kernel(const void *src,
         float x[kVec];
         load_pack<S>(src, p, in_s, x);
         uint32_t w[kVec / 4];
-#pragma unroll
-        for (int i = 0; i < kVec; i += 2) {
-            const float y0 = scaled(x[i], s), y1 = scaled(x[i + 1], s);
-            sat += comm_saturates(W, y0) + comm_saturates(W, y1);
-            const uint32_t pair = cuda::encode2<W>(y0, y1);
-            if (i % 4 == 0) w[i / 4] = pair;
-            else w[i / 4] |= pair << 16;
-        }
+        encode_pack<W, kVec>(x, s, sat, w);
         reinterpret_cast<uint2 *>(dst)[p] = make_uint2(w[0], w[1]);
     }
     // The tail, with the software codec.
@@ -267,14 +274,7 @@ __global__ void __launch_bounds__(kThreads) accumulate_quantize_vec_kernel(const
         float v[kCodes];
         reduce_pack<W>(src, stride, nranks, p, f, v);
         uint32_t w[kCodes / 4];
-#pragma unroll
-        for (int i = 0; i < kCodes; i += 2) {
-            const float y0 = scaled(v[i], s), y1 = scaled(v[i + 1], s);
-            sat += comm_saturates(O, y0) + comm_saturates(O, y1);
-            const uint32_t pair = cuda::encode2<O>(y0, y1);
-            if (i % 4 == 0) w[i / 4] = pair;
-            else w[i / 4] |= pair << 16;
-        }
+        encode_pack<O, kCodes>(v, s, sat, w);
         reinterpret_cast<uint4 *>(dst)[p] = make_uint4(w[0], w[1], w[2], w[3]);
     }
     for (int64_t k = packs * kCodes + blockIdx.x * int64_t(blockDim.x) + threadIdx.x; k < n; k += int64_t(gridDim.x) * blockDim.x) {

@@ -535,6 +535,20 @@ static void *abort_later(void *comm) {
     return NULL;
 }
 
+/* A watchdog thread aborts a waiting operation (long timeout) of `watched`: COMM after about 1 s,
+ * saying why. */
+static void expect_watchdog_abort(fp8amp_comm watched, fp8amp_tensor t) {
+    const double t0 = now_s();
+    pthread_t dog;
+    OK(fp8amp_comm_set_timeout(watched, 120.0));
+    CHECK(pthread_create(&dog, NULL, abort_later, watched) == 0, "pthread_create");
+    EXPECT(fp8amp_comm_all_reduce(watched, 1, &t, &t, NULL), FP8AMP_ERROR_COMM);
+    pthread_join(dog, NULL);
+    CHECK(now_s() - t0 < 10.0, "the abort took %.2f s to interrupt the wait", now_s() - t0);
+    CHECK(strstr(fp8amp_last_error_message(), "fp8amp_comm_abort") != NULL, "message: %s",
+          fp8amp_last_error_message());
+}
+
 static void test_lost_rank(void) {
     const double timeout = 2.0;
     const int lost = g_rank == g_n - 1;
@@ -555,19 +569,9 @@ static void test_lost_rank(void) {
         OK(fp8amp_comm_abort(watched));
         EXPECT(fp8amp_comm_all_reduce(comm, 1, &t, &t, NULL), FP8AMP_ERROR_COMM);
     } else {
-        double t0 = now_s();
+        double t0;
         float *after = malloc(sizeof(float) * (size_t)n);
-        {
-            /* A watchdog thread aborts a waiting operation (long timeout): COMM after about 1 s. */
-            pthread_t dog;
-            OK(fp8amp_comm_set_timeout(watched, 120.0));
-            CHECK(pthread_create(&dog, NULL, abort_later, watched) == 0, "pthread_create");
-            EXPECT(fp8amp_comm_all_reduce(watched, 1, &t, &t, NULL), FP8AMP_ERROR_COMM);
-            pthread_join(dog, NULL);
-            CHECK(now_s() - t0 < 10.0, "the abort took %.2f s to interrupt the wait", now_s() - t0);
-            CHECK(strstr(fp8amp_last_error_message(), "fp8amp_comm_abort") != NULL, "message: %s",
-                  fp8amp_last_error_message());
-        }
+        expect_watchdog_abort(watched, t);
         t0 = now_s();
         EXPECT(fp8amp_comm_all_reduce(comm, 1, &t, &t, NULL), FP8AMP_ERROR_COMM);
         const double waited = now_s() - t0;
@@ -610,15 +614,8 @@ static void test_lost_rank_nccl(void) {
     OK(fp8amp_tensor_copy_to_host(t, host, sizeof(float) * (size_t)n)); /* what a failed call must keep */
     CH(rank_channel_barrier());
     if (!lost) {
-        double t0 = now_s();
-        pthread_t dog;
-        OK(fp8amp_comm_set_timeout(watched, 120.0));
-        CHECK(pthread_create(&dog, NULL, abort_later, watched) == 0, "pthread_create");
-        EXPECT(fp8amp_comm_all_reduce(watched, 1, &t, &t, NULL), FP8AMP_ERROR_COMM);
-        pthread_join(dog, NULL);
-        CHECK(now_s() - t0 < 10.0, "the abort took %.2f s to interrupt the wait", now_s() - t0);
-        CHECK(strstr(fp8amp_last_error_message(), "fp8amp_comm_abort") != NULL, "message: %s",
-              fp8amp_last_error_message());
+        double t0;
+        expect_watchdog_abort(watched, t);
         OK(fp8amp_comm_set_timeout(comm, timeout));
         t0 = now_s();
         EXPECT(fp8amp_comm_all_reduce(comm, 1, &t, &t, NULL), FP8AMP_ERROR_NCCL);
