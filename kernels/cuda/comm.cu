@@ -214,18 +214,23 @@ __global__ void __launch_bounds__(kThreads) amax_vec_kernel(const void *src, con
 }
 
 // The reduced values of kCodes consecutive elements (comm_reduce's arithmetic, rank by rank over 16-
-// byte loads): sum_j decode(code_j) in rank order with comm_add, then scaled() by f.
+// byte loads): sum_j decode(code_j) in rank order with comm_add, then scaled() by f. The codes are
+// decoded four at a time by decode4, which gives codec::decode's floats.
 template <fp8amp_dtype W>
 __device__ __forceinline__ void reduce_pack(const uint8_t *src, int64_t stride, int nranks, int64_t pack, float f,
                                             float v[kCodes]) {
-    using F = std::conditional_t<W == FP8AMP_DTYPE_E4M3, codec::E4M3, codec::E5M2>;
 #pragma unroll
     for (int i = 0; i < kCodes; ++i) v[i] = 0.0f;
     for (int j = 0; j < nranks; ++j) {
         const uint4 u = reinterpret_cast<const uint4 *>(src + j * stride)[pack];
         const uint32_t w[4] = {u.x, u.y, u.z, u.w};
 #pragma unroll
-        for (int i = 0; i < kCodes; ++i) v[i] = comm_add(v[i], codec::decode<F>((w[i / 4] >> (8 * (i % 4))) & 0xFFu));
+        for (int q = 0; q < 4; ++q) {
+            float d[4];
+            cuda::decode4<W>(w[q], d);  // codec::decode's floats (comm_codec.cuh)
+#pragma unroll
+            for (int k = 0; k < 4; ++k) v[4 * q + k] = comm_add(v[4 * q + k], d[k]);
+        }
     }
 #pragma unroll
     for (int i = 0; i < kCodes; ++i) v[i] = scaled(v[i], f);

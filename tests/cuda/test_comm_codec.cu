@@ -1,4 +1,5 @@
-// The communicator's hardware FP8 encode (kernels/cuda/comm_codec.cuh: encode2, two values per
+// The communicator's hardware FP8 decode (decode4, checked against codec::decode over all 2^32
+// words) and encode (kernels/cuda/comm_codec.cuh: encode2, two values per
 // cvt.rn.satfinite.{e4m3,e5m2}x2.f32, NaN mapped explicitly) against the software codec the CPU
 // reference uses (kernels/comm.hpp: comm_encode), over every float32 bit pattern: each pattern x in
 // the low half of a pair whose high half is -x, and (a second pass) in the high half beside a
@@ -14,6 +15,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <type_traits>
 
 #include "comm.hpp"
 #include "comm_codec.cuh"
@@ -34,6 +36,27 @@ __global__ void check_kernel(uint64_t count, int pass, unsigned long long *misma
         if (hw != sw) {
             ++bad;
             atomicMin(first_bad, bits);
+        }
+    }
+    if (bad) atomicAdd(mismatches, bad);
+}
+
+// decode4 (four codes of a word through the hardware's F16 conversions) against codec::decode, over
+// every 32-bit word: every code in every byte position, beside every other.
+template <fp8amp_dtype W>
+__global__ void decode_kernel(uint64_t count, unsigned long long *mismatches, uint32_t *first_bad) {
+    using F = std::conditional_t<W == FP8AMP_DTYPE_E4M3, fp8amp::codec::E4M3, fp8amp::codec::E5M2>;
+    unsigned long long bad = 0;
+    for (uint64_t k = blockIdx.x * uint64_t(blockDim.x) + threadIdx.x; k < count; k += uint64_t(gridDim.x) * blockDim.x) {
+        const uint32_t w = static_cast<uint32_t>(k);
+        float v[4];
+        cuda::decode4<W>(w, v);
+        bool same = true;
+        for (int i = 0; i < 4; ++i)
+            same = same && __float_as_uint(v[i]) == __float_as_uint(fp8amp::codec::decode<F>((w >> (8 * i)) & 0xFFu));
+        if (!same) {
+            ++bad;
+            atomicMin(first_bad, w);
         }
     }
     if (bad) atomicAdd(mismatches, bad);
@@ -70,6 +93,22 @@ int check_format(const char *name) {
         } else {
             std::printf("ok   %s pass %d: hardware encode2 == software comm_encode for all 2^32 float32 patterns\n", name,
                         pass);
+        }
+    }
+    {
+        cudaMemset(d_bad, 0, sizeof *d_bad);
+        cudaMemset(d_first, 0xFF, sizeof *d_first);
+        decode_kernel<W><<<8192, 256>>>(uint64_t(1) << 32, d_bad, d_first);
+        if (!ok(cudaGetLastError(), "launch") || !ok(cudaDeviceSynchronize(), "kernel")) return 1;
+        unsigned long long bad = 0;
+        uint32_t first = 0;
+        cudaMemcpy(&bad, d_bad, sizeof bad, cudaMemcpyDeviceToHost);
+        cudaMemcpy(&first, d_first, sizeof first, cudaMemcpyDeviceToHost);
+        if (bad) {
+            std::printf("FAIL %s decode4: %llu of 2^32 words differ from codec::decode; first 0x%08x\n", name, bad, first);
+            ++failures;
+        } else {
+            std::printf("ok   %s decode4 == codec::decode for all 2^32 words\n", name);
         }
     }
     cudaFree(d_bad);
