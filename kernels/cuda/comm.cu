@@ -171,13 +171,14 @@ __device__ __forceinline__ void encode_pack(const float *v, float s, unsigned lo
 }
 
 template <fp8amp_dtype S, fp8amp_dtype W>
-__global__ void __launch_bounds__(kThreads) quantize_vec_kernel(const void *src, const float *src_scale_inv, int64_t n,
-                                                                const uint32_t *amax_bits, uint8_t *dst,
+__global__ void __launch_bounds__(kThreads) quantize_vec_kernel(const void *__restrict__ src, const float *src_scale_inv, int64_t n,
+                                                                const uint32_t *amax_bits, uint8_t *__restrict__ dst,
                                                                 float *scale_inv_out, unsigned long long *saturated) {
     const float in_s = input_scale(S, src_scale_inv);
     const float s = comm_scale(comm_fp8_max(W), *amax_bits);
     const int64_t packs = n / kVec;
     unsigned long long sat = 0;
+#pragma unroll 2  // two packs' loads in flight (the pointers are __restrict__)
     for (int64_t p = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; p < packs; p += int64_t(gridDim.x) * blockDim.x) {
         float x[kVec];
         load_pack<S>(src, p, in_s, x);
@@ -202,6 +203,7 @@ __global__ void __launch_bounds__(kThreads) amax_vec_kernel(const void *src, con
     const float s = input_scale(S, scale_inv);
     const int64_t packs = n / kVec;
     uint32_t m = 0;
+#pragma unroll 2  // two packs' loads in flight (the pointers are __restrict__)
     for (int64_t p = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; p < packs; p += int64_t(gridDim.x) * blockDim.x) {
         float x[kVec];
         load_pack<S>(src, p, s, x);
@@ -239,12 +241,13 @@ __device__ __forceinline__ void reduce_pack(const uint8_t *src, int64_t stride, 
 // The accumulation's first pass: the amax of the reduced values (and, for the reduce-scatter's
 // float32 output, the values themselves when dst is not null).
 template <fp8amp_dtype W>
-__global__ void __launch_bounds__(kThreads) accumulate_vec_kernel(const uint8_t *src, int64_t stride, int nranks,
+__global__ void __launch_bounds__(kThreads) accumulate_vec_kernel(const uint8_t *__restrict__ src, int64_t stride, int nranks,
                                                                   int64_t n, const float *wire_scale_inv, bool average,
-                                                                  float *dst, uint32_t *amax_bits) {
+                                                                  float *__restrict__ dst, uint32_t *amax_bits) {
     const float f = comm_reduce_factor(*wire_scale_inv, nranks, average);
     const int64_t packs = n / kCodes;
     uint32_t m = 0;
+#pragma unroll 2  // two packs' loads in flight (the pointers are __restrict__)
     for (int64_t p = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; p < packs; p += int64_t(gridDim.x) * blockDim.x) {
         float v[kCodes];
         reduce_pack<W>(src, stride, nranks, p, f, v);
@@ -267,14 +270,16 @@ __global__ void __launch_bounds__(kThreads) accumulate_vec_kernel(const uint8_t 
 // The second pass: the same values again (from the FP8 codes; nothing in float32 was stored),
 // quantized with the scale of the agreed amax of the reduced values.
 template <fp8amp_dtype W, fp8amp_dtype O>
-__global__ void __launch_bounds__(kThreads) accumulate_quantize_vec_kernel(const uint8_t *src, int64_t stride, int nranks,
+__global__ void __launch_bounds__(kThreads) accumulate_quantize_vec_kernel(const uint8_t *__restrict__ src, int64_t stride, int nranks,
                                                                            int64_t n, const float *wire_scale_inv,
                                                                            bool average, const uint32_t *amax_bits,
-                                                                           uint8_t *dst, unsigned long long *saturated) {
+                                                                           uint8_t *__restrict__ dst,
+                                                                           unsigned long long *saturated) {
     const float f = comm_reduce_factor(*wire_scale_inv, nranks, average);
     const float s = comm_scale(comm_fp8_max(O), *amax_bits);
     const int64_t packs = n / kCodes;
     unsigned long long sat = 0;
+#pragma unroll 2  // two packs' loads in flight (the pointers are __restrict__)
     for (int64_t p = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; p < packs; p += int64_t(gridDim.x) * blockDim.x) {
         float v[kCodes];
         reduce_pack<W>(src, stride, nranks, p, f, v);
