@@ -177,7 +177,8 @@ void Communicator::exchange_agreement(bool check, const char *op, bool failed, c
         fail(FP8AMP_ERROR_DTYPE_MISMATCH, where + ": the ranks passed different dtypes; nothing was exchanged");
     if (!same[2])
         fail(FP8AMP_ERROR_INVALID_ARGUMENT,
-             where + ": the ranks passed different options (wire_dtype, average); nothing was exchanged");
+             where + ": the ranks passed different options (wire_dtype, average; for the all-reduce also the "
+                     "pipeline piece, FP8AMP_COMM_PIECE_ELEMENTS); nothing was exchanged");
 }
 
 void Communicator::all_reduce(const std::vector<std::shared_ptr<Tensor>> &inputs,
@@ -186,6 +187,7 @@ void Communicator::all_reduce(const std::vector<std::shared_ptr<Tensor>> &inputs
     const int N = nranks(), r = rank();
     std::vector<int64_t> offset(n + 1, 0);
     std::vector<fp8amp_dtype> gather(n);
+    int64_t P = 0;  // the pipeline's piece: part of the options the ranks agree on
     agreed(o.check, "fp8amp_comm_all_reduce", [&] {
         Signature sig;
         Hash shapes, dtypes, options;
@@ -227,11 +229,15 @@ void Communicator::all_reduce(const std::vector<std::shared_ptr<Tensor>> &inputs
             hash_shape(shapes, in);
             dtypes.add(static_cast<uint64_t>(in.dtype())).add(static_cast<uint64_t>(out.dtype()));
         }
+        // The piece size decides how many transport operations the call makes, so every rank must use
+        // the same (FP8AMP_COMM_PIECE_ELEMENTS set on some ranks only would otherwise hang them).
+        const int64_t chunk = chunk_elements(offset[n], N);
+        P = piece_elements(chunk, compute_->side_stream(ctx_->stream()) != ctx_->stream());
+        options.add(static_cast<uint64_t>(P));
         sig.shapes = shapes.h;
         sig.dtypes = dtypes.h;
         sig.options = options.h;
         // The scratch too, before the agreement: a rank out of memory refuses like any other.
-        const int64_t chunk = chunk_elements(offset[n], N);
         scratch(0, 16 * n);
         scratch(1, static_cast<size_t>(chunk) * N, true);
         scratch(2, static_cast<size_t>(chunk) * N, true);
@@ -245,10 +251,8 @@ void Communicator::all_reduce(const std::vector<std::shared_ptr<Tensor>> &inputs
     // on S as before.
     void *S = ctx_->stream();
     void *X = compute_->side_stream(S);
-    const bool overlap = X != S;  // the device overlaps (CUDA); the CPU's transports are synchronous
     const int64_t total = offset[n];
     const int64_t C = chunk_elements(total, N);  // chunk per rank
-    const int64_t P = piece_elements(C, overlap);
     const int64_t pieces = C > 0 ? (C + P - 1) / P : 0;
     // Small per-tensor values: amax before and after the reduction, wire and output scale_inv.
     auto *small = static_cast<uint32_t *>(scratch(0, 16 * n));
