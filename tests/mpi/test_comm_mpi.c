@@ -433,6 +433,23 @@ static void test_mismatch(fp8amp_comm comm) {
         OK(fp8amp_comm_reduce_desc_init_default(&desc));
         if (odd) desc.wire_dtype = FP8AMP_DTYPE_E5M2;
         EXPECT(fp8amp_comm_all_reduce(comm, 1, ins, outs, &desc), FP8AMP_ERROR_INVALID_ARGUMENT);
+        /* A pipeline piece that differs (FP8AMP_COMM_PIECE_ELEMENTS, read at each call, set on one
+         * rank only): it changes how many transfers the call makes, so it is agreed like an option.
+         * Every rank's piece here is the whole 32-element chunk (or 48 under the pieces ctest) but
+         * the odd rank's 16. */
+        {
+            const char *env = getenv("FP8AMP_COMM_PIECE_ELEMENTS");
+            char *saved = env ? strdup(env) : NULL;
+            OK(fp8amp_comm_set_timeout(comm, 20.0));
+            if (odd) setenv("FP8AMP_COMM_PIECE_ELEMENTS", "16", 1);
+            EXPECT(fp8amp_comm_all_reduce(comm, 1, ins, outs, NULL), FP8AMP_ERROR_INVALID_ARGUMENT);
+            CHECK(strstr(fp8amp_last_error_message(), "FP8AMP_COMM_PIECE_ELEMENTS") != NULL, "message: %s",
+                  fp8amp_last_error_message());
+            if (saved) setenv("FP8AMP_COMM_PIECE_ELEMENTS", saved, 1);
+            else unsetenv("FP8AMP_COMM_PIECE_ELEMENTS");
+            free(saved);
+            OK(fp8amp_comm_set_timeout(comm, 300.0));
+        }
     }
     {
         /* A dtype that differs. */
