@@ -201,7 +201,19 @@ def run_rank(rank, args, store):
         desc.check = check
         record(f"fp8amp.e4m3{'' if check else '.nocheck'}",
                lambda: L("fp8amp_comm_all_reduce", comm, 1, ins, outs, desc), out)
-    # Where fp8amp's time goes: the GPU kernels of 3 calls (without the check), rank 0 profiled.
+    # The all-reduce's pipeline piece (core/communicator.cpp; FP8AMP_COMM_PIECE_ELEMENTS, read per
+    # call): each size asked for with --piece-elements, without the check; the bytes must not depend on it.
+    ref = out.clone()
+    desc_np = L.init("fp8amp_comm_reduce_desc")
+    desc_np.check = 0
+    for pe in [int(v) for v in args.piece_elements.split(",") if v.strip()]:
+        os.environ["FP8AMP_COMM_PIECE_ELEMENTS"] = str(pe)
+        name = f"fp8amp.e4m3.nocheck.piece{pe}"
+        record(name, lambda: L("fp8amp_comm_all_reduce", comm, 1, ins, outs, desc_np), out)
+        res[name]["same_bytes_as_default_pieces"] = bool(torch.equal(out.view(torch.int16), ref.view(torch.int16)))
+    os.environ.pop("FP8AMP_COMM_PIECE_ELEMENTS", None)
+    # Where fp8amp's time goes: the GPU kernels of 3 calls (without the check), rank 0 profiled. The
+    # conversions overlap the NCCL kernels (a second stream), so their sum exceeds the call's time.
     desc = L.init("fp8amp_comm_reduce_desc")
     desc.check = 0
     prof = None
@@ -255,7 +267,11 @@ def run_rank(rank, args, store):
         for k, v in res.items():
             print(f"{k:24s} {v['us']:9.1f} {v['speedup_vs_nccl_bf16']:7.3f} {v['busbw_GBps']:10.1f} "
                   f"{v['rel_rms']:9.2e} {v['max_err_over_amax']:9.2e}")
-        print("fp8amp's GPU time per call (3 calls profiled on rank 0, check=0):")
+        for k, v in res.items():
+            if "same_bytes_as_default_pieces" in v:
+                print(f"{k}: the same bytes as the default pieces: {v['same_bytes_as_default_pieces']}")
+        print("fp8amp's GPU time per call (3 calls profiled on rank 0, check=0; kernels on the two streams "
+              "overlap, so they add up to more than the call):")
         for name, v in res["fp8amp.e4m3.nocheck"].get("kernels", {}).items():
             print(f"  {v['us_per_call']:9.1f} us  x{v['launches_per_call']:.0f}  {name}")
     dist.barrier()
@@ -271,6 +287,9 @@ def main():
     p.add_argument("--nranks", type=int, default=None)
     p.add_argument("--iters", type=int, default=10)
     p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--piece-elements", default="",
+                   help="comma-separated FP8AMP_COMM_PIECE_ELEMENTS values to time fp8amp with as well "
+                        "(e.g. 1048576,4194304,16777216,67108864); the default is the library's choice")
     p.add_argument("--hang-s", type=float, default=200.0, help="dump every rank's stack and exit after this long")
     args = p.parse_args()
     args.lib = os.path.abspath(args.lib)

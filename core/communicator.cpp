@@ -7,6 +7,7 @@
 #include "communicator.hpp"
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 
 #include "backend.hpp"
@@ -45,6 +46,38 @@ void check_not_overlapping(const Tensor &a, const std::string &an, const Tensor 
 int64_t chunk_elements(int64_t total, int N) {
     const int64_t c = (total + N - 1) / N;
     return (c + 15) / 16 * 16;
+}
+
+// The all-reduce's pipeline piece (docs/communicator.md, "Pipeline"): each rank chunk of C elements is
+// moved in pieces of this many (a multiple of 16), so that converting one piece overlaps moving
+// another. Which piece an element travels in changes nothing in its value (the scales are agreed for
+// the whole bucket first, the sum is per element), so the bytes do not depend on it: the tests run
+// with small pieces too (FP8AMP_COMM_PIECE_ELEMENTS). Default, where the device overlaps (CUDA): C
+// in about kTargetPieces pieces of at least kMinPiece elements (smaller ones cost more in launches
+// and NCCL's per-operation latency than they hide); one piece where nothing overlaps (CPU, whose
+// transports are synchronous).
+constexpr int64_t kTargetPieces = 16;
+constexpr int64_t kMinPiece = int64_t(1) << 19;
+
+int64_t round16(int64_t v) { return (v + 15) / 16 * 16; }
+
+int64_t piece_elements(int64_t C, bool overlap) {
+    if (C <= 0) return 16;
+    if (const char *env = std::getenv("FP8AMP_COMM_PIECE_ELEMENTS")) {
+        char *end = nullptr;
+        const long long v = std::strtoll(env, &end, 10);
+        if (end != env && *end == '\0' && v > 0) return std::min(C, round16(v));
+    }
+    if (!overlap) return C;
+    return std::min(C, std::max(round16((C + kTargetPieces - 1) / kTargetPieces), kMinPiece));
+}
+
+size_t dtype_bytes(fp8amp_dtype d) {
+    return d == FP8AMP_DTYPE_F32 ? 4 : (d == FP8AMP_DTYPE_F16 || d == FP8AMP_DTYPE_BF16) ? 2 : 1;
+}
+// Element k of t's data.
+void *element(const Tensor &t, int64_t k) {
+    return static_cast<char *>(t.data()) + static_cast<size_t>(k) * dtype_bytes(t.dtype());
 }
 
 // Buffers of a failed communicator may still be named by requests pending in MPI or NCCL: they are
@@ -112,12 +145,16 @@ uint64_t Communicator::saturated() const {
     return v;
 }
 
-void *Communicator::scratch(size_t slot, size_t nbytes) {
+void *Communicator::scratch(size_t slot, size_t nbytes, bool zero) {
     nbytes = std::max<size_t>(nbytes, 1);
     if (!scratch_[slot] || scratch_[slot]->nbytes() < nbytes) {
         // The old block may be in use by queued work: the context's stream orders the free (CUDA
-        // allocators free in stream order) -- as Context::scratch does.
+        // allocators free in stream order) -- as Context::scratch does. (The all-reduce's transfer
+        // stream has joined the context's stream by the end of every call.)
         scratch_[slot] = ctx_->allocate(nbytes);
+        // zero: bytes the transport moves but nothing reads (gaps between tensors, the padding) are
+        // defined, so that the wire never carries uninitialized memory.
+        if (zero) compute_->memset_async(scratch_[slot]->data(), 0, scratch_[slot]->nbytes(), ctx_->stream());
     }
     return scratch_[slot]->data();
 }
@@ -140,7 +177,8 @@ void Communicator::exchange_agreement(bool check, const char *op, bool failed, c
         fail(FP8AMP_ERROR_DTYPE_MISMATCH, where + ": the ranks passed different dtypes; nothing was exchanged");
     if (!same[2])
         fail(FP8AMP_ERROR_INVALID_ARGUMENT,
-             where + ": the ranks passed different options (wire_dtype, average); nothing was exchanged");
+             where + ": the ranks passed different options (wire_dtype, average; for the all-reduce also the "
+                     "pipeline piece, FP8AMP_COMM_PIECE_ELEMENTS); nothing was exchanged");
 }
 
 void Communicator::all_reduce(const std::vector<std::shared_ptr<Tensor>> &inputs,
@@ -149,6 +187,7 @@ void Communicator::all_reduce(const std::vector<std::shared_ptr<Tensor>> &inputs
     const int N = nranks(), r = rank();
     std::vector<int64_t> offset(n + 1, 0);
     std::vector<fp8amp_dtype> gather(n);
+    int64_t P = 0;  // the pipeline's piece: part of the options the ranks agree on
     agreed(o.check, "fp8amp_comm_all_reduce", [&] {
         Signature sig;
         Hash shapes, dtypes, options;
@@ -184,79 +223,172 @@ void Communicator::all_reduce(const std::vector<std::shared_ptr<Tensor>> &inputs
             if (&out != &in && out.overlaps(in))
                 fail(FP8AMP_ERROR_INVALID_ARGUMENT, arg("outputs", i) + " overlaps " + arg("inputs", i));
             gather[i] = is_fp8(out.dtype()) ? out.dtype() : o.wire;
-            offset[i + 1] = offset[i] + in.numel();
+            // Each tensor starts at a multiple of 16 elements of the bucket, so that every piece of
+            // every tensor starts aligned for the vectorized device code (the gaps are never read).
+            offset[i + 1] = offset[i] + round16(in.numel());
             hash_shape(shapes, in);
             dtypes.add(static_cast<uint64_t>(in.dtype())).add(static_cast<uint64_t>(out.dtype()));
         }
+        // The piece size decides how many transport operations the call makes, so every rank must use
+        // the same (FP8AMP_COMM_PIECE_ELEMENTS set on some ranks only would otherwise hang them).
+        const int64_t chunk = chunk_elements(offset[n], N);
+        P = piece_elements(chunk, compute_->side_stream(ctx_->stream()) != ctx_->stream());
+        options.add(static_cast<uint64_t>(P));
         sig.shapes = shapes.h;
         sig.dtypes = dtypes.h;
         sig.options = options.h;
         // The scratch too, before the agreement: a rank out of memory refuses like any other.
-        const int64_t chunk = chunk_elements(offset[n], N);
         scratch(0, 16 * n);
-        scratch(1, static_cast<size_t>(chunk) * N);
-        scratch(2, static_cast<size_t>(chunk) * N);
-        scratch(3, static_cast<size_t>(chunk) * sizeof(float));
+        scratch(1, static_cast<size_t>(chunk) * N, true);
+        scratch(2, static_cast<size_t>(chunk) * N, true);
         return sig;
     });
 
-    void *stream = ctx_->stream();
+    // The streams: the context's (S) converts; the transport's operations go on a second one (X) where
+    // the device has one (CUDA), ordered against S by events, so that converting one piece overlaps
+    // moving another. Every hand-over is an event (no host synchronization), and S waits for X's
+    // last operation before the call returns, so the call is capturable and its results are ordered
+    // on S as before.
+    void *S = ctx_->stream();
+    void *X = compute_->side_stream(S);
     const int64_t total = offset[n];
     const int64_t C = chunk_elements(total, N);  // chunk per rank
-    const size_t padded = static_cast<size_t>(C) * static_cast<size_t>(N);
+    const int64_t pieces = C > 0 ? (C + P - 1) / P : 0;
     // Small per-tensor values: amax before and after the reduction, wire and output scale_inv.
     auto *small = static_cast<uint32_t *>(scratch(0, 16 * n));
     uint32_t *amax_in = small, *amax_out = small + n;
     float *wire_si = reinterpret_cast<float *>(small + 2 * n), *out_si = reinterpret_cast<float *>(small + 3 * n);
-    auto *wire = static_cast<uint8_t *>(scratch(1, padded));  // this rank's codes, later the gathered ones
-    auto *recv = static_cast<uint8_t *>(scratch(2, padded));  // chunk r of every rank, rank j's at j * C
-    auto *red = static_cast<float *>(scratch(3, static_cast<size_t>(C) * sizeof(float)));
+    auto *wire = static_cast<uint8_t *>(scratch(1, static_cast<size_t>(C) * N, true));  // this rank's codes, later the gathered ones
+    auto *recv = static_cast<uint8_t *>(scratch(2, static_cast<size_t>(C) * N, true));  // chunk r of every rank, rank j's at j * C
     auto *sat = static_cast<unsigned long long *>(saturated_->data());
 
+    // f(i, a, b) for each tensor i with elements in the bucket range [lo, hi): its part [a, b).
+    auto each = [&](int64_t lo, int64_t hi, auto &&f) {
+        size_t i = static_cast<size_t>(std::upper_bound(offset.begin(), offset.end() - 1, lo) - offset.begin());
+        for (i = i > 0 ? i - 1 : 0; i < n && offset[i] < hi; ++i) {
+            const int64_t a = std::max(lo, offset[i]), b = std::min(hi, offset[i] + inputs[i]->numel());
+            if (a < b) f(i, a, b);
+        }
+    };
+    auto piece = [&](int64_t p) { return std::make_pair(p * P, std::min(p * P + P, C)); };
+    // S -> X: X waits for what S has enqueued so far (slot 0); X -> S through slots 1, 2 (the pieces,
+    // alternately: S waits for piece p after X has enqueued piece p + 1) and 3.
+    auto to_side = [&] {
+        compute_->record(0, S);
+        compute_->wait(0, X);
+    };
+    auto from_side = [&] {
+        compute_->record(3, X);
+        compute_->wait(3, S);
+    };
+    // produce(p) on S, then transfer(p) on X, then consume(p) on S, with produce(p + 1) and
+    // transfer(p + 1) enqueued before consume(p). The CPU (synchronous, one stream) runs the same
+    // sequence in this order, which is one order the GPU's streams may take: a piece that read data
+    // not yet written on the GPU reads it unwritten on the CPU too, so the CPU tests with small pieces
+    // (FP8AMP_COMM_PIECE_ELEMENTS) check the pipeline's ordering as well. With the CPU's default of
+    // one piece every transfer comes before any output is written, so that a failed transfer leaves
+    // the outputs unchanged.
+    auto pipeline = [&](auto &&produce, auto &&transfer, auto &&consume) {
+        for (int64_t p = 0; p < pieces; ++p) {
+            if (p == 0) {
+                produce(0);
+                to_side();
+                transfer(0);
+                compute_->record(1, X);
+            }
+            if (p + 1 < pieces) {
+                produce(p + 1);
+                to_side();
+                transfer(p + 1);
+                compute_->record(1 + int((p + 1) % 2), X);
+            }
+            compute_->wait(1 + int(p % 2), S);
+            consume(p);
+        }
+    };
+
     // 1. One scale per tensor for all ranks: the max of the amaxes.
-    compute_->memset_async(small, 0, 8 * n, stream);
+    compute_->memset_async(small, 0, 8 * n, S);
     for (size_t i = 0; i < n; ++i)
-        compute_->amax(inputs[i]->data(), inputs[i]->dtype(), inputs[i]->scale_inv(), inputs[i]->numel(), amax_in + i,
-                       stream);
-    transport_->allreduce_max_u32(amax_in, n, stream);
-    // 2. Quantize the bucket onto the wire (the padding past the last tensor is zero codes).
-    if (padded > static_cast<size_t>(total)) compute_->memset_async(wire + total, 0, padded - total, stream);
-    for (size_t i = 0; i < n; ++i)
-        compute_->quantize(inputs[i]->data(), inputs[i]->dtype(), inputs[i]->scale_inv(), inputs[i]->numel(),
-                           amax_in + i, o.wire, wire + offset[i], wire_si + i, sat, stream);
-    // 3. Reduce-scatter: chunk j to rank j, grouped.
-    transport_->group_start();
-    for (int j = 0; j < N; ++j) {
-        transport_->send(wire + static_cast<size_t>(j) * C, static_cast<size_t>(C), j, stream);
-        transport_->recv(recv + static_cast<size_t>(j) * C, static_cast<size_t>(C), j, stream);
-    }
-    transport_->group_end(stream);
-    // 4. Accumulate chunk r in float32 in rank order, each tensor's part with its scale.
-    const int64_t lo = static_cast<int64_t>(r) * C, hi = std::min(lo + C, total);
-    for (size_t i = 0; i < n; ++i) {
-        const int64_t a = std::max(lo, offset[i]), b = std::min(hi, offset[i + 1]);
-        if (a >= b) continue;
-        compute_->accumulate(recv + (a - lo), C, N, b - a, o.wire, wire_si + i, o.average, red + (a - lo),
-                             amax_out + i, stream);
-    }
-    // 5. Agree on each tensor's new amax; requantize this rank's part.
-    transport_->allreduce_max_u32(amax_out, n, stream);
-    for (size_t i = 0; i < n; ++i) {
-        compute_->scale_inv(amax_out + i, gather[i], out_si + i, stream);
-        const int64_t a = std::max(lo, offset[i]), b = std::min(hi, offset[i + 1]);
-        if (a < b) compute_->requantize(red + (a - lo), b - a, amax_out + i, gather[i], wire + a, nullptr, sat, stream);
-    }
-    // 6. All-gather the requantized codes, in place.
-    transport_->all_gather(wire + lo, wire, static_cast<size_t>(C), stream);
-    // 7. Outputs: codes and scale_inv, or their values.
+        compute_->amax(inputs[i]->data(), inputs[i]->dtype(), inputs[i]->scale_inv(), inputs[i]->numel(), amax_in + i, S);
+    to_side();
+    transport_->allreduce_max_u32(amax_in, n, X);
+    from_side();
+    // 2-4, piece by piece: quantize piece p of every rank's chunk onto the wire (every call also
+    // writes the tensor's wire scale_inv, the same value each time: the accumulation of a piece may
+    // come before the quantization of the tensor's first element, which can lie in a later piece of
+    // a lower rank's chunk); reduce-scatter it (piece p of chunk j to rank j, grouped);
+    // the first pass of the accumulation of chunk r's piece p (in float32, in rank order): only the
+    // amax of the reduced values.
+    const int64_t lo_r = static_cast<int64_t>(r) * C;
+    pipeline(
+        [&](int64_t p) {
+            const auto [lo, hi] = piece(p);
+            for (int j = 0; j < N; ++j)
+                each(j * C + lo, j * C + hi, [&](size_t i, int64_t a, int64_t b) {
+                    const Tensor &in = *inputs[i];
+                    compute_->quantize(element(in, a - offset[i]), in.dtype(), in.scale_inv(), b - a, amax_in + i,
+                                       o.wire, wire + a, wire_si + i, sat, S);
+                });
+        },
+        [&](int64_t p) {
+            const auto [lo, hi] = piece(p);
+            transport_->group_start();
+            for (int j = 0; j < N; ++j) {
+                transport_->send(wire + j * C + lo, static_cast<size_t>(hi - lo), j, X);
+                transport_->recv(recv + j * C + lo, static_cast<size_t>(hi - lo), j, X);
+            }
+            transport_->group_end(X);
+        },
+        [&](int64_t p) {
+            const auto [lo, hi] = piece(p);
+            each(lo_r + lo, lo_r + hi, [&](size_t i, int64_t a, int64_t b) {
+                compute_->accumulate(recv + (a - lo_r), C, N, b - a, o.wire, wire_si + i, o.average, nullptr,
+                                     amax_out + i, S);
+            });
+        });
+    // 5. Agree on each tensor's new amax.
+    to_side();
+    transport_->allreduce_max_u32(amax_out, n, X);
+    from_side();
+    for (size_t i = 0; i < n; ++i) compute_->scale_inv(amax_out + i, gather[i], out_si + i, S);
+    // 6-7, piece by piece: the second pass (the same sums again from the FP8 codes, quantized with the
+    // agreed scale; no float32 buffer), all-gathered as grouped sends and receives of the piece (in
+    // place), then each rank's piece into the outputs: codes, or their values.
+    pipeline(
+        [&](int64_t p) {
+            const auto [lo, hi] = piece(p);
+            each(lo_r + lo, lo_r + hi, [&](size_t i, int64_t a, int64_t b) {
+                compute_->accumulate_quantize(recv + (a - lo_r), C, N, b - a, o.wire, wire_si + i, o.average,
+                                              amax_out + i, gather[i], wire + a, sat, S);
+            });
+        },
+        [&](int64_t p) {
+            if (N == 1) return;
+            const auto [lo, hi] = piece(p);
+            transport_->group_start();
+            for (int j = 0; j < N; ++j) {
+                if (j == r) continue;
+                transport_->send(wire + lo_r + lo, static_cast<size_t>(hi - lo), j, X);
+                transport_->recv(wire + j * C + lo, static_cast<size_t>(hi - lo), j, X);
+            }
+            transport_->group_end(X);
+        },
+        [&](int64_t p) {
+            const auto [lo, hi] = piece(p);
+            for (int j = 0; j < N; ++j)
+                each(j * C + lo, j * C + hi, [&](size_t i, int64_t a, int64_t b) {
+                    Tensor &out = *outputs[i];
+                    if (is_fp8(out.dtype()))
+                        compute_->copy_async(element(out, a - offset[i]), wire + a, static_cast<size_t>(b - a), S);
+                    else
+                        compute_->dequantize(wire + a, gather[i], out_si + i, b - a, element(out, a - offset[i]),
+                                             out.dtype(), S);
+                });
+        });
     for (size_t i = 0; i < n; ++i) {
         Tensor &out = *outputs[i];
-        if (is_fp8(out.dtype())) {
-            compute_->copy_async(out.data(), wire + offset[i], static_cast<size_t>(out.numel()), stream);
-            compute_->copy_async(out.scale_inv(), out_si + i, sizeof(float), stream);
-        } else {
-            compute_->dequantize(wire + offset[i], gather[i], out_si + i, out.numel(), out.data(), out.dtype(), stream);
-        }
+        if (is_fp8(out.dtype())) compute_->copy_async(out.scale_inv(), out_si + i, sizeof(float), S);
         out.mark_written();
     }
 }
@@ -295,7 +427,7 @@ void Communicator::reduce_scatter(const std::shared_ptr<Tensor> &input, const st
         scratch(0, 16);
         scratch(1, k * N);
         scratch(2, k * N);
-        if (output->dtype() != FP8AMP_DTYPE_F32) scratch(3, k * sizeof(float));
+        if (output->dtype() != FP8AMP_DTYPE_F32 && !is_fp8(output->dtype())) scratch(3, k * sizeof(float));
         return sig;
     });
 
@@ -308,8 +440,9 @@ void Communicator::reduce_scatter(const std::shared_ptr<Tensor> &input, const st
     auto *wire = static_cast<uint8_t *>(scratch(1, total));
     auto *recv = static_cast<uint8_t *>(scratch(2, total));
     const bool direct = output->dtype() == FP8AMP_DTYPE_F32;  // accumulate straight into the output
-    auto *red = direct ? static_cast<float *>(output->data())
-                       : static_cast<float *>(scratch(3, static_cast<size_t>(k) * sizeof(float)));
+    auto *red = direct || is_fp8(output->dtype())
+                    ? static_cast<float *>(output->data())  // (unused for FP8)
+                    : static_cast<float *>(scratch(3, static_cast<size_t>(k) * sizeof(float)));
     auto *sat = static_cast<unsigned long long *>(saturated_->data());
 
     compute_->memset_async(small, 0, 8, stream);
@@ -324,13 +457,16 @@ void Communicator::reduce_scatter(const std::shared_ptr<Tensor> &input, const st
     }
     transport_->group_end(stream);
     // From here on nothing can fail: the output is written.
-    compute_->accumulate(recv, k, N, k, o.wire, wire_si, o.average, red, amax_out, stream);
     if (is_fp8(output->dtype())) {
-        // Per-shard scale: this shard's own amax.
-        compute_->requantize(red, k, amax_out, output->dtype(), static_cast<uint8_t *>(output->data()),
-                             output->scale_inv(), sat, stream);
-    } else if (!direct) {
-        compute_->convert(red, k, output->data(), output->dtype(), stream);
+        // Per-shard scale: this shard's own amax. Two passes over the FP8 codes (the amax of the
+        // reduced values, then the same values again, quantized), no float32 buffer.
+        compute_->accumulate(recv, k, N, k, o.wire, wire_si, o.average, nullptr, amax_out, stream);
+        compute_->scale_inv(amax_out, output->dtype(), output->scale_inv(), stream);
+        compute_->accumulate_quantize(recv, k, N, k, o.wire, wire_si, o.average, amax_out, output->dtype(),
+                                      static_cast<uint8_t *>(output->data()), sat, stream);
+    } else {
+        compute_->accumulate(recv, k, N, k, o.wire, wire_si, o.average, red, amax_out, stream);
+        if (!direct) compute_->convert(red, k, output->data(), output->dtype(), stream);
     }
     output->mark_written();
 }

@@ -67,7 +67,7 @@ private:
                  std::unique_ptr<Transport> transport);
     void exchange_agreement(bool check, const char *op, bool failed, const Signature &sig);
     // Grow-only scratch slot of the context's device memory.
-    void *scratch(size_t slot, size_t nbytes);
+    void *scratch(size_t slot, size_t nbytes, bool zero = false);
 
     std::shared_ptr<const Context> ctx_;
     std::unique_ptr<kernels::CommCompute> compute_;

@@ -56,6 +56,32 @@ FP8AMP_HD float comm_reduce_factor(float wire_scale_inv, int nranks, bool averag
     return average ? wire_scale_inv / static_cast<float>(nranks) : wire_scale_inv;
 }
 
+// One step of the fixed-order accumulation, sum + d, identical on both devices also for NaN: the
+// first NaN in rank order stays (sign and all: the decoded NaN is the canonical one with its code's
+// sign), and a NaN made by the addition itself (inf + -inf, E5M2 only) is the canonical positive one.
+// Without this a NaN sum would differ between the devices: x86 returns the NaN operand (its sign
+// kept) and inf + -inf as the negative default NaN, CUDA's add returns 0x7FFFFFFF for both.
+FP8AMP_HD float comm_add(float sum, float d) {
+    if (sum != sum) return sum;
+    if (d != d) return d;
+#if defined(__CUDA_ARCH__)
+    const float t = __fadd_rn(sum, d);  // never contracted into an FMA
+#else
+    const float t = sum + d;
+#endif
+    return t != t ? codec::bits_f32(codec::kF32QuietNaN) : t;
+}
+
+// The reduced value of element k: (sum over j = 0..nranks-1, in that order, of decode(code_j)) times
+// f = comm_reduce_factor(...), through scaled() (NaN kept, 0 * inf canonical). code(j) gives rank j's
+// code. The one definition both devices and every kernel (accumulate, requantize) use.
+template <class Code>
+FP8AMP_HD float comm_reduce(fp8amp_dtype wire, int nranks, float f, Code &&code) {
+    float sum = 0.0f;
+    for (int j = 0; j < nranks; ++j) sum = comm_add(sum, comm_decode(wire, code(j)));
+    return scaled(sum, f);
+}
+
 class CommCompute {
 public:
     virtual ~CommCompute() = default;
@@ -77,11 +103,19 @@ public:
                           const uint32_t *amax_bits, fp8amp_dtype wire, uint8_t *dst, float *scale_inv_out,
                           unsigned long long *saturated, void *stream) = 0;
     // dst[k] = (sum over j = 0..nranks-1, in that order, of decode(src[j * stride + k])) *
-    // comm_reduce_factor(*wire_scale_inv, nranks, average), for k < n, in float32; amax of dst folded
-    // into *amax_bits (when not null).
+    // comm_reduce_factor(*wire_scale_inv, nranks, average), for k < n, in float32 (comm_reduce); amax
+    // of dst folded into *amax_bits (when not null). dst may be null: the amax pass only.
     virtual void accumulate(const uint8_t *src, int64_t stride, int nranks, int64_t n, fp8amp_dtype wire,
                             const float *wire_scale_inv, bool average, float *dst, uint32_t *amax_bits,
                             void *stream) = 0;
+    // The fused second pass of the all-reduce: the reduced values of accumulate (computed again from
+    // the FP8 codes, never stored in float32) quantized with comm_scale(*amax_bits) of `format` into
+    // dst; saturated elements added to *saturated. Identical bytes to accumulate into a float32
+    // buffer then requantize.
+    virtual void accumulate_quantize(const uint8_t *src, int64_t stride, int nranks, int64_t n, fp8amp_dtype wire,
+                                     const float *wire_scale_inv, bool average, const uint32_t *amax_bits,
+                                     fp8amp_dtype format, uint8_t *dst, unsigned long long *saturated,
+                                     void *stream) = 0;
     // dst = codes of f32 src scaled by comm_scale(*amax_bits) in `format`; *scale_inv_out = 1 / s.
     virtual void requantize(const float *src, int64_t n, const uint32_t *amax_bits, fp8amp_dtype format, uint8_t *dst,
                             float *scale_inv_out, unsigned long long *saturated, void *stream) = 0;
@@ -92,6 +126,18 @@ public:
     virtual void scale_inv(const uint32_t *amax_bits, fp8amp_dtype format, float *scale_inv_out, void *stream) = 0;
     // dst (dtype F32/F16/BF16) = src rounded into dtype.
     virtual void convert(const float *src, int64_t n, void *dst, fp8amp_dtype dtype, void *stream) = 0;
+
+    // Pipelining (core/communicator.cpp overlaps the conversions with the transfers): the stream the
+    // transport's operations go on, and ordering between the two through event slots
+    // (kEventSlots): record(slot, s) marks the work enqueued on s so far, wait(slot, t) makes t wait
+    // for the last mark of that slot (at the time of the call, as cudaStreamWaitEvent). CPU: one
+    // synchronous stream, nothing to do. CUDA: a second stream of the context's device (created on
+    // first use, the highest priority so that NCCL's blocks are scheduled first) and events; both
+    // work under graph capture (the fork and the join are captured).
+    static constexpr int kEventSlots = 4;
+    virtual void *side_stream(void *stream) { return stream; }
+    virtual void record(int slot, void *stream) { (void)slot, (void)stream; }
+    virtual void wait(int slot, void *stream) { (void)slot, (void)stream; }
 };
 
 std::unique_ptr<CommCompute> make_cpu_comm_compute();

@@ -132,8 +132,11 @@ void quantize(int device, void *stream, const void *src, fp8amp_dtype src_dtype,
               size_t n, const QuantizeTarget &target);
 void quantize_transpose(int device, void *stream, const void *src, fp8amp_dtype src_dtype, void *dst, void *dst_t,
                         fp8amp_dtype dst_dtype, size_t rows, size_t cols, const QuantizeTarget &target);
+// yield_sms: blocks that each take a fixed run of elements and retire, instead of a persistent grid, so
+// that kernels of another stream running beside it (the communicator's NCCL transfers) get
+// multiprocessors as blocks retire (kernels/cuda/comm.cu).
 void dequantize(int device, void *stream, const void *src, fp8amp_dtype src_dtype, void *dst, fp8amp_dtype dst_dtype,
-                size_t n, const float *scale_inv);
+                size_t n, const float *scale_inv, bool yield_sms = false);
 // Updates n metas (device pointers) in one launch per 1024 metas.
 void update_scaling(int device, void *stream, ScalingState *const *metas, size_t n);
 

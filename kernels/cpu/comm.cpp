@@ -55,13 +55,26 @@ public:
         const float f = comm_reduce_factor(*wire_scale_inv, nranks, average);
         uint32_t m = amax_bits ? *amax_bits : 0;
         for (int64_t k = 0; k < n; ++k) {
-            float sum = 0.0f;
-            for (int j = 0; j < nranks; ++j) sum += comm_decode(wire, src[j * stride + k]);
-            const float v = sum * f;
-            dst[k] = v;
+            const float v = comm_reduce(wire, nranks, f, [&](int j) { return src[j * stride + k]; });
+            if (dst) dst[k] = v;
             m = std::max(m, amax_bits_of(v));
         }
         if (amax_bits) *amax_bits = m;
+    }
+
+    // The same values as accumulate, quantized as requantize does (scaled() then the codec).
+    void accumulate_quantize(const uint8_t *src, int64_t stride, int nranks, int64_t n, fp8amp_dtype wire,
+                             const float *wire_scale_inv, bool average, const uint32_t *amax_bits, fp8amp_dtype format,
+                             uint8_t *dst, unsigned long long *saturated, void *) override {
+        const float f = comm_reduce_factor(*wire_scale_inv, nranks, average);
+        const float s = comm_scale(comm_fp8_max(format), *amax_bits);
+        unsigned long long sat = 0;
+        for (int64_t k = 0; k < n; ++k) {
+            const float y = scaled(comm_reduce(wire, nranks, f, [&](int j) { return src[j * stride + k]; }), s);
+            sat += comm_saturates(format, y);
+            dst[k] = comm_encode(format, y);
+        }
+        *saturated += sat;
     }
 
     void requantize(const float *src, int64_t n, const uint32_t *amax_bits, fp8amp_dtype format, uint8_t *dst,

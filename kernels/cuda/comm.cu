@@ -1,17 +1,32 @@
 // CUDA kernels of the communicator's device compute (kernels/comm.hpp): the arithmetic of the
 // shared inline functions, element for element as the CPU reference (kernels/cpu/comm.cpp) does it,
-// so that both compute the same bytes. Encoding goes through the software codec (the same function
-// as on the CPU) rather than cvt.rn.satfinite, which the tests have shown to be bit-identical
-// anyway; the accumulation adds in rank order 0..nranks-1 in one thread per element, so the sum's
-// rounding does not depend on the launch. Everything is enqueued on the context's stream; nothing
+// so that both compute the same bytes. Everything is enqueued on the given stream; nothing
 // synchronizes except to_host/from_host.
+//
+// Speed (issue 17): the large conversions run at memory bandwidth --
+//  - amax of a wide input and dequantize are the library's own kernels (kernels/cuda/quantize.cu:
+//    cuda::amax, cuda::dequantize with its per-block result table), whose results are the comm's
+//    (amax_bits_of of each value; scaled() then one rounding into the destination) bit for bit;
+//  - quantize and the fused accumulate + requantize move 16-byte packs, and encode two values per
+//    instruction with the hardware conversion cvt.rn.satfinite.{e4m3,e5m2}x2.f32 (encode2, comm_codec.cuh),
+//    which gives the software codec's bytes for every float32 that is not a NaN (why: encode2's
+//    comment; tests/cuda/test_comm_codec.cu checks all 2^32 inputs on the device); NaN is mapped
+//    explicitly. Saturation is counted from the scaled value (comm_saturates), not from the code, so
+//    the count does not depend on the encoder;
+//  - the grids are not persistent: each block converts a fixed run of packs and retires, so that the
+//    NCCL kernels the pipeline runs beside these (core/communicator.cpp) find multiprocessors free.
+// The scalar kernels serve unaligned pointers and the tails, with the software codec throughout.
+#include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
 #include <type_traits>
 
+#include "casting_common.cuh"
 #include "comm.hpp"
 #include "cuda_common.cuh"
+#include "comm_codec.cuh"
+#include "elementwise.cuh"
 
 namespace fp8amp::kernels {
 namespace {
@@ -87,10 +102,8 @@ __global__ void accumulate_kernel(const uint8_t *src, int64_t stride, int nranks
     const float f = comm_reduce_factor(*wire_scale_inv, nranks, average);
     uint32_t m = 0;
     for (int64_t k = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; k < n; k += int64_t(gridDim.x) * blockDim.x) {
-        float sum = 0.0f;
-        for (int j = 0; j < nranks; ++j) sum = __fadd_rn(sum, comm_decode(wire, src[j * stride + k]));
-        const float v = __fmul_rn(sum, f);
-        dst[k] = v;
+        const float v = comm_reduce(wire, nranks, f, [&](int j) { return src[j * stride + k]; });
+        if (dst) dst[k] = v;
         m = max(m, amax_bits_of(v));
     }
     if (amax_bits) fold_max(m, amax_bits);
@@ -112,159 +125,194 @@ __global__ void convert_kernel(const float *src, int64_t n, void *dst, fp8amp_dt
         store_wide(dst, dtype, k, src[k]);
 }
 
-// Vectorized variants for the large buckets: each thread takes 8 consecutive elements per step, so
-// that one load or store moves 8 to 32 bytes (a scalar 1- or 2-byte access per thread leaves too
-// few bytes in flight to reach the memory's bandwidth). The arithmetic per element is the same
-// inline functions as above, so the bytes are the same; they are used when every pointer is aligned
-// to its vector width (8 elements), and the last n % 8 elements go through the scalar code in the
-// same kernel.
-constexpr int kVec = 8;
+// ---- the vectorized kernels -----------------------------------------------------------------------
 
-template <fp8amp_dtype D>
-__device__ void load8(const void *src, int64_t k, float s, float v[kVec]) {
-    if constexpr (D == FP8AMP_DTYPE_F32) {
-        const float4 a = *reinterpret_cast<const float4 *>(static_cast<const float *>(src) + k);
-        const float4 b = *reinterpret_cast<const float4 *>(static_cast<const float *>(src) + k + 4);
-        const float f[kVec] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+constexpr int kVec = 8;     // elements per pack of quantize (16 bytes of BF16/F16 in, 8 codes out)
+constexpr int kCodes = 16;  // codes per pack of the accumulation (16 bytes of each rank in)
+constexpr int kPacksPerThread = 4;
+
+// A grid of blocks that each take kThreads * kPacksPerThread packs and retire (the loops are
+// grid-stride all the same, so a capped grid stays correct).
+int tile_blocks(int64_t packs) {
+    const int64_t per_block = int64_t(kThreads) * kPacksPerThread;
+    const int64_t b = (packs + per_block - 1) / per_block;
+    return static_cast<int>(b < 1 ? 1 : (b > (int64_t(1) << 20) ? (int64_t(1) << 20) : b));
+}
+
+// The values of a pack of kVec source elements: what load_real gives, bit for bit where it matters
+// (a BF16 NaN keeps its sign and its payload here, load_real makes it the canonical one; either NaN
+// goes through scaled() unchanged and is encoded as the canonical code with its sign, and its amax
+// is inf either way).
+template <fp8amp_dtype S>
+__device__ __forceinline__ void load_pack(const void *src, int64_t pack, float in_s, float x[kVec]) {
+    using T = typename cuda::Storage<S>::type;
+    const auto a = static_cast<const cuda::casting::PackN<T, kVec> *>(src)[pack];
 #pragma unroll
-        for (int i = 0; i < kVec; ++i) v[i] = codec::canonical_f32(f[i]);
-    } else if constexpr (D == FP8AMP_DTYPE_F16 || D == FP8AMP_DTYPE_BF16) {
-        const uint4 u = *reinterpret_cast<const uint4 *>(static_cast<const uint16_t *>(src) + k);
-        const uint16_t *h = reinterpret_cast<const uint16_t *>(&u);
-#pragma unroll
-        for (int i = 0; i < kVec; ++i)
-            v[i] = D == FP8AMP_DTYPE_F16 ? codec::decode<codec::F16>(h[i]) : codec::decode<codec::BF16>(h[i]);
-    } else {
-        const uint2 u = *reinterpret_cast<const uint2 *>(static_cast<const uint8_t *>(src) + k);
-        const uint8_t *c = reinterpret_cast<const uint8_t *>(&u);
-#pragma unroll
-        for (int i = 0; i < kVec; ++i)
-            v[i] = scaled(D == FP8AMP_DTYPE_E5M2 ? codec::decode<codec::E5M2>(c[i]) : codec::decode<codec::E4M3>(c[i]), s);
+    for (int i = 0; i < kVec; ++i) {
+        if constexpr (S == FP8AMP_DTYPE_BF16) x[i] = __uint_as_float(static_cast<uint32_t>(a.v[i]) << 16);
+        else if constexpr (S == FP8AMP_DTYPE_F32) x[i] = a.v[i];
+        else if constexpr (S == FP8AMP_DTYPE_F16) x[i] = codec::decode<codec::F16>(a.v[i]);
+        else x[i] = scaled(cuda::to_f32<S>(a.v[i]), in_s);
     }
 }
 
-template <fp8amp_dtype D>
-__device__ void store8(void *dst, int64_t k, const float v[kVec]) {
-    if constexpr (D == FP8AMP_DTYPE_F32) {
-        float *d = static_cast<float *>(dst) + k;
-        *reinterpret_cast<float4 *>(d) = make_float4(codec::canonical_f32(v[0]), codec::canonical_f32(v[1]),
-                                                     codec::canonical_f32(v[2]), codec::canonical_f32(v[3]));
-        *reinterpret_cast<float4 *>(d + 4) = make_float4(codec::canonical_f32(v[4]), codec::canonical_f32(v[5]),
-                                                         codec::canonical_f32(v[6]), codec::canonical_f32(v[7]));
-    } else {
-        uint4 u;
-        uint16_t *h = reinterpret_cast<uint16_t *>(&u);
+// K values (a multiple of 4) scaled by s and encoded into `format` W, four codes a word, with the
+// saturations counted into sat.
+template <fp8amp_dtype W, int K>
+__device__ __forceinline__ void encode_pack(const float *v, float s, unsigned long long &sat, uint32_t *w) {
 #pragma unroll
-        for (int i = 0; i < kVec; ++i)
-            h[i] = static_cast<uint16_t>(D == FP8AMP_DTYPE_F16 ? codec::encode<codec::F16, false>(v[i])
-                                                               : codec::encode<codec::BF16, false>(v[i]));
-        *reinterpret_cast<uint4 *>(static_cast<uint16_t *>(dst) + k) = u;
+    for (int i = 0; i < K; i += 2) {
+        const float y0 = scaled(v[i], s), y1 = scaled(v[i + 1], s);
+        sat += comm_saturates(W, y0) + comm_saturates(W, y1);
+        const uint32_t pair = cuda::encode2<W>(y0, y1);
+        if (i % 4 == 0) w[i / 4] = pair;
+        else w[i / 4] |= pair << 16;
     }
 }
 
-__device__ int64_t vec_start() { return blockIdx.x * int64_t(blockDim.x) + threadIdx.x; }
-__device__ int64_t vec_step() { return int64_t(gridDim.x) * blockDim.x; }
-// The scalar tail [n8, n): taken by the first block's threads.
-#define FP8AMP_TAIL(n8, n) for (int64_t k = (n8) + threadIdx.x; blockIdx.x == 0 && k < (n); k += blockDim.x)
-
-template <fp8amp_dtype D>
-__global__ void amax_vec_kernel(const void *src, const float *scale_inv, int64_t n, uint32_t *amax) {
-    const float s = input_scale(D, scale_inv);
-    const int64_t n8 = n / kVec * kVec;
-    uint32_t m = 0;
-    for (int64_t k = vec_start() * kVec; k < n8; k += vec_step() * kVec) {
-        float v[kVec];
-        load8<D>(src, k, s, v);
-#pragma unroll
-        for (int i = 0; i < kVec; ++i) m = max(m, amax_bits_of(v[i]));
-    }
-    FP8AMP_TAIL(n8, n) m = max(m, amax_bits_of(load_real(src, D, s, k)));
-    fold_max(m, amax);
-}
-
-template <fp8amp_dtype D>
-__global__ void quantize_vec_kernel(const void *src, const float *src_scale_inv, int64_t n, const uint32_t *amax_bits,
-                                    fp8amp_dtype wire, uint8_t *dst, float *scale_inv_out,
-                                    unsigned long long *saturated) {
-    const float in_s = input_scale(D, src_scale_inv);
-    const float s = comm_scale(comm_fp8_max(wire), *amax_bits);
-    const int64_t n8 = n / kVec * kVec;
+template <fp8amp_dtype S, fp8amp_dtype W>
+__global__ void __launch_bounds__(kThreads) quantize_vec_kernel(const void *__restrict__ src, const float *src_scale_inv, int64_t n,
+                                                                const uint32_t *amax_bits, uint8_t *__restrict__ dst,
+                                                                float *scale_inv_out, unsigned long long *saturated) {
+    const float in_s = input_scale(S, src_scale_inv);
+    const float s = comm_scale(comm_fp8_max(W), *amax_bits);
+    const int64_t packs = n / kVec;
     unsigned long long sat = 0;
-    for (int64_t k = vec_start() * kVec; k < n8; k += vec_step() * kVec) {
-        float v[kVec];
-        load8<D>(src, k, in_s, v);
-        uint2 out;
-        uint8_t *c = reinterpret_cast<uint8_t *>(&out);
-#pragma unroll
-        for (int i = 0; i < kVec; ++i) {
-            const float y = scaled(v[i], s);
-            sat += comm_saturates(wire, y);
-            c[i] = comm_encode(wire, y);
-        }
-        *reinterpret_cast<uint2 *>(dst + k) = out;
+#pragma unroll 2  // two packs' loads in flight (the pointers are __restrict__)
+    for (int64_t p = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; p < packs; p += int64_t(gridDim.x) * blockDim.x) {
+        float x[kVec];
+        load_pack<S>(src, p, in_s, x);
+        uint32_t w[kVec / 4];
+        encode_pack<W, kVec>(x, s, sat, w);
+        reinterpret_cast<uint2 *>(dst)[p] = make_uint2(w[0], w[1]);
     }
-    FP8AMP_TAIL(n8, n) {
-        const float y = scaled(load_real(src, D, in_s, k), s);
-        sat += comm_saturates(wire, y);
-        dst[k] = comm_encode(wire, y);
+    // The tail, with the software codec.
+    for (int64_t k = packs * kVec + blockIdx.x * int64_t(blockDim.x) + threadIdx.x; k < n; k += int64_t(gridDim.x) * blockDim.x) {
+        const float y = scaled(load_real(src, S, in_s, k), s);
+        sat += comm_saturates(W, y);
+        dst[k] = comm_encode(W, y);
     }
     fold_count(sat, saturated);
     if (scale_inv_out && blockIdx.x == 0 && threadIdx.x == 0) *scale_inv_out = 1.0f / s;
 }
 
-__global__ void accumulate_vec_kernel(const uint8_t *src, int64_t stride, int nranks, int64_t n, fp8amp_dtype wire,
-                                      const float *wire_scale_inv, bool average, float *dst, uint32_t *amax_bits) {
-    const float f = comm_reduce_factor(*wire_scale_inv, nranks, average);
-    const int64_t n8 = n / kVec * kVec;
+// The amax of an FP8 input's values (code * its scale_inv); wide inputs use cuda::amax.
+template <fp8amp_dtype S>
+__global__ void __launch_bounds__(kThreads) amax_vec_kernel(const void *src, const float *scale_inv, int64_t n,
+                                                            uint32_t *amax) {
+    const float s = input_scale(S, scale_inv);
+    const int64_t packs = n / kVec;
     uint32_t m = 0;
-    for (int64_t k = vec_start() * kVec; k < n8; k += vec_step() * kVec) {
-        float sum[kVec];
+#pragma unroll 2  // two packs' loads in flight (the pointers are __restrict__)
+    for (int64_t p = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; p < packs; p += int64_t(gridDim.x) * blockDim.x) {
+        float x[kVec];
+        load_pack<S>(src, p, s, x);
 #pragma unroll
-        for (int i = 0; i < kVec; ++i) sum[i] = 0.0f;
-        for (int j = 0; j < nranks; ++j) {  // in rank order, as the scalar kernel
-            const uint2 u = *reinterpret_cast<const uint2 *>(src + j * stride + k);
-            const uint8_t *c = reinterpret_cast<const uint8_t *>(&u);
-#pragma unroll
-            for (int i = 0; i < kVec; ++i) sum[i] = __fadd_rn(sum[i], comm_decode(wire, c[i]));
-        }
-        float v[kVec];
-#pragma unroll
-        for (int i = 0; i < kVec; ++i) {
-            v[i] = __fmul_rn(sum[i], f);
-            m = max(m, amax_bits_of(v[i]));
-        }
-        *reinterpret_cast<float4 *>(dst + k) = make_float4(v[0], v[1], v[2], v[3]);
-        *reinterpret_cast<float4 *>(dst + k + 4) = make_float4(v[4], v[5], v[6], v[7]);
+        for (int i = 0; i < kVec; ++i) m = max(m, amax_bits_of(x[i]));
     }
-    FP8AMP_TAIL(n8, n) {
-        float sum = 0.0f;
-        for (int j = 0; j < nranks; ++j) sum = __fadd_rn(sum, comm_decode(wire, src[j * stride + k]));
-        const float v = __fmul_rn(sum, f);
-        dst[k] = v;
+    for (int64_t k = packs * kVec + blockIdx.x * int64_t(blockDim.x) + threadIdx.x; k < n; k += int64_t(gridDim.x) * blockDim.x)
+        m = max(m, amax_bits_of(load_real(src, S, s, k)));
+    fold_max(m, amax);
+}
+
+// The reduced values of kCodes consecutive elements (comm_reduce's arithmetic, rank by rank over 16-
+// byte loads): sum_j decode(code_j) in rank order with comm_add, then scaled() by f. The codes are
+// decoded four at a time by decode4, which gives codec::decode's floats.
+template <fp8amp_dtype W>
+__device__ __forceinline__ void reduce_pack(const uint8_t *src, int64_t stride, int nranks, int64_t pack, float f,
+                                            float v[kCodes]) {
+#pragma unroll
+    for (int i = 0; i < kCodes; ++i) v[i] = 0.0f;
+    for (int j = 0; j < nranks; ++j) {
+        const uint4 u = reinterpret_cast<const uint4 *>(src + j * stride)[pack];
+        const uint32_t w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+            float d[4];
+            cuda::decode4<W>(w[q], d);  // codec::decode's floats (comm_codec.cuh)
+#pragma unroll
+            for (int k = 0; k < 4; ++k) v[4 * q + k] = comm_add(v[4 * q + k], d[k]);
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < kCodes; ++i) v[i] = scaled(v[i], f);
+}
+
+// The accumulation's first pass: the amax of the reduced values (and, for the reduce-scatter's
+// float32 output, the values themselves when dst is not null).
+template <fp8amp_dtype W>
+__global__ void __launch_bounds__(kThreads) accumulate_vec_kernel(const uint8_t *__restrict__ src, int64_t stride, int nranks,
+                                                                  int64_t n, const float *wire_scale_inv, bool average,
+                                                                  float *__restrict__ dst, uint32_t *amax_bits) {
+    const float f = comm_reduce_factor(*wire_scale_inv, nranks, average);
+    const int64_t packs = n / kCodes;
+    uint32_t m = 0;
+#pragma unroll 2  // two packs' loads in flight (the pointers are __restrict__)
+    for (int64_t p = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; p < packs; p += int64_t(gridDim.x) * blockDim.x) {
+        float v[kCodes];
+        reduce_pack<W>(src, stride, nranks, p, f, v);
+#pragma unroll
+        for (int i = 0; i < kCodes; ++i) m = max(m, amax_bits_of(v[i]));
+        if (dst) {
+            auto *d = reinterpret_cast<float4 *>(dst + p * kCodes);
+#pragma unroll
+            for (int i = 0; i < kCodes / 4; ++i) d[i] = make_float4(v[4 * i], v[4 * i + 1], v[4 * i + 2], v[4 * i + 3]);
+        }
+    }
+    for (int64_t k = packs * kCodes + blockIdx.x * int64_t(blockDim.x) + threadIdx.x; k < n; k += int64_t(gridDim.x) * blockDim.x) {
+        const float v = comm_reduce(W, nranks, f, [&](int j) { return src[j * stride + k]; });
+        if (dst) dst[k] = v;
         m = max(m, amax_bits_of(v));
     }
     if (amax_bits) fold_max(m, amax_bits);
 }
 
-template <fp8amp_dtype D>
-__global__ void dequantize_vec_kernel(const uint8_t *src, fp8amp_dtype format, const float *scale_inv, int64_t n,
-                                      void *dst) {
-    const float s = *scale_inv;
-    const int64_t n8 = n / kVec * kVec;
-    for (int64_t k = vec_start() * kVec; k < n8; k += vec_step() * kVec) {
-        float v[kVec];
-        if (format == FP8AMP_DTYPE_E5M2) load8<FP8AMP_DTYPE_E5M2>(src, k, s, v);
-        else load8<FP8AMP_DTYPE_E4M3>(src, k, s, v);
-        store8<D>(dst, k, v);
+// The second pass: the same values again (from the FP8 codes; nothing in float32 was stored),
+// quantized with the scale of the agreed amax of the reduced values.
+template <fp8amp_dtype W, fp8amp_dtype O>
+__global__ void __launch_bounds__(kThreads) accumulate_quantize_vec_kernel(const uint8_t *__restrict__ src, int64_t stride, int nranks,
+                                                                           int64_t n, const float *wire_scale_inv,
+                                                                           bool average, const uint32_t *amax_bits,
+                                                                           uint8_t *__restrict__ dst,
+                                                                           unsigned long long *saturated) {
+    const float f = comm_reduce_factor(*wire_scale_inv, nranks, average);
+    const float s = comm_scale(comm_fp8_max(O), *amax_bits);
+    const int64_t packs = n / kCodes;
+    unsigned long long sat = 0;
+#pragma unroll 2  // two packs' loads in flight (the pointers are __restrict__)
+    for (int64_t p = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; p < packs; p += int64_t(gridDim.x) * blockDim.x) {
+        float v[kCodes];
+        reduce_pack<W>(src, stride, nranks, p, f, v);
+        uint32_t w[kCodes / 4];
+        encode_pack<O, kCodes>(v, s, sat, w);
+        reinterpret_cast<uint4 *>(dst)[p] = make_uint4(w[0], w[1], w[2], w[3]);
     }
-    FP8AMP_TAIL(n8, n) store_wide(dst, D, k, load_real(src, format, s, k));
+    for (int64_t k = packs * kCodes + blockIdx.x * int64_t(blockDim.x) + threadIdx.x; k < n; k += int64_t(gridDim.x) * blockDim.x) {
+        const float y = scaled(comm_reduce(W, nranks, f, [&](int j) { return src[j * stride + k]; }), s);
+        sat += comm_saturates(O, y);
+        dst[k] = comm_encode(O, y);
+    }
+    fold_count(sat, saturated);
 }
-#undef FP8AMP_TAIL
+
+__global__ void accumulate_quantize_kernel(const uint8_t *src, int64_t stride, int nranks, int64_t n, fp8amp_dtype wire,
+                                           const float *wire_scale_inv, bool average, const uint32_t *amax_bits,
+                                           fp8amp_dtype format, uint8_t *dst, unsigned long long *saturated) {
+    const float f = comm_reduce_factor(*wire_scale_inv, nranks, average);
+    const float s = comm_scale(comm_fp8_max(format), *amax_bits);
+    unsigned long long sat = 0;
+    for (int64_t k = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; k < n; k += int64_t(gridDim.x) * blockDim.x) {
+        const float y = scaled(comm_reduce(wire, nranks, f, [&](int j) { return src[j * stride + k]; }), s);
+        sat += comm_saturates(format, y);
+        dst[k] = comm_encode(format, y);
+    }
+    fold_count(sat, saturated);
+}
 
 bool aligned(const void *p, size_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
-// The vector width in bytes of kVec elements of dtype d.
-size_t vec_bytes(fp8amp_dtype d) { return kVec * (d == FP8AMP_DTYPE_F32 ? 4 : (d == FP8AMP_DTYPE_F16 || d == FP8AMP_DTYPE_BF16) ? 2 : 1); }
-int vec_blocks(int64_t n) { return blocks_for((n + kVec - 1) / kVec); }
+size_t dtype_bytes(fp8amp_dtype d) {
+    return d == FP8AMP_DTYPE_F32 ? 4 : (d == FP8AMP_DTYPE_F16 || d == FP8AMP_DTYPE_BF16) ? 2 : 1;
+}
 
 // Calls f(std::integral_constant<fp8amp_dtype, d>) for a runtime dtype.
 template <class F>
@@ -277,10 +325,26 @@ void with_dtype(fp8amp_dtype d, F &&f) {
     case FP8AMP_DTYPE_E5M2: f(std::integral_constant<fp8amp_dtype, FP8AMP_DTYPE_E5M2>()); break;
     }
 }
+// The same for an FP8 dtype (E4M3 or E5M2).
+template <class F>
+void with_fp8(fp8amp_dtype d, F &&f) {
+    if (d == FP8AMP_DTYPE_E5M2) f(std::integral_constant<fp8amp_dtype, FP8AMP_DTYPE_E5M2>());
+    else f(std::integral_constant<fp8amp_dtype, FP8AMP_DTYPE_E4M3>());
+}
+
+}  // namespace
+
+namespace {
 
 class CudaCommCompute final : public CommCompute {
 public:
     explicit CudaCommCompute(int device) : device_(device) {}
+    ~CudaCommCompute() override {
+        cuda::DeviceGuardNoThrow g(device_);
+        for (cudaEvent_t e : events_)
+            if (e) cudaEventDestroy(e);
+        if (side_) cudaStreamDestroy(side_);  // returns at once; queued work still completes
+    }
     void memset_async(void *dst, int value, size_t nbytes, void *stream) override {
         if (!nbytes) return;
         cuda::DeviceGuard g(device_);
@@ -303,10 +367,17 @@ public:
     }
     void amax(const void *src, fp8amp_dtype dtype, const float *src_scale_inv, int64_t n, uint32_t *amax_bits,
               void *stream) override {
+        if (n <= 0) return;
+        if (dtype == FP8AMP_DTYPE_F32 || dtype == FP8AMP_DTYPE_F16 || dtype == FP8AMP_DTYPE_BF16) {
+            // max of amax_bits_of(value): the comm's amax of a wide input, bit for bit.
+            cuda::amax(device_, stream, src, dtype, static_cast<size_t>(n), amax_bits);
+            return;
+        }
         cuda::DeviceGuard g(device_);
-        if (aligned(src, vec_bytes(dtype))) {
-            with_dtype(dtype, [&](auto d) {
-                amax_vec_kernel<decltype(d)::value><<<vec_blocks(n), kThreads, 0, st(stream)>>>(src, src_scale_inv, n, amax_bits);
+        if (aligned(src, kVec)) {
+            with_fp8(dtype, [&](auto d) {
+                amax_vec_kernel<decltype(d)::value><<<tile_blocks(n / kVec), kThreads, 0, st(stream)>>>(
+                    src, src_scale_inv, n, amax_bits);
             });
         } else {
             amax_kernel<<<blocks_for(n), kThreads, 0, st(stream)>>>(src, dtype, src_scale_inv, n, amax_bits);
@@ -316,11 +387,15 @@ public:
     void quantize(const void *src, fp8amp_dtype dtype, const float *src_scale_inv, int64_t n, const uint32_t *amax_bits,
                   fp8amp_dtype wire, uint8_t *dst, float *scale_inv_out, unsigned long long *saturated,
                   void *stream) override {
+        if (n <= 0 && !scale_inv_out) return;
         cuda::DeviceGuard g(device_);
-        if (aligned(src, vec_bytes(dtype)) && aligned(dst, kVec)) {
+        if (aligned(src, kVec * dtype_bytes(dtype)) && aligned(dst, kVec)) {
             with_dtype(dtype, [&](auto d) {
-                quantize_vec_kernel<decltype(d)::value><<<vec_blocks(n), kThreads, 0, st(stream)>>>(
-                    src, src_scale_inv, n, amax_bits, wire, dst, scale_inv_out, saturated);
+                with_fp8(wire, [&](auto w) {
+                    quantize_vec_kernel<decltype(d)::value, decltype(w)::value>
+                        <<<tile_blocks(n / kVec), kThreads, 0, st(stream)>>>(src, src_scale_inv, n, amax_bits, dst,
+                                                                           scale_inv_out, saturated);
+                });
             });
         } else {
             quantize_kernel<<<blocks_for(n), kThreads, 0, st(stream)>>>(src, dtype, src_scale_inv, n, amax_bits, wire,
@@ -328,16 +403,43 @@ public:
         }
         cuda::check_launch("comm quantize_kernel");
     }
+    // Vectorized when every rank's codes start 16-byte aligned (src, stride) and dst too.
+    static bool accumulate_aligned(const uint8_t *src, int64_t stride, const void *dst, size_t dst_align) {
+        return aligned(src, kCodes) && stride % kCodes == 0 && (!dst || aligned(dst, dst_align));
+    }
     void accumulate(const uint8_t *src, int64_t stride, int nranks, int64_t n, fp8amp_dtype wire,
                     const float *wire_scale_inv, bool average, float *dst, uint32_t *amax_bits, void *stream) override {
+        if (n <= 0) return;
         cuda::DeviceGuard g(device_);
-        if (aligned(src, kVec) && stride % kVec == 0 && aligned(dst, kVec * sizeof(float)))
-            accumulate_vec_kernel<<<vec_blocks(n), kThreads, 0, st(stream)>>>(src, stride, nranks, n, wire,
-                                                                              wire_scale_inv, average, dst, amax_bits);
-        else
+        if (accumulate_aligned(src, stride, dst, 16)) {
+            with_fp8(wire, [&](auto w) {
+                accumulate_vec_kernel<decltype(w)::value><<<tile_blocks(n / kCodes), kThreads, 0, st(stream)>>>(
+                    src, stride, nranks, n, wire_scale_inv, average, dst, amax_bits);
+            });
+        } else {
             accumulate_kernel<<<blocks_for(n), kThreads, 0, st(stream)>>>(src, stride, nranks, n, wire, wire_scale_inv,
                                                                           average, dst, amax_bits);
+        }
         cuda::check_launch("comm accumulate_kernel");
+    }
+    void accumulate_quantize(const uint8_t *src, int64_t stride, int nranks, int64_t n, fp8amp_dtype wire,
+                             const float *wire_scale_inv, bool average, const uint32_t *amax_bits, fp8amp_dtype format,
+                             uint8_t *dst, unsigned long long *saturated, void *stream) override {
+        if (n <= 0) return;
+        cuda::DeviceGuard g(device_);
+        if (accumulate_aligned(src, stride, dst, kCodes)) {
+            with_fp8(wire, [&](auto w) {
+                with_fp8(format, [&](auto o) {
+                    accumulate_quantize_vec_kernel<decltype(w)::value, decltype(o)::value>
+                        <<<tile_blocks(n / kCodes), kThreads, 0, st(stream)>>>(src, stride, nranks, n, wire_scale_inv,
+                                                                             average, amax_bits, dst, saturated);
+                });
+            });
+        } else {
+            accumulate_quantize_kernel<<<blocks_for(n), kThreads, 0, st(stream)>>>(
+                src, stride, nranks, n, wire, wire_scale_inv, average, amax_bits, format, dst, saturated);
+        }
+        cuda::check_launch("comm accumulate_quantize_kernel");
     }
     void requantize(const float *src, int64_t n, const uint32_t *amax_bits, fp8amp_dtype format, uint8_t *dst,
                     float *scale_inv_out, unsigned long long *saturated, void *stream) override {
@@ -350,27 +452,57 @@ public:
     }
     void dequantize(const uint8_t *src, fp8amp_dtype format, const float *scale_inv, int64_t n, void *dst,
                     fp8amp_dtype dtype, void *stream) override {
-        cuda::DeviceGuard g(device_);
-        if (aligned(src, kVec) && aligned(dst, vec_bytes(dtype)) && !(dtype == FP8AMP_DTYPE_E4M3 || dtype == FP8AMP_DTYPE_E5M2)) {
-            with_dtype(dtype, [&](auto d) {
-                constexpr fp8amp_dtype D = decltype(d)::value;
-                if constexpr (D == FP8AMP_DTYPE_F32 || D == FP8AMP_DTYPE_F16 || D == FP8AMP_DTYPE_BF16)
-                    dequantize_vec_kernel<D><<<vec_blocks(n), kThreads, 0, st(stream)>>>(src, format, scale_inv, n, dst);
-            });
-        } else {
-            dequantize_kernel<<<blocks_for(n), kThreads, 0, st(stream)>>>(src, format, scale_inv, n, dst, dtype);
+        if (n <= 0) return;
+        if (dtype == FP8AMP_DTYPE_F32 || dtype == FP8AMP_DTYPE_F16 || dtype == FP8AMP_DTYPE_BF16) {
+            // from_f32<dtype>(scaled(decode(code), scale_inv)) through a per-block table of the 256
+            // results: store_wide(load_real(...)) bit for bit (canonical NaN with its sign, RNE).
+            cuda::dequantize(device_, stream, src, format, dst, dtype, static_cast<size_t>(n), scale_inv,
+                             /*yield_sms=*/true);
+            return;
         }
+        cuda::DeviceGuard g(device_);
+        dequantize_kernel<<<blocks_for(n), kThreads, 0, st(stream)>>>(src, format, scale_inv, n, dst, dtype);
         cuda::check_launch("comm dequantize_kernel");
     }
     void convert(const float *src, int64_t n, void *dst, fp8amp_dtype dtype, void *stream) override {
+        if (n <= 0) return;
         cuda::DeviceGuard g(device_);
         convert_kernel<<<blocks_for(n), kThreads, 0, st(stream)>>>(src, n, dst, dtype);
         cuda::check_launch("comm convert_kernel");
     }
 
+    void *side_stream(void *) override {
+        if (!side_) {
+            cuda::DeviceGuard g(device_);
+            int least = 0, greatest = 0;
+            cuda::check(cudaDeviceGetStreamPriorityRange(&least, &greatest), "cudaDeviceGetStreamPriorityRange");
+            cuda::check(cudaStreamCreateWithPriority(&side_, cudaStreamNonBlocking, greatest),
+                        "cudaStreamCreateWithPriority (the communicator's transfer stream)");
+            // Every event now too, so that a call captured in a graph (after a first call, as the
+            // scratch requires) creates nothing.
+            for (int slot = 0; slot < kEventSlots; ++slot) event(slot);
+        }
+        return side_;
+    }
+    void record(int slot, void *stream) override {
+        cuda::DeviceGuard g(device_);
+        cuda::check(cudaEventRecord(event(slot), st(stream)), "cudaEventRecord");
+    }
+    void wait(int slot, void *stream) override {
+        cuda::DeviceGuard g(device_);
+        cuda::check(cudaStreamWaitEvent(st(stream), event(slot), 0), "cudaStreamWaitEvent");
+    }
+
 private:
     static cudaStream_t st(void *s) { return static_cast<cudaStream_t>(s); }
+    cudaEvent_t event(int slot) {
+        if (!events_[slot])
+            cuda::check(cudaEventCreateWithFlags(&events_[slot], cudaEventDisableTiming), "cudaEventCreateWithFlags");
+        return events_[slot];
+    }
     int device_;
+    cudaStream_t side_ = nullptr;
+    cudaEvent_t events_[kEventSlots] = {};
 };
 
 }  // namespace

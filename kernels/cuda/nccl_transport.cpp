@@ -1,6 +1,6 @@
 // The NCCL transport (CUDA tensors): stock NCCL from the CUDA toolkit, no fork, no preload. Every
 // operation is enqueued on the given stream (the context's) with no host synchronization, except
-// agree(), which reads 16 bytes back (the consistency check; off for graph capture). Built when the
+// agree(), which reads 56 bytes back (the consistency check; off for graph capture). Built when the
 // library has CUDA and NCCL (cmake/comm.cmake); the stubs at the end say why otherwise.
 #include "comm_transport.hpp"
 #include "error.hpp"
@@ -12,6 +12,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstring>
+#include <mutex>
 #include <thread>
 #endif
 
@@ -72,6 +73,7 @@ public:
     }
     void host_allreduce_max_u64(uint64_t *values, size_t count, void *scratch, void *stream) override {
         check_alive();
+        DeviceGuard guard(device_);  // the copies and the stream are the communicator's device's
         auto s = static_cast<cudaStream_t>(stream);
         const size_t nbytes = count * sizeof(uint64_t);
         // Through pinned memory: a copy into pageable memory would block the host until the stream
@@ -85,13 +87,21 @@ public:
         std::memcpy(values, pinned, nbytes);
     }
     ~NcclTransport() override {
-        if (pinned_) cudaFreeHost(pinned_);
+        // After a failure the check's copy into the pinned buffer may still be queued behind NCCL
+        // work that never finishes (an adopted communicator is not aborted here), and cudaFreeHost
+        // synchronizes the whole device: it would hang the destroy. The buffer is kept then, as the
+        // communicator's scratch is (core/communicator.cpp).
+        if (pinned_ && !failed()) cudaFreeHost(pinned_);
     }
     void set_timeout(double seconds) override { timeout_s_ = seconds; }
     bool failed() const override { return aborted_.load() || !failure_.empty(); }
     // May come from another thread (a watchdog), as ncclCommAbort may: once, and only a flag besides.
-    // An adopted communicator is the caller's to abort; this one only stops using it.
+    // An adopted communicator is the caller's to abort; this one only stops using it. The mutex keeps
+    // ncclCommAbort (which frees the communicator) from running during a poll of wait(), whose
+    // ncclCommGetAsyncError would read freed memory; the waiting thread sees the flag at its next
+    // poll and fails with COMM.
     void abort() override {
+        std::lock_guard<std::mutex> lock(mutex_);
         if (!aborted_.exchange(true) && owned_) ncclCommAbort(comm_);
     }
     void destroy() override {
@@ -114,7 +124,16 @@ private:
             if (q == cudaSuccess) return;
             if (q != cudaErrorNotReady) check_cuda(q, what);
             ncclResult_t async = ncclSuccess;
-            if (ncclCommGetAsyncError(comm_, &async) == ncclSuccess && async != ncclSuccess && async != ncclInProgress)
+            {
+                std::lock_guard<std::mutex> lock(mutex_);
+                if (aborted_.load())
+                    fail(FP8AMP_ERROR_COMM, std::string(what) + " on rank " + std::to_string(rank_) + " of " +
+                                                std::to_string(nranks_) +
+                                                ": the communicator was aborted (fp8amp_comm_abort) while it waited; "
+                                                "destroy it");
+                if (ncclCommGetAsyncError(comm_, &async) != ncclSuccess) async = ncclSuccess;
+            }
+            if (async != ncclSuccess && async != ncclInProgress)
                 fail_and_abort(std::string(what) + ": NCCL reported an asynchronous error: " + ncclGetErrorString(async));
             if (std::chrono::steady_clock::now() > deadline)
                 fail_and_abort(std::string(what) + " timed out after " + std::to_string(timeout_s_) + " s on rank " +
@@ -158,6 +177,7 @@ private:
     bool owned_;
     int rank_ = 0, nranks_ = 1;
     std::atomic<bool> aborted_{false};
+    std::mutex mutex_;  // abort() against the polls of wait()
     std::string failure_;
     double timeout_s_ = 300.0;
     uint64_t *pinned_ = nullptr;  // host side of the check's exchange (pinned_buffer)

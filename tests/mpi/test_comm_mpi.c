@@ -15,7 +15,8 @@
  *
  * FP8AMP_TEST_COMM_DEVICE=cuda runs the same checks on GPUs (rank r on cuda:r; at least as many GPUs
  * as ranks, or SKIPPED with 77) through NCCL, against the same model: the GPU bytes must equal what the CPU run checks. The
- * MPI-only parts (an adopted MPI_Comm, the timeout of a silent rank) are left out there.
+ * MPI-only parts (an adopted MPI_Comm, the MPI timeout of a silent rank) are left out there; the
+ * NCCL check's timeout and a watchdog's abort of it are checked instead (test_lost_rank_nccl).
  *
  * The ranks share the seed and the communicator id, and compare their bytes, through a side channel
  * outside the communicator under test (rank_channel.h). This source is built twice
@@ -25,7 +26,7 @@
  *   - test_comm_ranks (FP8AMP_TEST_CHANNEL_FILES): no MPI at all, the channel is a directory of files;
  *     run by tests/mpi/run_ranks.sh N (ctest comm.cuda.ranks.np2), for the GPU machines, which have
  *     no MPI. CUDA only (FP8AMP_TEST_COMM_DEVICE=cuda): a CPU communicator of more than one rank is
- *     itself MPI. The adopted MPI_Comm is left out (the silent rank's timeout is CPU-only anyway). */
+ *     itself MPI. The adopted MPI_Comm is left out. */
 #ifdef FP8AMP_TEST_CHANNEL_MPI
 #include <mpi.h>
 #define TEST_NAME "test_comm_mpi"
@@ -432,6 +433,23 @@ static void test_mismatch(fp8amp_comm comm) {
         OK(fp8amp_comm_reduce_desc_init_default(&desc));
         if (odd) desc.wire_dtype = FP8AMP_DTYPE_E5M2;
         EXPECT(fp8amp_comm_all_reduce(comm, 1, ins, outs, &desc), FP8AMP_ERROR_INVALID_ARGUMENT);
+        /* A pipeline piece that differs (FP8AMP_COMM_PIECE_ELEMENTS, read at each call, set on one
+         * rank only): it changes how many transfers the call makes, so it is agreed like an option.
+         * Every rank's piece here is the whole 32-element chunk (or 48 under the pieces ctest) but
+         * the odd rank's 16. */
+        {
+            const char *env = getenv("FP8AMP_COMM_PIECE_ELEMENTS");
+            char *saved = env ? strdup(env) : NULL;
+            OK(fp8amp_comm_set_timeout(comm, 20.0));
+            if (odd) setenv("FP8AMP_COMM_PIECE_ELEMENTS", "16", 1);
+            EXPECT(fp8amp_comm_all_reduce(comm, 1, ins, outs, NULL), FP8AMP_ERROR_INVALID_ARGUMENT);
+            CHECK(strstr(fp8amp_last_error_message(), "FP8AMP_COMM_PIECE_ELEMENTS") != NULL, "message: %s",
+                  fp8amp_last_error_message());
+            if (saved) setenv("FP8AMP_COMM_PIECE_ELEMENTS", saved, 1);
+            else unsetenv("FP8AMP_COMM_PIECE_ELEMENTS");
+            free(saved);
+            OK(fp8amp_comm_set_timeout(comm, 300.0));
+        }
     }
     {
         /* A dtype that differs. */
@@ -534,6 +552,20 @@ static void *abort_later(void *comm) {
     return NULL;
 }
 
+/* A watchdog thread aborts a waiting operation (long timeout) of `watched`: COMM after about 1 s,
+ * saying why. */
+static void expect_watchdog_abort(fp8amp_comm watched, fp8amp_tensor t) {
+    const double t0 = now_s();
+    pthread_t dog;
+    OK(fp8amp_comm_set_timeout(watched, 120.0));
+    CHECK(pthread_create(&dog, NULL, abort_later, watched) == 0, "pthread_create");
+    EXPECT(fp8amp_comm_all_reduce(watched, 1, &t, &t, NULL), FP8AMP_ERROR_COMM);
+    pthread_join(dog, NULL);
+    CHECK(now_s() - t0 < 10.0, "the abort took %.2f s to interrupt the wait", now_s() - t0);
+    CHECK(strstr(fp8amp_last_error_message(), "fp8amp_comm_abort") != NULL, "message: %s",
+          fp8amp_last_error_message());
+}
+
 static void test_lost_rank(void) {
     const double timeout = 2.0;
     const int lost = g_rank == g_n - 1;
@@ -554,19 +586,9 @@ static void test_lost_rank(void) {
         OK(fp8amp_comm_abort(watched));
         EXPECT(fp8amp_comm_all_reduce(comm, 1, &t, &t, NULL), FP8AMP_ERROR_COMM);
     } else {
-        double t0 = now_s();
+        double t0;
         float *after = malloc(sizeof(float) * (size_t)n);
-        {
-            /* A watchdog thread aborts a waiting operation (long timeout): COMM after about 1 s. */
-            pthread_t dog;
-            OK(fp8amp_comm_set_timeout(watched, 120.0));
-            CHECK(pthread_create(&dog, NULL, abort_later, watched) == 0, "pthread_create");
-            EXPECT(fp8amp_comm_all_reduce(watched, 1, &t, &t, NULL), FP8AMP_ERROR_COMM);
-            pthread_join(dog, NULL);
-            CHECK(now_s() - t0 < 10.0, "the abort took %.2f s to interrupt the wait", now_s() - t0);
-            CHECK(strstr(fp8amp_last_error_message(), "fp8amp_comm_abort") != NULL, "message: %s",
-                  fp8amp_last_error_message());
-        }
+        expect_watchdog_abort(watched, t);
         t0 = now_s();
         EXPECT(fp8amp_comm_all_reduce(comm, 1, &t, &t, NULL), FP8AMP_ERROR_COMM);
         const double waited = now_s() - t0;
@@ -582,6 +604,56 @@ static void test_lost_rank(void) {
     OK(fp8amp_comm_destroy(watched));
     OK(fp8amp_tensor_destroy(t));
     free(host);
+}
+
+/* The same on GPUs (NCCL): operations are enqueued, so only the cross-rank check waits on the host
+ * (docs/communicator.md, "A rank that dies"). Every rank first reduces once on both communicators
+ * (NCCL connects its peers lazily, in the host part of the first operation, which the timeout cannot
+ * cover); then the last rank stops taking part: the others' check must fail with FP8AMP_ERROR_NCCL
+ * "timed out" after the timeout (2 s) and well before 30 s, and a watchdog's fp8amp_comm_abort must
+ * interrupt a waiting check (long timeout) with FP8AMP_ERROR_COMM within 10 s; either way the
+ * context's stream must drain (the communicator was aborted: ncclCommAbort stops its kernels), so
+ * that copying the tensor back returns, and the tensor is unchanged. bindings/python/tests/
+ * test_torch_comm.py::test_nccl_timeout_two_ranks checks the same through PyTorch. */
+static void test_lost_rank_nccl(void) {
+    const double timeout = 2.0;
+    const int lost = g_rank == g_n - 1;
+    fp8amp_comm watched = make_comm(), comm = make_comm();
+    const int64_t n = 4096;
+    fp8amp_tensor t;
+    float *host = malloc(sizeof(float) * (size_t)n), *after = malloc(sizeof(float) * (size_t)n);
+    int64_t e;
+    for (e = 0; e < n; ++e) host[e] = 0.5f + (float)e;
+    OK(fp8amp_tensor_create(g_ctx, FP8AMP_DTYPE_F32, 1, &n, &t));
+    OK(fp8amp_tensor_copy_from_host(t, host, sizeof(float) * (size_t)n));
+    OK(fp8amp_comm_all_reduce(watched, 1, &t, &t, NULL));
+    OK(fp8amp_comm_all_reduce(comm, 1, &t, &t, NULL));
+    OK(fp8amp_tensor_copy_to_host(t, host, sizeof(float) * (size_t)n)); /* what a failed call must keep */
+    CH(rank_channel_barrier());
+    if (!lost) {
+        double t0;
+        expect_watchdog_abort(watched, t);
+        OK(fp8amp_comm_set_timeout(comm, timeout));
+        t0 = now_s();
+        EXPECT(fp8amp_comm_all_reduce(comm, 1, &t, &t, NULL), FP8AMP_ERROR_NCCL);
+        {
+            const double waited = now_s() - t0;
+            CHECK(waited >= timeout * 0.9 && waited < 30.0, "failed after %.2f s, timeout %.1f s", waited, timeout);
+        }
+        CHECK(strstr(fp8amp_last_error_message(), "timed out") != NULL, "message: %s", fp8amp_last_error_message());
+        EXPECT(fp8amp_comm_all_reduce(comm, 1, &t, &t, NULL), FP8AMP_ERROR_COMM); /* failed for good */
+        /* The stream drains (a hang here: the abort did not stop NCCL's kernels). */
+        OK(fp8amp_tensor_copy_to_host(t, after, sizeof(float) * (size_t)n));
+        CHECK(memcmp(after, host, sizeof(float) * (size_t)n) == 0, "a failed call changed its tensor");
+    }
+    CH(rank_channel_barrier()); /* the silent rank waits here while the others time out */
+    OK(fp8amp_comm_abort(comm)); /* the peers are gone: neither teardown may wait for the other */
+    OK(fp8amp_comm_abort(watched));
+    OK(fp8amp_comm_destroy(comm));
+    OK(fp8amp_comm_destroy(watched));
+    OK(fp8amp_tensor_destroy(t));
+    free(host);
+    free(after);
 }
 
 int main(int argc, char **argv) {
@@ -629,7 +701,7 @@ int main(int argc, char **argv) {
 #ifndef FP8AMP_TEST_CHANNEL_MPI
     if (g_rank == 0)
         printf(TEST_NAME ": side channel of files, no MPI: the MPI-only parts (an adopted MPI_Comm, the "
-                         "silent rank's timeout, the CPU communicator) are left out\n");
+                         "CPU communicator) are left out\n");
 #endif
     OK(fp8amp_context_create(device, &g_ctx));
 
@@ -678,7 +750,8 @@ int main(int argc, char **argv) {
         CHECK(sat == 0, "%llu elements saturated", (unsigned long long)sat);
     }
     OK(fp8amp_comm_destroy(comm));
-    if (!cuda) test_lost_rank(); /* NCCL operations are not timed by the host (docs/communicator.md) */
+    if (!cuda) test_lost_rank();
+    else test_lost_rank_nccl(); /* only the check waits on the host (docs/communicator.md) */
     late = make_comm(); /* destroyed after MPI_Finalize, below */
 
     OK(fp8amp_context_destroy(g_ctx));
