@@ -374,6 +374,29 @@ static void run_case(fp8amp_comm comm, const char *name, fp8amp_opt_level level,
         OK(fp8amp_optimizer_shard_range(ref.opt, i, &be, &cnt));
         CHECK(be == 0 && cnt == k_numel[i], "%s: an unsharded optimizer holds all of param %d", name, i);
     }
+    /* The memory a sharded rank holds beyond the unsharded optimizer (bench/o3_shard_memory.py's
+     * model): the state of k instead of n elements, the shard's parameter copy and F32 gradient, and
+     * the step's scratch (nranks * k of the largest shard, 4 bytes or the parameter's size). */
+    {
+        size_t bs = 0, br = 0, scratch = 0;
+        int64_t extra = 0;
+        const int64_t me = level == FP8AMP_OPT_LEVEL_O1 ? 4 : 1, ve = level == FP8AMP_OPT_LEVEL_O1 ? 4 : 2;
+        const int scales = level == FP8AMP_OPT_LEVEL_O1 ? 0 : 2;
+        OK(fp8amp_optimizer_state_bytes(sh.opt, &bs));
+        OK(fp8amp_optimizer_state_bytes(ref.opt, &br));
+        for (i = 0; i < NP; ++i) {
+            const int64_t n = k_numel[i], k = shard_k(n);
+            const int master = k_param_dtype[i] == FP8AMP_DTYPE_E4M3;
+            const int64_t es = (int64_t)esize(k_param_dtype[i]);
+            const size_t need = (size_t)(g_n * k) * (size_t)(es > 4 ? es : 4);
+            extra += (k - n) * (me + ve + 2 * master) + ((k + BLOCK - 1) / BLOCK - (n + BLOCK - 1) / BLOCK) * 4 * (scales + master);
+            extra += k * es + k * 4;
+            if (need > scratch) scratch = need;
+        }
+        CHECK((int64_t)bs - (int64_t)br == extra + (int64_t)scratch,
+              "%s: the sharded rank holds %zu bytes, the unsharded optimizer %zu: %lld more, expected %lld", name, bs, br,
+              (long long)bs - (long long)br, (long long)(extra + (int64_t)scratch));
+    }
     for (t = 0; t < steps; ++t) {
         fp8amp_adam_step_args a;
         const int poison = t == poison_step;
