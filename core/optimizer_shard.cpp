@@ -197,6 +197,16 @@ void Optimizer::pull_metas() const {
     }
 }
 
+// The communicator runs on its own context's stream, which may not be the optimizer's (CUDA): each
+// collective waits for the optimizer's queued work first, and the optimizer for the collective after.
+// Both are no-ops on the CPU, where everything is done when queued.
+#define FP8AMP_SHARD_COLLECTIVE(call)          \
+    do {                                        \
+        ctx_->synchronize();                    \
+        call;                                   \
+        comm_->context().synchronize();         \
+    } while (0)
+
 std::vector<uint32_t> Optimizer::exchange(const std::vector<uint32_t> &mine) const {
     // Wide tensors travel through an all-gather as their bytes (fp8amp_comm_all_gather): exact.
     const int64_t w = static_cast<int64_t>(std::max<size_t>(1, mine.size()));
@@ -206,7 +216,7 @@ std::vector<uint32_t> Optimizer::exchange(const std::vector<uint32_t> &mine) con
     std::vector<uint32_t> words(static_cast<size_t>(w), 0u);
     std::copy(mine.begin(), mine.end(), words.begin());
     in->copy_from_host(words.data(), words.size() * 4);
-    comm_->all_gather(in, out, nullptr, true);
+    FP8AMP_SHARD_COLLECTIVE(comm_->all_gather(in, out, nullptr, true));
     std::vector<uint32_t> all(static_cast<size_t>(nw));
     out->copy_to_host(all.data(), all.size() * 4);
     return all;
@@ -225,7 +235,7 @@ void Optimizer::gather_params(bool push_metas) {
         const bool fp8 = is_fp8(full.dtype());
         std::shared_ptr<Tensor> out = e.full_param;
         if (full.numel() != nk) out = Tensor::wrap(ctx_, full.dtype(), 1, &nk, shard_scratch_->data());
-        comm_->all_gather(e.param, out, fp8 ? gather_scale_inv_ : nullptr, true);
+        FP8AMP_SHARD_COLLECTIVE(comm_->all_gather(e.param, out, fp8 ? gather_scale_inv_ : nullptr, true));
         if (out != e.full_param) be.copy_on_device(full.data(), out->data(), full.nbytes());
         e.full_param->mark_written();
     }
@@ -276,7 +286,7 @@ void Optimizer::step_sharded(float lr, const float *lr_device, float grad_scale_
         const int64_t nk = N * e.shard_k;
         be.memset(buf + n, 0, (static_cast<size_t>(nk) - n) * 4);
         auto in = Tensor::wrap(ctx_, FP8AMP_DTYPE_F32, 1, &nk, buf);
-        comm_->reduce_scatter(in, e.grad, wire);
+        FP8AMP_SHARD_COLLECTIVE(comm_->reduce_scatter(in, e.grad, wire));
     }
 
     // 2. The kernel's phase 1 on the shards: unscale, check, sum of squares; then agree.
