@@ -13,11 +13,13 @@ gradient written by the Linear, state block B (default 128):
                and the all-gather reads;
   masters      F16 master (2k) and its block scales (4 per block);
   states       m E4M3 (k) + v F16 (2k), each with its block scales;
-  gradients    the local E4M3 weight gradient (n bytes, every rank) and, sharded, the shard's F32
-               gradient (4k: the reduce-scatter's float32 output, kept by the optimizer).
+  gradients    the local E4M3 weight gradient (n bytes, every rank);
+  step only    sharded: the shards' F32 gradients (4k: the reduce-scatter's float32 output), allocated
+               by each step from the context's allocator and released at its end (a caching
+               allocator gives that memory to the next forward): part of the step's peak, not held.
 Not per parameter: a sharded optimizer also holds one scratch of 4 x N x k of the largest parameter
 (the padded F32 gradient for the reduce-scatter, reused for the gathered parameter), and every
-optimizer a few hundred bytes of bookkeeping; both are in --model's totals.
+optimizer a few hundred bytes of bookkeeping; the scratch is in --model's totals.
 The sharded numbers are checked against fp8amp_optimizer_state_bytes per rank by
 tests/mpi/test_optimizer_shard.c (the state of a sharded rank minus the unsharded one)."""
 import argparse
@@ -36,7 +38,8 @@ def per_param(n, nranks, block, sharded):
         "weights": n + (k if sharded else 0),
         "masters": 2 * k + 4 * blocks,
         "states": k + 2 * k + 2 * 4 * blocks,
-        "gradients": n + (4 * k if sharded else 0),
+        "gradients": n,
+        "step only": 4 * k if sharded else 0,
     }
     return out
 
@@ -53,35 +56,38 @@ def main():
     ap.add_argument("--block", type=int, default=128)
     ap.add_argument("--model", default="gpt2-small", choices=sorted(MODELS))
     a = ap.parse_args()
-    cats = ["weights", "masters", "states", "gradients"]
+    cats = ["weights", "masters", "states", "gradients"]  # held between steps; "step only" apart
     big = 1 << 24  # per element, padding negligible
     print("Bytes per parameter per rank (an E4M3 Linear weight with an F16 master, state block %d):\n" % a.block)
-    print("| configuration | " + " | ".join(cats) + " | total |")
-    print("|---|" + "---|" * (len(cats) + 1))
-    rows = [("MS-AMP O3 (its table)", {"weights": 1, "masters": 2, "states": 3, "gradients": 1}, False)]
+    print("| configuration | " + " | ".join(cats) + " | total held | + during the step |")
+    print("|---|" + "---|" * (len(cats) + 2))
+    rows = [("MS-AMP O3 (its table)", {"weights": 1, "masters": 2, "states": 3, "gradients": 1, "step only": 0}, False)]
     for nr in (2, 3):
-        rows.append(("MS-AMP O3 + ZeRO, N=%d" % nr, {"weights": 1, "masters": 2 / nr, "states": 3 / nr, "gradients": 1}, False))
+        rows.append(("MS-AMP O3 + ZeRO, N=%d" % nr,
+                     {"weights": 1, "masters": 2 / nr, "states": 3 / nr, "gradients": 1, "step only": 0}, False))
     rows.append(("fp8amp O3, unsharded", {c: v / big for c, v in per_param(big, 1, a.block, False).items()}, True))
     for nr in (1, 2, 3):
         rows.append(("fp8amp O3, sharded, N=%d" % nr,
                      {c: v / big for c, v in per_param(big, nr, a.block, True).items()}, True))
     for name, d, _ in rows:
-        print("| %s | %s | %.3f |" % (name, " | ".join("%.3f" % d[c] for c in cats), sum(d.values())))
+        print("| %s | %s | %.3f | %.3f |" % (name, " | ".join("%.3f" % d[c] for c in cats), sum(d[c] for c in cats),
+                                            d["step only"]))
     shapes = MODELS[a.model]
     total_params = sum(n * c for n, c in shapes)
     print("\n%s: %d weight elements (%.1f M); per rank, in MB (10^6 bytes):\n" % (a.model, total_params, total_params / 1e6))
-    print("| configuration | " + " | ".join(cats) + " | step scratch | total | bytes/param |")
-    print("|---|" + "---|" * (len(cats) + 3))
+    print("| configuration | " + " | ".join(cats) + " | step scratch | total held | bytes/param | + during the step |")
+    print("|---|" + "---|" * (len(cats) + 4))
     for name, nranks, sharded in [("unsharded", 1, False), ("sharded N=1", 1, True), ("sharded N=2", 2, True),
                                   ("sharded N=3", 3, True)]:
-        sums = dict.fromkeys(cats, 0)
+        sums = dict.fromkeys(cats + ["step only"], 0)
         for n, count in shapes:
             for c, v in per_param(n, nranks, a.block, sharded).items():
                 sums[c] += v * count
         scratch = 4 * nranks * max(shard_k(n, nranks, a.block) for n, _ in shapes) if sharded else 0
-        tot = sum(sums.values()) + scratch
-        print("| %s | %s | %.1f | %.1f | %.3f |" % (name, " | ".join("%.1f" % (sums[c] / 1e6) for c in cats),
-                                                   scratch / 1e6, tot / 1e6, tot / total_params))
+        tot = sum(sums[c] for c in cats) + scratch
+        print("| %s | %s | %.1f | %.1f | %.3f | %.1f |" % (name, " | ".join("%.1f" % (sums[c] / 1e6) for c in cats),
+                                                          scratch / 1e6, tot / 1e6, tot / total_params,
+                                                          sums["step only"] / 1e6))
 
 
 if __name__ == "__main__":

@@ -383,7 +383,7 @@ size_t Optimizer::state_bytes() const {
     for (const Entry &e : entries_) {
         for (const auto *s : {&e.m, &e.v, &e.master, &e.m_scale, &e.v_scale, &e.master_scale})
             if (*s) total += (*s)->nbytes();
-        if (e.full_param) total += e.param->nbytes() + e.grad->nbytes();  // sharded: the shard's parameter and gradient
+        if (e.full_param) total += e.param->nbytes();  // sharded: the shard's parameter (its F32 gradient lives during a step only)
     }
     if (shard_scratch_) total += shard_scratch_->nbytes();  // sharded: the step's padded gradient / gathered parameter
     return total;

@@ -87,6 +87,8 @@ private:
     // metas back into the full ones, with push_metas).
     void gather_params(bool push_metas);
     std::vector<uint32_t> exchange(const std::vector<uint32_t> &mine) const;
+    // Points every shard's gradient at base (+ offsets[i]; null: all at base).
+    void point_grads(void *base, const std::vector<size_t> *offsets);
     int64_t scales_of(int64_t numel) const;
     void rebuild_list();
     void to_host(void *dst, const void *src, size_t n) const;

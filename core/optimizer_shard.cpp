@@ -161,13 +161,20 @@ void Optimizer::add_param_sharded(std::shared_ptr<Tensor> param, std::shared_ptr
         shard->set_scaling(meta);
         be.copy_on_device(shard->scale_inv(), p.scale_inv(), sizeof(float));  // the value the codes stand for
     }
-    auto shard_grad = Tensor::create(ctx_, FP8AMP_DTYPE_F32, 1, &k);
-    be.memset(shard_grad->data(), 0, shard_grad->nbytes());
     // The step's scratch: the padded F32 gradient, or the gathered parameter (grown, never shrunk).
     const size_t need = static_cast<size_t>(N * k) * std::max<size_t>(4, es);
     std::shared_ptr<Storage> scratch = shard_scratch_;
     if (!scratch || scratch->nbytes() < need) scratch = ctx_->allocate(need);
-    add_local(shard, shard_grad, master_dtype);  // the state (the master from the shard's values)
+    // The shard's F32 gradient lives only during a step (step_sharded points it into that step's
+    // memory); between steps every shard gradient points at the scratch, which overlaps no parameter.
+    auto shard_grad = Tensor::wrap(ctx_, FP8AMP_DTYPE_F32, 1, &k, scratch->data());
+    point_grads(scratch->data(), nullptr);
+    try {
+        add_local(shard, shard_grad, master_dtype);  // the state (the master from the shard's values)
+    } catch (...) {
+        if (shard_scratch_) point_grads(shard_scratch_->data(), nullptr);
+        throw;
+    }
     Entry &e = entries_.back();
     e.full_param = std::move(param);
     e.full_grad = std::move(grad);
@@ -185,6 +192,17 @@ void Optimizer::add_param_sharded(std::shared_ptr<Tensor> param, std::shared_ptr
         entries_.pop_back();
         rebuild_list();
         throw;
+    }
+}
+
+void Optimizer::point_grads(void *base, const std::vector<size_t> *offsets) {
+    for (size_t q = 0; q < entries_.size(); ++q) {
+        Entry &e = entries_[q];
+        if (!e.full_param) continue;
+        const int64_t k = e.shard_k;
+        e.grad->unpin_address();
+        e.grad->rebind(static_cast<unsigned char *>(base) + (offsets ? (*offsets)[q] : 0), 1, &k);
+        e.grad->pin_address();
     }
 }
 
@@ -260,6 +278,29 @@ void Optimizer::step_sharded(float lr, const float *lr_device, float grad_scale_
     void *stream = ctx_->stream();
     const int64_t N = comm_->nranks();
     CommReduceOptions wire;  // E4M3 on the wire, the mean over the ranks
+
+    // The shards' F32 gradients, for this step only (from the context's allocator: a caching
+    // allocator hands the memory to the next forward).
+    std::vector<size_t> offsets(entries_.size());
+    size_t grad_bytes = 0;
+    for (size_t q = 0; q < entries_.size(); ++q) {
+        offsets[q] = grad_bytes;
+        grad_bytes += static_cast<size_t>(entries_[q].shard_k) * 4;
+    }
+    std::shared_ptr<Storage> grads = ctx_->allocate(std::max<size_t>(grad_bytes, 4));
+    point_grads(grads->data(), &offsets);
+    rebuild_list();
+    // However the step ends, the gradients point back at the scratch before this memory goes (the
+    // device list keeps the old addresses, unread until the next step rebuilds it).
+    struct Repoint {
+        Optimizer &o;
+        ~Repoint() {
+            try {
+                o.point_grads(o.shard_scratch_->data(), nullptr);
+            } catch (...) {  // rebind only fails on a pointer the driver does not know: not this one
+            }
+        }
+    } repoint{*this};
 
     // 1. Inf/NaN in the local gradients (before the wire, which saturates inf), then the reduce-scatter.
     bool bad = false;

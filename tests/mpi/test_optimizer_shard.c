@@ -375,8 +375,8 @@ static void run_case(fp8amp_comm comm, const char *name, fp8amp_opt_level level,
         CHECK(be == 0 && cnt == k_numel[i], "%s: an unsharded optimizer holds all of param %d", name, i);
     }
     /* The memory a sharded rank holds beyond the unsharded optimizer (bench/o3_shard_memory.py's
-     * model): the state of k instead of n elements, the shard's parameter copy and F32 gradient, and
-     * the step's scratch (nranks * k of the largest shard, 4 bytes or the parameter's size). */
+     * model): the state of k instead of n elements, the shard's parameter copy, and the step's
+     * scratch (nranks * k of the largest shard, 4 bytes or the parameter's size). */
     {
         size_t bs = 0, br = 0, scratch = 0;
         int64_t extra = 0;
@@ -390,7 +390,7 @@ static void run_case(fp8amp_comm comm, const char *name, fp8amp_opt_level level,
             const int64_t es = (int64_t)esize(k_param_dtype[i]);
             const size_t need = (size_t)(g_n * k) * (size_t)(es > 4 ? es : 4);
             extra += (k - n) * (me + ve + 2 * master) + ((k + BLOCK - 1) / BLOCK - (n + BLOCK - 1) / BLOCK) * 4 * (scales + master);
-            extra += k * es + k * 4;
+            extra += k * es; /* the shard's F32 gradient (4k) is held during a step only */
             if (need > scratch) scratch = need;
         }
         CHECK((int64_t)bs - (int64_t)br == extra + (int64_t)scratch,

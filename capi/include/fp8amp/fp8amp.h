@@ -1133,7 +1133,8 @@ FP8AMP_API fp8amp_status fp8amp_comm_all_gather(fp8amp_comm comm, fp8amp_tensor 
  *  fp8amp_optimizer_save writes this rank's shard (its state, its slice of each parameter, the metas);
  *  fp8amp_optimizer_load of a sharded optimizer is collective: every rank loads the checkpoint its own
  *  rank saved with the same nranks (not detected otherwise), then the parameters are all-gathered.
- *  state_bytes counts the shard's state and the step's buffers (docs/o3.md). Since 0.4.0.
+ *  state_bytes counts the shard's state, its parameter copy and the step's scratch; the shards' F32
+ *  gradients are allocated by each step and released at its end (docs/o3.md). Since 0.4.0.
  *  Statuses: SUCCESS; INVALID_HANDLE; INVALID_ARGUMENT (opt already holds parameters, or is already
  *  sharded); DEVICE_MISMATCH (comm on another device than opt); NOT_SUPPORTED (state_block_size 0:
  *  one scale per tensor would span the ranks). */
