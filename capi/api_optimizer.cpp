@@ -2,6 +2,7 @@
 // handle lookups, and core calls; no engine logic.
 #include <cstring>
 
+#include "communicator.hpp"
 #include "context.hpp"
 #include "fp8amp/fp8amp.h"
 #include "grad_scaler.hpp"
@@ -211,6 +212,28 @@ FP8AMP_API fp8amp_status fp8amp_optimizer_num_params(fp8amp_optimizer opt, int32
         auto o = lookup<Optimizer>(opt, "opt");
         require(count, "count");
         *count = o->num_params();
+    });
+}
+
+FP8AMP_API fp8amp_status fp8amp_optimizer_set_shard(fp8amp_optimizer opt, fp8amp_comm comm) {
+    FP8AMP_GUARD({
+        auto o = lookup<Optimizer>(opt, "opt");
+        auto c = lookup<fp8amp::core::Communicator>(comm, "comm");
+        o->set_shard(std::move(c));
+    });
+}
+
+FP8AMP_API fp8amp_status fp8amp_optimizer_shard_range(fp8amp_optimizer opt, int32_t index, int64_t *begin,
+                                                      int64_t *count) {
+    FP8AMP_GUARD({
+        auto o = lookup<Optimizer>(opt, "opt");
+        require(begin, "begin");
+        require(count, "count");
+        int64_t b = 0;
+        int64_t n = 0;
+        o->shard_range(index, b, n);
+        *begin = b;
+        *count = n;
     });
 }
 

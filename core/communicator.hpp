@@ -36,6 +36,7 @@ public:
     static std::shared_ptr<Communicator> adopt(std::shared_ptr<const Context> ctx, void *native);
     ~Communicator();
 
+    const Context &context() const { return *ctx_; }  // the sharded optimizer checks its device
     int rank() const { return transport_->rank(); }
     int nranks() const { return transport_->nranks(); }
     void set_timeout(double seconds) { transport_->set_timeout(seconds); }

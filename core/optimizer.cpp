@@ -97,6 +97,11 @@ int64_t Optimizer::scales_of(int64_t numel) const {
 }
 
 void Optimizer::add_param(std::shared_ptr<Tensor> param, std::shared_ptr<Tensor> grad, int32_t master_dtype) {
+    if (comm_) return add_param_sharded(std::move(param), std::move(grad), master_dtype);  // optimizer_shard.cpp
+    add_local(std::move(param), std::move(grad), master_dtype);
+}
+
+void Optimizer::add_local(std::shared_ptr<Tensor> param, std::shared_ptr<Tensor> grad, int32_t master_dtype) {
     const Tensor &p = *param;
     const Tensor &g = *grad;
     // FP8AMP_MASTER_DEFAULT: the desc's choice (fp8amp_optimizer_add_param); otherwise the caller's
@@ -269,6 +274,7 @@ void Optimizer::rebuild_list() {
         q.scale_begin = 0;
         q.param_dtype = p.dtype();
         q.grad_dtype = g.dtype();
+        q.element_offset = e.shard_offset;
         q.vec_ok = (reinterpret_cast<uintptr_t>(p.data()) % 16 == 0 && reinterpret_cast<uintptr_t>(g.data()) % 16 == 0) ? 1 : 0;
         unit += e.units;
         metas |= q.param_meta ? 1 : 0;
@@ -309,6 +315,7 @@ void Optimizer::check_bindings(bool grads, const char *what) const {
 }
 
 void Optimizer::step(float lr, const float *lr_device, float grad_scale_inv, GradScaler *scaler) {
+    if (comm_ && !in_shard_step_) return step_sharded(lr, lr_device, grad_scale_inv, scaler);  // optimizer_shard.cpp
     // A negative grad_scale_inv would silently turn descent into ascent (maximize is the way to ask
     // for that); -inf lr is "not finite" before it is "negative" (the header's promise).
     if (!(grad_scale_inv >= 0.0f && grad_scale_inv <= FLT_MAX))
@@ -342,7 +349,7 @@ void Optimizer::step(float lr, const float *lr_device, float grad_scale_inv, Gra
     c.beta2 = desc_.beta2;
     c.eps = desc_.eps;
     c.weight_decay = desc_.weight_decay;
-    c.max_grad_norm = desc_.max_grad_norm;
+    c.max_grad_norm = in_shard_step_ ? 0.0f : desc_.max_grad_norm;  // sharded: clipped before, by the global norm
     c.grad_scale_inv = grad_scale_inv;
     c.status = static_cast<adam::Status *>(status_->data());
     c.scaler = scaler ? scaler->state() : nullptr;
@@ -373,9 +380,12 @@ size_t Optimizer::state_bytes() const {
     size_t total = status_->nbytes();
     for (const auto *s : {&list_, &partials_, &tensor_amax_})
         if (*s) total += (*s)->nbytes();
-    for (const Entry &e : entries_)
+    for (const Entry &e : entries_) {
         for (const auto *s : {&e.m, &e.v, &e.master, &e.m_scale, &e.v_scale, &e.master_scale})
             if (*s) total += (*s)->nbytes();
+        if (e.full_param) total += e.param->nbytes();  // sharded: the shard's parameter (its F32 gradient lives during a step only)
+    }
+    if (shard_scratch_) total += shard_scratch_->nbytes();  // sharded: the step's padded gradient / gathered parameter
     return total;
 }
 
@@ -499,6 +509,7 @@ void Optimizer::serialize(checkpoint::Writer &w) const {
 
 size_t Optimizer::save(unsigned char *buffer) const {
     require_little_endian();
+    if (comm_) pull_metas();  // sharded: the checkpoint holds the full parameters' metas
     // A checkpoint pairs each parameter's data and scale_inv slot with its meta's state: after a
     // re-binding the slot belongs to another meta (or to none).
     check_bindings(false, "save");
@@ -783,6 +794,7 @@ void Optimizer::load(const unsigned char *data, size_t size) {
     for (Entry &e : entries_) e.param->mark_written();
     d.master_dtype = desc_.master_dtype;  // the default of later add_param calls: this optimizer's
     desc_ = d;
+    if (comm_) gather_params(true);  // sharded: the metas and every rank's shard back into the full parameters
 }
 
 }  // namespace fp8amp::core

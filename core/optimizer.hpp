@@ -17,6 +17,8 @@
 
 namespace fp8amp::core {
 
+class Communicator;
+
 // The desc fields this library knows, checked (INVALID_ARGUMENT / DTYPE_MISMATCH otherwise).
 fp8amp_adam_desc validate_adam_desc(const fp8amp_adam_desc &desc);
 
@@ -51,6 +53,12 @@ public:
     size_t save(unsigned char *buffer) const;
     void load(const unsigned char *data, size_t size);
 
+    // Sharding (fp8amp_optimizer_set_shard; core/optimizer_shard.cpp): before any add_param.
+    void set_shard(std::shared_ptr<Communicator> comm);
+    bool sharded() const { return comm_ != nullptr; }
+    // The elements of parameter `index` this rank holds.
+    void shard_range(int32_t index, int64_t &begin, int64_t &count) const;
+
 private:
     struct Entry {
         std::shared_ptr<Tensor> param, grad;
@@ -60,7 +68,27 @@ private:
         std::shared_ptr<const ScalingMeta> param_meta, grad_meta;
         int64_t nscales = 0;
         int64_t units = 0;
+        // Sharded (core/optimizer_shard.cpp): param and grad above are this rank's shard (k elements,
+        // zeros past the parameter's end), param_meta a private copy of full_meta; these are the
+        // caller's full tensors and metas.
+        std::shared_ptr<Tensor> full_param, full_grad;
+        std::shared_ptr<ScalingMeta> full_meta;
+        std::shared_ptr<const ScalingMeta> full_grad_meta;
+        std::shared_ptr<ScalingMeta> shard_meta;  // == param_meta, writable
+        int64_t shard_k = 0;      // elements per rank (the padded shard)
+        int64_t shard_offset = 0; // rank * shard_k: the shard's first element in the full parameter
     };
+    void add_local(std::shared_ptr<Tensor> param, std::shared_ptr<Tensor> grad, int32_t master_dtype);
+    void add_param_sharded(std::shared_ptr<Tensor> param, std::shared_ptr<Tensor> grad, int32_t master_dtype);
+    void step_sharded(float lr, const float *lr_device, float grad_scale_inv, GradScaler *scaler);
+    // Copies the full metas' states into the shards' private metas (before a step or a save).
+    void pull_metas() const;
+    // All-gathers every shard into its full parameter (after a step; after a load also the private
+    // metas back into the full ones, with push_metas).
+    void gather_params(bool push_metas);
+    std::vector<uint32_t> exchange(const std::vector<uint32_t> &mine) const;
+    // Points every shard's gradient at base (+ offsets[i]; null: all at base).
+    void point_grads(void *base, const std::vector<size_t> *offsets);
     int64_t scales_of(int64_t numel) const;
     void rebuild_list();
     void to_host(void *dst, const void *src, size_t n) const;
@@ -87,6 +115,11 @@ private:
     // The host scratch the backend's step needs (Backend::adam_host_scratch_floats; the CPU's
     // per-block values), kept so that the step allocates no host memory once it started writing.
     std::vector<float> cpu_scratch_;
+    // Sharded: the communicator and the step's buffers (core/optimizer_shard.cpp).
+    std::shared_ptr<Communicator> comm_;
+    bool in_shard_step_ = false;  // step() runs the local kernel on the shards
+    std::shared_ptr<Storage> shard_scratch_, one_;  // the padded full gradient (F32) / gathered parameter; 1.0f
+    std::shared_ptr<Tensor> gather_scale_inv_;        // F32 [nranks]
 };
 
 }  // namespace fp8amp::core

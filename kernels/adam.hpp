@@ -46,6 +46,9 @@ struct Param {
     int32_t grad_dtype;
     int32_t vec_ok;           // param and grad are 16-byte aligned: whole chunks load as vectors
     int32_t pad_;
+    // The index of element 0 in the full parameter, for stochastic rounding: a sharded optimizer's
+    // shard (core/optimizer_shard.cpp) draws the bits of the unsharded element (rounding_key_at).
+    int64_t element_offset;
 };
 
 // Device-side results of the steps. Written only by the step (and load / the getters' readers).
@@ -224,6 +227,11 @@ constexpr uint64_t kGolden = 0x9E3779B97F4A7C15ull;  // 2^64 / golden ratio: Spl
 FP8AMP_HD uint64_t rounding_key(uint32_t seed, int64_t step, int32_t param_index) {
     const uint64_t a = mix64(static_cast<uint64_t>(seed) * kGolden + static_cast<uint64_t>(step));
     return mix64(a ^ (static_cast<uint64_t>(static_cast<uint32_t>(param_index)) * kGolden + 0x632BE59BD9B4E019ull));
+}
+// The key of a parameter's elements counted from `offset`: rounding_bits(rounding_key_at(..., o), i)
+// is rounding_bits(rounding_key(...), o + i) (the bits depend on key + i * kGolden, modulo 2^64).
+FP8AMP_HD uint64_t rounding_key_at(uint32_t seed, int64_t step, int32_t param_index, int64_t offset) {
+    return rounding_key(seed, step, param_index) + static_cast<uint64_t>(offset) * kGolden;
 }
 // 24 random bits for element i of the parameter whose key this is.
 FP8AMP_HD uint32_t rounding_bits(uint64_t key, int64_t i) {

@@ -112,6 +112,9 @@
 %ignore fp8amp_opt_level_config;
 %ignore fp8amp_norm_desc_init;
 %rename("$ignore", regextarget=1) "^fp8amp_comm_";
+/* The sharded optimizer needs a communicator (not wrapped, above). */
+%ignore fp8amp_optimizer_set_shard;
+%ignore fp8amp_optimizer_shard_range;
 %rename("$ignore", regextarget=1) "^FP8AMP_COMM_";
 /* Read-only: the constructors below set it; a caller changing it would describe another layout. */
 %immutable fp8amp_recipe::struct_size;

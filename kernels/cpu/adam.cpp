@@ -93,7 +93,7 @@ void adam_step(const StepConfig &c, float *scratch) {
         const int64_t nblocks = (p.numel + bs - 1) / bs;
         // Per parameter: an optimizer may hold parameters with a master copy beside ones without.
         const bool master = p.master != nullptr;
-        const uint64_t key = c.master_stochastic ? rounding_key(c.rounding_seed, step + 1, k) : 0;
+        const uint64_t key = c.master_stochastic ? rounding_key_at(c.rounding_seed, step + 1, k, p.element_offset) : 0;
         uint32_t param_amax = 0;
         for (int64_t b = 0; b < nblocks; ++b) {
             const int64_t begin = b * bs;

@@ -434,7 +434,9 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) adam_kernel(const __grid
                            (MASTER && p.master) ? p.master_scale_inv[si] : 1.0f};
     };
     // A 128-element block in registers: its new amax, its scales, its stores.
-    auto key_of = [&](int k) { return c.master_stochastic ? rounding_key(c.rounding_seed, step + 1, k) : uint64_t(0); };
+    auto key_of = [&](int k) {
+        return c.master_stochastic ? rounding_key_at(c.rounding_seed, step + 1, k, c.params[k].element_offset) : uint64_t(0);
+    };
     auto finish_block = [&](const Param &p, int64_t si, int64_t i, const Lane &l, float param_scale, uint64_t key) {
         Amax a;
         lane_amax(l, a);

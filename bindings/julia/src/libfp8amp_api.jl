@@ -629,6 +629,14 @@ function fp8amp_comm_all_gather(comm, input, output, output_scale_inv, desc)
     ccall((:fp8amp_comm_all_gather, libfp8amp), fp8amp_status, (fp8amp_comm, fp8amp_tensor, fp8amp_tensor, fp8amp_tensor, Ptr{fp8amp_comm_reduce_desc}), comm, input, output, output_scale_inv, desc)
 end
 
+function fp8amp_optimizer_set_shard(opt, comm)
+    ccall((:fp8amp_optimizer_set_shard, libfp8amp), fp8amp_status, (fp8amp_optimizer, fp8amp_comm), opt, comm)
+end
+
+function fp8amp_optimizer_shard_range(opt, index, begin_, count)
+    ccall((:fp8amp_optimizer_shard_range, libfp8amp), fp8amp_status, (fp8amp_optimizer, Int32, Ptr{Int64}, Ptr{Int64}), opt, index, begin_, count)
+end
+
 # enum fp8amp_norm_kind
 const fp8amp_norm_kind = UInt32
 const FP8AMP_NORM_LAYERNORM = fp8amp_norm_kind(0)

@@ -1110,6 +1110,43 @@ FP8AMP_API fp8amp_status fp8amp_comm_reduce_scatter(fp8amp_comm comm, fp8amp_ten
 FP8AMP_API fp8amp_status fp8amp_comm_all_gather(fp8amp_comm comm, fp8amp_tensor input, fp8amp_tensor output,
                                                 fp8amp_tensor output_scale_inv, const fp8amp_comm_reduce_desc *desc);
 
+/** Makes opt this rank's part of a sharded optimizer over comm's ranks (ZeRO-style O3, issue 20;
+ *  docs/api.md 12.8, docs/o3.md). Call it on a fresh optimizer (no parameter yet) on every rank with
+ *  the same desc; then every rank adds the same full parameters and gradients in the same order
+ *  (fp8amp_optimizer_add_param/_ex, the usual rules) and each keeps m, v, the master copy and their
+ *  block scales only for its shard of each parameter: elements [r*k, min((r+1)*k, n)) of a parameter of
+ *  n elements on rank r, k = ceil(n / nranks) rounded up to state_block_size (so no state block
+ *  spans two ranks and every block scale is the unsharded one; fp8amp_optimizer_shard_range reads it).
+ *  fp8amp_optimizer_step is then collective: each full gradient (the rank's local gradient; F32, F16,
+ *  BF16 or FP8 with its scale_inv) is reduce-scattered, its mean over the ranks, with FP8 on the wire
+ *  and float32 accumulation (fp8amp_comm_reduce_scatter, E4M3 wire); the ranks agree (an all-gather of
+ *  per-rank words) on found_inf -- a non-finite local gradient on any rank, found before the wire,
+ *  or a non-finite shard after it -- and on the global gradient norm (their float64 sums of squares
+ *  added in rank order); a skipped step changes nothing on any rank; otherwise each rank updates its
+ *  shard exactly as the unsharded step would (global max_grad_norm clipping, stochastic rounding
+ *  keyed by the element's index in the full parameter), the ranks agree on each scaled parameter's
+ *  amax (its meta folds as unsharded), and the updated shards are all-gathered into the full
+ *  parameters (FP8 with their scale_inv). Given the same reduced gradients, a sharded step writes the
+ *  bytes of the unsharded step (the norm's float64 sum may differ in its last bits, which changes the
+ *  float32 norm only when it lies within a double rounding of a float32 tie). The step synchronizes
+ *  the host (CUDA: the checks go through host memory; not capturable in a graph).
+ *  fp8amp_optimizer_save writes this rank's shard (its state, its slice of each parameter, the metas);
+ *  fp8amp_optimizer_load of a sharded optimizer is collective: every rank loads the checkpoint its own
+ *  rank saved with the same nranks (not detected otherwise), then the parameters are all-gathered.
+ *  state_bytes counts the shard's state, its parameter copy and the step's scratch; the shards' F32
+ *  gradients are allocated by each step and released at its end (docs/o3.md). Since 0.4.0.
+ *  Statuses: SUCCESS; INVALID_HANDLE; INVALID_ARGUMENT (opt already holds parameters, or is already
+ *  sharded); DEVICE_MISMATCH (comm on another device than opt); NOT_SUPPORTED (state_block_size 0:
+ *  one scale per tensor would span the ranks). */
+FP8AMP_API fp8amp_status fp8amp_optimizer_set_shard(fp8amp_optimizer opt, fp8amp_comm comm);
+
+/** The shard of parameter `index` this rank holds: elements [*begin, *begin + *count) of the full
+ *  parameter (count may be 0: a small parameter lies on the first ranks only). An unsharded
+ *  optimizer holds all: begin 0, count numel. Since 0.4.0. Statuses: SUCCESS; INVALID_HANDLE;
+ *  INVALID_ARGUMENT (NULL out, index not in 0..num_params-1). */
+FP8AMP_API fp8amp_status fp8amp_optimizer_shard_range(fp8amp_optimizer opt, int32_t index, int64_t *begin,
+                                                      int64_t *count);
+
 /** @} */
 
 /** @defgroup norm Fused normalization

@@ -259,6 +259,24 @@ class Optimizer(Handle):
     def params(self) -> List[Tuple[Tensor, Tensor]]:
         return list(self._params)
 
+    def set_shard(self, comm: Any) -> None:
+        """fp8amp_optimizer_set_shard: makes this fresh optimizer this rank's part of an optimizer
+        sharded over comm's ranks (docs/o3.md): call it before add_param, on every rank; the steps
+        are then collective. comm: an fp8amp.Communicator (kept alive with the optimizer)."""
+        from .comm import Communicator  # not at import: comm.py is optional for the optimizer
+
+        where = "fp8amp_optimizer_set_shard"
+        if not hasattr(lib, where):
+            raise NotSupportedError(lib.FP8AMP_ERROR_NOT_SUPPORTED, "%s needs libfp8amp 0.4.0 or later" % where)
+        check(lib.fp8amp_optimizer_set_shard(self._h, handle_of(comm, Communicator, where, "comm")))
+        self._comm = comm
+
+    def shard_range(self, index: int) -> Tuple[int, int]:
+        """fp8amp_optimizer_shard_range: (begin, count) of parameter `index` held by this rank."""
+        b, c = ffi.new("int64_t *"), ffi.new("int64_t *")
+        check(lib.fp8amp_optimizer_shard_range(self._h, int(index), b, c))
+        return int(b[0]), int(c[0])
+
     def step(self, lr: Optional[float] = None, grad_scale_inv: float = 1.0, scaler: Optional[GradScaler] = None) -> None:
         """One update. lr None takes the config's (the C API's negative lr; from Python a negative or
         non-finite lr is refused rather than read as "the default"). A closed scaler raises

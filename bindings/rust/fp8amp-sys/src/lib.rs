@@ -498,6 +498,13 @@ extern "C" {
         output_scale_inv: fp8amp_tensor,
         desc: *const fp8amp_comm_reduce_desc,
     ) -> fp8amp_status;
+    pub fn fp8amp_optimizer_set_shard(opt: fp8amp_optimizer, comm: fp8amp_comm) -> fp8amp_status;
+    pub fn fp8amp_optimizer_shard_range(
+        opt: fp8amp_optimizer,
+        index: i32,
+        begin: *mut i64,
+        count: *mut i64,
+    ) -> fp8amp_status;
     pub fn fp8amp_norm_desc_init(desc: *mut fp8amp_norm_desc, size: usize) -> fp8amp_status;
     pub fn fp8amp_norm_forward(
         ctx: fp8amp_context,

@@ -46,9 +46,13 @@ from fp8amp.torch.linear import (_CONTEXTS, _DT, _TORCH_DT, Linear, _autocast_dt
 class Optimizer(torch.optim.Optimizer):
     """A torch.optim.Optimizer whose step runs fp8amp's Adam/AdamW (O1/O2/O3) on the device: made by
     ``initialize``. One fp8amp optimizer per param group (lr, betas, eps, weight_decay of the group;
-    ``group["lr"]`` is read at every step, so LR schedulers work); at O3 two per group: one with the
-    F16 master copy for the E4M3 Linear weights, one with O2's state for every other parameter
-    (fp8amp keeps master copies for low-precision parameters only). Linear layers' weights and
+    ``group["lr"]`` is read at every step, so LR schedulers work); at O3 it holds the E4M3 Linear
+    weights with an F16 master copy beside every other parameter without one (fp8amp keeps master
+    copies for low-precision parameters only: add_param_ex's per-parameter master).
+    ``max_grad_norm`` clips by the global norm of all gradients: inside fp8amp's step with one param
+    group; with several, the norm of every group's unscaled gradients is computed here (float64, as
+    torch.nn.utils.clip_grad_norm_) and the clip coefficient multiplies each step's gradient factor; a
+    step with a non-finite gradient in any group then changes no group. Linear layers' weights and
     biases are updated with their fp8amp gradients (E4M3 weight gradients); every other parameter
     with its torch ``.grad`` (kept in a buffer registered with fp8amp, zeroed in place by
     ``zero_grad``).
@@ -57,13 +61,15 @@ class Optimizer(torch.optim.Optimizer):
     the scale and the found-inf flag, unscales inside fp8amp's step and skips on overflow; do not
     call ``scaler.unscale_`` first) and with this module's ``GradScaler`` (``step(scaler=...)``).
     ``state_dict()``/``load_state_dict()`` carry fp8amp's checkpoints (parameters, m, v, master
-    copies, scales, step count) as bytes plus the groups' hyperparameters.
+    copies, scales, step count) as bytes plus the groups' hyperparameters (one per param group; an O3
+    state dict of fp8amp 0.4.0's first release, two per group, does not load).
     """
 
     _step_supports_amp_scaling = True
 
     def __init__(self, param_groups: List[Dict[str, Any]], opt_level: Any, adamw: bool, linears: Dict[int, Tuple[Linear, str]],
-                 max_grad_norm: float = 0.0, master_rounding: Any = "nearest", rounding_seed: int = 0) -> None:
+                 max_grad_norm: float = 0.0, master_rounding: Any = "nearest", rounding_seed: int = 0,
+                 comm: Optional[fp8amp.Communicator] = None) -> None:
         super().__init__(param_groups, {})
         self.opt_level = as_opt_level(opt_level)
         o3 = self.opt_level == fp8amp.OptLevel.O3
@@ -73,7 +79,7 @@ class Optimizer(torch.optim.Optimizer):
         self._plain: List[Tuple[nn.Parameter, torch.Tensor]] = []  # non-Linear params and their grad buffers
         self._ctx: Optional[fp8amp.Context] = None
         self._device: Optional[torch.device] = None
-        plan = []  # (group index, config, [(param, grad), ...]) of each fp8amp optimizer to make
+        plan = []  # (group index, config, [(item, master?), ...]) of each fp8amp optimizer to make
         for gi, g in enumerate(self.param_groups):
             if g.get("amsgrad"):
                 raise NotImplementedError("amsgrad")
@@ -101,29 +107,43 @@ class Optimizer(torch.optim.Optimizer):
                     other.append(p)  # its buffer is made below, once the layout is known to be valid
             if not low and not other:
                 raise ValueError("an empty param group")
-            if low:
-                plan.append((gi, cfg, low))
-            if other:
-                plan.append((gi, dataclasses.replace(cfg, master_dtype=None) if o3 else cfg, other))
-        if max_grad_norm and len(plan) > 1:
-            raise NotImplementedError("max_grad_norm with several fp8amp optimizers (several param groups, or O3's "
-                                      "E4M3 weights beside other parameters): each would be clipped by its own norm")
+            # One fp8amp optimizer per group: at O3 the E4M3 weights with the config's F16 master,
+            # every other parameter with none (explicitly: an F32 one cannot take an F16 master).
+            plan.append((gi, cfg, [(it, True) for it in low] + [(it, not o3) for it in other]))
+        # Several fp8amp optimizers would each clip by their own norm: the global norm is taken here
+        # instead (step), and fp8amp's own clipping is off.
+        self._clip = float(max_grad_norm) if max_grad_norm and len(plan) > 1 else 0.0
+        if comm is not None and self._clip:
+            raise NotImplementedError("max_grad_norm with several param groups and a process_group: the global norm "
+                                      "is of the reduced gradients, which only the sharded steps see")
+        self._opt_grads: List[List[fp8amp.Tensor]] = []  # each fp8amp optimizer's gradients (the global norm)
         assert self._ctx is not None and self._device is not None
         for gi, cfg, items in plan:
-            pairs = []
-            for it in items:
-                if isinstance(it, tuple):
-                    pairs.append(it)
-                    continue
-                buf = torch.zeros_like(it, memory_format=torch.contiguous_format)
-                if it.grad is not None:
-                    buf.copy_(it.grad)
-                it.grad = buf
-                self._plain.append((it, buf))
-                pairs.append((to_fp8amp(it, self._ctx), to_fp8amp(buf, self._ctx)))
+            if self._clip:
+                cfg = dataclasses.replace(cfg, max_grad_norm=0.0)
             _on_current_stream(self._ctx, self._device)
-            self._opts.append(fp8amp.Optimizer(self._ctx, cfg, pairs))
+            opt = fp8amp.Optimizer(self._ctx, cfg)
+            if comm is not None:  # ZeRO-style: this rank keeps the state of its shards (docs/o3.md)
+                opt.set_shard(comm)
+            grads = []
+            for it, default_master in items:
+                if isinstance(it, tuple):
+                    pair = it
+                else:
+                    buf = torch.zeros_like(it, memory_format=torch.contiguous_format)
+                    if it.grad is not None:
+                        buf.copy_(it.grad)
+                    it.grad = buf
+                    self._plain.append((it, buf))
+                    pair = (to_fp8amp(it, self._ctx), to_fp8amp(buf, self._ctx))
+                if default_master:
+                    opt.add_param(*pair)
+                else:
+                    opt.add_param(*pair, master=None)
+                grads.append(pair[1])
+            self._opts.append(opt)
             self._opt_groups.append(gi)
+            self._opt_grads.append(grads)
         self._metas = [mt for m in self._linears if m._delayed for mt in m.scaling_metas()]
         # O3: the F16 master copies start from the E4M3 weights now; a later write to a weight that
         # does not go through fp8amp (a model load_state_dict) would leave its master stale.
@@ -180,18 +200,44 @@ class Optimizer(torch.optim.Optimizer):
         _on_current_stream(self._ctx, self._device)
         c_scaler = scaler._scaler if scaler is not None else None  # closed: the fp8amp step raises
         groups = self.param_groups
-        if c_scaler is not None and len(self._opts) > 1:
+        multi = c_scaler is not None and len(self._opts) > 1
+        if multi:
             inv /= c_scaler.scale  # several fp8amp optimizers: one host read of the scale, then one update
-            for o, gi in zip(self._opts, self._opt_groups):
+        steps = list(zip(self._opts, self._opt_groups))
+        if self._clip:
+            # torch.nn.utils.clip_grad_norm_ over every group's unscaled gradients (float64 sums).
+            sums = [self._grad_sumsq(grads) for grads in self._opt_grads]
+            total = math.fsum(sums)
+            if math.isfinite(total):
+                norm = math.sqrt(total) * inv
+                inv *= min(1.0, self._clip / (norm + 1e-6))
+            else:  # only the optimizers that see the non-finite gradient step (and skip): none changes
+                steps = [st for st, t in zip(steps, sums) if not math.isfinite(t)]
+        if multi:
+            for o, gi in steps:
                 o.step(lr=float(groups[gi]["lr"]), grad_scale_inv=inv)
-            bad = [o for o in self._opts if o.found_inf]
+            bad = [o for o, _ in steps if o.found_inf]
             c_scaler.update(bad[0] if bad else self._opts[0])
         else:
-            for o, gi in zip(self._opts, self._opt_groups):
+            for o, gi in steps:
                 o.step(lr=float(groups[gi]["lr"]), grad_scale_inv=inv, scaler=c_scaler)
         if self._metas:
             fp8amp.update_many(self._ctx, self._metas)
         return loss
+
+    def _grad_sumsq(self, grads: List[fp8amp.Tensor]) -> float:
+        """The sum of squares of the stored gradients' values (FP8: code * scale_inv), in float64."""
+        assert self._ctx is not None
+        total = 0.0
+        for g in grads:
+            if g.dtype in (fp8amp.E4M3, fp8amp.E5M2):
+                t = torch.empty(tuple(g.shape), dtype=torch.float32, device=self._device)
+                _on_current_stream(self._ctx, self._device)
+                fp8amp.dequantize(self._ctx, g, to_fp8amp(t, self._ctx))
+            else:
+                t = _from_fp8amp(g)
+            total += float(t.double().square().sum())
+        return total
 
     @property
     def fp8amp_optimizers(self) -> List[fp8amp.Optimizer]:
@@ -225,7 +271,7 @@ def initialize(model: nn.Module, optimizer: Optional[torch.optim.Optimizer] = No
                *, policy: Any = "auto", recipe: Optional[fp8amp.Recipe] = None,
                weight_dtype: Optional[torch.dtype] = None, wgrad_dtype: Optional[torch.dtype] = None,
                max_grad_norm: float = 0.0, exclude: Any = (), master_rounding: Any = "nearest",
-               rounding_seed: int = 0, save_input: Optional[bool] = None) -> Any:
+               rounding_seed: int = 0, save_input: Optional[bool] = None, process_group: Any = None) -> Any:
     """Replaces every nn.Linear of `model` by an fp8amp.torch.Linear (parameters copied) and, with
     an optimizer (torch.optim.Adam or AdamW), returns ``(model, Optimizer)`` running fp8amp's Adam at
     `opt_level` ("O1": F32 m and v; "O2": E4M3 m, F16 v; "O3": O2 plus E4M3 Linear weights with an
@@ -239,7 +285,13 @@ def initialize(model: nn.Module, optimizer: Optional[torch.optim.Optimizer] = No
     how the O3 optimizer rounds the F16 master copies (fp8amp_adam_desc.master_rounding).
     `save_input`: each new Linear's (None: keep inputs for backward only once a layer is seen used
     twice per forward; True: always, as nn.Linear; False: never). The logger "fp8amp" tells at INFO
-    level which Linears were replaced and which kept, and why."""
+    level which Linears were replaced and which kept, and why.
+    `process_group` (a torch.distributed group, CUDA only): the optimizer is sharded over its ranks
+    (fp8amp_optimizer_set_shard, docs/o3.md): each rank keeps the masters and Adam state of its shard
+    of every parameter, and each step reduce-scatters the local gradients (do not all-reduce them
+    first), updates the shard and all-gathers the parameters; every rank must start from the same
+    weights. On the CPU it raises ValueError: the CPU communicator runs over MPI, not over a
+    torch.distributed (gloo) group."""
     level = as_opt_level(opt_level)
     o3 = level == fp8amp.OptLevel.O3
     if weight_dtype is None:
@@ -273,8 +325,18 @@ def initialize(model: nn.Module, optimizer: Optional[torch.optim.Optimizer] = No
         groups.append(ng)
     if optimizer.state:
         raise ValueError("initialize needs a fresh optimizer (its state would be lost)")
+    comm = None
+    if process_group is not None:
+        devices = {_norm_device(p.device) for g in groups for p in g["params"]}
+        if any(d.type != "cuda" for d in devices):
+            raise ValueError("process_group: a sharded optimizer needs CUDA parameters; the CPU communicator runs over "
+                             "MPI, not over a torch.distributed group (use the C API's fp8amp_optimizer_set_shard "
+                             "with an MPI communicator)")
+        if len(devices) != 1:
+            raise NotImplementedError("parameters on several devices")
+        comm = communicator(next(iter(devices)), process_group)
     opt = Optimizer(groups, level, isinstance(optimizer, torch.optim.AdamW), linears, max_grad_norm=max_grad_norm,
-                    master_rounding=master_rounding, rounding_seed=rounding_seed)
+                    master_rounding=master_rounding, rounding_seed=rounding_seed, comm=comm)
     return model, opt
 
 

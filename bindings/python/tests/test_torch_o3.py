@@ -1,0 +1,156 @@
+"""fp8amp.torch at O3 with one fp8amp optimizer per param group (issue 20): the E4M3 Linear weights
+with their F16 master beside every other parameter; global gradient clipping (max_grad_norm) with one
+group (inside fp8amp's step) and with several (the global norm taken over every group, the
+coefficient folded into each step's gradient factor); a non-finite gradient in one group changes no
+group; checkpoints with several groups continue bit for bit; process_group is refused on the CPU
+(the CPU communicator runs over MPI). Needs PyTorch (SKIPPED without it)."""
+import math
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+import fp8amp  # noqa: E402
+from fp8amp import optim  # noqa: E402
+
+pytestmark = pytest.mark.skipif(not optim._available() or not hasattr(optim.lib, "fp8amp_optimizer_add_param_ex"),
+                                reason="libfp8amp without the optimizer's per-parameter masters (0.4.0)")
+
+
+@pytest.fixture(params=["cpu", "cuda"])
+def tdev(request):
+    if request.param == "cuda" and not (torch.cuda.is_available() and fp8amp.device_count("cuda") > 0):
+        pytest.skip("no CUDA device for PyTorch")
+    return torch.device(request.param)
+
+
+@pytest.fixture
+def gen(rng):
+    return torch.Generator().manual_seed(int(rng.integers(2**62)))
+
+
+def make_model(device, seed=0):
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.LayerNorm(64), torch.nn.GELU(),
+                               torch.nn.Linear(64, 16)).to(device)
+
+
+def data_of(gen, device, n=3):
+    w = torch.randn(16, 32, generator=gen).to(device) * 0.3
+    xs = [torch.randn(64, 32, generator=gen).to(device) for _ in range(n)]
+    return [(x, torch.tanh(x @ w.T)) for x in xs]
+
+
+def two_groups(model, wd=0.05):
+    """Two param groups with the same hyperparameters: the weights, the rest."""
+    return [{"params": [p for p in model.parameters() if p.dim() == 2], "weight_decay": wd},
+            {"params": [p for p in model.parameters() if p.dim() != 2], "weight_decay": wd}]
+
+
+def run(model, opt, data, steps):
+    for i in range(steps):
+        x, t = data[i % len(data)]
+        (model(x) - t).square().mean().backward()
+        opt.step()
+        opt.zero_grad()
+
+
+def bytes_of(model):
+    return [p.detach().reshape(-1).view(torch.uint8).clone() for p in model.state_dict().values()]
+
+
+def test_o3_one_optimizer_per_group_with_global_clipping(tdev, gen):
+    import fp8amp.torch as ft
+
+    data = data_of(gen, tdev)
+    m = make_model(tdev)
+    m, opt = ft.initialize(m, torch.optim.AdamW(m.parameters(), lr=3e-3), "O3", policy="fp8", max_grad_norm=1e-2)
+    (o,) = opt.fp8amp_optimizers  # the E4M3 weights (+ F16 master) and the F32 rest together
+    assert [p.dtype for p, _ in o.params] == [fp8amp.E4M3, fp8amp.E4M3] + [fp8amp.F32] * 4
+    assert o.config.master_dtype == fp8amp.F16 and o.config.max_grad_norm == pytest.approx(1e-2)
+    before = bytes_of(m)
+    run(m, opt, data, 3)
+    assert not o.found_inf and o.step_count == 3
+    assert o.grad_norm > 1e-2  # the norm before clipping: the clipping was active
+    assert any(not torch.equal(a, b) for a, b in zip(before, bytes_of(m)))
+    sd = opt.state_dict()
+    assert len(sd["fp8amp"]) == 1 and sd["fp8amp_groups"] == [0]
+
+
+def test_o3_several_groups_clip_by_the_global_norm(tdev, gen):
+    """Two groups with the same hyperparameters train like one group to rounding: the fp8amp
+    optimizers of the groups see gradients clipped by the norm of all of them together (the norms
+    they report, of the clipped gradients, combine to max_grad_norm; each clipped by its own norm
+    they would combine to sqrt(2) times it)."""
+    import fp8amp.torch as ft
+
+    data = data_of(gen, tdev)
+    clip = 1e-2
+    m1 = make_model(tdev)
+    m1, o1 = ft.initialize(m1, torch.optim.AdamW(m1.parameters(), lr=3e-3, weight_decay=0.05), "O3", policy="fp8",
+                           max_grad_norm=clip)
+    m2 = make_model(tdev)
+    m2, o2 = ft.initialize(m2, torch.optim.AdamW(two_groups(m2), lr=3e-3), "O3", policy="fp8", max_grad_norm=clip)
+    assert len(o2.fp8amp_optimizers) == 2
+    assert all(o.config.max_grad_norm == 0.0 for o in o2.fp8amp_optimizers)  # clipped by the front instead
+    for i in range(4):
+        for m, o in ((m1, o1), (m2, o2)):
+            x, t = data[i % len(data)]
+            (m(x) - t).square().mean().backward()
+            o.step()
+            o.zero_grad()
+        norms = [o.grad_norm for o in o2.fp8amp_optimizers]
+        assert o1.fp8amp_optimizers[0].grad_norm > clip
+        assert math.hypot(*norms) == pytest.approx(clip, rel=1e-4), norms
+    for (k, a), b in zip(m1.state_dict().items(), m2.state_dict().values()):
+        if a.dtype == torch.float8_e4m3fn:
+            same = (a.view(torch.uint8) == b.view(torch.uint8)).float().mean().item()
+            assert same > 0.97, (k, same)  # a master rounding apart, rarely
+            assert torch.allclose(a.float(), b.float(), rtol=0.07, atol=1e-3), k
+        elif a.is_floating_point():
+            assert torch.allclose(a.float(), b.float(), rtol=1e-4, atol=1e-6), k
+
+
+def test_o3_several_groups_non_finite_changes_nothing(tdev, gen):
+    import fp8amp.torch as ft
+
+    data = data_of(gen, tdev)
+    m = make_model(tdev)
+    m, opt = ft.initialize(m, torch.optim.AdamW(two_groups(m), lr=3e-3), "O3", policy="fp8", max_grad_norm=1.0)
+    run(m, opt, data, 2)
+    before = bytes_of(m)
+    x, t = data[0]
+    (m(x) - t).square().mean().backward()
+    m[1].bias.grad[3] = float("nan")  # the LayerNorm's bias: the second group only
+    opt.step()
+    assert all(torch.equal(a, b) for a, b in zip(before, bytes_of(m)))
+    assert [o.step_count for o in opt.fp8amp_optimizers] == [2, 2]
+
+
+def test_o3_several_groups_checkpoint_round_trip(tdev, gen):
+    import fp8amp.torch as ft
+
+    data = data_of(gen, tdev)
+
+    def fresh():
+        m = make_model(tdev)
+        return ft.initialize(m, torch.optim.AdamW(two_groups(m), lr=3e-3), "O3", policy="fp8", max_grad_norm=1e-2)
+
+    m1, o1 = fresh()
+    run(m1, o1, data, 3)
+    msd, osd = {k: v.clone() for k, v in m1.state_dict().items()}, o1.state_dict()
+    assert len(osd["fp8amp"]) == 2 and osd["fp8amp_groups"] == [0, 1]
+    run(m1, o1, data[1:], 2)
+    m2, o2 = fresh()
+    m2.load_state_dict(msd)
+    o2.load_state_dict(osd)
+    run(m2, o2, data[1:], 2)
+    assert all(torch.equal(a, b) for a, b in zip(bytes_of(m1), bytes_of(m2)))
+
+
+def test_process_group_refused_on_the_cpu():
+    import fp8amp.torch as ft
+
+    m = make_model("cpu")
+    with pytest.raises(ValueError, match="MPI"):
+        ft.initialize(m, torch.optim.AdamW(m.parameters()), "O3", process_group=object())
