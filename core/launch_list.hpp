@@ -31,9 +31,12 @@ public:
 
     // The steps, in launch order. Each mirrors the kernels:: function it runs (see kernels.hpp);
     // memory is the caller's, already validated, and must stay valid until the work ran.
-    // quantize: src [rows, cols] into dst (and dst_t [cols, rows]), with dst's bound meta.
+    // quantize: src [rows, cols] into dst (and dst_t [cols, rows]), with dst's bound meta; with dst_t
+    // and col_sum, also col_sum[c] (+)= the column sums of src in the same pass (kernels.hpp's fixed
+    // order; col_partial: kernels::column_sum_partial_floats(rows, cols) floats).
     void quantize(const void *src, fp8amp_dtype src_dtype, size_t rows, size_t cols, const Tensor &dst,
-                  const Tensor *dst_t);
+                  const Tensor *dst_t, float *col_sum = nullptr, bool col_accumulate = false,
+                  float *col_partial = nullptr);
     void cast(const void *src, fp8amp_dtype src_dtype, void *dst, fp8amp_dtype dst_dtype, size_t n);
     void dequantize(const Tensor &src, void *dst, fp8amp_dtype dst_dtype);
     void gemm(const kernels::GemmArgs &args, void *workspace, size_t workspace_bytes);

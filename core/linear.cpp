@@ -510,7 +510,8 @@ void Linear::backward(const Tensor &dy, Tensor *dx, bool accumulate) {
         check_not_own(*dx, "dx",
                       {{weight_.get(), "weight"}, {weight_grad_.get(), "weight gradient"}, {bias_grad_.get(), "bias gradient"}});
     }
-    // dy is read again (the bias gradient's column sums) after the weight gradient is written.
+    // dy is read while the gradients are written (the bias gradient's column sums, fused into dY's
+    // quantize on the FP8 path, a pass of their own after the weight gradient on the wide path).
     check_not_own(dy, "dy", {{weight_grad_.get(), "weight gradient"}, {bias_grad_.get(), "bias gradient"}});
     const int64_t m = saved_m_;
     const bool e4m3_weight = desc_.weight_dtype == FP8AMP_DTYPE_E4M3;
@@ -530,7 +531,19 @@ void Linear::backward(const Tensor &dy, Tensor *dx, bool accumulate) {
         const fp8amp_dtype gdtype = grad_output_meta_->dtype();
         Tensor &dy8 = scratch(dy8_, kScratchFp8, gdtype, m, n, grad_output_meta_);
         Tensor &dy8t = scratch(dy8t_, kScratchFp8T, gdtype, n, m, grad_output_meta_);
-        quantize(dy.data(), dy.dtype(), static_cast<size_t>(m), static_cast<size_t>(n), dy8, &dy8t);
+        // The bias gradient is summed in the pass that quantizes and transposes dY (no second read of
+        // dY): kernels.hpp's fixed order, the same bits on both backends.
+        float *bias_partial = nullptr;
+        if (bias_grad_) {
+            const size_t floats = kernels::column_sum_partial_floats(static_cast<size_t>(m), static_cast<size_t>(n));
+            bias_partial = static_cast<float *>(
+                buffer(colsum_scratch_, FP8AMP_DTYPE_F32, static_cast<int64_t>(floats / static_cast<size_t>(n)), n)
+                    .data());
+        }
+        steps_.quantize(dy.data(), dy.dtype(), static_cast<size_t>(m), static_cast<size_t>(n), dy8, &dy8t,
+                        bias_grad_ ? static_cast<float *>(bias_grad_->data()) : nullptr, accumulate, bias_partial);
+        dy8.mark_written();
+        dy8t.mark_written();
         if (dx) {
             const float *wt_scale_inv = e4m3_weight ? weight_->scale_inv() : w8t_->scale_inv();
             run_gemm({m, k, n, dy8.data(), gdtype, true, dy8.scale_inv(), w8t_->data(), FP8AMP_DTYPE_E4M3, true,
@@ -565,15 +578,15 @@ void Linear::backward(const Tensor &dy, Tensor *dx, bool accumulate) {
                         static_cast<size_t>(n * k));
     }
     weight_grad_->mark_written();
-    if (bias_grad_) {
+    if (bias_grad_ && kind_ != FP8AMP_GEMM_KIND_FP8) {  // the FP8 path summed it with dY's quantize
         float *partial = nullptr;  // the per-chunk column sums, if the backend needs them (CUDA)
         if (const size_t chunks = ctx_->backend().column_sum_partial_rows())
             partial = static_cast<float *>(
                 buffer(colsum_scratch_, FP8AMP_DTYPE_F32, static_cast<int64_t>(chunks), n).data());
         steps_.column_sum(dy.data(), dy.dtype(), static_cast<size_t>(m), static_cast<size_t>(n),
                           static_cast<float *>(bias_grad_->data()), accumulate, partial);
-        bias_grad_->mark_written();
     }
+    if (bias_grad_) bias_grad_->mark_written();
     run_steps(backward_replay_);
     wgrad_sum_valid_ = !direct_wgrad;
     saved_ = false;
