@@ -79,6 +79,15 @@ struct TransposeArgs {
     void *dst;
     Word rows, cols;
 };
+struct RecordAmaxArgs {
+    const void *src;
+    Word src_dtype;
+    Word n;
+    kernels::ScalingState *meta;
+};
+struct UpdateScalingArgs {
+    kernels::ScalingState *meta;
+};
 
 kernels::GemmArgs to_gemm_args(const GemmStepArgs &s) {
     kernels::GemmArgs g;
@@ -156,6 +165,14 @@ void LaunchList::transpose_bytes(const void *src, void *dst, size_t rows, size_t
     push(Kind::transpose_bytes, TransposeArgs{src, dst, rows, cols});
 }
 
+void LaunchList::record_amax(const void *src, fp8amp_dtype src_dtype, size_t n, const ScalingMeta &meta) {
+    push(Kind::record_amax, RecordAmaxArgs{src, word(src_dtype), n, meta.state()});
+}
+
+void LaunchList::update_scaling(const ScalingMeta &meta) {
+    push(Kind::update_scaling, UpdateScalingArgs{meta.state()});
+}
+
 bool LaunchList::operator==(const LaunchList &other) const {
     return n_ == other.n_ && std::memcmp(steps_, other.steps_, n_ * sizeof(Step)) == 0;
 }
@@ -226,6 +243,16 @@ void LaunchList::run(const Context &ctx, void *stream, float *host_scratch) cons
         case Kind::transpose_bytes: {
             const auto a = args_of<TransposeArgs>(step);
             backend.transpose_bytes(stream, a.src, a.dst, a.rows, a.cols);
+            break;
+        }
+        case Kind::record_amax: {
+            const auto a = args_of<RecordAmaxArgs>(step);
+            backend.record_amax(stream, a.src, dtype(a.src_dtype), a.n, a.meta);
+            break;
+        }
+        case Kind::update_scaling: {
+            const auto a = args_of<UpdateScalingArgs>(step);
+            backend.update_scaling_on(stream, a.meta);
             break;
         }
         }

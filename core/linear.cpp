@@ -130,9 +130,18 @@ std::shared_ptr<Linear> Linear::create(std::shared_ptr<const Context> ctx, const
     lin->input_meta_ = std::make_shared<ScalingMeta>(ctx, recipe, FP8AMP_DTYPE_E4M3);
     lin->weight_meta_ = std::make_shared<ScalingMeta>(ctx, with_mode(recipe, FP8AMP_SCALING_CURRENT), FP8AMP_DTYPE_E4M3);
     lin->grad_output_meta_ = std::make_shared<ScalingMeta>(ctx, recipe, grad_dtype);
-    if (desc.wgrad_dtype == FP8AMP_DTYPE_E4M3)
-        lin->wgrad_meta_ =
-            std::make_shared<ScalingMeta>(ctx, with_mode(recipe, FP8AMP_SCALING_CURRENT), FP8AMP_DTYPE_E4M3);
+    if (desc.wgrad_dtype == FP8AMP_DTYPE_E4M3) {
+        // The E4M3 weight gradient uses delayed scaling (issue 19): the scale comes from the amax
+        // history of earlier backwards, and the quantize that writes the gradient records this one's
+        // amax in the same pass -- no amax pass over the FP32 sum, which cost as much as the quantize.
+        // The Linear updates this meta itself after every backward (interval 1); the first backward
+        // fits the scale to its own amax first (one amax pass, once). Saturations are counted
+        // (statistics on): an amax that outgrew the history saturates at 448, and is never silent.
+        fp8amp_recipe wr = with_mode(recipe, FP8AMP_SCALING_DELAYED);
+        wr.interval = 1;
+        lin->wgrad_meta_ = std::make_shared<ScalingMeta>(ctx, wr, FP8AMP_DTYPE_E4M3);
+        lin->wgrad_meta_->enable_stats(true);
+    }
 
     const int64_t n = desc.out_features, k = desc.in_features;
     const int64_t w_shape[2] = {n, k};
@@ -570,12 +579,19 @@ void Linear::backward(const Tensor &dy, Tensor *dx, bool accumulate) {
     }
     if (dx) dx->mark_written();
     if (!direct_wgrad) {
-        if (desc_.wgrad_dtype == FP8AMP_DTYPE_E4M3)
+        if (desc_.wgrad_dtype == FP8AMP_DTYPE_E4M3) {
+            const size_t count = static_cast<size_t>(n * k);
+            if (!wgrad_scale_fitted_) {  // first backward: no history yet, fit the scale to this sum
+                steps_.record_amax(wsum.data(), FP8AMP_DTYPE_F32, count, *wgrad_meta_);
+                steps_.update_scaling(*wgrad_meta_);
+            }
             quantize(wsum.data(), FP8AMP_DTYPE_F32, static_cast<size_t>(n), static_cast<size_t>(k), *weight_grad_,
                      nullptr);
-        else
+            steps_.update_scaling(*wgrad_meta_);  // this amax into the history: the next backward's scale
+        } else {
             steps_.cast(wsum.data(), FP8AMP_DTYPE_F32, weight_grad_->data(), weight_grad_->dtype(),
                         static_cast<size_t>(n * k));
+        }
     }
     weight_grad_->mark_written();
     if (bias_grad_ && kind_ != FP8AMP_GEMM_KIND_FP8) {  // the FP8 path summed it with dY's quantize
@@ -589,6 +605,7 @@ void Linear::backward(const Tensor &dy, Tensor *dx, bool accumulate) {
     if (bias_grad_) bias_grad_->mark_written();
     run_steps(backward_replay_);
     wgrad_sum_valid_ = !direct_wgrad;
+    if (wgrad_meta_) wgrad_scale_fitted_ = true;
     saved_ = false;
 }
 

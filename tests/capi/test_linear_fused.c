@@ -231,11 +231,79 @@ static void test_bias_grad_cpu_cuda_identical(void **state) {
     EXPECT_OK(fp8amp_context_destroy(ctx[1]));
 }
 
+/* ---- the E4M3 weight gradient under delayed scaling -------------------------------------------- */
+
+static fp8amp_scaling_stats wgrad_stats(fp8amp_linear lin, float *scale) {
+    fp8amp_scaling sc;
+    fp8amp_scaling_stats st;
+    EXPECT_OK(fp8amp_linear_scaling(lin, FP8AMP_ROLE_WEIGHT_GRAD, &sc));
+    EXPECT_OK(fp8amp_scaling_get_stats(sc, &st));
+    if (scale) EXPECT_OK(fp8amp_scaling_get(sc, scale, NULL, NULL));
+    EXPECT_OK(fp8amp_scaling_destroy(sc));
+    return st;
+}
+
+/* The first backward fits the scale to its own FP32 sum (no history yet); every later one quantizes
+ * with the scale the history gave (the max of the earlier sums' amaxes: the default recipe), records
+ * its own amax in that pass, and updates the meta. A sum that outgrew the history saturates at 448,
+ * and every saturated element is counted in the meta's statistics (on by default for this meta); the
+ * next backward's scale fits the new amax. Checked byte for byte against an F32-gradient twin. */
+static void test_wgrad_delayed(void **state) {
+    require_variant(state);
+    fp8amp_context ctx = make_context(variant_device(state));
+    const size_t m = 256, k = 32, n = 48;
+    const double factors[5] = {1.0, 0.5, 300.0, 1.0, 1.0};
+    const uint64_t seed = test_rng_u64();
+    test_rng_state = seed;
+    fp8amp_linear lin = make_lin(ctx, (int64_t)k, (int64_t)n, E4M3_, FP8AMP_FORMAT_HYBRID, FP8AMP_SCALING_CURRENT);
+    test_rng_state = seed; /* the same weights */
+    fp8amp_linear twin = make_lin(ctx, (int64_t)k, (int64_t)n, F32_, FP8AMP_FORMAT_HYBRID, FP8AMP_SCALING_CURRENT);
+    double hist = 0.0;
+    float used = 1.0f;
+    fp8amp_scaling_stats before = wgrad_stats(lin, NULL);
+    assert_int_equal(before.quantized, 0);
+    for (int s = 0; s < 5; ++s) {
+        float *x = random_x(m, k), *dy = gen_matrix(F32_, m, n);
+        for (size_t i = 0; i < m * n; ++i) dy[i] = (float)(dy[i] * factors[s]);
+        if (step(ctx, lin, m, k, n, x, F32_, dy, 0) != FP8AMP_SUCCESS) fail_msg("FP8 GEMMs refused %zu x %zu", m, n);
+        assert_int_equal(step(ctx, twin, m, k, n, x, F32_, dy, 0), FP8AMP_SUCCESS);
+        float *sum = read_lin(twin, fp8amp_linear_weight_grad);
+        uint8_t *got = read_lin(lin, fp8amp_linear_weight_grad);
+        double amax = 0.0;
+        for (size_t i = 0; i < n * k; ++i) amax = fmax(amax, fabs((double)sum[i]));
+        const float scale = s == 0 ? scale_ref(448.0, 0, 0, amax, 1.0f) : scale_ref(448.0, 0, 0, hist, used);
+        uint64_t sat = 0, beyond = 0; /* beyond: not just amax * scale rounded a hair above 448 */
+        for (size_t i = 0; i < n * k; ++i) {
+            const float y = mul_f32_ref(sum[i], scale);
+            sat += fabs((double)y) > 448.0;
+            beyond += fabs((double)y) > 448.0 * (1.0 + ldexp(1.0, -20));
+            const uint32_t want = encode_fp8_ref(&FMT_E4M3, y);
+            if (got[i] != want) fail_msg("step %d: E4M3 dW[%zu] = 0x%02x, want 0x%02x (sum %a, scale %a)", s, i, got[i],
+                                         want, (double)sum[i], (double)scale);
+        }
+        hist = fmax(hist, amax);
+        used = scale;
+        float next;
+        const fp8amp_scaling_stats after = wgrad_stats(lin, &next);
+        assert_true(bits_of(next) == bits_of(scale_ref(448.0, 0, 0, hist, scale)));
+        assert_int_equal(after.quantized - before.quantized, n * k);
+        assert_int_equal(after.saturated - before.saturated, sat);
+        if (s == 0 || s == 3) assert_int_equal(beyond, 0); /* fitted / adapted after the overflow */
+        if (s == 2) assert_true(beyond > 0);                /* the overflow happened, and was counted */
+        before = after;
+        free(x), free(dy), free(sum), free(got);
+    }
+    EXPECT_OK(fp8amp_linear_destroy(lin));
+    EXPECT_OK(fp8amp_linear_destroy(twin));
+    EXPECT_OK(fp8amp_context_destroy(ctx));
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         DEVICE_TESTS(test_bias_grad_fixed_order),
         DEVICE_TESTS(test_bias_grad_nan),
         cmocka_unit_test(test_bias_grad_cpu_cuda_identical),
+        DEVICE_TESTS(test_wgrad_delayed),
     };
     return run_tests_sharded(tests, sizeof tests / sizeof tests[0], test_setup_rng, NULL);
 }
