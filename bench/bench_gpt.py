@@ -110,8 +110,12 @@ def build(mode, args, device):
     if mode in ("O1", "O2"):
         import fp8amp.torch as ft
 
+        import fp8amp
+
+        recipe = fp8amp.Recipe(mode=fp8amp.ScalingMode.DELAYED if args.fp8amp_recipe == "delayed"
+                               else fp8amp.ScalingMode.CURRENT)
         model, opt = ft.initialize(model, torch.optim.AdamW(model.parameters(), **adamw), opt_level=mode,
-                                   policy=args.policy, exclude=keep)
+                                   policy=args.policy, exclude=keep, recipe=recipe)
         fwd = model
     else:
         if mode == "torchao":
@@ -213,6 +217,9 @@ def main(argv=None):
     ap.add_argument("--warmup", type=int, default=10, help="untimed steps first")
     ap.add_argument("--modes", default=",".join(ALL_MODES))
     ap.add_argument("--policy", default="auto", help="fp8amp GEMM policy: auto, fp8, bf16")
+    ap.add_argument("--fp8amp-recipe", choices=("current", "delayed"), default="current",
+                    help="the fp8amp modes' scaling: current (the front's default) or delayed (E4M3 weight "
+                         "gradients without their amax pass: docs/numerics.md 9.2)")
     ap.add_argument("--profile-steps", type=int, default=3)
     ap.add_argument("--profile-top", type=int, default=25)
     ap.add_argument("--no-profile", action="store_true")
@@ -244,7 +251,7 @@ def main(argv=None):
     out = {"device": name, "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
            "commit": git_commit(), "torch": torch.__version__, "preset": preset,
            "config": {k: getattr(args, k) for k in ("layers", "d", "heads", "seq", "batch", "steps", "warmup",
-                                                    "policy", "seed")},
+                                                    "policy", "fp8amp_recipe", "seed")},
            "tokens_per_step": args.seq * args.batch, "modes": {}}
     for m in modes:
         print("mode %s" % m, flush=True)

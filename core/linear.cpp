@@ -131,16 +131,23 @@ std::shared_ptr<Linear> Linear::create(std::shared_ptr<const Context> ctx, const
     lin->weight_meta_ = std::make_shared<ScalingMeta>(ctx, with_mode(recipe, FP8AMP_SCALING_CURRENT), FP8AMP_DTYPE_E4M3);
     lin->grad_output_meta_ = std::make_shared<ScalingMeta>(ctx, recipe, grad_dtype);
     if (desc.wgrad_dtype == FP8AMP_DTYPE_E4M3) {
-        // The E4M3 weight gradient uses delayed scaling (issue 19): the scale comes from the amax
-        // history of earlier backwards, and the quantize that writes the gradient records this one's
-        // amax in the same pass -- no amax pass over the FP32 sum, which cost as much as the quantize.
-        // The Linear updates this meta itself after every backward (interval 1); the first backward
-        // fits the scale to its own amax first (one amax pass, once). Saturations are counted
-        // (statistics on): an amax that outgrew the history saturates at 448, and is never silent.
-        fp8amp_recipe wr = with_mode(recipe, FP8AMP_SCALING_DELAYED);
-        wr.interval = 1;
-        lin->wgrad_meta_ = std::make_shared<ScalingMeta>(ctx, wr, FP8AMP_DTYPE_E4M3);
-        lin->wgrad_meta_->enable_stats(true);
+        if (recipe.mode == FP8AMP_SCALING_DELAYED) {
+            // Under a delayed recipe the E4M3 weight gradient uses delayed scaling too (issue 19): the
+            // scale comes from the amax history of earlier backwards, and the quantize that writes the
+            // gradient records this one's amax in the same pass -- no amax pass over the FP32 sum,
+            // which cost as much as the quantize. The Linear updates this meta itself after every
+            // backward (interval 1); the first backward fits the scale to its own amax first (one amax
+            // pass, once). Saturations are counted (statistics on): an amax that outgrew the history
+            // saturates at 448, and is never silent. Under a current recipe (deterministic, and
+            // resumable from a checkpoint, which holds no meta history) it stays current scaling.
+            fp8amp_recipe wr = recipe;
+            wr.interval = 1;
+            lin->wgrad_meta_ = std::make_shared<ScalingMeta>(ctx, wr, FP8AMP_DTYPE_E4M3);
+            lin->wgrad_meta_->enable_stats(true);
+        } else {
+            lin->wgrad_meta_ =
+                std::make_shared<ScalingMeta>(ctx, with_mode(recipe, FP8AMP_SCALING_CURRENT), FP8AMP_DTYPE_E4M3);
+        }
     }
 
     const int64_t n = desc.out_features, k = desc.in_features;
@@ -581,13 +588,14 @@ void Linear::backward(const Tensor &dy, Tensor *dx, bool accumulate) {
     if (!direct_wgrad) {
         if (desc_.wgrad_dtype == FP8AMP_DTYPE_E4M3) {
             const size_t count = static_cast<size_t>(n * k);
-            if (!wgrad_scale_fitted_) {  // first backward: no history yet, fit the scale to this sum
+            const bool delayed = !wgrad_meta_->current();
+            if (delayed && !wgrad_scale_fitted_) {  // first backward: no history yet, fit the scale to this sum
                 steps_.record_amax(wsum.data(), FP8AMP_DTYPE_F32, count, *wgrad_meta_);
                 steps_.update_scaling(*wgrad_meta_);
             }
             quantize(wsum.data(), FP8AMP_DTYPE_F32, static_cast<size_t>(n), static_cast<size_t>(k), *weight_grad_,
                      nullptr);
-            steps_.update_scaling(*wgrad_meta_);  // this amax into the history: the next backward's scale
+            if (delayed) steps_.update_scaling(*wgrad_meta_);  // this amax into the history: the next scale
         } else {
             steps_.cast(wsum.data(), FP8AMP_DTYPE_F32, weight_grad_->data(), weight_grad_->dtype(),
                         static_cast<size_t>(n * k));

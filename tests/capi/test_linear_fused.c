@@ -250,14 +250,15 @@ static fp8amp_scaling_stats wgrad_stats(fp8amp_linear lin, float *scale) {
  * next backward's scale fits the new amax. Checked byte for byte against an F32-gradient twin. */
 static void test_wgrad_delayed(void **state) {
     require_variant(state);
+    /* a delayed recipe: x and dY use the metas' (never updated) initial scale 1 on both layers alike */
     fp8amp_context ctx = make_context(variant_device(state));
     const size_t m = 256, k = 32, n = 48;
     const double factors[5] = {1.0, 0.5, 300.0, 1.0, 1.0};
     const uint64_t seed = test_rng_u64();
     test_rng_state = seed;
-    fp8amp_linear lin = make_lin(ctx, (int64_t)k, (int64_t)n, E4M3_, FP8AMP_FORMAT_HYBRID, FP8AMP_SCALING_CURRENT);
+    fp8amp_linear lin = make_lin(ctx, (int64_t)k, (int64_t)n, E4M3_, FP8AMP_FORMAT_HYBRID, FP8AMP_SCALING_DELAYED);
     test_rng_state = seed; /* the same weights */
-    fp8amp_linear twin = make_lin(ctx, (int64_t)k, (int64_t)n, F32_, FP8AMP_FORMAT_HYBRID, FP8AMP_SCALING_CURRENT);
+    fp8amp_linear twin = make_lin(ctx, (int64_t)k, (int64_t)n, F32_, FP8AMP_FORMAT_HYBRID, FP8AMP_SCALING_DELAYED);
     double hist = 0.0;
     float used = 1.0f;
     fp8amp_scaling_stats before = wgrad_stats(lin, NULL);
@@ -298,12 +299,49 @@ static void test_wgrad_delayed(void **state) {
     EXPECT_OK(fp8amp_context_destroy(ctx));
 }
 
+/* Under a current recipe the WEIGHT_GRAD meta stays current scaling: every backward's scale fits its
+ * own sum (deterministic, resumable: a checkpoint holds no meta history), statistics off. */
+static void test_wgrad_current_recipe(void **state) {
+    require_variant(state);
+    fp8amp_context ctx = make_context(variant_device(state));
+    const size_t m = 128, k = 16, n = 32;
+    const uint64_t seed = test_rng_u64();
+    test_rng_state = seed;
+    fp8amp_linear lin = make_lin(ctx, (int64_t)k, (int64_t)n, E4M3_, FP8AMP_FORMAT_E4M3, FP8AMP_SCALING_CURRENT);
+    test_rng_state = seed;
+    fp8amp_linear twin = make_lin(ctx, (int64_t)k, (int64_t)n, F32_, FP8AMP_FORMAT_E4M3, FP8AMP_SCALING_CURRENT);
+    const double factors[3] = {1.0, 100.0, 0.01};
+    for (int s = 0; s < 3; ++s) {
+        float *x = random_x(m, k), *dy = gen_matrix(F32_, m, n);
+        for (size_t i = 0; i < m * n; ++i) dy[i] = (float)(dy[i] * factors[s]);
+        if (step(ctx, lin, m, k, n, x, F32_, dy, 0) != FP8AMP_SUCCESS) fail_msg("FP8 GEMMs refused");
+        assert_int_equal(step(ctx, twin, m, k, n, x, F32_, dy, 0), FP8AMP_SUCCESS);
+        float *sum = read_lin(twin, fp8amp_linear_weight_grad);
+        uint8_t *got = read_lin(lin, fp8amp_linear_weight_grad);
+        double amax = 0.0;
+        for (size_t i = 0; i < n * k; ++i) amax = fmax(amax, fabs((double)sum[i]));
+        const float scale = scale_ref(448.0, 0, 0, amax, 1.0f);
+        for (size_t i = 0; i < n * k; ++i)
+            if (got[i] != encode_fp8_ref(&FMT_E4M3, mul_f32_ref(sum[i], scale)))
+                fail_msg("step %d: E4M3 dW[%zu] = 0x%02x (sum %a, scale %a)", s, i, got[i], (double)sum[i], (double)scale);
+        float ms;
+        const fp8amp_scaling_stats st = wgrad_stats(lin, &ms);
+        assert_true(bits_of(ms) == bits_of(scale));
+        assert_int_equal(st.quantized, 0);
+        free(x), free(dy), free(sum), free(got);
+    }
+    EXPECT_OK(fp8amp_linear_destroy(lin));
+    EXPECT_OK(fp8amp_linear_destroy(twin));
+    EXPECT_OK(fp8amp_context_destroy(ctx));
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         DEVICE_TESTS(test_bias_grad_fixed_order),
         DEVICE_TESTS(test_bias_grad_nan),
         cmocka_unit_test(test_bias_grad_cpu_cuda_identical),
         DEVICE_TESTS(test_wgrad_delayed),
+        DEVICE_TESTS(test_wgrad_current_recipe),
     };
     return run_tests_sharded(tests, sizeof tests / sizeof tests[0], test_setup_rng, NULL);
 }
