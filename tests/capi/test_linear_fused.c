@@ -4,8 +4,10 @@
  *   order of kernels/kernels.hpp (128-row blocks of 16 lanes), overwritten and accumulated, for
  *   F32/BF16/F16 dy; a NaN in dy makes its column's gradient NaN and no other; CPU and CUDA agree
  *   byte for byte (the CUDA variants are skipped without a GPU);
- * - the E4M3 weight gradient under delayed scaling without an amax pass of its own (see the second
- *   half of this file).
+ * - the E4M3 weight gradient under a DELAYED recipe without an amax pass of its own: byte for byte
+ *   against an F32-gradient twin (first backward fitted, later ones with the history's scale, an
+ *   overflow saturated and counted), a CURRENT recipe keeping current scaling, CPU = CUDA (skipped
+ *   without a GPU).
  * The reference sums are written here from the documented order, not taken from the library. */
 #include <float.h>
 #include <math.h>
@@ -335,6 +337,42 @@ static void test_wgrad_current_recipe(void **state) {
     EXPECT_OK(fp8amp_context_destroy(ctx));
 }
 
+/* The delayed E4M3 weight gradient, its meta's scale and statistics: the same bytes on both backends
+ * over several backwards (the first fitted, an overflow, accumulation). */
+static void test_wgrad_delayed_cpu_cuda_identical(void **state) {
+    (void)state;
+    SKIP_WITHOUT_CUDA();
+    fp8amp_context ctx[2] = {make_context(cpu_device()), make_context(cuda_device(0))};
+    const size_t m = 512, k = 64, n = 96;
+    const double factors[4] = {1.0, 0.25, 200.0, 1.0};
+    const int acc[4] = {0, 1, 0, 0};
+    const uint64_t seed = test_rng_u64();
+    fp8amp_linear lin[2];
+    for (int d = 0; d < 2; ++d) {
+        test_rng_state = seed;
+        lin[d] = make_lin(ctx[d], (int64_t)k, (int64_t)n, E4M3_, FP8AMP_FORMAT_HYBRID, FP8AMP_SCALING_DELAYED);
+    }
+    for (int s = 0; s < 4; ++s) {
+        float *x = random_x(m, k), *dy = gen_matrix(F32_, m, n);
+        for (size_t i = 0; i < m * n; ++i) dy[i] = (float)(dy[i] * factors[s]);
+        void *got[2];
+        float scale[2];
+        fp8amp_scaling_stats st[2];
+        for (int d = 0; d < 2; ++d) {
+            assert_int_equal(step(ctx[d], lin[d], m, k, n, x, F32_, dy, acc[s]), FP8AMP_SUCCESS);
+            got[d] = read_lin(lin[d], fp8amp_linear_weight_grad);
+            st[d] = wgrad_stats(lin[d], &scale[d]);
+        }
+        assert_memory_equal(got[0], got[1], n * k);
+        assert_true(bits_of(scale[0]) == bits_of(scale[1]));
+        assert_memory_equal(&st[0], &st[1], sizeof st[0]);
+        free(got[0]), free(got[1]), free(x), free(dy);
+    }
+    for (int d = 0; d < 2; ++d) EXPECT_OK(fp8amp_linear_destroy(lin[d]));
+    EXPECT_OK(fp8amp_context_destroy(ctx[0]));
+    EXPECT_OK(fp8amp_context_destroy(ctx[1]));
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         DEVICE_TESTS(test_bias_grad_fixed_order),
@@ -342,6 +380,7 @@ int main(void) {
         cmocka_unit_test(test_bias_grad_cpu_cuda_identical),
         DEVICE_TESTS(test_wgrad_delayed),
         DEVICE_TESTS(test_wgrad_current_recipe),
+        cmocka_unit_test(test_wgrad_delayed_cpu_cuda_identical),
     };
     return run_tests_sharded(tests, sizeof tests / sizeof tests[0], test_setup_rng, NULL);
 }
