@@ -28,6 +28,9 @@ struct QuantizeArgs {
     float *scale_inv;
     float *scale_inv_t;
     Word current, stats;
+    float *col_sum;  // null: no fused column sums
+    float *col_partial;
+    Word col_accumulate;
 };
 struct CastArgs {
     const void *src;
@@ -76,6 +79,15 @@ struct TransposeArgs {
     void *dst;
     Word rows, cols;
 };
+struct RecordAmaxArgs {
+    const void *src;
+    Word src_dtype;
+    Word n;
+    kernels::ScalingState *meta;
+};
+struct UpdateScalingArgs {
+    kernels::ScalingState *meta;
+};
 
 kernels::GemmArgs to_gemm_args(const GemmStepArgs &s) {
     kernels::GemmArgs g;
@@ -114,7 +126,9 @@ Args LaunchList::args_of(const Step &step) {
 }
 
 void LaunchList::quantize(const void *src, fp8amp_dtype src_dtype, size_t rows, size_t cols, const Tensor &dst,
-                          const Tensor *dst_t) {
+                          const Tensor *dst_t, float *col_sum, bool col_accumulate, float *col_partial) {
+    if (col_sum && (!dst_t || !col_partial))
+        fail(FP8AMP_ERROR_INTERNAL, "quantize: fused column sums need the transposed copy and the partials");
     // The callers bind their destinations first; a missing binding would be a null dereference here
     // (or a null scale_inv the kernels skip, leaving a stale scale): refuse it instead.
     if (!dst.scaling() || (dst_t && !dst_t->scale_inv()))
@@ -122,7 +136,8 @@ void LaunchList::quantize(const void *src, fp8amp_dtype src_dtype, size_t rows, 
     const ScalingMeta &meta = *dst.scaling();
     push(Kind::quantize, QuantizeArgs{src, word(src_dtype), dst.data(), dst_t ? dst_t->data() : nullptr,
                                       word(dst.dtype()), rows, cols, meta.state(), dst.scale_inv(),
-                                      dst_t ? dst_t->scale_inv() : nullptr, meta.current(), meta.stats_enabled()});
+                                      dst_t ? dst_t->scale_inv() : nullptr, meta.current(), meta.stats_enabled(),
+                                      col_sum, col_sum ? col_partial : nullptr, col_sum && col_accumulate});
 }
 
 void LaunchList::cast(const void *src, fp8amp_dtype src_dtype, void *dst, fp8amp_dtype dst_dtype, size_t n) {
@@ -148,6 +163,14 @@ void LaunchList::column_sum(const void *src, fp8amp_dtype src_dtype, size_t rows
 
 void LaunchList::transpose_bytes(const void *src, void *dst, size_t rows, size_t cols) {
     push(Kind::transpose_bytes, TransposeArgs{src, dst, rows, cols});
+}
+
+void LaunchList::record_amax(const void *src, fp8amp_dtype src_dtype, size_t n, const ScalingMeta &meta) {
+    push(Kind::record_amax, RecordAmaxArgs{src, word(src_dtype), n, meta.state()});
+}
+
+void LaunchList::update_scaling(const ScalingMeta &meta) {
+    push(Kind::update_scaling, UpdateScalingArgs{meta.state()});
 }
 
 bool LaunchList::operator==(const LaunchList &other) const {
@@ -186,7 +209,8 @@ void LaunchList::run(const Context &ctx, void *stream, float *host_scratch) cons
         switch (static_cast<Kind>(step.kind)) {
         case Kind::quantize: {
             const auto a = args_of<QuantizeArgs>(step);
-            const kernels::QuantizeTarget target{a.meta, a.scale_inv, a.scale_inv_t, a.current != 0, a.stats != 0};
+            const kernels::QuantizeTarget target{a.meta,      a.scale_inv,   a.scale_inv_t,          a.current != 0,
+                                                 a.stats != 0, a.col_sum,    a.col_partial, a.col_accumulate != 0};
             if (a.dst_t)
                 backend.quantize_transpose(stream, a.src, dtype(a.src_dtype), a.dst, a.dst_t, dtype(a.dst_dtype),
                                            a.rows, a.cols, target);
@@ -219,6 +243,16 @@ void LaunchList::run(const Context &ctx, void *stream, float *host_scratch) cons
         case Kind::transpose_bytes: {
             const auto a = args_of<TransposeArgs>(step);
             backend.transpose_bytes(stream, a.src, a.dst, a.rows, a.cols);
+            break;
+        }
+        case Kind::record_amax: {
+            const auto a = args_of<RecordAmaxArgs>(step);
+            backend.record_amax(stream, a.src, dtype(a.src_dtype), a.n, a.meta);
+            break;
+        }
+        case Kind::update_scaling: {
+            const auto a = args_of<UpdateScalingArgs>(step);
+            backend.update_scaling_on(stream, a.meta);
             break;
         }
         }

@@ -31,15 +31,22 @@ public:
 
     // The steps, in launch order. Each mirrors the kernels:: function it runs (see kernels.hpp);
     // memory is the caller's, already validated, and must stay valid until the work ran.
-    // quantize: src [rows, cols] into dst (and dst_t [cols, rows]), with dst's bound meta.
+    // quantize: src [rows, cols] into dst (and dst_t [cols, rows]), with dst's bound meta; with dst_t
+    // and col_sum, also col_sum[c] (+)= the column sums of src in the same pass (kernels.hpp's fixed
+    // order; col_partial: kernels::column_sum_partial_floats(rows, cols) floats).
     void quantize(const void *src, fp8amp_dtype src_dtype, size_t rows, size_t cols, const Tensor &dst,
-                  const Tensor *dst_t);
+                  const Tensor *dst_t, float *col_sum = nullptr, bool col_accumulate = false,
+                  float *col_partial = nullptr);
     void cast(const void *src, fp8amp_dtype src_dtype, void *dst, fp8amp_dtype dst_dtype, size_t n);
     void dequantize(const Tensor &src, void *dst, fp8amp_dtype dst_dtype);
     void gemm(const kernels::GemmArgs &args, void *workspace, size_t workspace_bytes);
     void column_sum(const void *src, fp8amp_dtype src_dtype, size_t rows, size_t cols, float *dst, bool accumulate,
                     float *partial);
     void transpose_bytes(const void *src, void *dst, size_t rows, size_t cols);
+    // meta's recorded amax = max(it, max |src|) (as a delayed-scaling quantize records it), and one
+    // fp8amp_scaling_update of a meta: the Linear's E4M3 weight gradient (delayed scaling).
+    void record_amax(const void *src, fp8amp_dtype src_dtype, size_t n, const ScalingMeta &meta);
+    void update_scaling(const ScalingMeta &meta);
 
     // The F32 host scratch the backend's kernels of these steps need (their largest; 0 when none
     // does: the CPU backend's GEMM and column sum need some).
@@ -56,7 +63,7 @@ public:
     bool operator==(const LaunchList &other) const;
 
 private:
-    enum class Kind : uint64_t { quantize, cast, dequantize, gemm, column_sum, transpose_bytes };
+    enum class Kind : uint64_t { quantize, cast, dequantize, gemm, column_sum, transpose_bytes, record_amax, update_scaling };
     // A step's arguments are stored as whole 64-bit words (see the *Args structs in launch_list.cpp,
     // which have no padding), so that equality is a byte comparison with nothing uninitialized in it.
     static constexpr size_t kWords = 20;

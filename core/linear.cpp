@@ -130,9 +130,25 @@ std::shared_ptr<Linear> Linear::create(std::shared_ptr<const Context> ctx, const
     lin->input_meta_ = std::make_shared<ScalingMeta>(ctx, recipe, FP8AMP_DTYPE_E4M3);
     lin->weight_meta_ = std::make_shared<ScalingMeta>(ctx, with_mode(recipe, FP8AMP_SCALING_CURRENT), FP8AMP_DTYPE_E4M3);
     lin->grad_output_meta_ = std::make_shared<ScalingMeta>(ctx, recipe, grad_dtype);
-    if (desc.wgrad_dtype == FP8AMP_DTYPE_E4M3)
-        lin->wgrad_meta_ =
-            std::make_shared<ScalingMeta>(ctx, with_mode(recipe, FP8AMP_SCALING_CURRENT), FP8AMP_DTYPE_E4M3);
+    if (desc.wgrad_dtype == FP8AMP_DTYPE_E4M3) {
+        if (recipe.mode == FP8AMP_SCALING_DELAYED) {
+            // Under a delayed recipe the E4M3 weight gradient uses delayed scaling too (issue 19): the
+            // scale comes from the amax history of earlier backwards, and the quantize that writes the
+            // gradient records this one's amax in the same pass -- no amax pass over the FP32 sum,
+            // which cost as much as the quantize. The Linear updates this meta itself after every
+            // backward (interval 1); the first backward fits the scale to its own amax first (one amax
+            // pass, once). Saturations are counted (statistics on): an amax that outgrew the history
+            // saturates at 448, and is never silent. Under a current recipe (deterministic, and
+            // resumable from a checkpoint, which holds no meta history) it stays current scaling.
+            fp8amp_recipe wr = recipe;
+            wr.interval = 1;
+            lin->wgrad_meta_ = std::make_shared<ScalingMeta>(ctx, wr, FP8AMP_DTYPE_E4M3);
+            lin->wgrad_meta_->enable_stats(true);
+        } else {
+            lin->wgrad_meta_ =
+                std::make_shared<ScalingMeta>(ctx, with_mode(recipe, FP8AMP_SCALING_CURRENT), FP8AMP_DTYPE_E4M3);
+        }
+    }
 
     const int64_t n = desc.out_features, k = desc.in_features;
     const int64_t w_shape[2] = {n, k};
@@ -510,7 +526,8 @@ void Linear::backward(const Tensor &dy, Tensor *dx, bool accumulate) {
         check_not_own(*dx, "dx",
                       {{weight_.get(), "weight"}, {weight_grad_.get(), "weight gradient"}, {bias_grad_.get(), "bias gradient"}});
     }
-    // dy is read again (the bias gradient's column sums) after the weight gradient is written.
+    // dy is read while the gradients are written (the bias gradient's column sums, fused into dY's
+    // quantize on the FP8 path, a pass of their own after the weight gradient on the wide path).
     check_not_own(dy, "dy", {{weight_grad_.get(), "weight gradient"}, {bias_grad_.get(), "bias gradient"}});
     const int64_t m = saved_m_;
     const bool e4m3_weight = desc_.weight_dtype == FP8AMP_DTYPE_E4M3;
@@ -530,7 +547,19 @@ void Linear::backward(const Tensor &dy, Tensor *dx, bool accumulate) {
         const fp8amp_dtype gdtype = grad_output_meta_->dtype();
         Tensor &dy8 = scratch(dy8_, kScratchFp8, gdtype, m, n, grad_output_meta_);
         Tensor &dy8t = scratch(dy8t_, kScratchFp8T, gdtype, n, m, grad_output_meta_);
-        quantize(dy.data(), dy.dtype(), static_cast<size_t>(m), static_cast<size_t>(n), dy8, &dy8t);
+        // The bias gradient is summed in the pass that quantizes and transposes dY (no second read of
+        // dY): kernels.hpp's fixed order, the same bits on both backends.
+        float *bias_partial = nullptr;
+        if (bias_grad_) {
+            const size_t floats = kernels::column_sum_partial_floats(static_cast<size_t>(m), static_cast<size_t>(n));
+            bias_partial = static_cast<float *>(
+                buffer(colsum_scratch_, FP8AMP_DTYPE_F32, static_cast<int64_t>(floats / static_cast<size_t>(n)), n)
+                    .data());
+        }
+        steps_.quantize(dy.data(), dy.dtype(), static_cast<size_t>(m), static_cast<size_t>(n), dy8, &dy8t,
+                        bias_grad_ ? static_cast<float *>(bias_grad_->data()) : nullptr, accumulate, bias_partial);
+        dy8.mark_written();
+        dy8t.mark_written();
         if (dx) {
             const float *wt_scale_inv = e4m3_weight ? weight_->scale_inv() : w8t_->scale_inv();
             run_gemm({m, k, n, dy8.data(), gdtype, true, dy8.scale_inv(), w8t_->data(), FP8AMP_DTYPE_E4M3, true,
@@ -557,25 +586,34 @@ void Linear::backward(const Tensor &dy, Tensor *dx, bool accumulate) {
     }
     if (dx) dx->mark_written();
     if (!direct_wgrad) {
-        if (desc_.wgrad_dtype == FP8AMP_DTYPE_E4M3)
+        if (desc_.wgrad_dtype == FP8AMP_DTYPE_E4M3) {
+            const size_t count = static_cast<size_t>(n * k);
+            const bool delayed = !wgrad_meta_->current();
+            if (delayed && !wgrad_scale_fitted_) {  // first backward: no history yet, fit the scale to this sum
+                steps_.record_amax(wsum.data(), FP8AMP_DTYPE_F32, count, *wgrad_meta_);
+                steps_.update_scaling(*wgrad_meta_);
+            }
             quantize(wsum.data(), FP8AMP_DTYPE_F32, static_cast<size_t>(n), static_cast<size_t>(k), *weight_grad_,
                      nullptr);
-        else
+            if (delayed) steps_.update_scaling(*wgrad_meta_);  // this amax into the history: the next scale
+        } else {
             steps_.cast(wsum.data(), FP8AMP_DTYPE_F32, weight_grad_->data(), weight_grad_->dtype(),
                         static_cast<size_t>(n * k));
+        }
     }
     weight_grad_->mark_written();
-    if (bias_grad_) {
+    if (bias_grad_ && kind_ != FP8AMP_GEMM_KIND_FP8) {  // the FP8 path summed it with dY's quantize
         float *partial = nullptr;  // the per-chunk column sums, if the backend needs them (CUDA)
         if (const size_t chunks = ctx_->backend().column_sum_partial_rows())
             partial = static_cast<float *>(
                 buffer(colsum_scratch_, FP8AMP_DTYPE_F32, static_cast<int64_t>(chunks), n).data());
         steps_.column_sum(dy.data(), dy.dtype(), static_cast<size_t>(m), static_cast<size_t>(n),
                           static_cast<float *>(bias_grad_->data()), accumulate, partial);
-        bias_grad_->mark_written();
     }
+    if (bias_grad_) bias_grad_->mark_written();
     run_steps(backward_replay_);
     wgrad_sum_valid_ = !direct_wgrad;
+    if (wgrad_meta_) wgrad_scale_fitted_ = true;
     saved_ = false;
 }
 

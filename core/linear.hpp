@@ -98,6 +98,8 @@ private:
     // FP32 weight-gradient sum (E4M3/BF16 weight gradients), a F32 staging output, bias-grad scratch.
     // w_f32_, out_stage_ and dy_wide_ are views of the context's scratch (see Linear::scratch).
     std::shared_ptr<Tensor> w_f32_, bias_cast_, bias_f32_, wgrad_acc_, out_stage_, colsum_scratch_;
+    // The WEIGHT_GRAD meta's scale was fitted by a backward (its first one runs an amax pass first).
+    bool wgrad_scale_fitted_ = false;
     bool wgrad_sum_valid_ = false;  // wgrad_acc_ holds a sum (a backward into it ran)
     uint64_t bias_cast_version_ = kStale, bias_f32_version_ = kStale;
 

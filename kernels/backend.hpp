@@ -116,6 +116,10 @@ public:
     virtual size_t amax_scratch_bytes() const = 0;
     virtual uint32_t amax(const void *src, fp8amp_dtype src_dtype, size_t n, void *scratch) = 0;
     virtual void update_scaling(ScalingState *const *metas, size_t n) = 0;
+    // The same two as steps of a LaunchList, on `stream` (which may be capturing): meta->amax_bits =
+    // max(meta->amax_bits, max |src|) without waiting, and one meta's update.
+    virtual void record_amax(void *stream, const void *src, fp8amp_dtype src_dtype, size_t n, ScalingState *meta) = 0;
+    virtual void update_scaling_on(void *stream, ScalingState *meta) = 0;
 
     // ---- the optimizer, on the context's stream ------------------------------------------------------
     // How many adam::Partial slots of device memory the step needs (CUDA: its persistent grid; 0: none).

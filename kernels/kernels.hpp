@@ -32,7 +32,26 @@ struct QuantizeTarget {
     // Host-side mirrors of the meta's configuration, so launches never read device memory:
     bool current = false;  // current scaling: compute this tensor's amax and scale first
     bool stats = false;    // count saturated / underflowed elements
+    // quantize_transpose only, FP8 destinations: the column sums of src (a Linear's bias gradient from
+    // dY) in the same pass, col_sum[c] = (col_accumulate ? col_sum[c] + t : t) with t in the fixed
+    // order described below (kColSumBlockRows). col_partial: column_sum_partial_floats(rows, cols) floats of
+    // the backend's memory. Null col_sum: none.
+    float *col_sum = nullptr;
+    float *col_partial = nullptr;
+    bool col_accumulate = false;
 };
+
+// The fixed summation order of the fused column sums, the same on both backends so that their bias
+// gradients agree bit for bit: rows in blocks of kColSumBlockRows; inside a block, kColSumLanes lane
+// sums s_g = ((+0 + x[r0 + g]) + x[r0 + g + 16]) + ... (rows r0 + g + 16 j, j ascending, those inside
+// the matrix), the block's sum ((+0 + s_0) + s_1) + ... + s_15; the total ((+0 + b_0) + b_1) + ... over
+// the blocks in order. (The CUDA quantize-transpose tile is 128 rows and each thread quantizes rows
+// g, g + 16, ..., g + 112 of 8 columns: this is the order its registers give.)
+constexpr size_t kColSumBlockRows = 128;
+constexpr size_t kColSumLanes = 16;
+inline size_t column_sum_blocks(size_t rows) { return (rows + kColSumBlockRows - 1) / kColSumBlockRows; }
+// The partial sums (one row per block) and, for the CPU, one more row for the lane sums.
+inline size_t column_sum_partial_floats(size_t rows, size_t cols) { return (column_sum_blocks(rows) + 1) * cols; }
 
 // One GEMM, row-major: D[m, n] = scale_a * scale_b * sum_k A[m, k] * B[n, k] (+ D when accumulating)
 // (+ bias[n]), accumulated in FP32. Each operand is stored K-contiguous ([m, k] / [n, k]) or not
@@ -130,6 +149,10 @@ void cast(int device, void *stream, const void *src, fp8amp_dtype src_dtype, voi
 void amax(int device, void *stream, const void *src, fp8amp_dtype src_dtype, size_t n, uint32_t *amax_bits);
 void quantize(int device, void *stream, const void *src, fp8amp_dtype src_dtype, void *dst, fp8amp_dtype dst_dtype,
               size_t n, const QuantizeTarget &target);
+// dst[c] (+)= ((+0 + partial[0][c]) + partial[1][c]) + ... over `blocks` rows of partials (the last
+// step of quantize_transpose's fused column sums).
+void column_sum_finish(int device, void *stream, const float *partial, size_t blocks, size_t cols, float *dst,
+                       bool accumulate);
 void quantize_transpose(int device, void *stream, const void *src, fp8amp_dtype src_dtype, void *dst, void *dst_t,
                         fp8amp_dtype dst_dtype, size_t rows, size_t cols, const QuantizeTarget &target);
 // yield_sms: blocks that each take a fixed run of elements and retire, instead of a persistent grid, so

@@ -90,6 +90,10 @@ public:
         return cpu::amax(src, src_dtype, n);
     }
     void update_scaling(ScalingState *const *metas, size_t n) override { cpu::update_scaling(metas, n); }
+    void record_amax(void *, const void *src, fp8amp_dtype src_dtype, size_t n, ScalingState *meta) override {
+        meta->amax_bits = std::max(meta->amax_bits, cpu::amax(src, src_dtype, n));
+    }
+    void update_scaling_on(void *, ScalingState *meta) override { cpu::update_scaling(&meta, 1); }
 
     int adam_partial_slots() const override { return 0; }
     size_t adam_host_scratch_floats(int32_t block_size, int64_t max_numel) const override {

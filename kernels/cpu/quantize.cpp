@@ -95,8 +95,40 @@ void quantize(const void *src, fp8amp_dtype src_dtype, void *dst, fp8amp_dtype d
     if (target.scale_inv_t) *target.scale_inv_t = m.scale_inv;
 }
 
+namespace {
+
+// The column sums fused into quantize_transpose (a Linear's bias gradient), in the order kernels.hpp
+// fixes (kColSumBlockRows): the CUDA kernel's order, so that both give the same bits. partial holds
+// one row per block, then one row of lane sums.
+void column_sums_fixed_order(const void *src, fp8amp_dtype src_dtype, size_t rows, size_t cols,
+                             const QuantizeTarget &t) {
+    const size_t blocks = column_sum_blocks(rows);
+    float *const lane = t.col_partial + blocks * cols;
+    for (size_t b = 0; b < blocks; ++b) {
+        float *const block = t.col_partial + b * cols;
+        std::fill(block, block + cols, 0.0f);
+        for (size_t g = 0; g < kColSumLanes; ++g) {
+            std::fill(lane, lane + cols, 0.0f);
+            for (size_t r = b * kColSumBlockRows + g; r < std::min(rows, (b + 1) * kColSumBlockRows); r += kColSumLanes)
+                for (size_t c = 0; c < cols; ++c)
+                    lane[c] += load_element(src, src_dtype, static_cast<int64_t>(r * cols + c));
+            for (size_t c = 0; c < cols; ++c) block[c] += lane[c];
+        }
+    }
+    for (size_t c = 0; c < cols; ++c) {
+        float total = 0.0f;
+        for (size_t b = 0; b < blocks; ++b) total += t.col_partial[b * cols + c];
+        t.col_sum[c] = t.col_accumulate ? t.col_sum[c] + total : total;
+    }
+}
+
+}  // namespace
+
 void quantize_transpose(const void *src, fp8amp_dtype src_dtype, void *dst, void *dst_t, fp8amp_dtype dst_dtype,
                         size_t rows, size_t cols, const QuantizeTarget &target) {
+    if (target.col_sum && (dst_dtype != FP8AMP_DTYPE_E4M3 && dst_dtype != FP8AMP_DTYPE_E5M2))
+        fail(FP8AMP_ERROR_INTERNAL, "cpu::quantize_transpose: fused column sums need an FP8 destination");
+    if (target.col_sum) column_sums_fixed_order(src, src_dtype, rows, cols, target);
     quantize(src, src_dtype, dst, dst_dtype, rows * cols, target);
     if (dst_dtype == FP8AMP_DTYPE_F16)
         transpose<uint16_t>(dst, dst_t, rows, cols);

@@ -119,6 +119,12 @@ public:
     void update_scaling(ScalingState *const *metas, size_t n) override {
         cuda::update_scaling(index(), stream_, metas, n);
     }
+    void record_amax(void *stream, const void *src, fp8amp_dtype src_dtype, size_t n, ScalingState *meta) override {
+        cuda::amax(index(), stream, src, src_dtype, n, &meta->amax_bits);  // atomicMax into the meta's word
+    }
+    void update_scaling_on(void *stream, ScalingState *meta) override {
+        cuda::update_scaling(index(), stream, &meta, 1);
+    }
 
     int adam_partial_slots() const override { return cuda::adam_grid_size(index()); }
     size_t adam_host_scratch_floats(int32_t, int64_t) const override { return 0; }

@@ -80,6 +80,14 @@ void column_sum(int device, void *stream, const void *src, fp8amp_dtype src_dtyp
     check_launch("column_finish");
 }
 
+void column_sum_finish(int device, void *stream, const float *partial, size_t blocks, size_t cols, float *dst,
+                       bool accumulate) {
+    DeviceGuard guard(device);
+    column_finish<<<static_cast<unsigned>((cols + 255) / 256), 256, 0, static_cast<cudaStream_t>(stream)>>>(
+        partial, static_cast<int>(blocks), cols, dst, accumulate);
+    check_launch("column_finish");
+}
+
 void transpose_bytes(int device, void *stream, const void *src, void *dst, size_t rows, size_t cols) {
     DeviceGuard guard(device);
     const dim3 grid(static_cast<unsigned>((cols + kTile - 1) / kTile), static_cast<unsigned>((rows + kTile - 1) / kTile));

@@ -436,15 +436,27 @@ __device__ __forceinline__ void transpose4x4(uint32_t a, uint32_t b, uint32_t c,
 
 // One tile: reads src[r0:r0+128, c0:c0+128], writes dst (row-major) and dst_t (its transpose).
 // fast: the whole tile is inside the matrix and every access can be vectorized.
-template <fp8amp_dtype S, fp8amp_dtype D, bool kStats>
+// kColSum: also the tile's column sums (the bias gradient fused into dY's quantize-transpose), in
+// the order kernels.hpp fixes (kColSumBlockRows): lane g of column c sums rows g, g + 16, ..., g + 112
+// (those inside the matrix) from +0, then threads 0..127 sum the 16 lanes of their column in order
+// into partial[tile row][c]. colsum: the block's [16][128] floats of shared memory.
+template <fp8amp_dtype S, fp8amp_dtype D, bool kStats, bool kColSum>
 __device__ __forceinline__ void transpose_tile(const typename Storage<S>::type *__restrict__ src, uint8_t *__restrict__ dst,
                                                uint8_t *__restrict__ dst_t, size_t rows, size_t cols, size_t r0,
                                                size_t c0, bool fast, float scale, float fp8_max, Tally &t,
-                                               uint32_t *tile) {
+                                               uint32_t *tile, float *colsum, float *partial) {
     using SrcT = typename Storage<S>::type;
     using SrcPack = PackN<SrcT, kTileVec>;
+    static_assert(kTile == int(kColSumBlockRows) && kTile / kTileVec == int(kColSumLanes),
+                  "the fused column sums' order is this tile's");
     auto *bytes = reinterpret_cast<uint8_t *>(tile);
     if (fast) {
+        // Thread t quantizes the 8 columns (t % 16) * 8.. of rows t / 16 + 16 j, j = 0..7 in order.
+        float lane[kTileVec];
+        if constexpr (kColSum) {
+#pragma unroll
+            for (int e = 0; e < kTileVec; ++e) lane[e] = 0.0f;
+        }
         // 128 rows x 16 packs of 8: 8 packs per thread, in two rounds of 4 loads in flight.
         constexpr int kPer = kTile * kTile / kTileVec / kThreads, kRound = 4;
 #pragma unroll
@@ -460,6 +472,10 @@ __device__ __forceinline__ void transpose_tile(const typename Storage<S>::type *
         for (int u = 0; u < kRound; ++u) {
             const int p = threadIdx.x + (h + u) * kThreads;
             const int r = p / (kTile / kTileVec), c = (p % (kTile / kTileVec)) * kTileVec;
+            if constexpr (kColSum) {
+#pragma unroll
+                for (int e = 0; e < kTileVec; ++e) lane[e] = lane[e] + fast_to_f32<S>(a[u].v[e]);
+            }
             const PackN<uint8_t, kTileVec> b = quantize_pack<S, D, kStats>(a[u], scale, fp8_max, t);
             *reinterpret_cast<PackN<uint8_t, kTileVec> *>(dst + (r0 + r) * cols + c0 + c) = b;
             uint32_t w[2];
@@ -467,6 +483,11 @@ __device__ __forceinline__ void transpose_tile(const typename Storage<S>::type *
             tile[tile_word(r, c / 4)] = w[0];
             tile[tile_word(r, c / 4 + 1)] = w[1];
         }
+        }
+        if constexpr (kColSum) {
+            const int g = threadIdx.x / (kTile / kTileVec), c = (threadIdx.x % (kTile / kTileVec)) * kTileVec;
+#pragma unroll
+            for (int e = 0; e < kTileVec; ++e) colsum[g * kTile + c + e] = lane[e];
         }
         __syncthreads();
         const int group = threadIdx.x % 8, word = threadIdx.x / 8;  // rows 16*group.., columns 4*word..
@@ -493,22 +514,43 @@ __device__ __forceinline__ void transpose_tile(const typename Storage<S>::type *
                 bytes[tile_word(r, c / 4) * 4 + c % 4] = q;
             }
         }
+        if constexpr (kColSum) {  // the same lanes as the fast path, read again (edge tiles only)
+            for (int e = threadIdx.x; e < int(kColSumLanes) * kTile; e += kThreads) {
+                const int g = e / kTile, c = e % kTile;
+                float s = 0.0f;
+                if (c0 + c < cols)
+                    for (int r = g; r < kTile && r0 + r < rows; r += int(kColSumLanes))
+                        s = s + to_f32<S>(src[(r0 + r) * cols + c0 + c]);
+                colsum[g * kTile + c] = s;
+            }
+        }
         __syncthreads();
         for (int e = threadIdx.x; e < kTile * kTile; e += kThreads) {
             const int j = e / kTile, r = e % kTile;  // consecutive threads write consecutive bytes of dst_t
             if (c0 + j < cols && r0 + r < rows) dst_t[(c0 + j) * rows + r0 + r] = bytes[tile_word(r, j / 4) * 4 + j % 4];
         }
     }
-    __syncthreads();  // the tile is reused by this block's next tile
+    if constexpr (kColSum) {
+        if (threadIdx.x < kTile && c0 + threadIdx.x < cols) {
+            float s = 0.0f;
+#pragma unroll
+            for (int g = 0; g < int(kColSumLanes); ++g) s = s + colsum[g * kTile + threadIdx.x];
+            partial[(r0 / kTile) * cols + c0 + threadIdx.x] = s;
+        }
+    }
+    __syncthreads();  // the tile (and the lane sums) are reused by this block's next tile
 }
 
-template <fp8amp_dtype S, fp8amp_dtype D, bool kStats>
+template <fp8amp_dtype S, fp8amp_dtype D, bool kStats, bool kColSum>
 __global__ void __launch_bounds__(kThreads, kTransposeMinBlocks) quantize_transpose_kernel(const typename Storage<S>::type *__restrict__ src,
                                                                       uint8_t *__restrict__ dst,
                                                                       uint8_t *__restrict__ dst_t, size_t rows,
                                                                       size_t cols, bool aligned, ScalingState *meta,
-                                                                      float *scale_inv, float *scale_inv_t) {
+                                                                      float *scale_inv, float *scale_inv_t,
+                                                                      float *col_partial) {
     __shared__ uint32_t tile[kTile * kTile / 4];
+    // The lane sums of the fused column sums (8 KB), only in the kernels that make them.
+    __shared__ float colsum[kColSum ? int(kColSumLanes) * kTile : 1];
     const float scale = quantize_scale(*meta);
     const float fp8_max = meta->fp8_max;
     Tally t;
@@ -516,7 +558,8 @@ __global__ void __launch_bounds__(kThreads, kTransposeMinBlocks) quantize_transp
     for (size_t id = blockIdx.x; id < tiles_r * tiles_c; id += gridDim.x) {
         const size_t r0 = (id / tiles_c) * kTile, c0 = (id % tiles_c) * kTile;
         const bool fast = aligned && r0 + kTile <= rows && c0 + kTile <= cols;
-        transpose_tile<S, D, kStats>(src, dst, dst_t, rows, cols, r0, c0, fast, scale, fp8_max, t, tile);
+        transpose_tile<S, D, kStats, kColSum>(src, dst, dst_t, rows, cols, r0, c0, fast, scale, fp8_max, t, tile, colsum,
+                                              col_partial);
     }
     finish_block<kStats>(t, meta, scale, scale_inv, scale_inv_t, rows * cols);
 }
@@ -629,6 +672,8 @@ void quantize_transpose(int device, void *stream_raw, const void *src, fp8amp_dt
         check(cudaMemsetAsync(&target.meta->amax_bits, 0, sizeof(uint32_t), stream), "cudaMemsetAsync");
         amax(device, stream_raw, src, src_dtype, rows * cols, &target.meta->amax_bits);
     }
+    if (target.col_sum && dst_dtype == FP8AMP_DTYPE_F16)
+        fail(FP8AMP_ERROR_INTERNAL, "quantize_transpose: fused column sums need an FP8 destination");
     if (dst_dtype == FP8AMP_DTYPE_F16)  // scaled F16: its own kernels (quantize_f16.cu)
         return scaled_f16::quantize_transpose(device, stream, src, src_dtype, dst, dst_t, rows, cols, target);
     const size_t tiles = ((rows + kTile - 1) / kTile) * ((cols + kTile - 1) / kTile);
@@ -643,14 +688,20 @@ void quantize_transpose(int device, void *stream_raw, const void *src, fp8amp_dt
         dispatch_fp8(dst_dtype, [&](auto d) {
             constexpr fp8amp_dtype D = decltype(d)::value;
             dispatch_bool(target.stats, [&](auto st) {
-                const auto kernel = quantize_transpose_kernel<S, D, decltype(st)::value>;
-                kernel<<<persistent_grid(device, kernel, tiles * kThreads), kThreads, 0, stream>>>(
-                    static_cast<const SrcT *>(src), static_cast<uint8_t *>(dst), static_cast<uint8_t *>(dst_t), rows,
-                    cols, aligned, target.meta, target.scale_inv, target.scale_inv_t);
+                dispatch_bool(target.col_sum != nullptr, [&](auto cs) {
+                    const auto kernel = quantize_transpose_kernel<S, D, decltype(st)::value, decltype(cs)::value>;
+                    kernel<<<persistent_grid(device, kernel, tiles * kThreads), kThreads, 0, stream>>>(
+                        static_cast<const SrcT *>(src), static_cast<uint8_t *>(dst), static_cast<uint8_t *>(dst_t),
+                        rows, cols, aligned, target.meta, target.scale_inv, target.scale_inv_t, target.col_partial);
+                });
             });
         });
     });
     check_launch("quantize_transpose_kernel");
+    // The blocks' partial sums in order (kernels.hpp's fixed order; linear_aux.cu).
+    if (target.col_sum)
+        column_sum_finish(device, stream_raw, target.col_partial, column_sum_blocks(rows), cols, target.col_sum,
+                          target.col_accumulate);
 }
 
 void dequantize(int device, void *stream_raw, const void *src, fp8amp_dtype src_dtype, void *dst, fp8amp_dtype dst_dtype,

@@ -527,7 +527,10 @@ typedef enum fp8amp_linear_role {
     FP8AMP_ROLE_WEIGHT = 1,      /**< the FP8 copy of W, E4M3, current scaling; for E4M3 weights, W's own meta
                                       (WEIGHT_STORAGE) */
     FP8AMP_ROLE_GRAD_OUTPUT = 2, /**< dY: E5M2 (HYBRID) or E4M3 (E4M3 recipe), the recipe's mode */
-    FP8AMP_ROLE_WEIGHT_GRAD = 3, /**< the E4M3 weight gradient (wgrad_dtype E4M3), current scaling */
+    FP8AMP_ROLE_WEIGHT_GRAD = 3, /**< the E4M3 weight gradient (wgrad_dtype E4M3): current scaling under a
+                                      CURRENT recipe; under a DELAYED recipe delayed scaling that the
+                                      Linear updates after every backward (the first fitted to its own
+                                      amax), statistics on (docs/numerics.md 9.2) */
     FP8AMP_ROLE_WEIGHT_STORAGE = 4 /**< the meta the weight itself is bound to, delayed scaling: F16
                                         weights (scaled F16) and E4M3 weights (then also the WEIGHT meta) */
 } fp8amp_linear_role;

@@ -456,3 +456,5 @@ def all_reduce_grads(model: nn.Module, group: Any = None, *, fp8_wire: bool = Tr
         for g in grads:
             g.copy_(flat[offset:offset + g.numel()].view_as(g))
             offset += g.numel()
+
+from .fused import GELU, LayerNorm, LayerNormLinear, LayerNormMLP  # noqa: E402,F401  (issue 19: fused blocks, fused.py)

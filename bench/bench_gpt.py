@@ -1,0 +1,274 @@
+#!/usr/bin/env python3
+"""End-to-end GPT training step time (issue 19): one model, the same batches, several ways.
+
+  bf16          torch.autocast(bfloat16), eager, torch.optim.AdamW (fused on CUDA)
+  bf16_compile  the same under torch.compile
+  torchao       torchao.float8 (tensorwise scaling) on the blocks' nn.Linear + torch.compile, when
+                torchao imports (skipped, and said so in the JSON, otherwise)
+  O1, O2        fp8amp.torch.initialize(model, AdamW, opt_level): the blocks' nn.Linear on fp8amp's
+                FP8 Linear (E4M3 weight gradients), fp8amp's optimizer; the output head stays bf16
+
+The model is examples/train_gpt_fp8.py's GPT (imported, not copied). Presets from the issue:
+  --preset d2048: 4 layers, d=2048, context 1024, batch 8   (8192 tokens/step)
+  --preset d768:  8 layers, d=768,  context 1024, batch 16  (16384 tokens/step)
+or --d/--layers/--heads/--seq/--batch. Reports per mode the median step time (CUDA events around
+each step, warmup excluded), tokens/s, peak memory, the loss of the first and last step, and, for
+fp8amp O2 and its peer (torchao if present, else bf16_compile, else bf16), the torch-profiler
+per-kernel top list of a few steps; writes a JSON with the device, date and git commit.
+
+    python3 bench/bench_gpt.py --preset d2048 --out bench/results/gpt_step-<device>-<date>.json
+    python3 bench/bench_gpt.py --smoke --out /tmp/smoke.json     # tiny, CPU, seconds (tested)
+"""
+import argparse
+import datetime
+import gc
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+sys.path.insert(0, os.path.join(ROOT, "examples"))
+from train_gpt_fp8 import GPT  # noqa: E402  (the example's model: one definition)
+
+PRESETS = {
+    "d2048": dict(layers=4, d=2048, heads=16, seq=1024, batch=8),
+    "d768": dict(layers=8, d=768, heads=12, seq=1024, batch=16),
+    "smoke": dict(layers=2, d=64, heads=4, seq=32, batch=2),
+}
+ALL_MODES = ("bf16", "bf16_compile", "torchao", "O1", "O2")
+VOCAB = 256  # the example's byte-level vocabulary
+
+
+def git_commit():
+    try:
+        return subprocess.run(["git", "-C", ROOT, "rev-parse", "HEAD"], capture_output=True, text=True,
+                              check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return None
+
+
+def make_batches(args, device):
+    """The same token batches for every mode (random bytes: the step time does not depend on them)."""
+    g = torch.Generator().manual_seed(args.seed + 1)
+    n = args.warmup + args.steps
+    return [torch.randint(0, VOCAB, (args.batch, args.seq + 1), generator=g).to(device) for _ in range(n)]
+
+
+class Timer:
+    """Per-step times: CUDA events on the GPU, perf_counter on the CPU."""
+
+    def __init__(self, device):
+        self.cuda = device.type == "cuda"
+        self.pairs = []
+
+    def start(self):
+        if self.cuda:
+            e = torch.cuda.Event(enable_timing=True)
+            e.record()
+            return e
+        return time.perf_counter()
+
+    def stop(self, t0):
+        if self.cuda:
+            e = torch.cuda.Event(enable_timing=True)
+            e.record()
+            self.pairs.append((t0, e))
+        else:
+            self.pairs.append((t0, time.perf_counter()))
+
+    def ms(self):
+        if self.cuda:
+            torch.cuda.synchronize()
+            return [a.elapsed_time(b) for a, b in self.pairs]
+        return [(b - a) * 1e3 for a, b in self.pairs]
+
+
+def torchao_unavailable(device):
+    """Why torchao's float8 training cannot run here, or None."""
+    try:
+        import torchao.float8  # noqa: F401
+    except Exception as e:  # noqa: BLE001 - any import failure means "not available here"
+        return "torchao.float8 does not import: %s: %s" % (type(e).__name__, e)
+    if device.type != "cuda":
+        return "torchao float8 training needs a CUDA device"
+    return None
+
+
+def build(mode, args, device):
+    """(model, optimizer, step function) of one mode, or a string saying why it cannot run here."""
+    torch.manual_seed(args.seed)
+    model = GPT(args.layers, args.d, args.heads, args.seq).to(device)
+    adamw = dict(lr=3e-4, betas=(0.9, 0.95), weight_decay=0.1)
+    keep = ("head",)
+    if mode in ("O1", "O2"):
+        import fp8amp.torch as ft
+
+        import fp8amp
+
+        recipe = fp8amp.Recipe(mode=fp8amp.ScalingMode.DELAYED if args.fp8amp_recipe == "delayed"
+                               else fp8amp.ScalingMode.CURRENT)
+        model, opt = ft.initialize(model, torch.optim.AdamW(model.parameters(), **adamw), opt_level=mode,
+                                   policy=args.policy, exclude=keep, recipe=recipe)
+        fwd = model
+    else:
+        if mode == "torchao":
+            why = torchao_unavailable(device)
+            if why:
+                return why
+            from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+
+            config = Float8LinearConfig.from_recipe_name("tensorwise")
+            convert_to_float8_training(
+                model, config=config,
+                module_filter_fn=lambda m, fqn: fqn.split(".")[-1] not in keep and m.in_features % 16 == 0
+                and m.out_features % 16 == 0)
+        opt = torch.optim.AdamW(model.parameters(), fused=device.type == "cuda", **adamw)
+        fwd = torch.compile(model) if mode in ("bf16_compile", "torchao") else model
+
+    def step(xy):
+        x, y = xy[:, :-1], xy[:, 1:]
+        with torch.autocast(device.type, dtype=torch.bfloat16):
+            logits = fwd(x)
+        loss = F.cross_entropy(logits.float().reshape(-1, VOCAB), y.reshape(-1))
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        return loss.detach()
+
+    return model, opt, step
+
+
+def profile_top(step, batches, device, top):
+    """The profiler's per-kernel list over a few steps: the `top` names by self device time (CPU time
+    on the CPU), with call counts and totals in microseconds."""
+    from torch.profiler import ProfilerActivity, profile
+
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    with profile(activities=acts) as prof:
+        for xy in batches:
+            step(xy)
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+    rows = []
+    for e in prof.key_averages():
+        dev_us = getattr(e, "self_device_time_total", None)
+        if dev_us is None:
+            dev_us = getattr(e, "self_cuda_time_total", 0)
+        rows.append({"name": e.key, "count": e.count, "self_device_us": float(dev_us or 0),
+                     "self_cpu_us": float(e.self_cpu_time_total)})
+    key = "self_device_us" if device.type == "cuda" else "self_cpu_us"
+    rows.sort(key=lambda r: -r[key])
+    return [r for r in rows if r[key] > 0][:top]
+
+
+def run_mode(mode, args, device, batches, want_profile):
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(device)
+    built = build(mode, args, device)
+    if isinstance(built, str):
+        print("  [%s] skipped: %s" % (mode, built), flush=True)
+        return {"skipped": built}
+    model, opt, step = built
+    losses = []
+    for xy in batches[:args.warmup]:  # compiles, plans, graphs, allocator warm-up
+        losses.append(float(step(xy)))
+    timer = Timer(device)
+    for xy in batches[args.warmup:]:
+        t0 = timer.start()
+        losses.append(step(xy))
+        timer.stop(t0)
+    times = timer.ms()
+    losses = [float(v) for v in losses]
+    med = statistics.median(times)
+    res = {"step_ms_median": med, "step_ms_all": times, "tokens_per_s": args.batch * args.seq / med * 1e3,
+           "peak_mem_MiB": (torch.cuda.max_memory_allocated(device) / 2**20) if device.type == "cuda" else None,
+           "loss_first": losses[0], "loss_last": losses[-1],
+           "params": sum(p.numel() for p in model.parameters())}
+    if want_profile:
+        res["profile_top"] = profile_top(step, batches[args.warmup:args.warmup + args.profile_steps], device,
+                                         args.profile_top)
+    print("  [%s] median %.3f ms/step, %.0f tokens/s, peak %s MiB, loss %.4f -> %.4f" % (
+        mode, med, res["tokens_per_s"], "%.0f" % res["peak_mem_MiB"] if res["peak_mem_MiB"] is not None else "-",
+        res["loss_first"], res["loss_last"]), flush=True)
+    del model, opt, step
+    gc.collect()
+    return res
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--preset", choices=sorted(PRESETS), help="the issue's configurations (or smoke)")
+    ap.add_argument("--smoke", action="store_true", help="tiny model on the CPU, 2 + 2 steps (for the test)")
+    ap.add_argument("--layers", type=int)
+    ap.add_argument("--d", type=int)
+    ap.add_argument("--heads", type=int)
+    ap.add_argument("--seq", type=int, help="context length")
+    ap.add_argument("--batch", type=int)
+    ap.add_argument("--steps", type=int, default=20, help="timed steps")
+    ap.add_argument("--warmup", type=int, default=10, help="untimed steps first")
+    ap.add_argument("--modes", default=",".join(ALL_MODES))
+    ap.add_argument("--policy", default="auto", help="fp8amp GEMM policy: auto, fp8, bf16")
+    ap.add_argument("--fp8amp-recipe", choices=("current", "delayed"), default="current",
+                    help="the fp8amp modes' scaling: current (the front's default) or delayed (E4M3 weight "
+                         "gradients without their amax pass: docs/numerics.md 9.2)")
+    ap.add_argument("--profile-steps", type=int, default=3)
+    ap.add_argument("--profile-top", type=int, default=25)
+    ap.add_argument("--no-profile", action="store_true")
+    ap.add_argument("--device", default=None, help="default: cuda when available, else cpu")
+    ap.add_argument("--seed", type=int, default=1234)
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args(argv)
+    preset = "smoke" if args.smoke else (args.preset or "d2048")
+    for k, v in PRESETS[preset].items():
+        if getattr(args, k) is None:
+            setattr(args, k, v)
+    if args.smoke:
+        args.steps, args.warmup, args.profile_steps = min(args.steps, 2), min(args.warmup, 2), 1
+        if args.modes == ",".join(ALL_MODES):
+            args.modes = "bf16,torchao,O1,O2"  # torch.compile on the CPU needs minutes: asked for explicitly only
+    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() and not args.smoke else "cpu"))
+    modes = [m for m in args.modes.split(",") if m]
+    for m in modes:
+        if m not in ALL_MODES:
+            ap.error("unknown mode %r (one of %s)" % (m, ", ".join(ALL_MODES)))
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    print("GPT %dL d%d heads %d, context %d, batch %d (%d tokens/step) on %s" % (
+        args.layers, args.d, args.heads, args.seq, args.batch, args.seq * args.batch, name), flush=True)
+    batches = make_batches(args, device)
+    # O2's peer for the profiler: torchao where it runs, else bf16 + compile, else bf16
+    runnable = [m for m in ("torchao", "bf16_compile", "bf16")
+                if m in modes and not (m == "torchao" and torchao_unavailable(device))]
+    peer = runnable[0] if runnable else None
+    out = {"device": name, "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+           "commit": git_commit(), "torch": torch.__version__, "preset": preset,
+           "config": {k: getattr(args, k) for k in ("layers", "d", "heads", "seq", "batch", "steps", "warmup",
+                                                    "policy", "fp8amp_recipe", "seed")},
+           "tokens_per_step": args.seq * args.batch, "modes": {}}
+    for m in modes:
+        print("mode %s" % m, flush=True)
+        out["modes"][m] = run_mode(m, args, device, batches, not args.no_profile and m in ("O2", peer))
+    out["profile_peer"] = peer
+    base = out["modes"].get("bf16", {}).get("step_ms_median")
+    if base:
+        out["speedup_vs_bf16"] = {m: base / r["step_ms_median"] for m, r in out["modes"].items()
+                                  if "step_ms_median" in r}
+    if args.out:
+        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+        with open(args.out, "w") as f:
+            json.dump(out, f, indent=1)
+        print("wrote %s" % args.out)
+    return out
+
+
+if __name__ == "__main__":
+    main()
+    sys.exit(0)

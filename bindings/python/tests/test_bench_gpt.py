@@ -1,0 +1,38 @@
+"""bench/bench_gpt.py runs end to end on the CPU with its tiny --smoke config (no timing asserted):
+every mode it can run here reports a finite median step time and losses, the modes it cannot run
+(torchao without torchao or a GPU) say why, O2 and the peer carry a profiler top list, and the JSON
+names the device, date and commit."""
+import json
+import math
+import os
+import subprocess
+import sys
+
+import pytest
+
+pytest.importorskip("torch")
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+SCRIPT = os.path.join(ROOT, "bench", "bench_gpt.py")
+
+
+def test_bench_gpt_smoke(tmp_path):
+    out = tmp_path / "gpt.json"
+    r = subprocess.run([sys.executable, SCRIPT, "--smoke", "--out", str(out)], capture_output=True, text=True,
+                       timeout=600, env=dict(os.environ, CUDA_VISIBLE_DEVICES=""))
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    res = json.loads(out.read_text())
+    assert res["device"] == "cpu" and res["date"] and "commit" in res
+    assert res["tokens_per_step"] == res["config"]["seq"] * res["config"]["batch"]
+    modes = res["modes"]
+    assert set(modes) == {"bf16", "torchao", "O1", "O2"}
+    for m in ("bf16", "O1", "O2"):
+        r_ = modes[m]
+        assert math.isfinite(r_["step_ms_median"]) and r_["step_ms_median"] > 0, m
+        assert math.isfinite(r_["loss_first"]) and math.isfinite(r_["loss_last"]), m
+        assert len(r_["step_ms_all"]) == res["config"]["steps"]
+    # the same initial weights and batches: the first step's loss agrees (FP8 error only)
+    assert abs(modes["O1"]["loss_first"] - modes["bf16"]["loss_first"]) < 0.05 * modes["bf16"]["loss_first"]
+    assert "skipped" in modes["torchao"]  # no GPU here
+    assert modes["O2"]["profile_top"] and res["profile_peer"] in modes
+    assert modes[res["profile_peer"]]["profile_top"]

@@ -1,0 +1,125 @@
+"""fp8amp.torch.LayerNormLinear / LayerNormMLP (bindings/python/src/fp8amp/torch/fused.py) against
+their nn compositions on the CPU, on fresh random data: the same parameter names and state_dict keys
+(weights load either way), forward and backward equal within float32 error when the Linears run
+their F32 GEMMs (policy "bf16" is the CPU's F32 path), and within FP8 error with the FP8 GEMMs."""
+from collections import OrderedDict
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+nn = torch.nn
+
+import fp8amp.torch as ft  # noqa: E402
+
+
+def nn_layernorm_linear(i, o):
+    return nn.Sequential(OrderedDict(norm=nn.LayerNorm(i), linear=nn.Linear(i, o)))
+
+
+def nn_layernorm_mlp(h, f):
+    return nn.Sequential(OrderedDict(norm=nn.LayerNorm(h), fc1=nn.Linear(h, f), act=nn.GELU(approximate="tanh"),
+                                     fc2=nn.Linear(f, h)))
+
+
+def randomize(module, gen):
+    with torch.no_grad():
+        for p in module.parameters():
+            p.copy_(torch.randn(p.shape, generator=gen) * 0.5)
+
+
+def rel_err(a, b):
+    a, b = a.detach().double(), b.detach().double()
+    return float((a - b).norm() / max(float(b.norm()), 1e-30))
+
+
+CASES = [("lnlinear", lambda: (ft.LayerNormLinear, (24, 40), nn_layernorm_linear)),
+         ("lnmlp", lambda: (ft.LayerNormMLP, (24, 72), nn_layernorm_mlp))]
+
+
+@pytest.mark.parametrize("name,case", CASES)
+def test_state_dict_keys_and_loading(name, case):
+    cls, args, ref_fn = case()
+    fused, ref = cls(*args, policy="bf16"), ref_fn(*args)
+    assert list(fused.state_dict().keys()) == list(ref.state_dict().keys())
+    assert [n for n, _ in fused.named_parameters()] == [n for n, _ in ref.named_parameters()]
+    gen = torch.Generator().manual_seed(int(np.random.SeedSequence().entropy % 2**31))
+    randomize(ref, gen)
+    fused.load_state_dict(ref.state_dict())
+    for (n, a), (_, b) in zip(fused.state_dict().items(), ref.state_dict().items()):
+        assert torch.equal(a, b), n
+    randomize(ref, gen)
+    ref2 = ref_fn(*args)
+    fused.load_state_dict(ref.state_dict())
+    ref2.load_state_dict(fused.state_dict())
+    for (n, a), (_, b) in zip(ref2.state_dict().items(), ref.state_dict().items()):
+        assert torch.equal(a, b), n
+
+
+@pytest.mark.parametrize("name,case", CASES)
+@pytest.mark.parametrize("shape", [(5,), (3, 7), (2, 3, 5)])
+def test_matches_nn_composition(name, case, shape):
+    cls, args, ref_fn = case()
+    seed = int(np.random.SeedSequence().entropy % 2**31)
+    gen = torch.Generator().manual_seed(seed)
+    ref = ref_fn(*args)
+    randomize(ref, gen)
+    # F32 GEMMs: float32 error only. FP8 GEMMs (E4M3 x and W, E5M2 dY): a loose sanity bound, the
+    # FP8 numerics themselves are tested in test_linear.py / tests/capi.
+    for policy, tol in (("bf16", 2e-5), ("fp8", 0.35)):
+        fused = cls(*args, policy=policy)
+        fused.load_state_dict(ref.state_dict())
+        x = (torch.randn(shape + (args[0],), generator=gen) * 2 + 0.5).requires_grad_(True)
+        xr = x.detach().clone().requires_grad_(True)
+        y, yr = fused(x), ref(xr)
+        assert y.shape == yr.shape and torch.isfinite(y).all()
+        assert rel_err(y, yr) < tol, (seed, policy, rel_err(y, yr))
+        dy = torch.randn(yr.shape, generator=gen)
+        y.backward(dy)
+        yr.backward(dy)
+        assert rel_err(x.grad, xr.grad) < tol, (seed, policy, "dx")
+        grads = dict(ref.named_parameters())
+        for n, p in fused.named_parameters():
+            assert p.grad is not None or policy == "fp8", n  # E4M3 wgrads stay inside fp8amp (O1)
+            if p.grad is not None:
+                assert rel_err(p.grad, grads[n].grad) < tol, (seed, policy, n, rel_err(p.grad, grads[n].grad))
+        ref.zero_grad()
+
+
+def test_layernorm_alone_and_gelu():
+    seed = int(np.random.SeedSequence().entropy % 2**31)
+    gen = torch.Generator().manual_seed(seed)
+    ln, lnr = ft.LayerNorm(33), nn.LayerNorm(33)
+    randomize(lnr, gen)
+    ln.load_state_dict(lnr.state_dict())
+    x = torch.randn(4, 6, 33, generator=gen) * 3
+    x1, x2 = x.clone().requires_grad_(True), x.clone().requires_grad_(True)
+    y1, y2 = ln(x1), lnr(x2)
+    assert rel_err(y1, y2) < 1e-5, seed
+    dy = torch.randn(y2.shape, generator=gen)
+    y1.backward(dy), y2.backward(dy)
+    assert rel_err(x1.grad, x2.grad) < 1e-5 and rel_err(ln.weight.grad, lnr.weight.grad) < 1e-5, seed
+    assert rel_err(ln.bias.grad, lnr.bias.grad) < 1e-5, seed
+    g, gr = ft.GELU(), nn.GELU(approximate="tanh")
+    x1, x2 = x.clone().requires_grad_(True), x.clone().requires_grad_(True)
+    y1, y2 = g(x1), gr(x2)
+    assert rel_err(y1, y2) < 1e-5, seed
+    y1.backward(dy), y2.backward(dy)
+    assert rel_err(x1.grad, x2.grad) < 1e-5, seed
+    # a NaN in the input stays in its row
+    xn = x.clone()
+    xn[1, 2, 5] = float("nan")
+    yn = ln(xn)
+    assert torch.isnan(yn[1, 2]).all() and torch.isfinite(yn[0]).all()
+    with pytest.raises(RuntimeError):
+        ln(torch.randn(3, 32))
+
+
+def test_autocast_output_dtype():
+    m = ft.LayerNormMLP(16, 32, policy="bf16")
+    x = torch.randn(3, 16)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        h = m.norm(x)
+        y = m(x)
+    assert h.dtype == torch.bfloat16 and y.dtype == torch.bfloat16
+    assert torch.isfinite(y.float()).all()
