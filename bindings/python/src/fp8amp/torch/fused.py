@@ -28,7 +28,7 @@ from torch import nn
 
 import fp8amp
 
-from . import Linear, _ac_dtype, _ac_enabled, _norm_device, _on_current_stream, context, to_fp8amp
+from .linear import Linear, _ac_dtype, _ac_enabled, _norm_device, _on_current_stream, context, to_fp8amp
 
 __all__ = ["LayerNorm", "GELU", "LayerNormLinear", "LayerNormMLP"]
 
