@@ -30,12 +30,13 @@ from fp8amp.errors import DtypeMismatchError, check
 from fp8amp.linear import GemmPolicy, Role, _as_policy
 from fp8amp.optim import AdamConfig, as_opt_level
 
-__all__ = ["Linear", "initialize", "Optimizer", "GradScaler", "all_reduce_grads", "communicator", "context",
+__all__ = ["Linear", "LinearGrad", "initialize", "Optimizer", "GradScaler", "all_reduce_grads", "communicator",
+           "fp8_comm_hook", "context",
            "to_fp8amp"]
 
 # The Linear side (dtype maps, contexts, tensor helpers, the Linear module) lives in linear.py; its
 # names are re-exported here, so fp8amp.torch.X keeps working for each of them.
-from fp8amp.torch.linear import (_CONTEXTS, _DT, _TORCH_DT, Linear, _autocast_dtype, _from_fp8amp,  # noqa: F401
+from fp8amp.torch.linear import (_CONTEXTS, _DT, _TORCH_DT, Linear, LinearGrad, _autocast_dtype, _from_fp8amp,  # noqa: F401
                                  _norm_device, _on_current_stream, _raw_stream, _replace_linears, _torch_alloc,
                                  _torch_free, _wrap, context, to_fp8amp)
 
