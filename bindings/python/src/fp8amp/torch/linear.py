@@ -328,6 +328,12 @@ class LinearGrad(torch.Tensor):
                         return g
         if func in _ALIASES:
             return args[0]._alias()
+        if func is _aten.copy_.default and isinstance(args[0], LinearGrad) and not isinstance(args[1], LinearGrad):
+            # DDP's write-back of the averaged bucket: store it, without reading the old values first
+            g, src = args[0], args[1]
+            _grad_store(g, src.expand(g.shape) if src.shape != g.shape else src)
+            _mark_written(g, False)
+            return g
         # Every other op on the values: writes into a handle go to a value and are stored back.
         back: Dict[int, LinearGrad] = {}
         written: List[Tuple[LinearGrad, torch.Tensor]] = []
@@ -392,7 +398,7 @@ def _grad_store(g: LinearGrad, v: torch.Tensor) -> None:
     if v is g._buf:
         return
     if g._fp8 is not None:
-        src = v.detach().to(dtype=torch.float32).contiguous()
+        src = v.detach().to(device=g._buf.device, dtype=torch.float32).contiguous()
         _on_current_stream(g._ctx, g._dev)
         fp8amp.quantize(g._ctx, to_fp8amp(src, g._ctx), g._fp8)  # on torch's stream: src outlives the read
     else:
@@ -687,8 +693,11 @@ class Linear(nn.Module):
     scale slot; both are in the state_dict). ``wgrad_dtype`` None means the weight's dtype (E4M3 for
     E4M3 weights): with a float32/bfloat16 weight and gradient ``weight.grad`` is a view of fp8amp's
     weight gradient; with an E4M3 gradient (O1/O2/O3 through ``initialize``) the FP8 gradient stays
-    inside fp8amp for its optimizer and ``weight.grad`` stays None (``weight_grad_fp8()`` /
-    ``dequantized_weight_grad()`` give it). ``bias.grad`` is always a view of fp8amp's F32 bias gradient.
+    inside fp8amp for its optimizer and ``weight.grad`` is a ``LinearGrad`` handle on it (torch ops read
+    it dequantized, writes quantize into it; ``weight_grad_fp8()`` / ``dequantized_weight_grad()`` give
+    it too). ``bias.grad`` is always a view of fp8amp's F32 bias gradient. The gradients go through
+    autograd (the backward returns ``LinearGrad`` handles, whose accumulation is a no-op), so
+    post-accumulate-grad hooks and DistributedDataParallel see them (docs/torch.md sections 5, 6).
 
     Gradients accumulate across backward calls (micro-batches) until the grads are reset:
     ``zero_grad()`` of this front's Optimizer or of any torch optimizer / module with
