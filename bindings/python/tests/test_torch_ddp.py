@@ -75,13 +75,13 @@ def test_post_accumulate_grad_hooks_fire_once_per_backward(tdev, gen, wgrad):
     the micro-batches."""
     import fp8amp.torch as ft
 
-    lin = ft.Linear(32, 24, device=tdev, policy="fp8", wgrad_dtype=wgrad)
+    lin = ft.Linear(32, 48, device=tdev, policy="fp8", wgrad_dtype=wgrad)
     ref = twin(lin, tdev)
     seen = {"w": [], "b": []}
     lin.weight.register_post_accumulate_grad_hook(lambda p: seen["w"].append(p.grad.float().clone()))
     lin.bias.register_post_accumulate_grad_hook(lambda p: seen["b"].append(p.grad.float().clone()))
-    total_w = torch.zeros(24, 32, device=tdev)
-    total_b = torch.zeros(24, device=tdev)
+    total_w = torch.zeros(48, 32, device=tdev)
+    total_b = torch.zeros(48, device=tdev)
     for i in range(3):
         x = randn(gen, 16, 32, device=tdev)
         if i < 2:
@@ -112,7 +112,7 @@ def test_weight_also_used_outside_the_layer(tdev, gen, wgrad):
     penalty's plain gradient; the parameter's gradient is their sum."""
     import fp8amp.torch as ft
 
-    lin = ft.Linear(32, 24, device=tdev, policy="fp8", wgrad_dtype=wgrad)
+    lin = ft.Linear(32, 48, device=tdev, policy="fp8", wgrad_dtype=wgrad)
     ref = twin(lin, tdev)
     x = randn(gen, 16, 32, device=tdev)
     c = float(torch.rand((), generator=gen)) + 0.5
@@ -135,7 +135,7 @@ def test_writes_into_an_e4m3_gradient_then_more_micro_batches(tdev, gen):
     zero_grad(set_to_none=False) (zero_) makes the next backward start over."""
     import fp8amp.torch as ft
 
-    lin = ft.Linear(32, 24, device=tdev, policy="fp8", wgrad_dtype=E4M3)
+    lin = ft.Linear(32, 48, device=tdev, policy="fp8", wgrad_dtype=E4M3)
     ref = twin(lin, tdev)
     xs = [randn(gen, 16, 32, device=tdev) for _ in range(4)]
     ts = []
@@ -162,6 +162,30 @@ def test_writes_into_an_e4m3_gradient_then_more_micro_batches(tdev, gen):
     assert bool(((got - ts[3]).abs() <= e4m3_bound(ts[3])).all())
 
 
+def test_writes_into_a_bf16_gradient_view_then_more_micro_batches(tdev, gen):
+    """O1 with BF16 weights and gradients: weight.grad is the plain BF16 view, the C Linear sums in
+    FP32 behind it; a torch write into the view (its version moves) between micro-batches is kept:
+    the next backward adds onto it."""
+    import fp8amp.torch as ft
+
+    lin = ft.Linear(32, 48, device=tdev, policy="fp8", weight_dtype=torch.bfloat16)
+    ref = twin(lin, tdev)
+    xs = [randn(gen, 16, 32, device=tdev) for _ in range(2)]
+    ts = []
+    for x in xs:
+        ref.zero_grad()
+        ref(x).square().sum().backward()
+        ts.append(ref.weight.grad.clone())
+    lin(xs[0]).square().sum().backward()
+    assert lin.weight.grad.dtype == torch.bfloat16 and lin.weight.grad.data_ptr() == lin.fp8amp_linear.weight_grad.data_ptr
+    lin.weight.grad.mul_(0.5)
+    lin(xs[1]).square().sum().backward()
+    want = 0.5 * ts[0] + ts[1]
+    got = lin.weight.grad.float()
+    bound = (want.abs() + 0.5 * ts[0].abs() + ts[1].abs()) * 2.0 ** -8 + float(want.abs().max()) * 2.0 ** -20
+    assert bool(((got - want).abs() <= bound).all())
+
+
 def test_clip_grad_norm_sees_the_e4m3_weight_gradients(tdev, gen):
     """torch.nn.utils.clip_grad_norm_ over a model with E4M3 weight gradients: the norm counts them
     (their dequantized values) and the clipping scales their codes' values."""
@@ -185,7 +209,9 @@ def test_clip_grad_norm_sees_the_e4m3_weight_gradients(tdev, gen):
 
 # ---- DistributedDataParallel ---------------------------------------------------------------------
 
-B, STEPS, LR, EPS = 8, 3, 1e-2, 0.1  # rows per rank; Adam's eps large: an update near-linear in the grad
+# rows per rank (a multiple of 16: CUDA's FP8 GEMMs take no other M); Adam's eps large: an update
+# near-linear in the gradient
+B, STEPS, LR, EPS = 16, 3, 1e-2, 0.1
 
 
 def _model(seed, dev):
