@@ -294,6 +294,7 @@ class LinearGrad(torch.Tensor):
         t._buf, t._fp8, t._ctx, t._dev = buf, fp8, ctx, dev
         # a weak reference: the layer state holds the parameters, whose .grad may be this handle
         t._st, t._sep = weakref.ref(st), sep
+        t._view = None  # the plain view that is .grad between backwards, when there is one (set by Linear)
         return t
 
     def __repr__(self) -> str:  # type: ignore[override]
@@ -304,14 +305,17 @@ class LinearGrad(torch.Tensor):
         t = torch.Tensor._make_wrapper_subclass(type(self), self._buf.shape, dtype=self.dtype,  # type: ignore
                                                 device=self._buf.device, requires_grad=False)
         t._buf, t._fp8, t._ctx, t._dev, t._st, t._sep = self._buf, self._fp8, self._ctx, self._dev, self._st, self._sep
+        t._view = self._view
         return t
 
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
-        kwargs = kwargs or {}
         if func is _aten.add_.Tensor or func is _aten.add.Tensor:
             if len(args) == 2 and not kwargs:
                 a, b = args
+                # the usual case first, by identity: .grad (the view or the handle) += the handle
+                if a is b or a is getattr(b, "_view", 0):
+                    return a
                 if _same_buffer(a, b):
                     return a  # autograd's accumulation of a gradient the C Linear already summed
                 if func is _aten.add.Tensor and _graph_task_id() != -1:
@@ -334,6 +338,7 @@ class LinearGrad(torch.Tensor):
             _grad_store(g, src.expand(g.shape) if src.shape != g.shape else src)
             _mark_written(g, False)
             return g
+        kwargs = kwargs or {}
         # Every other op on the values: writes into a handle go to a value and are stored back.
         back: Dict[int, LinearGrad] = {}
         written: List[Tuple[LinearGrad, torch.Tensor]] = []
@@ -774,6 +779,9 @@ class Linear(nn.Module):
         st.wref = LinearGrad(st.wgrad_t, wg8, self._ctx, dev, weight_dtype, st, sep)
         st.bref = LinearGrad(st.bgrad_view, None, self._ctx, dev, torch.float32, st, False) if bias else None
         st.wgrad_obj = st.wgrad_view if st.wgrad_visible else st.wref
+        st.wref._view = st.wgrad_view
+        if bias:
+            st.bref._view = st.bgrad_view
         st.stale = False
         st.wver = st.wgrad_view._version if st.wgrad_visible and sep else -1
         _register(st)
