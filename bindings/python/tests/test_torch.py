@@ -408,7 +408,10 @@ def test_o3_linear_codes_forward_backward_and_state_dict(tdev, gen):
     acc = 2.0 ** -11 if tdev.type == "cuda" else 2.0 ** -18
     dx_ref = g8 @ w8 * inv_g * inv_w
     assert bool(((x.grad.double() - dx_ref).abs() <= (g8.abs() @ w8.abs()) * inv_g * inv_w * acc + 1e-30).all())
-    assert lin.weight.grad is None  # the E4M3 gradient stays in fp8amp
+    # the E4M3 gradient stays in fp8amp; weight.grad is a handle on it (no float copy) whose values
+    # are the dequantized codes
+    assert isinstance(lin.weight.grad, ft.LinearGrad)
+    assert torch.equal(lin.weight.grad.float(), lin.dequantized_weight_grad())
     dw_ref = g8.T @ x8 * inv_g * float(np.float32(1 / s_x))
     dw = lin.dequantized_weight_grad().double()
     # one more E4M3 rounding (current scaling of the FP32 sum): half an E4M3 step, 2^-4 relative,
@@ -465,7 +468,7 @@ def test_initialize_o3_trains_like_o1_o2_and_f32(tdev, gen):
         assert abs(final[level] - np.mean(l_ref[-8:])) < 0.1 * np.mean(l_ref[-8:]) + 1e-3, (level, final)
         if level == "O3":
             assert model[0].weight.dtype == torch.float8_e4m3fn and model[3].weight.dtype == torch.float8_e4m3fn
-            assert model[0].gemm_kind == fp8amp.GemmKind.FP8 and model[0].weight.grad is None
+            assert model[0].gemm_kind == fp8amp.GemmKind.FP8 and isinstance(model[0].weight.grad, ft.LinearGrad)
             # one fp8amp optimizer: the E4M3 weights with the master, then the rest without one
             assert o3_pairs(opt) == [(fp8amp.F16, [fp8amp.E4M3, fp8amp.E4M3] + [fp8amp.F32] * 4)]  # 2 biases, LayerNorm
             assert all(o.config.exp_avg_dtype == fp8amp.E4M3 and o.config.exp_avg_sq_dtype == fp8amp.F16

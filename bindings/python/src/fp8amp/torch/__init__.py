@@ -30,12 +30,13 @@ from fp8amp.errors import DtypeMismatchError, check
 from fp8amp.linear import GemmPolicy, Role, _as_policy
 from fp8amp.optim import AdamConfig, as_opt_level
 
-__all__ = ["Linear", "initialize", "Optimizer", "GradScaler", "all_reduce_grads", "communicator", "context",
+__all__ = ["Linear", "LinearGrad", "initialize", "Optimizer", "GradScaler", "all_reduce_grads", "communicator",
+           "fp8_comm_hook", "context",
            "to_fp8amp"]
 
 # The Linear side (dtype maps, contexts, tensor helpers, the Linear module) lives in linear.py; its
 # names are re-exported here, so fp8amp.torch.X keeps working for each of them.
-from fp8amp.torch.linear import (_CONTEXTS, _DT, _TORCH_DT, Linear, _autocast_dtype, _from_fp8amp,  # noqa: F401
+from fp8amp.torch.linear import (_CONTEXTS, _DT, _TORCH_DT, Linear, LinearGrad, _autocast_dtype, _from_fp8amp,  # noqa: F401
                                  _norm_device, _on_current_stream, _raw_stream, _replace_linears, _torch_alloc,
                                  _torch_free, _wrap, context, to_fp8amp)
 
@@ -456,5 +457,52 @@ def all_reduce_grads(model: nn.Module, group: Any = None, *, fp8_wire: bool = Tr
         for g in grads:
             g.copy_(flat[offset:offset + g.numel()].view_as(g))
             offset += g.numel()
+
+
+# Unannotated on purpose: DDP checks a hook's annotations against dist.GradBucket and
+# torch.futures.Future[torch.Tensor], and this module's annotations are strings (from __future__).
+def fp8_comm_hook(state, bucket):  # type: ignore[no-untyped-def]
+    """A communication hook for ``torch.nn.parallel.DistributedDataParallel`` that averages each
+    gradient bucket through fp8amp's communicator: FP8 (E4M3) on the wire, float32 accumulation in a
+    fixed rank order, one agreed scale per parameter, identical bytes on every rank
+    (docs/communicator.md, docs/torch.md section 6)::
+
+        ddp = DistributedDataParallel(model, device_ids=[rank])
+        ddp.register_comm_hook(None, fp8amp.torch.fp8_comm_hook)   # state: the group, None = default
+
+    `state` is the torch.distributed process group to reduce over (None: the default group). The
+    bucket (float32, or bfloat16/float16 for such parameters) is reduced in place; each parameter's
+    slice of it gets its own scale. CUDA only (the communicator's GPU backend is NCCL, made on first
+    use over the group: every rank's first bucket makes it). On CPU buckets it raises
+    NotSupportedError: fp8amp's CPU communicator runs over MPI (processes started by mpirun), not over
+    torch.distributed's gloo processes; use DDP's default all-reduce there."""
+    import torch.distributed as dist
+
+    buf = bucket.buffer()
+    if buf.device.type != "cuda":
+        raise fp8amp.NotSupportedError(int(lib.FP8AMP_ERROR_NOT_SUPPORTED),
+            "fp8amp.torch.fp8_comm_hook: the gradient bucket is on %s; fp8amp's communicator runs on CUDA "
+            "devices (NCCL) or, on the CPU, over MPI in processes started by mpirun, not over torch.distributed's "
+            "gloo processes: use DDP's default all-reduce for CPU models" % buf.device)
+    if state is not None and not isinstance(state, dist.ProcessGroup):
+        raise TypeError("fp8amp.torch.fp8_comm_hook: state must be a torch.distributed ProcessGroup or None (the "
+                        "default group), not %s" % type(state).__name__)
+    dev = _norm_device(buf.device)
+    comm = communicator(dev, state)
+    _on_current_stream(comm.context, dev)
+    # The bucket holds its parameters' gradients end to end (dense DDP buckets): one slice (and so one
+    # scale) per parameter; should the layout ever differ, the whole bucket with one scale.
+    views, off = [], 0
+    for p in bucket.parameters():
+        views.append(buf[off:off + p.numel()])
+        off += p.numel()
+    if off != buf.numel():
+        views = [buf]
+    ts = [to_fp8amp(v, comm.context) for v in views]
+    comm.all_reduce(ts, ts)
+    fut = torch.futures.Future(devices=[dev])
+    fut.set_result(buf)
+    return fut
+
 
 from .fused import GELU, LayerNorm, LayerNormLinear, LayerNormMLP  # noqa: E402,F401  (issue 19: fused blocks, fused.py)

@@ -169,7 +169,12 @@ class _Hot:
                  "bwd_id", "last", "save_input", "reused", "name",
                  # the custom ops' view of the layer (torch.compile): its key in _LAYERS, the weight
                  # gradient (any dtype) and the bias gradient as torch tensors (what the backward writes)
-                 "key", "wgrad_t", "bgrad_t", "__weakref__")
+                 "key", "wgrad_t", "bgrad_t",
+                 # gradients through autograd (LinearGrad, docs/torch.md section 5): what the backward
+                 # returns for the weight and the bias, what weight.grad is between backwards (the view,
+                 # or the handle for E4M3 / other-dtype gradients), whether a torch-side write left the
+                 # C Linear's FP32 sum behind the delivered gradient (stale), and the BF16 view's version
+                 "wref", "bref", "wgrad_obj", "stale", "wver", "__weakref__")
 
 
 class _View:
@@ -251,6 +256,173 @@ def _fwd(st: _Hot, x: torch.Tensor, training: int, ydt: Optional[torch.dtype] = 
     return y
 
 
+# ---- gradients through autograd (docs/torch.md section 5) -------------------------------------------
+#
+# The C Linear writes the weight and bias gradients into its own memory and adds micro-batches in its
+# own FP32 sum; the E4M3 weight gradient fp8amp's optimizer reads has no float copy at all. For DDP's
+# reducer, register_post_accumulate_grad_hook and friends to see them, the backward still returns a
+# gradient for each parameter: a LinearGrad, a tensor subclass that is a handle to that memory (no
+# copy). _bwd sets param.grad to the buffer itself (a plain view for float gradients of the
+# parameter's dtype) or to the handle (E4M3 and other-dtype gradients), so AccumulateGrad always
+# finds .grad defined and runs `.grad += returned`: an add of two names of one buffer, which the
+# handle's __torch_dispatch__ turns into a no-op (the C Linear has already added this backward into
+# its sum). Any other op reads the handle's value (the E4M3 codes dequantized to float32: a temporary)
+# and any write into a handle stores back (quantized with current scaling), marking the C Linear's
+# FP32 sum stale (the next accumulating backward adds onto the written value, _bwd_onto_written).
+
+_aten = torch.ops.aten
+_ZEROS = (_aten.zero_.default, _aten._foreach_zero_.default)
+_ALIASES = (_aten.detach.default, _aten.alias.default)
+
+
+class LinearGrad(torch.Tensor):
+    """A gradient of an fp8amp.torch.Linear's parameter as a torch tensor that holds no values of its
+    own: a handle to the C Linear's gradient buffer (the E4M3 codes and their scale, or a float
+    buffer). Its dtype and shape are the parameter's. What autograd gets from the layer's backward,
+    and what ``weight.grad`` is when the weight gradient is not a plain float view (E4M3 at O1/O2/O3
+    through ``initialize``). Reading it (any torch op: ``clone``, ``float``, arithmetic, DDP's copy
+    into its bucket) gives the dequantized values (float32 for E4M3); writing it (``copy_``, ``mul_``,
+    ``zero_``, DDP's copy back of the averaged bucket) stores into the buffer (E4M3: quantized with
+    current scaling). Adding two names of one buffer (what autograd's accumulation does) is a no-op:
+    the C Linear accumulates micro-batches itself, in FP32. ``data_ptr`` and storage access raise."""
+
+    @staticmethod
+    def __new__(cls, buf: torch.Tensor, fp8: Optional[fp8amp.Tensor], ctx: fp8amp.Context, dev: torch.device,
+                dtype: torch.dtype, st: _Hot, sep: bool) -> "LinearGrad":
+        t = torch.Tensor._make_wrapper_subclass(cls, buf.shape, dtype=dtype, device=buf.device,  # type: ignore
+                                                requires_grad=False)
+        t._buf, t._fp8, t._ctx, t._dev = buf, fp8, ctx, dev
+        # a weak reference: the layer state holds the parameters, whose .grad may be this handle
+        t._st, t._sep = weakref.ref(st), sep
+        t._view = None  # the plain view that is .grad between backwards, when there is one (set by Linear)
+        return t
+
+    def __repr__(self) -> str:  # type: ignore[override]
+        return "LinearGrad(%s, %s of %s)" % (tuple(self.shape), str(self.dtype).replace("torch.", ""),
+                                             str(self._buf.dtype).replace("torch.", ""))
+
+    def _alias(self) -> "LinearGrad":
+        t = torch.Tensor._make_wrapper_subclass(type(self), self._buf.shape, dtype=self.dtype,  # type: ignore
+                                                device=self._buf.device, requires_grad=False)
+        t._buf, t._fp8, t._ctx, t._dev, t._st, t._sep = self._buf, self._fp8, self._ctx, self._dev, self._st, self._sep
+        t._view = self._view
+        return t
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        if func is _aten.add_.Tensor or func is _aten.add.Tensor:
+            if len(args) == 2 and not kwargs:
+                a, b = args
+                # the usual case first, by identity: .grad (the view or the handle) += the handle
+                if a is b or a is getattr(b, "_view", 0):
+                    return a
+                if _same_buffer(a, b):
+                    return a  # autograd's accumulation of a gradient the C Linear already summed
+                if func is _aten.add.Tensor and _graph_task_id() != -1:
+                    # Inside a backward pass: autograd summing this layer's gradient with a plain one
+                    # for the same parameter (the weight also used outside the layer): add the plain
+                    # one into the buffer, which stays the parameter's gradient.
+                    g, p = (a, b) if isinstance(a, LinearGrad) else (b, a)
+                    if isinstance(g, LinearGrad) and not isinstance(p, LinearGrad) and isinstance(p, torch.Tensor) \
+                            and p.shape == g.shape:
+                        v = _grad_value(g)
+                        v.add_(p)
+                        _grad_store(g, v)
+                        _mark_written(g, False)
+                        return g
+        if func in _ALIASES:
+            return args[0]._alias()
+        if func is _aten.copy_.default and isinstance(args[0], LinearGrad) and not isinstance(args[1], LinearGrad):
+            # DDP's write-back of the averaged bucket: store it, without reading the old values first
+            g, src = args[0], args[1]
+            _grad_store(g, src.expand(g.shape) if src.shape != g.shape else src)
+            _mark_written(g, False)
+            return g
+        kwargs = kwargs or {}
+        # Every other op on the values: writes into a handle go to a value and are stored back.
+        back: Dict[int, LinearGrad] = {}
+        written: List[Tuple[LinearGrad, torch.Tensor]] = []
+
+        def val(x: Any, write: bool) -> Any:
+            if isinstance(x, LinearGrad):
+                v = _grad_value(x)
+                if write:
+                    written.append((x, v))
+                    back[id(v)] = x
+                return v
+            if isinstance(x, (list, tuple)):
+                return type(x)(val(e, write) for e in x)
+            return x
+
+        schema = func._schema.arguments
+        args2 = []
+        for i, a in enumerate(args):
+            ai = schema[i].alias_info if i < len(schema) else None
+            args2.append(val(a, ai is not None and ai.is_write))
+        kw_write = {a.name for a in schema if a.alias_info is not None and a.alias_info.is_write}
+        kwargs2 = {k: val(v, k in kw_write) for k, v in kwargs.items()}
+        out = func(*args2, **kwargs2)
+        zero = func in _ZEROS
+        for g, v in written:
+            _grad_store(g, v)
+            _mark_written(g, zero)
+        if not back:
+            return out
+        if isinstance(out, (list, tuple)):
+            return type(out)(back.get(id(o), o) for o in out)
+        return back.get(id(out), out)
+
+
+def _same_buffer(a: Any, b: Any) -> bool:
+    """Whether a and b both name one LinearGrad buffer (a handle, or the plain view that is it)."""
+    if isinstance(a, LinearGrad):
+        if isinstance(b, LinearGrad):
+            return a._buf is b._buf or (a._buf.data_ptr() == b._buf.data_ptr() and a._buf.dtype == b._buf.dtype)
+        a, b = b, a
+    elif not isinstance(b, LinearGrad):
+        return False
+    # b is the handle, a a plain tensor: the same memory, dtype and shape as b's (dense) buffer
+    return (b._fp8 is None and isinstance(a, torch.Tensor) and a.dtype == b._buf.dtype
+            and a.shape == b._buf.shape and a.device == b._buf.device and a.data_ptr() == b._buf.data_ptr())
+
+
+def _grad_value(g: LinearGrad) -> torch.Tensor:
+    """The handle's values: the E4M3 codes dequantized into a new float32 tensor; a float buffer
+    itself (so writes go straight into it) or, of another dtype than the parameter's, a copy."""
+    buf = g._buf
+    if g._fp8 is not None:
+        out = torch.empty(buf.shape, dtype=torch.float32, device=buf.device)
+        _on_current_stream(g._ctx, g._dev)
+        fp8amp.dequantize(g._ctx, g._fp8, to_fp8amp(out, g._ctx))
+        return out
+    return buf if buf.dtype == g.dtype else buf.to(g.dtype)
+
+
+def _grad_store(g: LinearGrad, v: torch.Tensor) -> None:
+    """Stores values into the handle's buffer (E4M3: quantized with current scaling)."""
+    if v is g._buf:
+        return
+    if g._fp8 is not None:
+        src = v.detach().to(device=g._buf.device, dtype=torch.float32).contiguous()
+        _on_current_stream(g._ctx, g._dev)
+        fp8amp.quantize(g._ctx, to_fp8amp(src, g._ctx), g._fp8)  # on torch's stream: src outlives the read
+    else:
+        with torch.no_grad():
+            g._buf.copy_(v)
+
+
+def _mark_written(g: LinearGrad, zero: bool) -> None:
+    """After a torch-side write into a gradient with its own FP32 sum in the C Linear: a zeroing makes
+    the next backward overwrite, any other write makes the sum stale."""
+    st = g._st()
+    if st is None or not g._sep:
+        return
+    if zero:
+        st.accumulate = False
+    else:
+        st.stale = True
+
+
 def _bwd(st: _Hot, dy: torch.Tensor, dx: Optional[torch.Tensor]) -> None:
     if st.cuda:
         stream = _raw_stream(st.index)
@@ -260,9 +432,18 @@ def _bwd(st: _Hot, dy: torch.Tensor, dx: Optional[torch.Tensor]) -> None:
         dy = dy.contiguous()
     w, b = st.weight, st.bias
     acc = st.accumulate
+    wg = st.wgrad_obj
     # A torch optimizer or module zero_grad(set_to_none=True) drops the grads: start over.
-    if acc and ((b is not None and b.grad is None) or (st.wgrad_visible and w.grad is None)):
+    if acc and ((b is not None and b.grad is None) or w.grad is None):
         acc = False
+    if not acc:
+        st.stale = False
+    elif st.stale or (st.wver >= 0 and wg._version != st.wver):
+        # torch wrote the delivered weight gradient (DDP's averaged bucket, a user's mul_) since the
+        # last backward: the C Linear's FP32 sum no longer matches it, so add this backward to the
+        # written value here instead (rare: a write between two micro-batches).
+        _bwd_onto_written(st, dy, dx)
+        return
     v = st.hdy.get(dy.dtype) or _new_view(st, st.hdy, dy)
     p, shape = dy.data_ptr(), dy.shape
     if p != v.ptr or shape != v.shape:
@@ -286,10 +467,30 @@ def _bwd(st: _Hot, dy: torch.Tensor, dx: Optional[torch.Tensor]) -> None:
     if rc:
         check(rc)
     st.accumulate = True
-    if st.wgrad_visible and w.grad is not st.wgrad_view:
-        w.grad = st.wgrad_view
+    if w.grad is not wg:
+        w.grad = wg
+    if st.wver >= 0:
+        st.wver = wg._version
     if b is not None and b.grad is not st.bgrad_view:
         b.grad = st.bgrad_view
+
+
+def _bwd_onto_written(st: _Hot, dy: torch.Tensor, dx: Optional[torch.Tensor]) -> None:
+    """A backward that adds onto a weight gradient torch has written since the last backward: the
+    written values (weight and bias) are kept aside, the C Linear overwrites, and the sums are
+    stored back (the E4M3 gradient quantized once more, with current scaling). The sum stays stale."""
+    wr = st.wref
+    prev_w = _grad_value(wr).clone()
+    prev_b = st.bgrad_view.clone() if st.bias is not None else None
+    st.accumulate = False
+    try:
+        _bwd(st, dy, dx)
+    finally:
+        st.accumulate = True
+    _grad_store(wr, _grad_value(wr).add_(prev_w))
+    if prev_b is not None:
+        st.bgrad_view.add_(prev_b)
+    st.stale = True
 
 
 # ---- several forwards per backward -------------------------------------------------------------
@@ -364,9 +565,9 @@ class _LinearFn(torch.autograd.Function):
     """The eager path: an autograd.Function (cheaper per call than the custom ops' dispatch)."""
 
     @staticmethod
-    def forward(fctx, x, anchor, st):  # type: ignore[override]
-        # anchor: the weight (or the bias when only it trains), so that the output needs a gradient
-        # when a parameter does; the gradients themselves reach the parameters as views (_bwd).
+    def forward(fctx, x, w, b, st):  # type: ignore[override]
+        # w, b: the parameters (b may be None), inputs so that autograd runs their AccumulateGrad
+        # nodes (and DDP's hooks): the backward returns their LinearGrad handles (see LinearGrad).
         y, rec = _train_fwd(st, x)
         hooked = _pack_hooks(False) is not None
         if hooked:  # checkpoint's recomputation replaces the token by its own (see above)
@@ -390,7 +591,8 @@ class _LinearFn(torch.autograd.Function):
         dx = dy.new_empty(shape, dtype=dtype) if fctx.needs_input_grad[0] else None
         _train_bwd(st, held.fwd_id, x, xv, dy, dx)
         rec.done, rec.x, held.done, held.x = True, None, True, None
-        return dx, None, None
+        need = fctx.needs_input_grad
+        return dx, st.wref if need[1] else None, st.bref if need[2] else None, None
 
 
 # ---- torch.library custom ops: what torch.compile sees -------------------------------------------
@@ -496,8 +698,11 @@ class Linear(nn.Module):
     scale slot; both are in the state_dict). ``wgrad_dtype`` None means the weight's dtype (E4M3 for
     E4M3 weights): with a float32/bfloat16 weight and gradient ``weight.grad`` is a view of fp8amp's
     weight gradient; with an E4M3 gradient (O1/O2/O3 through ``initialize``) the FP8 gradient stays
-    inside fp8amp for its optimizer and ``weight.grad`` stays None (``weight_grad_fp8()`` /
-    ``dequantized_weight_grad()`` give it). ``bias.grad`` is always a view of fp8amp's F32 bias gradient.
+    inside fp8amp for its optimizer and ``weight.grad`` is a ``LinearGrad`` handle on it (torch ops read
+    it dequantized, writes quantize into it; ``weight_grad_fp8()`` / ``dequantized_weight_grad()`` give
+    it too). ``bias.grad`` is always a view of fp8amp's F32 bias gradient. The gradients go through
+    autograd (the backward returns ``LinearGrad`` handles, whose accumulation is a no-op), so
+    post-accumulate-grad hooks and DistributedDataParallel see them (docs/torch.md sections 5, 6).
 
     Gradients accumulate across backward calls (micro-batches) until the grads are reset:
     ``zero_grad()`` of this front's Optimizer or of any torch optimizer / module with
@@ -567,6 +772,18 @@ class Linear(nn.Module):
         st.bwd_id, st.last, st.save_input, st.reused, st.name = -1, None, save_input, False, ""
         st.wgrad_t = _from_fp8amp(self._lin.weight_grad)  # E4M3 codes too: what the backward op writes
         st.bgrad_t = st.bgrad_view
+        # Gradients through autograd (LinearGrad): handles on the same memory. The weight gradient has
+        # an FP32 sum of its own in the C Linear unless it is F32 (E4M3, BF16: `sep`).
+        wg8 = self._lin.weight_grad if wgrad_dtype == torch.float8_e4m3fn else None
+        sep = wgrad_dtype != torch.float32
+        st.wref = LinearGrad(st.wgrad_t, wg8, self._ctx, dev, weight_dtype, st, sep)
+        st.bref = LinearGrad(st.bgrad_view, None, self._ctx, dev, torch.float32, st, False) if bias else None
+        st.wgrad_obj = st.wgrad_view if st.wgrad_visible else st.wref
+        st.wref._view = st.wgrad_view
+        if bias:
+            st.bref._view = st.bgrad_view
+        st.stale = False
+        st.wver = st.wgrad_view._version if st.wgrad_visible and sep else -1
         _register(st)
         self._st = st
         self._delayed = self.recipe.mode == fp8amp.ScalingMode.DELAYED
@@ -682,12 +899,9 @@ class Linear(nn.Module):
         if _compiling():
             return self._forward_op(x)
         if _grad_enabled():
-            w = st.weight
-            if x.requires_grad or w.requires_grad:
-                return _LinearFn.apply(x, w, st)
-            b = st.bias
-            if b is not None and b.requires_grad:
-                return _LinearFn.apply(x, b, st)
+            w, b = st.weight, st.bias
+            if x.requires_grad or w.requires_grad or (b is not None and b.requires_grad):
+                return _LinearFn.apply(x, w, b, st)
         return _fwd(st, x, 0)
 
     def _forward_op(self, x: torch.Tensor) -> torch.Tensor:
