@@ -81,13 +81,17 @@ def grads_case(rank, world, seed):
     model, opt = ft.initialize(model, opt, opt_level="O2")
     lins = [m for m in model.modules() if isinstance(m, ft.Linear)]
     assert len(lins) == 3 and all(m._lin.weight_grad.dtype == fp8amp.E4M3 for m in lins)
+    # The Linear weights' .grad is a handle on their E4M3 gradients (checked through lins below); the
+    # rest are the other parameters' wide gradients.
+    weights = {id(m.weight) for m in lins}
+    wide = lambda: [p for p in model.parameters() if p.grad is not None and id(p) not in weights]  # noqa: E731
     g = torch.Generator(device="cuda").manual_seed(seed * 7 + rank)  # each rank its own batch
     for step in range(3):
         x = torch.randn(32, 64, device="cuda", generator=g) * (1 + rank)
         loss = model(x).square().mean() * 100
         loss.backward()
         local = [m.dequantized_weight_grad().double() for m in lins]
-        other = [p.grad.detach().double().clone() for p in model.parameters() if p.grad is not None]
+        other = [p.grad.detach().double().clone() for p in wide()]
         # The exact means, from every rank's own gradients.
         all_local = [None] * world
         dist.all_gather_object(all_local, [t.cpu() for t in local] + [t.cpu() for t in other])
@@ -109,12 +113,13 @@ def grads_case(rank, world, seed):
             err = (y - m).abs()
             assert bool((err <= wire + out + 1e-12).all()), \
                 "layer %d: error %.3g above the bound (step %d)" % (k, float((err - wire - out).max()), step)
-        rest = [p.grad.detach().double().cpu() for p in model.parameters() if p.grad is not None]
+        rest = [p.grad.detach().double().cpu() for p in wide()]
         for y, m in zip(rest, means[len(lins):]):
             assert torch.allclose(y, m, rtol=1e-6, atol=1e-7)
         # Identical bytes on every rank: the FP8 codes with their scale_inv, and the rest.
         mine = [m.weight_grad_fp8().numpy().tobytes() + m.weight_grad_fp8().scale_inv().numpy().tobytes() for m in lins]
-        mine += [bytes(p.grad.detach().cpu().numpy().tobytes()) for p in model.parameters() if p.grad is not None]
+        mine += [bytes(p.grad.detach().cpu().numpy().tobytes()) for p in wide()]
+        assert len(wide()) == 3  # the biases
         everyone = [None] * world
         dist.all_gather_object(everyone, mine)
         assert all(e == everyone[0] for e in everyone), "the ranks' gradients differ after all_reduce_grads"
