@@ -339,7 +339,13 @@ static void test_wgrad_current_recipe(void **state) {
 
 /* The delayed E4M3 weight gradient, its meta's scale and statistics: the same bytes on both backends
  * over several backwards (the first fitted, an overflow, accumulation). */
-static void test_wgrad_delayed_cpu_cuda_identical(void **state) {
+/* The delayed weight gradient on both devices. The FP32 sums come from different GEMMs (the CPU's
+ * reference, cuBLASLt), whose accumulation orders differ in the last bits, so the two are not the
+ * same bytes: what must agree is everything the delayed scaling decides -- each step's scale within
+ * 1e-4 of the other's (both from the same history of slightly different amaxes), each E4M3 code within one
+ * step of the other's (a sum at a rounding boundary may round either way), and the saturation count
+ * (the 200x step overflows the history's scale on both) within 1% of the elements. */
+static void test_wgrad_delayed_cpu_cuda_agree(void **state) {
     (void)state;
     SKIP_WITHOUT_CUDA();
     fp8amp_context ctx[2] = {make_context(cpu_device()), make_context(cuda_device(0))};
@@ -355,7 +361,7 @@ static void test_wgrad_delayed_cpu_cuda_identical(void **state) {
     for (int s = 0; s < 4; ++s) {
         float *x = random_x(m, k), *dy = gen_matrix(F32_, m, n);
         for (size_t i = 0; i < m * n; ++i) dy[i] = (float)(dy[i] * factors[s]);
-        void *got[2];
+        uint8_t *got[2];
         float scale[2];
         fp8amp_scaling_stats st[2];
         for (int d = 0; d < 2; ++d) {
@@ -363,9 +369,20 @@ static void test_wgrad_delayed_cpu_cuda_identical(void **state) {
             got[d] = read_lin(lin[d], fp8amp_linear_weight_grad);
             st[d] = wgrad_stats(lin[d], &scale[d]);
         }
-        assert_memory_equal(got[0], got[1], n * k);
-        assert_true(bits_of(scale[0]) == bits_of(scale[1]));
-        assert_memory_equal(&st[0], &st[1], sizeof st[0]);
+        assert_true(scale[0] > 0.0f && fabs((double)scale[0] - scale[1]) <= 1e-4 * scale[0]);
+        size_t off_by_one = 0;
+        for (size_t i = 0; i < n * k; ++i) {
+            const int a = got[0][i] & 0x7F, b = got[1][i] & 0x7F;
+            const int same_sign = (got[0][i] & 0x80) == (got[1][i] & 0x80);
+            assert_true(a != 0x7F && b != 0x7F);  /* no NaN */
+            assert_true(same_sign ? abs(a - b) <= 1 : a + b <= 1);
+            off_by_one += got[0][i] != got[1][i];
+        }
+        assert_true(off_by_one <= n * k / 20);  /* boundary cases only, not a systematic difference */
+        assert_true(st[0].quantized == st[1].quantized);
+        const double sat_diff = fabs((double)st[0].saturated - (double)st[1].saturated);
+        assert_true(sat_diff <= 0.01 * (double)(n * k));
+        if (factors[s] > 100.0) assert_true(st[0].saturated > 0 && st[1].saturated > 0);
         free(got[0]), free(got[1]), free(x), free(dy);
     }
     for (int d = 0; d < 2; ++d) EXPECT_OK(fp8amp_linear_destroy(lin[d]));
@@ -380,7 +397,7 @@ int main(void) {
         cmocka_unit_test(test_bias_grad_cpu_cuda_identical),
         DEVICE_TESTS(test_wgrad_delayed),
         DEVICE_TESTS(test_wgrad_current_recipe),
-        cmocka_unit_test(test_wgrad_delayed_cpu_cuda_identical),
+        cmocka_unit_test(test_wgrad_delayed_cpu_cuda_agree),
     };
     return run_tests_sharded(tests, sizeof tests / sizeof tests[0], test_setup_rng, NULL);
 }

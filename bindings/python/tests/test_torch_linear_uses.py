@@ -132,7 +132,7 @@ def test_reuse_with_a_freed_first_input_raises_once_then_works(tdev, gen):
     import fp8amp.torch as ft
 
     lin = ft.Linear(16, 16, device=tdev, policy="bf16")
-    x = randn(gen, 8, 16, device=tdev).requires_grad_(True)
+    x = randn(gen, 16, 16, device=tdev).requires_grad_(True)
 
     def step(m):
         return m(torch.tanh(m(x * 2.0))).sum()  # x * 2.0: a temporary only the first call sees
@@ -181,7 +181,7 @@ def test_checkpoint_of_a_block_using_a_layer_twice(tdev, gen):
     from torch.utils.checkpoint import checkpoint
 
     lin = ft.Linear(16, 16, device=tdev, policy="bf16", save_input=True)
-    x = randn(gen, 8, 16, device=tdev)
+    x = randn(gen, 16, 16, device=tdev)
     xa = x.clone().requires_grad_(True)
     lin(torch.tanh(lin(xa))).square().sum().backward()
     want = grads(xa, lin.weight, lin.bias)
@@ -200,8 +200,8 @@ def test_layer_inside_and_outside_a_checkpoint(tdev, gen):
     from torch.utils.checkpoint import checkpoint
 
     lin = ft.Linear(16, 16, device=tdev, policy="fp8")
-    x = randn(gen, 8, 16, device=tdev)
-    x2 = randn(gen, 8, 16, device=tdev)
+    x = randn(gen, 16, 16, device=tdev)
+    x2 = randn(gen, 16, 16, device=tdev)
     for order in (0, 1):
         def run(ckpt):
             xa = x.clone().requires_grad_(True)
@@ -226,7 +226,7 @@ def test_saved_tensor_hooks_that_copy(tdev, gen):
     import fp8amp.torch as ft
 
     lin = ft.Linear(16, 16, device=tdev, policy="fp8")
-    x = randn(gen, 8, 16, device=tdev)
+    x = randn(gen, 16, 16, device=tdev)
 
     def run(hooks):
         lin.zero_grad()
@@ -329,7 +329,7 @@ def test_compiled_layer_used_twice_and_no_grad(tdev, gen):
     def f(t):
         return lin(torch.tanh(lin(t)))
 
-    x = randn(gen, 8, 16, device=tdev)
+    x = randn(gen, 16, 16, device=tdev)
     xe = x.clone().requires_grad_(True)
     f(xe).square().sum().backward()
     want = grads(xe, lin.weight, lin.bias)
