@@ -40,37 +40,6 @@ static void gen_x(fp8amp_dtype dt, void *buf, size_t n) {
     }
 }
 
-static fp8amp_tensor new_tensor(fp8amp_context ctx, fp8amp_dtype dt, int ndim, const int64_t *shape, const void *host) {
-    fp8amp_tensor t;
-    EXPECT_OK(fp8amp_tensor_create(ctx, dt, ndim, shape, &t));
-    if (host) {
-        size_t nbytes;
-        EXPECT_OK(fp8amp_tensor_nbytes(t, &nbytes));
-        EXPECT_OK(fp8amp_tensor_copy_from_host(t, host, nbytes));
-    }
-    return t;
-}
-
-static void *read_back(fp8amp_tensor t) {
-    size_t nbytes;
-    EXPECT_OK(fp8amp_tensor_nbytes(t, &nbytes));
-    void *p = xmalloc(nbytes);
-    EXPECT_OK(fp8amp_tensor_copy_to_host(t, p, nbytes));
-    return p;
-}
-
-static fp8amp_scaling make_meta(fp8amp_context ctx, fp8amp_dtype dt, fp8amp_scaling_mode mode, float scale) {
-    fp8amp_recipe r;
-    fp8amp_scaling s;
-    EXPECT_OK(fp8amp_recipe_init_default(&r));
-    r.mode = mode;
-    r.amax_history_len = 4;
-    EXPECT_OK(fp8amp_scaling_create(ctx, &r, dt, &s));
-    EXPECT_OK(fp8amp_scaling_set_scale(s, scale));
-    EXPECT_OK(fp8amp_scaling_enable_stats(s, 1));
-    return s;
-}
-
 typedef struct {
     void *out, *out_t;
     float scale, scale_inv, amax, slot, slot_t;
@@ -92,8 +61,8 @@ static void run_act(fp8amp_device device, int kind, int64_t rows, int64_t cols, 
     fp8amp_context ctx;
     EXPECT_OK(fp8amp_context_create(device, &ctx));
     const int64_t xs[2] = {rows, in_cols}, ys[2] = {rows, cols}, os[2] = {rows, out_cols}, ts[2] = {out_cols, rows};
-    fp8amp_tensor tx = new_tensor(ctx, x_dt, 2, xs, x), tdy = dy ? new_tensor(ctx, dy_dt, 2, ys, dy) : NULL;
-    fp8amp_tensor out = new_tensor(ctx, out_dt, 2, os, NULL), out_t = NULL;
+    fp8amp_tensor tx = tensor_from_host(ctx, x_dt, 2, xs, x), tdy = dy ? tensor_from_host(ctx, dy_dt, 2, ys, dy) : NULL;
+    fp8amp_tensor out = tensor_from_host(ctx, out_dt, 2, os, NULL), out_t = NULL;
     const int fp8 = out_dt == FP8AMP_DTYPE_E4M3 || out_dt == FP8AMP_DTYPE_E5M2;
     size_t nbytes;
     EXPECT_OK(fp8amp_tensor_nbytes(out, &nbytes));
@@ -102,10 +71,10 @@ static void run_act(fp8amp_device device, int kind, int64_t rows, int64_t cols, 
     EXPECT_OK(fp8amp_tensor_copy_from_host(out, poison, nbytes));
     fp8amp_scaling s = NULL;
     if (fp8) {
-        s = make_meta(ctx, out_dt, mode, scale);
+        s = counting_meta(ctx, out_dt, mode, scale);
         EXPECT_OK(fp8amp_tensor_set_scaling(out, s));
         if (with_t) {
-            out_t = new_tensor(ctx, out_dt, 2, ts, poison);
+            out_t = tensor_from_host(ctx, out_dt, 2, ts, poison);
             EXPECT_OK(fp8amp_tensor_set_scaling(out_t, s));
         }
     }
@@ -114,8 +83,8 @@ static void run_act(fp8amp_device device, int kind, int64_t rows, int64_t cols, 
         EXPECT_OK(fp8amp_activation_backward(ctx, (fp8amp_activation)kind, tdy, tx, out, out_t));
     else
         EXPECT_OK(fp8amp_activation_forward(ctx, (fp8amp_activation)kind, tx, out, out_t));
-    res->out = read_back(out);
-    if (out_t) res->out_t = read_back(out_t);
+    res->out = tensor_to_host(out);
+    if (out_t) res->out_t = tensor_to_host(out_t);
     if (s) {
         EXPECT_OK(fp8amp_scaling_get(s, &res->scale, &res->scale_inv, &res->amax));
         EXPECT_OK(fp8amp_scaling_get_stats(s, &res->stats));
@@ -141,11 +110,11 @@ static uint8_t *unfused_quantize(fp8amp_device device, const float *v, int64_t r
     fp8amp_context ctx;
     EXPECT_OK(fp8amp_context_create(device, &ctx));
     const int64_t shape[2] = {rows, cols};
-    fp8amp_tensor src = new_tensor(ctx, FP8AMP_DTYPE_F32, 2, shape, v), q = new_tensor(ctx, dt, 2, shape, NULL);
-    fp8amp_scaling s = make_meta(ctx, dt, mode, scale);
+    fp8amp_tensor src = tensor_from_host(ctx, FP8AMP_DTYPE_F32, 2, shape, v), q = tensor_from_host(ctx, dt, 2, shape, NULL);
+    fp8amp_scaling s = counting_meta(ctx, dt, mode, scale);
     EXPECT_OK(fp8amp_tensor_set_scaling(q, s));
     EXPECT_OK(fp8amp_quantize(ctx, src, q));
-    uint8_t *codes = read_back(q);
+    uint8_t *codes = tensor_to_host(q);
     EXPECT_OK(fp8amp_scaling_get(s, &res->scale, &res->scale_inv, &res->amax));
     EXPECT_OK(fp8amp_scaling_get_stats(s, &res->stats));
     EXPECT_OK(fp8amp_tensor_destroy(src));
@@ -158,9 +127,9 @@ static uint8_t *unfused_quantize(fp8amp_device device, const float *v, int64_t r
 static void *cast_f32(fp8amp_device device, const float *v, int64_t n, fp8amp_dtype dt) {
     fp8amp_context ctx;
     EXPECT_OK(fp8amp_context_create(device, &ctx));
-    fp8amp_tensor a = new_tensor(ctx, FP8AMP_DTYPE_F32, 1, &n, v), b = new_tensor(ctx, dt, 1, &n, NULL);
+    fp8amp_tensor a = tensor_from_host(ctx, FP8AMP_DTYPE_F32, 1, &n, v), b = tensor_from_host(ctx, dt, 1, &n, NULL);
     EXPECT_OK(fp8amp_cast(ctx, a, b));
-    void *out = read_back(b);
+    void *out = tensor_to_host(b);
     EXPECT_OK(fp8amp_tensor_destroy(a));
     EXPECT_OK(fp8amp_tensor_destroy(b));
     EXPECT_OK(fp8amp_context_destroy(ctx));
@@ -410,25 +379,25 @@ static void test_bad_input(void **state) {
     const int64_t s36[2] = {3, 6}, s33[2] = {3, 3}, s37[2] = {3, 7}, t63[2] = {6, 3}, t33[2] = {3, 3};
     float xs[21];
     for (int i = 0; i < 21; ++i) xs[i] = (float)test_rng_uniform(-3, 3);
-    fp8amp_tensor x = new_tensor(ctx, FP8AMP_DTYPE_F32, 2, s36, xs), x7 = new_tensor(ctx, FP8AMP_DTYPE_F32, 2, s37, xs);
-    fp8amp_tensor y = new_tensor(ctx, FP8AMP_DTYPE_E4M3, 2, s36, NULL), yt = new_tensor(ctx, FP8AMP_DTYPE_E4M3, 2, t63, NULL);
-    fp8amp_tensor yh = new_tensor(ctx, FP8AMP_DTYPE_F32, 2, s33, NULL), y32 = new_tensor(ctx, FP8AMP_DTYPE_F32, 2, s36, NULL);
-    fp8amp_tensor y_unbound = new_tensor(ctx, FP8AMP_DTYPE_E4M3, 2, s36, NULL);
-    fp8amp_tensor yt_bad = new_tensor(ctx, FP8AMP_DTYPE_E4M3, 2, t33, NULL), yt5 = new_tensor(ctx, FP8AMP_DTYPE_E5M2, 2, t63, NULL);
-    fp8amp_tensor x8 = new_tensor(ctx, FP8AMP_DTYPE_E4M3, 2, s36, NULL), dy = new_tensor(ctx, FP8AMP_DTYPE_F32, 2, s36, xs);
-    fp8amp_tensor dyh = new_tensor(ctx, FP8AMP_DTYPE_F32, 2, s33, xs), dx = new_tensor(ctx, FP8AMP_DTYPE_F32, 2, s36, NULL);
+    fp8amp_tensor x = tensor_from_host(ctx, FP8AMP_DTYPE_F32, 2, s36, xs), x7 = tensor_from_host(ctx, FP8AMP_DTYPE_F32, 2, s37, xs);
+    fp8amp_tensor y = tensor_from_host(ctx, FP8AMP_DTYPE_E4M3, 2, s36, NULL), yt = tensor_from_host(ctx, FP8AMP_DTYPE_E4M3, 2, t63, NULL);
+    fp8amp_tensor yh = tensor_from_host(ctx, FP8AMP_DTYPE_F32, 2, s33, NULL), y32 = tensor_from_host(ctx, FP8AMP_DTYPE_F32, 2, s36, NULL);
+    fp8amp_tensor y_unbound = tensor_from_host(ctx, FP8AMP_DTYPE_E4M3, 2, s36, NULL);
+    fp8amp_tensor yt_bad = tensor_from_host(ctx, FP8AMP_DTYPE_E4M3, 2, t33, NULL), yt5 = tensor_from_host(ctx, FP8AMP_DTYPE_E5M2, 2, t63, NULL);
+    fp8amp_tensor x8 = tensor_from_host(ctx, FP8AMP_DTYPE_E4M3, 2, s36, NULL), dy = tensor_from_host(ctx, FP8AMP_DTYPE_F32, 2, s36, xs);
+    fp8amp_tensor dyh = tensor_from_host(ctx, FP8AMP_DTYPE_F32, 2, s33, xs), dx = tensor_from_host(ctx, FP8AMP_DTYPE_F32, 2, s36, NULL);
     fp8amp_tensor scalar;
     EXPECT_OK(fp8amp_tensor_create(ctx, FP8AMP_DTYPE_F32, 0, NULL, &scalar));
-    fp8amp_scaling m = make_meta(ctx, FP8AMP_DTYPE_E4M3, FP8AMP_SCALING_DELAYED, 2.0f);
-    fp8amp_scaling m2 = make_meta(ctx, FP8AMP_DTYPE_E4M3, FP8AMP_SCALING_DELAYED, 2.0f);
-    fp8amp_scaling m5 = make_meta(ctx, FP8AMP_DTYPE_E5M2, FP8AMP_SCALING_DELAYED, 2.0f);
-    fp8amp_tensor yt_other = new_tensor(ctx, FP8AMP_DTYPE_E4M3, 2, t63, NULL);
+    fp8amp_scaling m = counting_meta(ctx, FP8AMP_DTYPE_E4M3, FP8AMP_SCALING_DELAYED, 2.0f);
+    fp8amp_scaling m2 = counting_meta(ctx, FP8AMP_DTYPE_E4M3, FP8AMP_SCALING_DELAYED, 2.0f);
+    fp8amp_scaling m5 = counting_meta(ctx, FP8AMP_DTYPE_E5M2, FP8AMP_SCALING_DELAYED, 2.0f);
+    fp8amp_tensor yt_other = tensor_from_host(ctx, FP8AMP_DTYPE_E4M3, 2, t63, NULL);
     EXPECT_OK(fp8amp_tensor_set_scaling(y, m));
     EXPECT_OK(fp8amp_tensor_set_scaling(yt, m));
     EXPECT_OK(fp8amp_tensor_set_scaling(yt_bad, m));
     EXPECT_OK(fp8amp_tensor_set_scaling(yt5, m5));
     EXPECT_OK(fp8amp_tensor_set_scaling(yt_other, m2));
-    fp8amp_tensor x_other = have_other ? new_tensor(other, FP8AMP_DTYPE_F32, 2, s36, xs) : NULL;
+    fp8amp_tensor x_other = have_other ? tensor_from_host(other, FP8AMP_DTYPE_F32, 2, s36, xs) : NULL;
     const fp8amp_tensor outs[5] = {y, yt, yh, y32, dx};
     uint8_t poison[128];
     memset(poison, 0x3C, sizeof poison);
@@ -437,7 +406,7 @@ static void test_bad_input(void **state) {
         size_t nb;
         EXPECT_OK(fp8amp_tensor_nbytes(outs[i], &nb));
         EXPECT_OK(fp8amp_tensor_copy_from_host(outs[i], poison, nb));
-        before[i] = read_back(outs[i]);
+        before[i] = tensor_to_host(outs[i]);
     }
     float amax0, amax1;
     fp8amp_scaling_stats st0, st1;
@@ -477,7 +446,7 @@ static void test_bad_input(void **state) {
     for (int i = 0; i < 5; ++i) {
         size_t nb;
         EXPECT_OK(fp8amp_tensor_nbytes(outs[i], &nb));
-        void *now = read_back(outs[i]);
+        void *now = tensor_to_host(outs[i]);
         assert_memory_equal(now, before[i], nb);
         free(now);
         free(before[i]);

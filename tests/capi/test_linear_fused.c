@@ -61,25 +61,12 @@ static void fixed_order_sums(fp8amp_dtype d, const void *dy, size_t rows, size_t
     }
 }
 
-static fp8amp_tensor upload(fp8amp_context ctx, fp8amp_dtype d, int ndim, const int64_t *shape, const void *host) {
-    fp8amp_tensor t = make_tensor(ctx, d, ndim, shape);
-    EXPECT_OK(fp8amp_tensor_copy_from_host(t, host, tensor_bytes(t)));
-    return t;
-}
-
-static void *download(fp8amp_tensor t) {
-    const size_t n = tensor_bytes(t);
-    void *p = xmalloc(n);
-    EXPECT_OK(fp8amp_tensor_copy_to_host(t, p, n));
-    return p;
-}
-
 typedef fp8amp_status (*lin_tensor_fn)(fp8amp_linear, fp8amp_tensor *);
 
 static void *read_lin(fp8amp_linear lin, lin_tensor_fn fn) {
     fp8amp_tensor t;
     EXPECT_OK(fn(lin, &t));
-    void *p = download(t);
+    void *p = tensor_to_host(t);
     EXPECT_OK(fp8amp_tensor_destroy(t));
     return p;
 }
@@ -118,8 +105,8 @@ static fp8amp_linear make_lin(fp8amp_context ctx, int64_t k, int64_t n, fp8amp_d
 static fp8amp_status step(fp8amp_context ctx, fp8amp_linear lin, size_t m, size_t k, size_t n, const float *x,
                           fp8amp_dtype dy_dtype, const void *dy, int accumulate) {
     const int64_t xs[2] = {(int64_t)m, (int64_t)k}, ys[2] = {(int64_t)m, (int64_t)n};
-    fp8amp_tensor tx = upload(ctx, F32_, 2, xs, x), ty = make_tensor(ctx, F32_, 2, ys);
-    fp8amp_tensor tdy = upload(ctx, dy_dtype, 2, ys, dy), tdx = make_tensor(ctx, F32_, 2, xs);
+    fp8amp_tensor tx = tensor_from_host(ctx, F32_, 2, xs, x), ty = make_tensor(ctx, F32_, 2, ys);
+    fp8amp_tensor tdy = tensor_from_host(ctx, dy_dtype, 2, ys, dy), tdx = make_tensor(ctx, F32_, 2, xs);
     fp8amp_status st = fp8amp_linear_forward(lin, tx, ty, 1);
     if (st == FP8AMP_SUCCESS) {
         EXPECT_OK(fp8amp_linear_backward(lin, tdy, tdx, accumulate));

@@ -40,27 +40,8 @@ static void gen_vector(fp8amp_dtype dt, void *buf, int64_t n, double lo, double 
     for (int64_t i = 0; i < n; ++i) put_value(dt, buf, (size_t)i, test_rng_uniform(lo, hi));
 }
 
-static fp8amp_tensor new_tensor(fp8amp_context ctx, fp8amp_dtype dt, int ndim, const int64_t *shape, const void *host) {
-    fp8amp_tensor t;
-    EXPECT_OK(fp8amp_tensor_create(ctx, dt, ndim, shape, &t));
-    if (host) {
-        size_t nbytes;
-        EXPECT_OK(fp8amp_tensor_nbytes(t, &nbytes));
-        EXPECT_OK(fp8amp_tensor_copy_from_host(t, host, nbytes));
-    }
-    return t;
-}
-
 static fp8amp_tensor make_vector(fp8amp_context ctx, fp8amp_dtype dt, int64_t n, const void *host) {
-    return new_tensor(ctx, dt, 1, &n, host);
-}
-
-static void *read_back(fp8amp_tensor t) {
-    size_t nbytes;
-    EXPECT_OK(fp8amp_tensor_nbytes(t, &nbytes));
-    void *p = xmalloc(nbytes);
-    EXPECT_OK(fp8amp_tensor_copy_to_host(t, p, nbytes));
-    return p;
+    return tensor_from_host(ctx, dt, 1, &n, host);
 }
 
 static fp8amp_norm_desc make_desc(fp8amp_norm_kind kind, int zero_centered, float eps) {
@@ -70,18 +51,6 @@ static fp8amp_norm_desc make_desc(fp8amp_norm_kind kind, int zero_centered, floa
     desc.zero_centered_gamma = zero_centered;
     desc.eps = eps;
     return desc;
-}
-
-static fp8amp_scaling make_meta(fp8amp_context ctx, fp8amp_dtype dt, fp8amp_scaling_mode mode, float scale) {
-    fp8amp_recipe r;
-    fp8amp_scaling s;
-    EXPECT_OK(fp8amp_recipe_init_default(&r));
-    r.mode = mode;
-    r.amax_history_len = 4;
-    EXPECT_OK(fp8amp_scaling_create(ctx, &r, dt, &s));
-    EXPECT_OK(fp8amp_scaling_set_scale(s, scale));
-    EXPECT_OK(fp8amp_scaling_enable_stats(s, 1));
-    return s;
 }
 
 /* ---- one forward -------------------------------------------------------------------------------- */
@@ -147,10 +116,10 @@ static void run_forward(fp8amp_device device, const problem_t *p, fp8amp_dtype y
     fp8amp_context ctx;
     EXPECT_OK(fp8amp_context_create(device, &ctx));
     const int64_t shape[2] = {p->rows, p->d}, tshape[2] = {p->d, p->rows};
-    fp8amp_tensor x = new_tensor(ctx, p->x_dt, 2, shape, p->x);
+    fp8amp_tensor x = tensor_from_host(ctx, p->x_dt, 2, shape, p->x);
     fp8amp_tensor g = make_vector(ctx, p->g_dt, p->d, p->gamma);
     fp8amp_tensor b = p->has_beta ? make_vector(ctx, p->b_dt, p->d, p->beta) : NULL;
-    fp8amp_tensor y = new_tensor(ctx, y_dt, 2, shape, NULL), yt = NULL;
+    fp8amp_tensor y = tensor_from_host(ctx, y_dt, 2, shape, NULL), yt = NULL;
     fp8amp_tensor mean = rms ? NULL : make_vector(ctx, FP8AMP_DTYPE_F32, p->rows, NULL);
     fp8amp_tensor rstd = make_vector(ctx, FP8AMP_DTYPE_F32, p->rows, NULL);
     /* poison: every element must be written */
@@ -161,19 +130,19 @@ static void run_forward(fp8amp_device device, const problem_t *p, fp8amp_dtype y
     EXPECT_OK(fp8amp_tensor_copy_from_host(y, poison, nbytes));
     fp8amp_scaling s = NULL;
     if (fp8) {
-        s = make_meta(ctx, y_dt, mode, scale);
+        s = counting_meta(ctx, y_dt, mode, scale);
         EXPECT_OK(fp8amp_tensor_set_scaling(y, s));
         if (with_t) {
-            yt = new_tensor(ctx, y_dt, 2, tshape, poison);
+            yt = tensor_from_host(ctx, y_dt, 2, tshape, poison);
             EXPECT_OK(fp8amp_tensor_set_scaling(yt, s));
         }
     }
     free(poison);
     EXPECT_OK(fp8amp_norm_forward(ctx, &p->desc, x, g, b, y, yt, mean, rstd));
-    out->y = read_back(y);
-    if (yt) out->y_t = read_back(yt);
-    if (mean) out->mean = read_back(mean);
-    out->rstd = read_back(rstd);
+    out->y = tensor_to_host(y);
+    if (yt) out->y_t = tensor_to_host(yt);
+    if (mean) out->mean = tensor_to_host(mean);
+    out->rstd = tensor_to_host(rstd);
     if (s) {
         EXPECT_OK(fp8amp_scaling_get(s, &out->scale, &out->scale_inv, &out->amax));
         EXPECT_OK(fp8amp_scaling_get_stats(s, &out->stats));
@@ -200,12 +169,12 @@ static uint8_t *unfused_quantize(fp8amp_device device, const float *y32, int64_t
     fp8amp_context ctx;
     EXPECT_OK(fp8amp_context_create(device, &ctx));
     const int64_t shape[2] = {rows, d};
-    fp8amp_tensor src = new_tensor(ctx, FP8AMP_DTYPE_F32, 2, shape, y32);
-    fp8amp_tensor q = new_tensor(ctx, dt, 2, shape, NULL);
-    fp8amp_scaling s = make_meta(ctx, dt, mode, scale);
+    fp8amp_tensor src = tensor_from_host(ctx, FP8AMP_DTYPE_F32, 2, shape, y32);
+    fp8amp_tensor q = tensor_from_host(ctx, dt, 2, shape, NULL);
+    fp8amp_scaling s = counting_meta(ctx, dt, mode, scale);
     EXPECT_OK(fp8amp_tensor_set_scaling(q, s));
     EXPECT_OK(fp8amp_quantize(ctx, src, q));
-    uint8_t *codes = read_back(q);
+    uint8_t *codes = tensor_to_host(q);
     EXPECT_OK(fp8amp_scaling_get(s, &out->scale, &out->scale_inv, &out->amax));
     EXPECT_OK(fp8amp_scaling_get_stats(s, &out->stats));
     EXPECT_OK(fp8amp_tensor_destroy(src));
@@ -220,7 +189,7 @@ static void *cast_f32(fp8amp_device device, const float *v, int64_t n, fp8amp_dt
     EXPECT_OK(fp8amp_context_create(device, &ctx));
     fp8amp_tensor a = make_vector(ctx, FP8AMP_DTYPE_F32, n, v), b = make_vector(ctx, dt, n, NULL);
     EXPECT_OK(fp8amp_cast(ctx, a, b));
-    void *out = read_back(b);
+    void *out = tensor_to_host(b);
     EXPECT_OK(fp8amp_tensor_destroy(a));
     EXPECT_OK(fp8amp_tensor_destroy(b));
     EXPECT_OK(fp8amp_context_destroy(ctx));
@@ -381,10 +350,10 @@ static void test_defaults_and_options(void **state) {
     fp8amp_context ctx;
     EXPECT_OK(fp8amp_context_create(device, &ctx));
     const int64_t shape[2] = {p.rows, p.d};
-    fp8amp_tensor x = new_tensor(ctx, p.x_dt, 2, shape, p.x), g = make_vector(ctx, p.g_dt, p.d, p.gamma);
-    fp8amp_tensor b = make_vector(ctx, p.b_dt, p.d, p.beta), y = new_tensor(ctx, FP8AMP_DTYPE_F32, 2, shape, NULL);
+    fp8amp_tensor x = tensor_from_host(ctx, p.x_dt, 2, shape, p.x), g = make_vector(ctx, p.g_dt, p.d, p.gamma);
+    fp8amp_tensor b = make_vector(ctx, p.b_dt, p.d, p.beta), y = tensor_from_host(ctx, FP8AMP_DTYPE_F32, 2, shape, NULL);
     EXPECT_OK(fp8amp_norm_forward(ctx, NULL, x, g, b, y, NULL, NULL, NULL));
-    float *got = read_back(y);
+    float *got = tensor_to_host(y);
     assert_memory_equal(got, a.y, (size_t)(p.rows * p.d) * 4);
     free(got);
     /* zero-centered: gamma' = gamma - 1 exactly (gamma in [0.25, 2) as F32: the subtraction is exact) */
@@ -393,7 +362,7 @@ static void test_defaults_and_options(void **state) {
     EXPECT_OK(fp8amp_tensor_copy_from_host(g, gz, (size_t)p.d * 4));
     fp8amp_norm_desc desc = make_desc(FP8AMP_NORM_LAYERNORM, 1, 1e-5f);
     EXPECT_OK(fp8amp_norm_forward(ctx, &desc, x, g, b, y, NULL, NULL, NULL));
-    got = read_back(y);
+    got = tensor_to_host(y);
     assert_memory_equal(got, a.y, (size_t)(p.rows * p.d) * 4);
     free(got);
     free(gz);
@@ -477,18 +446,18 @@ static void run_backward(fp8amp_device device, const problem_t *p, fp8amp_dtype 
     fp8amp_context ctx;
     EXPECT_OK(fp8amp_context_create(device, &ctx));
     const int64_t shape[2] = {p->rows, p->d};
-    fp8amp_tensor x = new_tensor(ctx, p->x_dt, 2, shape, p->x), g = make_vector(ctx, p->g_dt, p->d, p->gamma);
-    fp8amp_tensor y = new_tensor(ctx, FP8AMP_DTYPE_BF16, 2, shape, NULL);
+    fp8amp_tensor x = tensor_from_host(ctx, p->x_dt, 2, shape, p->x), g = make_vector(ctx, p->g_dt, p->d, p->gamma);
+    fp8amp_tensor y = tensor_from_host(ctx, FP8AMP_DTYPE_BF16, 2, shape, NULL);
     fp8amp_tensor mean = rms ? NULL : make_vector(ctx, FP8AMP_DTYPE_F32, p->rows, NULL);
     fp8amp_tensor rstd = make_vector(ctx, FP8AMP_DTYPE_F32, p->rows, NULL);
-    fp8amp_tensor dyt = new_tensor(ctx, dy_dt, 2, shape, dy), dx = new_tensor(ctx, dx_dt, 2, shape, NULL);
+    fp8amp_tensor dyt = tensor_from_host(ctx, dy_dt, 2, shape, dy), dx = tensor_from_host(ctx, dx_dt, 2, shape, NULL);
     fp8amp_tensor dg = make_vector(ctx, FP8AMP_DTYPE_F32, p->d, NULL);
     fp8amp_tensor db = rms ? NULL : make_vector(ctx, FP8AMP_DTYPE_F32, p->d, NULL);
     EXPECT_OK(fp8amp_norm_forward(ctx, &p->desc, x, g, NULL, y, NULL, mean, rstd));
     EXPECT_OK(fp8amp_norm_backward(ctx, &p->desc, dyt, x, g, mean, rstd, dx, dg, db));
-    out->dx = read_back(dx);
-    out->dgamma = read_back(dg);
-    out->dbeta = db ? read_back(db) : NULL;
+    out->dx = tensor_to_host(dx);
+    out->dgamma = tensor_to_host(dg);
+    out->dbeta = db ? tensor_to_host(db) : NULL;
     fp8amp_tensor all[9] = {x, g, y, mean, rstd, dyt, dx, dg, db};
     for (int i = 0; i < 9; ++i) EXPECT_OK(fp8amp_tensor_destroy(all[i]));
     EXPECT_OK(fp8amp_context_destroy(ctx));
@@ -671,7 +640,7 @@ static void snap_take(snap_t *s, const fp8amp_tensor *t, int n) {
     s->n = n;
     for (int i = 0; i < n; ++i) {
         s->t[i] = t[i];
-        s->bytes[i] = read_back(t[i]);
+        s->bytes[i] = tensor_to_host(t[i]);
     }
 }
 
@@ -679,7 +648,7 @@ static void snap_check_free(snap_t *s) {
     for (int i = 0; i < s->n; ++i) {
         size_t nbytes;
         EXPECT_OK(fp8amp_tensor_nbytes(s->t[i], &nbytes));
-        void *now = read_back(s->t[i]);
+        void *now = tensor_to_host(s->t[i]);
         assert_memory_equal(now, s->bytes[i], nbytes);
         free(now);
         free(s->bytes[i]);
@@ -698,31 +667,31 @@ static void test_bad_input(void **state) {
     float xs[15], gs[5];
     for (int i = 0; i < 15; ++i) xs[i] = (float)test_rng_uniform(-2, 2);
     for (int i = 0; i < 5; ++i) gs[i] = (float)test_rng_uniform(0.5, 2);
-    fp8amp_tensor x = new_tensor(ctx, FP8AMP_DTYPE_F32, 2, sh, xs), g = make_vector(ctx, FP8AMP_DTYPE_F32, D, gs);
+    fp8amp_tensor x = tensor_from_host(ctx, FP8AMP_DTYPE_F32, 2, sh, xs), g = make_vector(ctx, FP8AMP_DTYPE_F32, D, gs);
     fp8amp_tensor b = make_vector(ctx, FP8AMP_DTYPE_F32, D, gs);
-    fp8amp_tensor y = new_tensor(ctx, FP8AMP_DTYPE_E4M3, 2, sh, NULL), yt = new_tensor(ctx, FP8AMP_DTYPE_E4M3, 2, sht, NULL);
-    fp8amp_tensor y_unbound = new_tensor(ctx, FP8AMP_DTYPE_E4M3, 2, sh, NULL);
-    fp8amp_tensor yt_e5 = new_tensor(ctx, FP8AMP_DTYPE_E5M2, 2, sht, NULL), yt_other = new_tensor(ctx, FP8AMP_DTYPE_E4M3, 2, sht, NULL);
-    fp8amp_tensor yt_bad = new_tensor(ctx, FP8AMP_DTYPE_E4M3, 2, sh, NULL), y32 = new_tensor(ctx, FP8AMP_DTYPE_F32, 2, sh, NULL);
-    fp8amp_tensor y_badshape = new_tensor(ctx, FP8AMP_DTYPE_F32, 2, bad_sh, NULL);
+    fp8amp_tensor y = tensor_from_host(ctx, FP8AMP_DTYPE_E4M3, 2, sh, NULL), yt = tensor_from_host(ctx, FP8AMP_DTYPE_E4M3, 2, sht, NULL);
+    fp8amp_tensor y_unbound = tensor_from_host(ctx, FP8AMP_DTYPE_E4M3, 2, sh, NULL);
+    fp8amp_tensor yt_e5 = tensor_from_host(ctx, FP8AMP_DTYPE_E5M2, 2, sht, NULL), yt_other = tensor_from_host(ctx, FP8AMP_DTYPE_E4M3, 2, sht, NULL);
+    fp8amp_tensor yt_bad = tensor_from_host(ctx, FP8AMP_DTYPE_E4M3, 2, sh, NULL), y32 = tensor_from_host(ctx, FP8AMP_DTYPE_F32, 2, sh, NULL);
+    fp8amp_tensor y_badshape = tensor_from_host(ctx, FP8AMP_DTYPE_F32, 2, bad_sh, NULL);
     fp8amp_tensor mean = make_vector(ctx, FP8AMP_DTYPE_F32, R, NULL), rstd = make_vector(ctx, FP8AMP_DTYPE_F32, R, NULL);
     fp8amp_tensor mean16 = make_vector(ctx, FP8AMP_DTYPE_BF16, R, NULL), rstd_long = make_vector(ctx, FP8AMP_DTYPE_F32, R + 1, NULL);
-    fp8amp_tensor g_long = make_vector(ctx, FP8AMP_DTYPE_F32, D + 1, NULL), x_e4 = new_tensor(ctx, FP8AMP_DTYPE_E4M3, 2, sh, NULL);
+    fp8amp_tensor g_long = make_vector(ctx, FP8AMP_DTYPE_F32, D + 1, NULL), x_e4 = tensor_from_host(ctx, FP8AMP_DTYPE_E4M3, 2, sh, NULL);
     fp8amp_tensor scalar;
     EXPECT_OK(fp8amp_tensor_create(ctx, FP8AMP_DTYPE_F32, 0, NULL, &scalar));
-    fp8amp_tensor dx = new_tensor(ctx, FP8AMP_DTYPE_F32, 2, sh, NULL), dy = new_tensor(ctx, FP8AMP_DTYPE_F32, 2, sh, xs);
+    fp8amp_tensor dx = tensor_from_host(ctx, FP8AMP_DTYPE_F32, 2, sh, NULL), dy = tensor_from_host(ctx, FP8AMP_DTYPE_F32, 2, sh, xs);
     fp8amp_tensor dg = make_vector(ctx, FP8AMP_DTYPE_F32, D, NULL), dbt = make_vector(ctx, FP8AMP_DTYPE_F32, D, NULL);
     fp8amp_tensor dg16 = make_vector(ctx, FP8AMP_DTYPE_BF16, D, NULL);
-    fp8amp_scaling m = make_meta(ctx, FP8AMP_DTYPE_E4M3, FP8AMP_SCALING_DELAYED, 2.0f);
-    fp8amp_scaling m2 = make_meta(ctx, FP8AMP_DTYPE_E4M3, FP8AMP_SCALING_DELAYED, 2.0f);
-    fp8amp_scaling m5 = make_meta(ctx, FP8AMP_DTYPE_E5M2, FP8AMP_SCALING_DELAYED, 2.0f);
+    fp8amp_scaling m = counting_meta(ctx, FP8AMP_DTYPE_E4M3, FP8AMP_SCALING_DELAYED, 2.0f);
+    fp8amp_scaling m2 = counting_meta(ctx, FP8AMP_DTYPE_E4M3, FP8AMP_SCALING_DELAYED, 2.0f);
+    fp8amp_scaling m5 = counting_meta(ctx, FP8AMP_DTYPE_E5M2, FP8AMP_SCALING_DELAYED, 2.0f);
     EXPECT_OK(fp8amp_tensor_set_scaling(y, m));
     EXPECT_OK(fp8amp_tensor_set_scaling(yt, m));
     EXPECT_OK(fp8amp_tensor_set_scaling(yt_bad, m));
     EXPECT_OK(fp8amp_tensor_set_scaling(yt_other, m2));
     EXPECT_OK(fp8amp_tensor_set_scaling(yt_e5, m5));
     fp8amp_tensor x_other = NULL;
-    if (have_other) x_other = new_tensor(other, FP8AMP_DTYPE_F32, 2, sh, xs);
+    if (have_other) x_other = tensor_from_host(other, FP8AMP_DTYPE_F32, 2, sh, xs);
     /* outputs poisoned, then snapshotted */
     const fp8amp_tensor outs[8] = {y, yt, y32, mean, rstd, dx, dg, dbt};
     uint8_t poison[64];

@@ -190,6 +190,35 @@ static inline size_t tensor_bytes(fp8amp_tensor t) {
     return n;
 }
 
+/* A tensor filled from host bytes (host may be NULL: left as created). */
+static inline fp8amp_tensor tensor_from_host(fp8amp_context ctx, fp8amp_dtype dtype, int32_t ndim, const int64_t *shape,
+                                             const void *host) {
+    fp8amp_tensor t = make_tensor(ctx, dtype, ndim, shape);
+    if (host) EXPECT_OK(fp8amp_tensor_copy_from_host(t, host, tensor_bytes(t)));
+    return t;
+}
+
+/* A tensor's bytes in a new host buffer (the caller frees it). */
+static inline void *tensor_to_host(fp8amp_tensor t) {
+    const size_t n = tensor_bytes(t);
+    void *p = xmalloc(n);
+    EXPECT_OK(fp8amp_tensor_copy_to_host(t, p, n));
+    return p;
+}
+
+/* A scaling meta with the default recipe in `mode`, a history of 4, the given scale and counting on. */
+static inline fp8amp_scaling counting_meta(fp8amp_context ctx, fp8amp_dtype dt, fp8amp_scaling_mode mode, float scale) {
+    fp8amp_recipe r;
+    fp8amp_scaling s;
+    EXPECT_OK(fp8amp_recipe_init_default(&r));
+    r.mode = mode;
+    r.amax_history_len = 4;
+    EXPECT_OK(fp8amp_scaling_create(ctx, &r, dt, &s));
+    EXPECT_OK(fp8amp_scaling_set_scale(s, scale));
+    EXPECT_OK(fp8amp_scaling_enable_stats(s, 1));
+    return s;
+}
+
 static inline size_t numel_of(int ndim, const int64_t *shape) {
     size_t n = 1;
     for (int i = 0; i < ndim; ++i) n *= (size_t)shape[i];

@@ -15,7 +15,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 import torch.distributed as dist  # noqa: E402
-import torch.multiprocessing as mp  # noqa: E402
+from ranks import spawn_ranks  # noqa: E402
 
 GPUS = torch.cuda.device_count() if torch.cuda.is_available() else 0
 
@@ -41,29 +41,7 @@ def run_ranks(world, case, timeout=120):
     seed = int(os.environ.get("FP8AMP_TEST_SEED", time.time_ns() % (2**31)))
     print("FP8AMP_TEST_SEED=%d" % seed)
     store = tempfile.mktemp(prefix="fp8amp_torch_comm_")
-    mpc = mp.get_context("spawn")
-    q = mpc.Queue()
-    procs = [mpc.Process(target=_worker, args=(r, world, store, case, seed, q)) for r in range(world)]
-    for p in procs:
-        p.start()
-    results = {}
-    deadline = time.time() + timeout
-    try:
-        while len(results) < world and time.time() < deadline:
-            try:
-                r, err = q.get(timeout=1.0)
-                results[r] = err
-            except Exception:  # queue.Empty
-                if any(p.exitcode not in (None, 0) for p in procs) and q.empty():
-                    break
-    finally:
-        for p in procs:
-            p.join(timeout=10)
-            if p.is_alive():
-                p.kill()
-    assert len(results) == world, "ranks reported: %s; exit codes %s" % (sorted(results), [p.exitcode for p in procs])
-    failures = {r: e for r, e in results.items() if e}
-    assert not failures, "\n".join("rank %d:\n%s" % (r, e) for r, e in sorted(failures.items()))
+    spawn_ranks(_worker, lambda r: (r, world, store, case, seed), world, timeout)
 
 
 def _model(seed):

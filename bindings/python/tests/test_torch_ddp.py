@@ -9,14 +9,13 @@ GPU, as many as are visible). Every test draws fresh random data (seed printed).
 import os
 import socket
 import tempfile
-import time
 import traceback
 
 import pytest
 
 torch = pytest.importorskip("torch")
 import torch.distributed as dist  # noqa: E402
-import torch.multiprocessing as mp  # noqa: E402
+from ranks import spawn_ranks  # noqa: E402
 from torch import nn  # noqa: E402
 
 import fp8amp  # noqa: E402
@@ -311,31 +310,9 @@ def _free_port():
 
 
 def run_ranks(world, case, seed, dev_type, out, args, timeout=300):
-    mpc = mp.get_context("spawn")
-    q = mpc.Queue()
     port = _free_port()
-    procs = [mpc.Process(target=_worker, args=(r, world, port, case, seed, dev_type, out, args, q))
-             for r in range(world)]
-    for p in procs:
-        p.start()
-    results = {}
-    deadline = time.time() + timeout
-    try:
-        while len(results) < world and time.time() < deadline:
-            try:
-                r, err = q.get(timeout=1.0)
-                results[r] = err
-            except Exception:  # queue.Empty
-                if any(p.exitcode not in (None, 0) for p in procs) and q.empty():
-                    break
-    finally:
-        for p in procs:
-            p.join(timeout=20)
-            if p.is_alive():
-                p.kill()
-    assert len(results) == world, "ranks reported: %s; exit codes %s" % (sorted(results), [p.exitcode for p in procs])
-    failures = {r: e for r, e in results.items() if e}
-    assert not failures, "\n".join("rank %d:\n%s" % (r, e) for r, e in sorted(failures.items()))
+    spawn_ranks(_worker, lambda r: (r, world, port, case, seed, dev_type, out, args), world, timeout,
+                join_timeout=20.0)
 
 
 def _rel(a, b):
