@@ -21,7 +21,7 @@ docs/performance.md, "Fused blocks").
 """
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any
 
 import torch
 from torch import nn
