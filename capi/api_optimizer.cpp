@@ -13,8 +13,13 @@
 
 // The sized-struct rules of struct_size.hpp for fp8amp_param_desc (new in 0.4.0: its first layout
 // is this one), found by argument-dependent lookup as api_comm.cpp's for fp8amp_comm_reduce_desc.
-inline constexpr size_t fields_end(const fp8amp_param_desc *) { return offsetof(fp8amp_param_desc, master_dtype) + 4; }
-inline constexpr size_t released_size(const fp8amp_param_desc *) { return sizeof(fp8amp_param_desc); }
+inline constexpr size_t fields_end(const fp8amp_param_desc *) {
+    return offsetof(fp8amp_param_desc, master_init) + sizeof(fp8amp_tensor);
+}
+// fp8amp_param_desc's first layout (struct_size and master_dtype; master_init came after): accepted,
+// with master_init NULL.
+inline constexpr size_t kParamDescFirstLayout = offsetof(fp8amp_param_desc, master_init);
+inline constexpr size_t released_size(const fp8amp_param_desc *) { return kParamDescFirstLayout; }
 
 using fp8amp::fail;
 using fp8amp::read_sized;
@@ -154,8 +159,13 @@ FP8AMP_API fp8amp_status fp8amp_optimizer_add_param_ex(fp8amp_optimizer opt, fp8
         auto p = lookup<Tensor>(param, "param");
         auto g = lookup<Tensor>(grad, "grad");
         int32_t master = FP8AMP_MASTER_DEFAULT;
-        if (desc) master = read_sized(*desc, "desc", "fp8amp_param_desc", "fp8amp_param_desc_init").master_dtype;
-        o->add_param(std::move(p), std::move(g), master);
+        std::shared_ptr<Tensor> init;
+        if (desc) {
+            const fp8amp_param_desc d = read_sized(*desc, "desc", "fp8amp_param_desc", "fp8amp_param_desc_init");
+            master = d.master_dtype;
+            if (d.master_init) init = lookup<Tensor>(d.master_init, "desc->master_init");
+        }
+        o->add_param(std::move(p), std::move(g), master, init.get());
     });
 }
 

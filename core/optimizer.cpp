@@ -96,12 +96,26 @@ int64_t Optimizer::scales_of(int64_t numel) const {
     return desc_.state_block_size > 0 ? (numel + desc_.state_block_size - 1) / desc_.state_block_size : 1;
 }
 
-void Optimizer::add_param(std::shared_ptr<Tensor> param, std::shared_ptr<Tensor> grad, int32_t master_dtype) {
-    if (comm_) return add_param_sharded(std::move(param), std::move(grad), master_dtype);  // optimizer_shard.cpp
-    add_local(std::move(param), std::move(grad), master_dtype);
+// fp8amp_param_desc.master_init against the parameter it starts the master copy of.
+void Optimizer::check_master_init(const Tensor &init, const Tensor &p, bool master) const {
+    if (!master)
+        fail(FP8AMP_ERROR_INVALID_ARGUMENT, "desc->master_init is given but param (" + p.describe() +
+                                                ") gets no master copy: master_init is the value a master copy starts from");
+    if (init.dtype() != FP8AMP_DTYPE_F32 && init.dtype() != FP8AMP_DTYPE_BF16 && init.dtype() != FP8AMP_DTYPE_F16)
+        fail(FP8AMP_ERROR_DTYPE_MISMATCH, "desc->master_init is " + init.describe() + ": it must be f32, bf16 or f16");
+    check_on_device(*ctx_, init, "desc->master_init");
+    if (!init.same_shape(p))
+        fail(FP8AMP_ERROR_SHAPE_MISMATCH, "desc->master_init is " + init.describe() + " but param is " + p.describe());
 }
 
-void Optimizer::add_local(std::shared_ptr<Tensor> param, std::shared_ptr<Tensor> grad, int32_t master_dtype) {
+void Optimizer::add_param(std::shared_ptr<Tensor> param, std::shared_ptr<Tensor> grad, int32_t master_dtype,
+                          const Tensor *master_init) {
+    if (comm_) return add_param_sharded(std::move(param), std::move(grad), master_dtype, master_init);  // optimizer_shard.cpp
+    add_local(std::move(param), std::move(grad), master_dtype, master_init);
+}
+
+void Optimizer::add_local(std::shared_ptr<Tensor> param, std::shared_ptr<Tensor> grad, int32_t master_dtype,
+                          const Tensor *master_init) {
     const Tensor &p = *param;
     const Tensor &g = *grad;
     // FP8AMP_MASTER_DEFAULT: the desc's choice (fp8amp_optimizer_add_param); otherwise the caller's
@@ -146,6 +160,7 @@ void Optimizer::add_local(std::shared_ptr<Tensor> param, std::shared_ptr<Tensor>
     if (!p.same_shape(g))
         fail(FP8AMP_ERROR_SHAPE_MISMATCH, "param is " + p.describe() + " but grad is " + g.describe());
     if (p.overlaps(g)) fail(FP8AMP_ERROR_INVALID_ARGUMENT, "param and grad overlap in memory");
+    if (master_init) check_master_init(*master_init, p, master);
     for (size_t i = 0; i < entries_.size(); ++i) {
         const Entry &e = entries_[i];
         if (e.param.get() == &p || e.param->overlaps(p))
@@ -184,17 +199,21 @@ void Optimizer::add_local(std::shared_ptr<Tensor> param, std::shared_ptr<Tensor>
     if (e.m_scale) to_device(e.m_scale->data(), ones.data(), scale_bytes);
     if (e.v_scale) to_device(e.v_scale->data(), ones.data(), scale_bytes);
     if (master) {
-        // The master copy starts as the parameter's value, block-scaled like the state (kernels/adam.hpp).
-        std::vector<unsigned char> raw(p.nbytes());
-        to_host(raw.data(), p.data(), raw.size());
+        // The master copy starts as the parameter's value (or master_init's), block-scaled like the
+        // state (kernels/adam.hpp).
+        const Tensor &src = master_init ? *master_init : p;
+        const char *src_name = master_init ? "desc->master_init" : "param";
+        std::vector<unsigned char> raw(src.nbytes());
+        to_host(raw.data(), src.data(), raw.size());
         float inv = 1.0f;
-        if (p.scale_inv()) to_host(&inv, p.scale_inv(), sizeof inv);
+        if (src.scale_inv()) to_host(&inv, src.scale_inv(), sizeof inv);
         std::vector<float> w(nn);
         for (size_t i = 0; i < nn; ++i) {
-            const float x = adam::load_value(raw.data(), p.dtype(), static_cast<int64_t>(i));
-            w[i] = p.scale_inv() ? adam::fmul(x, inv) : x;
+            const float x = adam::load_value(raw.data(), src.dtype(), static_cast<int64_t>(i));
+            w[i] = src.scale_inv() ? adam::fmul(x, inv) : x;
             if (!std::isfinite(w[i]))
-                fail(FP8AMP_ERROR_INVALID_ARGUMENT, "param element " + std::to_string(i) + " is not finite: the master copy cannot start from it");
+                fail(FP8AMP_ERROR_INVALID_ARGUMENT, std::string(src_name) + " element " + std::to_string(i) +
+                                                        " is not finite: the master copy cannot start from it");
         }
         std::vector<uint16_t> codes(nn);
         std::vector<float> scale_inv(static_cast<size_t>(e.nscales));

@@ -37,7 +37,10 @@ public:
     int32_t num_params() const { return static_cast<int32_t>(entries_.size()); }
 
     // master_dtype: FP8AMP_MASTER_DEFAULT (the desc's), FP8AMP_NO_MASTER or FP8AMP_DTYPE_F16.
-    void add_param(std::shared_ptr<Tensor> param, std::shared_ptr<Tensor> grad, int32_t master_dtype = FP8AMP_MASTER_DEFAULT);
+    // master_init: the value an F16 master copy starts from (fp8amp_param_desc.master_init), or null:
+    // the parameter's own value.
+    void add_param(std::shared_ptr<Tensor> param, std::shared_ptr<Tensor> grad, int32_t master_dtype = FP8AMP_MASTER_DEFAULT,
+                   const Tensor *master_init = nullptr);
     // scaler may be null. lr < 0: the desc's.
     void step(float lr, const float *lr_device, float grad_scale_inv, GradScaler *scaler);
     // The loss scaler's update from the last step's found_inf (fp8amp_grad_scaler_update), queued on
@@ -78,8 +81,11 @@ private:
         int64_t shard_k = 0;      // elements per rank (the padded shard)
         int64_t shard_offset = 0; // rank * shard_k: the shard's first element in the full parameter
     };
-    void add_local(std::shared_ptr<Tensor> param, std::shared_ptr<Tensor> grad, int32_t master_dtype);
-    void add_param_sharded(std::shared_ptr<Tensor> param, std::shared_ptr<Tensor> grad, int32_t master_dtype);
+    void check_master_init(const Tensor &init, const Tensor &p, bool master) const;
+    void add_local(std::shared_ptr<Tensor> param, std::shared_ptr<Tensor> grad, int32_t master_dtype,
+                   const Tensor *master_init);
+    void add_param_sharded(std::shared_ptr<Tensor> param, std::shared_ptr<Tensor> grad, int32_t master_dtype,
+                           const Tensor *master_init);
     void step_sharded(float lr, const float *lr_device, float grad_scale_inv, GradScaler *scaler);
     // Copies the full metas' states into the shards' private metas (before a step or a save).
     void pull_metas() const;

@@ -108,7 +108,8 @@ void Optimizer::shard_range(int32_t index, int64_t &begin, int64_t &count) const
     count = std::max<int64_t>(0, std::min(e.shard_k, n - e.shard_offset));
 }
 
-void Optimizer::add_param_sharded(std::shared_ptr<Tensor> param, std::shared_ptr<Tensor> grad, int32_t master_dtype) {
+void Optimizer::add_param_sharded(std::shared_ptr<Tensor> param, std::shared_ptr<Tensor> grad, int32_t master_dtype,
+                                  const Tensor *master_init) {
     const Tensor &p = *param;
     const Tensor &g = *grad;
     // The full tensors' own checks (the shard's follow in add_local).
@@ -152,6 +153,20 @@ void Optimizer::add_param_sharded(std::shared_ptr<Tensor> param, std::shared_ptr
     if (count > 0)
         be.copy_on_device(shard->data(), static_cast<const unsigned char *>(p.data()) + static_cast<size_t>(offset) * es,
                           static_cast<size_t>(count) * es);
+    // master_init's slice likewise (its full shape checked here, the shard's in add_local).
+    std::shared_ptr<Tensor> init_shard;
+    if (master_init) {
+        check_on_device(*ctx_, *master_init, "desc->master_init");
+        if (!master_init->same_shape(p))
+            fail(FP8AMP_ERROR_SHAPE_MISMATCH, "desc->master_init is " + master_init->describe() + " but param is " + p.describe());
+        init_shard = Tensor::create(ctx_, master_init->dtype(), 1, &k);
+        const size_t is = init_shard->nbytes() / static_cast<size_t>(k);
+        be.memset(init_shard->data(), 0, init_shard->nbytes());
+        if (count > 0)
+            be.copy_on_device(init_shard->data(),
+                              static_cast<const unsigned char *>(master_init->data()) + static_cast<size_t>(offset) * is,
+                              static_cast<size_t>(count) * is);
+    }
     std::shared_ptr<ScalingMeta> meta;
     if (p.scaling()) {
         // A private copy of the meta: the kernel writes the shard with its scale (the full meta's) and
@@ -170,7 +185,7 @@ void Optimizer::add_param_sharded(std::shared_ptr<Tensor> param, std::shared_ptr
     auto shard_grad = Tensor::wrap(ctx_, FP8AMP_DTYPE_F32, 1, &k, scratch->data());
     point_grads(scratch->data(), nullptr);
     try {
-        add_local(shard, shard_grad, master_dtype);  // the state (the master from the shard's values)
+        add_local(shard, shard_grad, master_dtype, init_shard.get());  // the state (the master from the shard's values)
     } catch (...) {
         if (shard_scratch_) point_grads(shard_scratch_->data(), nullptr);
         throw;

@@ -98,11 +98,19 @@ def batches(data, n, batch, seq, seed, device):
 
 
 def run(mode, args, train, held_out, device):
+    import fp8amp
     import fp8amp.torch as ft
 
     torch.manual_seed(args.seed)
     model = GPT(args.layers, args.d, args.heads, args.seq).to(device)
     nparams = sum(p.numel() for p in model.parameters())
+    if args.snap_init_e4m3:  # experiment: start from E4M3-rounded Linear weights, as O3's first E4M3 copy
+        keep = {x for x in args.keep_bf16.split(",") if x}
+        with torch.no_grad():
+            for name, m in model.named_modules():
+                if isinstance(m, nn.Linear) and name not in keep:
+                    s = 448.0 / m.weight.abs().max().float()
+                    m.weight.copy_((m.weight * s).to(torch.float8_e4m3fn).float() / s)
     gc.collect()
     if device.type == "cuda":
         torch.cuda.empty_cache()
@@ -111,10 +119,14 @@ def run(mode, args, train, held_out, device):
         opt = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.1,
                                 fused=device.type == "cuda")
     else:
+        # --amax-history: the history of the delayed metas (O3's E4M3 weights are written with the scale
+        # from their amax history); the GEMM operands keep current scaling.
+        recipe = None if not args.amax_history else fp8amp.Recipe(mode=fp8amp.ScalingMode.CURRENT,
+                                                                  amax_history_len=args.amax_history)
         model, opt = ft.initialize(model, torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.95),
                                                             weight_decay=0.1),
                                    opt_level=mode, policy=args.policy, max_grad_norm=1.0,
-                                   master_rounding=args.master_rounding,
+                                   master_rounding=args.master_rounding, recipe=recipe,
                                    exclude=tuple(x for x in args.keep_bf16.split(",") if x))
     warm = max(1, args.steps // 10)
     sched = torch.optim.lr_scheduler.LambdaLR(
@@ -200,6 +212,10 @@ def main():
     ap.add_argument("--seed", type=int, default=1234)
     ap.add_argument("--master-rounding", default="nearest",
                     help="O3's F16 master copies: nearest or stochastic (docs/numerics.md 6.3)")
+    ap.add_argument("--amax-history", type=int, default=0,
+                    help="amax history length of the delayed metas (O3's E4M3 weights); 0: the recipe default")
+    ap.add_argument("--snap-init-e4m3", action="store_true",
+                    help="experiment: round the initial Linear weights to E4M3 (per-tensor scale) before training")
     ap.add_argument("--policy", default="fp8", help="fp8amp GEMM policy: fp8 (always), auto, bf16")
     ap.add_argument("--modes", default="bf16,O1,O2")
     ap.add_argument("--keep-bf16", default="head",

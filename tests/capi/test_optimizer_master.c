@@ -9,6 +9,8 @@
  *     max_grad_norm the norm is global over all of them;
  *   - checkpoints: 0.3.0's format (version 1) when nothing new is used, version 2 with per-parameter
  *     masters, a round trip, and a checkpoint refused by an optimizer with other master choices;
+ *   - master_init: the master starts from the given full-precision values, not the E4M3 codes;
+ *     bad master_init values refused;
  *   - bad input: a master for an F32 parameter, no master for an E4M3 one, an unknown master dtype,
  *     a bad struct_size, an unknown rounding: their statuses, and nothing changed.
  * Every test runs on the CPU and on CUDA (skipped without a GPU) on fresh random data. */
@@ -660,6 +662,118 @@ static void test_bad_master_choices(void **state) {
     EXPECT_OK(fp8amp_context_destroy(ctx));
 }
 
+/* ---- master_init: the master copy starts from the full-precision weights -------------------------- */
+
+/* fp8amp_param_desc.master_init: an E4M3 parameter's F16 master starts from the F32 values it was
+ * quantized from, within F16's rounding of them (2^-11 relative), not from the E4M3 codes (2^-4):
+ * starting O3 from the E4M3-rounded weights cost +0.6% held-out loss on a GPT (docs/numerics.md 6.4).
+ * The control optimizer without master_init shows the test tells the two apart. Bad master_init:
+ * statuses, and nothing registered. */
+static void test_master_init(void **state) {
+    require_variant(state);
+    fp8amp_context ctx = make_context(variant_device(state));
+    enum { MN1 = 1000 };
+    const int64_t n = MN1, nscales = (MN1 + 127) / 128;
+    float *x = xmalloc(sizeof(float) * MN1), *got = xmalloc(sizeof(float) * MN1);
+    for (int i = 0; i < n; ++i) x[i] = (float)(test_rng_uniform(-1, 1) * ldexp(1.0, -(int)test_rng_uniform(0, 7)));
+    fp8amp_tensor f32x = make_tensor(ctx, FP8AMP_DTYPE_F32, 1, &n), g = make_tensor(ctx, FP8AMP_DTYPE_F32, 1, &n);
+    upload_f32(f32x, x, n);
+    upload_f32(g, x, n); /* any finite gradient */
+    fp8amp_tensor e4 = make_tensor(ctx, FP8AMP_DTYPE_E4M3, 1, &n), e4b = make_tensor(ctx, FP8AMP_DTYPE_E4M3, 1, &n);
+    fp8amp_scaling meta, metab;
+    fp8amp_recipe r;
+    EXPECT_OK(fp8amp_recipe_init_default(&r));
+    r.mode = FP8AMP_SCALING_DELAYED;
+    EXPECT_OK(fp8amp_scaling_create(ctx, &r, FP8AMP_DTYPE_E4M3, &meta));
+    EXPECT_OK(fp8amp_scaling_create(ctx, &r, FP8AMP_DTYPE_E4M3, &metab));
+    EXPECT_OK(fp8amp_tensor_set_scaling(e4, meta));
+    EXPECT_OK(fp8amp_tensor_set_scaling(e4b, metab));
+    EXPECT_OK(fp8amp_quantize(ctx, f32x, e4));
+    EXPECT_OK(fp8amp_quantize(ctx, f32x, e4b));
+
+    fp8amp_optimizer opt = make_opt(ctx, FP8AMP_OPT_LEVEL_O3, FP8AMP_MASTER_ROUND_NEAREST, 0, 1e-3f, 0.0f);
+    fp8amp_param_desc pd;
+    EXPECT_OK(fp8amp_param_desc_init(&pd, sizeof pd));
+    assert_null(pd.master_init);
+    /* bad master_init: refused, nothing registered */
+    fp8amp_tensor shorter = make_tensor(ctx, FP8AMP_DTYPE_F32, 1, &(int64_t){n - 1});
+    fp8amp_tensor as2d = make_tensor(ctx, FP8AMP_DTYPE_F32, 2, (int64_t[]){2, n / 2});
+    fp8amp_tensor e4init = make_tensor(ctx, FP8AMP_DTYPE_E4M3, 1, &n);
+    fp8amp_tensor nan_init = make_tensor(ctx, FP8AMP_DTYPE_F32, 1, &n);
+    x[n / 3] = NAN;
+    upload_f32(nan_init, x, n);
+    EXPECT_OK(fp8amp_tensor_copy_to_host(f32x, x, sizeof(float) * (size_t)n)); /* x again, without the NaN */
+    pd.master_init = shorter;
+    EXPECT_STATUS(fp8amp_optimizer_add_param_ex(opt, e4, g, &pd), FP8AMP_ERROR_SHAPE_MISMATCH);
+    pd.master_init = as2d;
+    EXPECT_STATUS(fp8amp_optimizer_add_param_ex(opt, e4, g, &pd), FP8AMP_ERROR_SHAPE_MISMATCH);
+    pd.master_init = e4init;
+    EXPECT_STATUS(fp8amp_optimizer_add_param_ex(opt, e4, g, &pd), FP8AMP_ERROR_DTYPE_MISMATCH);
+    pd.master_init = nan_init;
+    EXPECT_STATUS(fp8amp_optimizer_add_param_ex(opt, e4, g, &pd), FP8AMP_ERROR_INVALID_ARGUMENT);
+    pd.master_init = (fp8amp_tensor)(void *)meta; /* a handle of another kind */
+    EXPECT_STATUS(fp8amp_optimizer_add_param_ex(opt, e4, g, &pd), FP8AMP_ERROR_INVALID_HANDLE);
+    pd.master_init = f32x; /* for an F32 parameter without a master copy */
+    pd.master_dtype = FP8AMP_NO_MASTER;
+    fp8amp_tensor f32p = make_tensor(ctx, FP8AMP_DTYPE_F32, 1, &n), g2 = make_tensor(ctx, FP8AMP_DTYPE_F32, 1, &n);
+    upload_f32(f32p, x, n);
+    EXPECT_STATUS(fp8amp_optimizer_add_param_ex(opt, f32p, g2, &pd), FP8AMP_ERROR_INVALID_ARGUMENT);
+    int32_t count = -1;
+    EXPECT_OK(fp8amp_optimizer_num_params(opt, &count));
+    assert_int_equal(count, 0);
+
+    /* the master starts from x (kept only during the call: destroyed before the step) */
+    fp8amp_tensor init = make_tensor(ctx, FP8AMP_DTYPE_F32, 1, &n);
+    upload_f32(init, x, n);
+    pd.master_dtype = FP8AMP_MASTER_DEFAULT;
+    pd.master_init = init;
+    EXPECT_OK(fp8amp_optimizer_add_param_ex(opt, e4, g, &pd));
+    EXPECT_OK(fp8amp_tensor_destroy(init));
+    master_of(opt, n, nscales, got);
+    double worst = 0;
+    for (int i = 0; i < n; ++i) worst = fmax(worst, fabs((double)got[i] - x[i]) / fabs((double)x[i]));
+    assert_true(worst <= ldexp(1.0, -11));
+    /* the control: from the E4M3 codes, up to 2^-4 off (and more for E4M3's subnormals) */
+    fp8amp_optimizer ctl = make_opt(ctx, FP8AMP_OPT_LEVEL_O3, FP8AMP_MASTER_ROUND_NEAREST, 0, 1e-3f, 0.0f);
+    EXPECT_OK(fp8amp_optimizer_add_param(ctl, e4b, g));
+    master_of(ctl, n, nscales, got);
+    double worst_ctl = 0;
+    for (int i = 0; i < n; ++i) worst_ctl = fmax(worst_ctl, fabs((double)got[i] - x[i]) / fabs((double)x[i]));
+    assert_true(worst_ctl > ldexp(1.0, -6));
+    /* the first layout (8 bytes, no master_init): accepted, the master from the parameter */
+    fp8amp_optimizer old = make_opt(ctx, FP8AMP_OPT_LEVEL_O3, FP8AMP_MASTER_ROUND_NEAREST, 0, 1e-3f, 0.0f);
+    fp8amp_param_desc first;
+    memset(&first, 0xAB, sizeof first); /* bytes past the first layout are not read */
+    EXPECT_OK(fp8amp_param_desc_init(&first, offsetof(fp8amp_param_desc, master_init)));
+    assert_int_equal(first.struct_size, offsetof(fp8amp_param_desc, master_init));
+    fp8amp_tensor e4c = make_tensor(ctx, FP8AMP_DTYPE_E4M3, 1, &n);
+    fp8amp_scaling metac;
+    EXPECT_OK(fp8amp_scaling_create(ctx, &r, FP8AMP_DTYPE_E4M3, &metac));
+    EXPECT_OK(fp8amp_tensor_set_scaling(e4c, metac));
+    EXPECT_OK(fp8amp_quantize(ctx, f32x, e4c));
+    EXPECT_OK(fp8amp_optimizer_add_param_ex(old, e4c, g2, &first));
+    float *got_old = xmalloc(sizeof(float) * MN1);
+    master_of(old, n, nscales, got_old);
+    master_of(ctl, n, nscales, got);
+    assert_memory_equal(got_old, got, sizeof(float) * (size_t)n);
+    /* and the step works */
+    fp8amp_adam_step_args a;
+    EXPECT_OK(fp8amp_adam_step_args_init_default(&a));
+    EXPECT_OK(fp8amp_optimizer_step(opt, &a));
+    free(got_old);
+    EXPECT_OK(fp8amp_optimizer_destroy(old));
+    EXPECT_OK(fp8amp_optimizer_destroy(ctl));
+    EXPECT_OK(fp8amp_optimizer_destroy(opt));
+    fp8amp_tensor ts[] = {f32x, g, e4, e4b, e4c, shorter, as2d, e4init, nan_init, f32p, g2};
+    for (size_t i = 0; i < sizeof ts / sizeof ts[0]; ++i) EXPECT_OK(fp8amp_tensor_destroy(ts[i]));
+    EXPECT_OK(fp8amp_scaling_destroy(meta));
+    EXPECT_OK(fp8amp_scaling_destroy(metab));
+    EXPECT_OK(fp8amp_scaling_destroy(metac));
+    EXPECT_OK(fp8amp_context_destroy(ctx));
+    free(x);
+    free(got);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         DEVICE_TESTS(test_tiny_update_nearest_vs_stochastic),
@@ -669,6 +783,7 @@ int main(void) {
         DEVICE_TESTS(test_mixed_masters_checkpoint),
         DEVICE_TESTS(test_version1_checkpoint_loads),
         DEVICE_TESTS(test_bad_master_choices),
+        DEVICE_TESTS(test_master_init),
         cmocka_unit_test(test_cpu_cuda_identical_mixed_masters),
     };
     return run_tests_sharded(tests, sizeof tests / sizeof tests[0], test_setup_rng, NULL);

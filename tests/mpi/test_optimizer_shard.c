@@ -14,6 +14,7 @@
  *   - every rank holds the same parameter bytes; the shard ranges tile each parameter;
  *   - a checkpoint per rank loads into a fresh sharded optimizer (collective), which then steps as
  *     the original;
+ *   - the first parameter's master starts from F32 values (master_init), sliced per shard;
  *   - bad calls: set_shard after add_param, twice, with per-tensor state scales; shard_range's index.
  * Plain C: each rank prints its failures; the exit code is non-zero if any check failed.
  *
@@ -193,7 +194,19 @@ static void build(model *md, fp8amp_comm shard, const fp8amp_adam_desc *desc, ui
         init_param(md, i, salt);
         OK(fp8amp_param_desc_init(&pd, sizeof pd));
         pd.master_dtype = k_param_dtype[i] == FP8AMP_DTYPE_E4M3 ? FP8AMP_DTYPE_F16 : FP8AMP_NO_MASTER;
+        fp8amp_tensor init = NULL;
+        if (i == 0) { /* the first E4M3 parameter's master starts from F32 values (master_init): sliced per shard */
+            float *v = malloc(sizeof(float) * (size_t)k_numel[i]);
+            uint64_t s = g_seed ^ 0x3000u ^ (salt << 40);
+            int64_t j;
+            for (j = 0; j < k_numel[i]; ++j) v[j] = (float)(unit(&s) * 0.75);
+            OK(fp8amp_tensor_create(g_ctx, FP8AMP_DTYPE_F32, 1, &k_numel[i], &init));
+            OK(fp8amp_tensor_copy_from_host(init, v, sizeof(float) * (size_t)k_numel[i]));
+            free(v);
+            pd.master_init = init;
+        }
         OK(fp8amp_optimizer_add_param_ex(md->opt, md->param[i], md->grad[i], &pd));
+        if (init) OK(fp8amp_tensor_destroy(init)); /* read by add_param_ex only */
     }
 }
 

@@ -446,6 +446,7 @@ end
 struct fp8amp_param_desc
     struct_size::UInt32
     master_dtype::Int32
+    master_init::fp8amp_tensor
 end
 
 function fp8amp_param_desc_init(desc, size)

@@ -782,6 +782,14 @@ typedef struct fp8amp_param_desc {
     int32_t master_dtype;  /**< FP8AMP_MASTER_DEFAULT (default: the optimizer desc's master_dtype),
                                 FP8AMP_NO_MASTER or FP8AMP_DTYPE_F16 (an F16 master copy: for BF16,
                                 F16 and E4M3 parameters, not F32 ones) */
+    /** NULL (default): the master copy starts from the parameter's own value. Otherwise the value it
+     *  starts from: a tensor of the parameter's shape, F32, BF16 or F16, on the optimizer's device,
+     *  finite -- typically the full-precision weights the E4M3 parameter was quantized from, which
+     *  the E4M3 value has rounded to 3 mantissa bits (starting O3 from them costs accuracy:
+     *  docs/numerics.md 6.4). Only for a parameter that gets a master copy; read once, by
+     *  add_param_ex (not kept); the parameter itself is not written. Since 0.4.0, in the struct's
+     *  second layout (16 bytes; the first, 8 bytes, has no such field and means NULL). */
+    fp8amp_tensor master_init;
 } fp8amp_param_desc;
 
 /** Fills the caller's descriptor of `size` bytes -- pass sizeof(fp8amp_param_desc) -- with the
@@ -797,7 +805,10 @@ FP8AMP_API fp8amp_status fp8amp_param_desc_init(fp8amp_param_desc *desc, size_t 
  *  desc->master_dtype not FP8AMP_MASTER_DEFAULT, FP8AMP_NO_MASTER or FP8AMP_DTYPE_F16);
  *  DTYPE_MISMATCH (an F16 master asked, explicitly or by default, for an F32 parameter; an E4M3
  *  parameter with master_dtype FP8AMP_NO_MASTER given explicitly: its updates below half an E4M3 ulp,
- *  2^-4 relative, would vanish). */
+ *  2^-4 relative, would vanish; a master_init that is not F32, BF16 or F16); master_init:
+ *  INVALID_HANDLE (not a live tensor), INVALID_ARGUMENT (given for a parameter without a master copy;
+ *  an element not finite), SHAPE_MISMATCH (not the parameter's shape), DEVICE_MISMATCH (not on the
+ *  optimizer's device). */
 FP8AMP_API fp8amp_status fp8amp_optimizer_add_param_ex(fp8amp_optimizer opt, fp8amp_tensor param, fp8amp_tensor grad,
                                                        const fp8amp_param_desc *desc);
 

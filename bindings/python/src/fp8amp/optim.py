@@ -234,11 +234,13 @@ class Optimizer(Handle):
     def config(self) -> AdamConfig:
         return dataclasses.replace(self._config)
 
-    def add_param(self, param: Tensor, grad: Tensor, master: Any = _DEFAULT) -> None:
+    def add_param(self, param: Tensor, grad: Tensor, master: Any = _DEFAULT, master_init: Optional[Tensor] = None) -> None:
         """Registers (param, grad). master: left out, the config's master_dtype; None, no master copy;
         DType.F16 (or "f16"), an F16 master copy (fp8amp_optimizer_add_param_ex: one optimizer may mix
-        parameters with and without one)."""
-        if master is _DEFAULT:
+        parameters with and without one). master_init: the F32/BF16/F16 tensor (the parameter's shape)
+        the master copy starts from instead of the parameter's value -- the full-precision weights an
+        E4M3 parameter was quantized from (fp8amp_param_desc.master_init); read during the call only."""
+        if master is _DEFAULT and master_init is None:
             p_h = handle_of(param, Tensor, "fp8amp_optimizer_add_param", "param")
             g_h = handle_of(grad, Tensor, "fp8amp_optimizer_add_param", "grad")
             check(lib.fp8amp_optimizer_add_param(self._h, p_h, g_h))
@@ -251,7 +253,10 @@ class Optimizer(Handle):
             g_h = handle_of(grad, Tensor, where, "grad")
             d = ffi.new("fp8amp_param_desc *")
             check(lib.fp8amp_param_desc_init(d, ffi.sizeof("fp8amp_param_desc")))
-            d.master_dtype = lib.FP8AMP_NO_MASTER if master is None else int(as_dtype(master))
+            if master is not _DEFAULT:
+                d.master_dtype = lib.FP8AMP_NO_MASTER if master is None else int(as_dtype(master))
+            if master_init is not None:
+                d.master_init = handle_of(master_init, Tensor, where, "master_init")
             check(lib.fp8amp_optimizer_add_param_ex(self._h, p_h, g_h, d))
         self._params.append((param, grad))
 

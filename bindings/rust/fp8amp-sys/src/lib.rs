@@ -210,6 +210,7 @@ pub const FP8AMP_MASTER_DEFAULT: i32 = -2;
 pub struct fp8amp_param_desc {
     pub struct_size: u32,
     pub master_dtype: i32,
+    pub master_init: fp8amp_tensor,
 }
 
 #[repr(C)]

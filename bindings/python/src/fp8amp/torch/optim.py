@@ -50,7 +50,8 @@ class Optimizer(torch.optim.Optimizer):
 
     def __init__(self, param_groups: List[Dict[str, Any]], opt_level: Any, adamw: bool, linears: Dict[int, Tuple[Linear, str]],
                  max_grad_norm: float = 0.0, master_rounding: Any = "nearest", rounding_seed: int = 0,
-                 comm: Optional[fp8amp.Communicator] = None) -> None:
+                 comm: Optional[fp8amp.Communicator] = None,
+                 master_inits: Optional[Dict[int, torch.Tensor]] = None) -> None:
         super().__init__(param_groups, {})
         self.opt_level = as_opt_level(opt_level)
         o3 = self.opt_level == fp8amp.OptLevel.O3
@@ -81,7 +82,11 @@ class Optimizer(torch.optim.Optimizer):
                     m, which = linears[id(p)]
                     lin = m.fp8amp_linear
                     pair = (lin.weight, lin.weight_grad) if which == "weight" else (lin.bias, lin.bias_grad)
-                    (low if o3 and pair[0].dtype == fp8amp.E4M3 else other).append(pair)
+                    if o3 and pair[0].dtype == fp8amp.E4M3:
+                        init = (master_inits or {}).get(id(p))
+                        low.append(pair if init is None else pair + (init,))
+                    else:
+                        other.append(pair)
                 else:
                     if p.dtype not in (torch.float32, torch.bfloat16, torch.float16) or not p.is_contiguous():
                         raise TypeError("fp8amp's optimizer takes contiguous float32/bfloat16/float16 parameters")
@@ -108,8 +113,9 @@ class Optimizer(torch.optim.Optimizer):
                 opt.set_shard(comm)
             grads = []
             for it, default_master in items:
+                init = None
                 if isinstance(it, tuple):
-                    pair = it
+                    pair, init = it[:2], (it[2] if len(it) > 2 else None)
                 else:
                     buf = torch.zeros_like(it, memory_format=torch.contiguous_format)
                     if it.grad is not None:
@@ -117,7 +123,10 @@ class Optimizer(torch.optim.Optimizer):
                     it.grad = buf
                     self._plain.append((it, buf))
                     pair = (to_fp8amp(it, self._ctx), to_fp8amp(buf, self._ctx))
-                if default_master:
+                if init is not None:  # the full-precision value the F16 master starts from
+                    _on_current_stream(self._ctx, self._device)
+                    opt.add_param(*pair, master_init=to_fp8amp(init.to(self._device).contiguous(), self._ctx))
+                elif default_master:
                     opt.add_param(*pair)
                 else:
                     opt.add_param(*pair, master=None)
