@@ -786,7 +786,7 @@ typedef struct fp8amp_param_desc {
      *  starts from: a tensor of the parameter's shape, F32, BF16 or F16, on the optimizer's device,
      *  finite -- typically the full-precision weights the E4M3 parameter was quantized from, which
      *  the E4M3 value has rounded to 3 mantissa bits (starting O3 from them costs accuracy:
-     *  docs/numerics.md 6.4). Only for a parameter that gets a master copy; read once, by
+     *  docs/numerics.md 6.3). Only for a parameter that gets a master copy; read once, by
      *  add_param_ex (not kept); the parameter itself is not written. Since 0.4.0, in the struct's
      *  second layout (16 bytes; the first, 8 bytes, has no such field and means NULL). */
     fp8amp_tensor master_init;
