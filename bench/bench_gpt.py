@@ -5,8 +5,11 @@
   bf16_compile  the same under torch.compile
   torchao       torchao.float8 (tensorwise scaling) on the blocks' nn.Linear + torch.compile, when
                 torchao imports (skipped, and said so in the JSON, otherwise)
-  O1, O2        fp8amp.torch.initialize(model, AdamW, opt_level): the blocks' nn.Linear on fp8amp's
+  O1, O2, O3    fp8amp.torch.initialize(model, AdamW, opt_level): the blocks' nn.Linear on fp8amp's
                 FP8 Linear (E4M3 weight gradients), fp8amp's optimizer; the output head stays bf16
+  O2_compile    O2, then torch.compile(model): the Linears are custom ops (no graph break), so
+                inductor fuses the rest of the model (norms, activations, residuals) as it does for
+                bf16_compile and torchao
 
 The model is examples/train_gpt_fp8.py's GPT (imported, not copied). Presets from the issue:
   --preset d2048: 4 layers, d=2048, context 1024, batch 8   (8192 tokens/step)
@@ -42,7 +45,7 @@ PRESETS = {
     "d768": dict(layers=8, d=768, heads=12, seq=1024, batch=16),
     "smoke": dict(layers=2, d=64, heads=4, seq=32, batch=2),
 }
-ALL_MODES = ("bf16", "bf16_compile", "torchao", "O1", "O2")
+ALL_MODES = ("bf16", "bf16_compile", "torchao", "O1", "O2", "O2_compile", "O3")
 VOCAB = 256  # the example's byte-level vocabulary
 
 
@@ -107,16 +110,16 @@ def build(mode, args, device):
     model = GPT(args.layers, args.d, args.heads, args.seq).to(device)
     adamw = dict(lr=3e-4, betas=(0.9, 0.95), weight_decay=0.1)
     keep = ("head",)
-    if mode in ("O1", "O2"):
+    if mode.split("_")[0] in ("O1", "O2", "O3"):
         import fp8amp.torch as ft
 
         import fp8amp
 
         recipe = fp8amp.Recipe(mode=fp8amp.ScalingMode.DELAYED if args.fp8amp_recipe == "delayed"
                                else fp8amp.ScalingMode.CURRENT)
-        model, opt = ft.initialize(model, torch.optim.AdamW(model.parameters(), **adamw), opt_level=mode,
+        model, opt = ft.initialize(model, torch.optim.AdamW(model.parameters(), **adamw), opt_level=mode.split("_")[0],
                                    policy=args.policy, exclude=keep, recipe=recipe)
-        fwd = model
+        fwd = torch.compile(model) if mode.endswith("_compile") else model
     else:
         if mode == "torchao":
             why = torchao_unavailable(device)
