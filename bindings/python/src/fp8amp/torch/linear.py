@@ -849,12 +849,24 @@ class Linear(nn.Module):
 # ---- initialize's swap -----------------------------------------------------------------------------
 
 
+def _fp8_shape_issue(lin: nn.Linear) -> str:
+    """Why cuBLASLt's FP8 GEMMs cannot run this layer ("" when they can): every leading dimension must
+    be a multiple of 16 bytes (docs/linear.md section 4)."""
+    bad = ["%s=%d" % (k, getattr(lin, k)) for k in ("in_features", "out_features") if getattr(lin, k) % 16]
+    return " and ".join(bad) + " not a multiple of 16" if bad else ""
+
+
 def _replace_linears(model: nn.Module, *, weight_dtype: torch.dtype, wgrad_dtype: torch.dtype, policy: Any,
-                     recipe: Optional[fp8amp.Recipe], exclude: Any, save_input: Optional[bool]
-                     ) -> Dict[int, Tuple[Linear, str]]:
+                     recipe: Optional[fp8amp.Recipe], exclude: Any, save_input: Optional[bool],
+                     module_filter_fn: Any = None) -> Dict[int, Tuple[Linear, str]]:
     """Replaces every nn.Linear (exact type) of `model` by an fp8amp.torch.Linear with its parameters,
     in place; returns {id(old parameter): (new module, "weight" or "bias")}. Logs (logger "fp8amp",
     INFO) each replacement and each nn.Linear kept, with the reason; a summary line at the end.
+    Kept, in this order of reasons: a weight shared with another module; `exclude`; `module_filter_fn`
+    (torchao's convert_to_float8_training filter: ``(module, fqn) -> bool``, True = replace, fqn the
+    dotted name from `model`) returning False; with policy "fp8", a shape cuBLASLt's FP8 GEMMs cannot
+    run (in/out features not multiples of 16: the forward would raise NOT_SUPPORTED on CUDA; kept on
+    every device, so that a model has the same modules on the CPU and on the GPU).
     Iterative (an explicit stack of child iterators, visiting in the recursive order: depth first,
     children in order): a recursive local function would be a reference cycle (its closure cell
     holds it), keeping every new module alive until the cycle collector runs."""
@@ -868,6 +880,7 @@ def _replace_linears(model: nn.Module, *, weight_dtype: torch.dtype, wgrad_dtype
             if p is not None:
                 holders[id(p)] = holders.get(id(p), 0) + 1
     names = None if callable(exclude) else frozenset(exclude)
+    pol = _as_policy(policy)
     replaced: Dict[int, Tuple[Linear, str]] = {}
     kept = 0
     stack: List[Tuple[Any, nn.Module, str]] = [(iter(list(model.named_children())), model, "")]
@@ -890,6 +903,12 @@ def _replace_linears(model: nn.Module, *, weight_dtype: torch.dtype, wgrad_dtype
             why = "its weight is shared with another module (tied weights); replacing it would untie them"
         elif exclude and (exclude(qual, child) if names is None else qual in names):
             why = "excluded by the exclude argument"
+        elif module_filter_fn is not None and not module_filter_fn(child, qual):
+            why = "module_filter_fn returned False"
+        elif pol == fp8amp.GemmPolicy.ALWAYS_FP8 and _fp8_shape_issue(child):
+            why = ("shape not FP8-able: %s (cuBLASLt's FP8 GEMMs need 16-byte leading dimensions, so policy 'fp8' "
+                   "would refuse it on CUDA; policy 'auto' replaces it and runs BF16 GEMMs there)"
+                   % _fp8_shape_issue(child))
         else:
             why = ""
         if why:
@@ -904,9 +923,11 @@ def _replace_linears(model: nn.Module, *, weight_dtype: torch.dtype, wgrad_dtype
         if child.bias is not None:
             replaced[id(child.bias)] = (new, "bias")
         setattr(mod, name, new)
+        note = _fp8_shape_issue(child)
         _log.info("fp8amp.initialize: replaced %s (in=%d, out=%d, bias=%s) by fp8amp.torch.Linear (weight %s, "
-                  "weight gradient %s, policy %s)", qual, child.in_features, child.out_features,
+                  "weight gradient %s, policy %s)%s", qual, child.in_features, child.out_features,
                   child.bias is not None, str(weight_dtype).replace("torch.", ""),
-                  str(wgrad_dtype).replace("torch.", ""), new.policy.name)
+                  str(wgrad_dtype).replace("torch.", ""), new.policy.name,
+                  "; its GEMMs run in BF16 on CUDA: %s" % note if note and pol == fp8amp.GemmPolicy.AUTO else "")
     _log.info("fp8amp.initialize: %d nn.Linear replaced, %d kept", len({id(m) for m, _ in replaced.values()}), kept)
     return replaced
