@@ -15,8 +15,9 @@ from fp8amp._ffi import ffi, lib
 from fp8amp.errors import check
 from fp8amp.linear import _as_policy
 from fp8amp.optim import as_opt_level
-from fp8amp.torch.context import _norm_device, context
-from fp8amp.torch.linear import Linear, _replace_linears
+from fp8amp.optim import AdamConfig
+from fp8amp.torch.context import _norm_device, _on_current_stream, context, to_fp8amp
+from fp8amp.torch.linear import Linear, _is_fp8_grad, _replace_linears, _scale_fp8_grad
 from fp8amp.torch.optim import Optimizer
 from fp8amp.torch.distributed import communicator
 
@@ -220,12 +221,22 @@ def initialize(model: nn.Module, optimizer: Optional[torch.optim.Optimizer] = No
 class GradScaler:
     """fp8amp's dynamic loss scaler for this front: ``scaler.scale(loss).backward()``,
     ``scaler.step(optimizer)`` (unscales, skips on overflow and updates the scale inside the
-    fp8amp step, on the device), ``scaler.update()`` (nothing left to do; kept for torch's shape).
-    ``hysteresis`` > 1 is Megatron's: that many overflows in a row before backing off."""
+    fp8amp step, on the device), ``scaler.update()`` (the scale was updated by the step; it only ends what unscale_ recorded).
+    ``hysteresis`` > 1 is Megatron's: that many overflows in a row before backing off.
+
+    ``scaler.unscale_(optimizer)`` before ``step``, as with torch's GradScaler, to clip or inspect the
+    true gradients: it divides every gradient of the optimizer's param groups by the scale (an E4M3
+    weight gradient through its scale_inv: exact, no requantization), then
+    ``torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)`` works on them, and the next
+    ``step`` does not unscale again; if unscale_ saw an inf/NaN, that step changes no parameter and the
+    scale backs off (by the library's rule, hysteresis included). unscale_ reads the gradients'
+    finiteness on the host (one synchronization, plus one per E4M3 gradient on CUDA); calling it twice
+    before a step raises, as torch's does."""
 
     def __init__(self, device: Any = "cuda", init_scale: float = 65536.0, growth_factor: float = 2.0,
                  backoff_factor: float = 0.5, growth_interval: int = 2000, hysteresis: int = 1) -> None:
         d = _norm_device(device)
+        self._device = d
         self._ctx = context(d)
         self._scaler = fp8amp.GradScaler(self._ctx, init_scale, growth_factor, backoff_factor, growth_interval,
                                          hysteresis)
@@ -237,15 +248,63 @@ class GradScaler:
                                      ffi.cast("void *", p[0]), h))
         self._scale_t = fp8amp.Tensor._new(h[0], self._ctx)
         self._scale_view = torch.from_dlpack(self._scale_t)
+        self._unscaled: Dict[int, bool] = {}  # id(optimizer) -> unscale_ found an inf/NaN (until its step)
+        self._skipper: Optional[Tuple[fp8amp.Optimizer, torch.Tensor, torch.Tensor]] = None
 
     def scale(self, loss: torch.Tensor) -> torch.Tensor:
         return loss * self._scale_view.to(loss.dtype).reshape(())
+
+    def unscale_(self, optimizer: Optimizer) -> None:
+        """Divides the gradients of `optimizer` (an fp8amp.torch.Optimizer) by the loss scale in place
+        and records whether one is not finite, for the next ``step``."""
+        if not isinstance(optimizer, Optimizer):
+            raise TypeError("fp8amp.torch.GradScaler.unscale_: optimizer must be an fp8amp.torch.Optimizer (made by "
+                            "initialize), not %s" % type(optimizer).__name__)
+        if id(optimizer) in self._unscaled:
+            raise RuntimeError("fp8amp.torch.GradScaler.unscale_: already called on this optimizer since its last "
+                               "step")
+        _on_current_stream(self._ctx, self._device)
+        # 1/scale as torch computes it (in double, then float): an exact power of two for the usual scales
+        inv = self._scale_view.double().reciprocal().float().reshape(())
+        flags = []
+        with torch.no_grad():
+            for g in optimizer.param_groups:
+                for p in g["params"]:
+                    grad = p.grad
+                    if grad is None:
+                        continue
+                    if _is_fp8_grad(grad):
+                        flags.append(_scale_fp8_grad(grad, inv, check=True))
+                    else:  # plain gradients and float LinearGrad handles (those write through)
+                        grad.mul_(inv.to(grad.device))
+                        flags.append(torch.logical_not(torch.isfinite(grad).all()))
+        self._unscaled[id(optimizer)] = bool(torch.stack([f.to(self._device) for f in flags]).any()) if flags \
+            else False
+
+    def _take_unscaled(self, optimizer: Any) -> Optional[bool]:
+        """None when unscale_(optimizer) did not run since its last step; else whether it found an inf/NaN."""
+        return self._unscaled.pop(id(optimizer), None)
+
+    def _skipped_step(self) -> None:
+        """Updates the scale for a step that unscale_ found an inf/NaN in: a skipped step of the library's
+        own (a one-element optimizer whose gradient is NaN, run with this scaler: it skips and the scaler
+        backs off on the device by fp8amp's rule, kernels/adam.hpp scaler_update, hysteresis included)."""
+        if self._skipper is None:
+            p = torch.zeros(1, dtype=torch.float32, device=self._device)
+            g = torch.full((1,), float("nan"), dtype=torch.float32, device=self._device)
+            o = fp8amp.Optimizer(self._ctx, AdamConfig.for_level("O1"))
+            o.add_param(to_fp8amp(p, self._ctx), to_fp8amp(g, self._ctx), master=None)
+            self._skipper = (o, p, g)
+        _on_current_stream(self._ctx, self._device)
+        self._skipper[0].step(scaler=self._scaler)
 
     def step(self, optimizer: Optimizer) -> None:
         optimizer.step(scaler=self)
 
     def update(self) -> None:
-        pass
+        # the scale was updated inside the step; as torch's, update() ends the unscale_ bookkeeping of
+        # every optimizer (an unscale_ not followed by a step is dropped)
+        self._unscaled.clear()
 
     def get_scale(self) -> float:
         return self._scaler.scale

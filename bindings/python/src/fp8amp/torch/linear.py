@@ -217,6 +217,7 @@ class LinearGrad(torch.Tensor):
         # a weak reference: the layer state holds the parameters, whose .grad may be this handle
         t._st, t._sep = weakref.ref(st), sep
         t._view = None  # the plain view that is .grad between backwards, when there is one (set by Linear)
+        t._sinv = t._meta = None  # E4M3: its scale_inv slot (a float32 view) and its meta (set by Linear)
         return t
 
     def __repr__(self) -> str:  # type: ignore[override]
@@ -227,7 +228,7 @@ class LinearGrad(torch.Tensor):
         t = torch.Tensor._make_wrapper_subclass(type(self), self._buf.shape, dtype=self.dtype,  # type: ignore
                                                 device=self._buf.device, requires_grad=False)
         t._buf, t._fp8, t._ctx, t._dev, t._st, t._sep = self._buf, self._fp8, self._ctx, self._dev, self._st, self._sep
-        t._view = self._view
+        t._view, t._sinv, t._meta = self._view, self._sinv, self._meta
         return t
 
     @classmethod
@@ -252,6 +253,10 @@ class LinearGrad(torch.Tensor):
                         _grad_store(g, v)
                         _mark_written(g, False)
                         return g
+        if func in _SCALES and not kwargs:
+            r = _scale_dispatch(func, args)
+            if r is not NotImplemented:
+                return r
         if func in _ALIASES:
             return args[0]._alias()
         if func is _aten.copy_.default and isinstance(args[0], LinearGrad) and not isinstance(args[1], LinearGrad):
@@ -293,6 +298,83 @@ class LinearGrad(torch.Tensor):
         if isinstance(out, (list, tuple)):
             return type(out)(back.get(id(o), o) for o in out)
         return back.get(id(out), out)
+
+
+# Multiplying an E4M3 gradient by one number (torch.amp.GradScaler's unscale_, clip_grad_norm_'s clip
+# coefficient, a user's grad.mul_(c)) multiplies its scale_inv slot instead of the codes: the values
+# code * scale_inv scale exactly (no second rounding into E4M3, no float32 temporary) and fp8amp's
+# optimizer, dequantize and all_reduce_grads read that slot. torch.amp.GradScaler checks for inf/NaN
+# with the same op that unscales: for an E4M3 gradient the check is fp8amp's own (_scale_fp8_grad).
+_AMP_UNSCALE = getattr(_aten, "_amp_foreach_non_finite_check_and_unscale_", None)
+_SCALES = tuple(op for op in (_aten.mul_.Tensor, _aten.mul_.Scalar, getattr(_aten._foreach_mul_, "Tensor", None),
+                              getattr(_aten._foreach_mul_, "Scalar", None),
+                              _AMP_UNSCALE.default if _AMP_UNSCALE is not None else None) if op is not None)
+
+
+def _is_fp8_grad(g: Any) -> bool:
+    return isinstance(g, LinearGrad) and g._fp8 is not None and g._sinv is not None
+
+
+def _is_factor(f: Any) -> bool:
+    """One number: a Python number or a 0-dim plain tensor (a tensor of several values multiplies
+    elementwise: the general path)."""
+    if isinstance(f, LinearGrad):
+        return False
+    if isinstance(f, torch.Tensor):
+        return f.dim() == 0
+    return isinstance(f, (int, float)) and not isinstance(f, bool)
+
+
+def _scale_fp8_grad(g: LinearGrad, factor: Any, check: bool = False) -> Optional[torch.Tensor]:
+    """Multiplies an E4M3 gradient's values by `factor` (a number or a 0-dim tensor) through its scale_inv
+    slot; with `check`, returns a 0-dim bool tensor on the slot's device: whether the gradient holds a
+    value that is not finite. fp8amp's step decides that from the weight-gradient meta's recorded amax
+    (an inf/NaN quantized saturates to a finite code, so the codes cannot tell; one host read per
+    layer on CUDA) and from the unscaled factor (an overflow of the unscaling): the same test here."""
+    s = g._sinv
+    if isinstance(factor, torch.Tensor):
+        factor = factor.to(device=s.device, dtype=torch.float32)
+    _on_current_stream(g._ctx, g._dev)
+    s.mul_(factor)
+    _mark_written(g, False)
+    if not check:
+        return None
+    bad = torch.logical_not(torch.isfinite(s))
+    if not math.isfinite(g._meta.amax):
+        bad = torch.ones((), dtype=torch.bool, device=s.device)
+    return bad
+
+
+def _scale_dispatch(func: Any, args: Tuple[Any, ...]) -> Any:
+    """The scalar multiplies and torch.amp's unscale with E4M3 handles among their operands (see
+    _SCALES), or NotImplemented when there are none (or the factor is not one number)."""
+    if func is _aten.mul_.Tensor or func is _aten.mul_.Scalar:
+        g, f = args
+        if not _is_fp8_grad(g) or not _is_factor(f):
+            return NotImplemented
+        _scale_fp8_grad(g, f)
+        return g
+    grads = args[0]
+    fp8 = [g for g in grads if _is_fp8_grad(g)]
+    if not fp8:
+        return NotImplemented
+    rest = [g for g in grads if not _is_fp8_grad(g)]
+    if _AMP_UNSCALE is not None and func is _AMP_UNSCALE.default:
+        found, inv = args[1], args[2]
+        if rest:
+            func(rest, found, inv)  # the other gradients: torch's own op (float handles: the general path)
+        for g in fp8:
+            bad = _scale_fp8_grad(g, inv, check=True)
+            found.copy_(torch.maximum(found, bad.to(device=found.device, dtype=found.dtype)))
+        return None
+    f = args[1]
+    if not _is_factor(f):
+        return NotImplemented
+    if rest:
+        func(rest, f)
+    for g in fp8:
+        _scale_fp8_grad(g, f)
+    return None
 
 
 def _same_buffer(a: Any, b: Any) -> bool:
@@ -699,6 +781,11 @@ class Linear(nn.Module):
         wg8 = self._lin.weight_grad if wgrad_dtype == torch.float8_e4m3fn else None
         sep = wgrad_dtype != torch.float32
         st.wref = LinearGrad(st.wgrad_t, wg8, self._ctx, dev, weight_dtype, st, sep)
+        if wg8 is not None:  # what unscale_ and clip_grad_norm_'s multiply write (see _scale_fp8_grad)
+            out = ffi.new("fp8amp_tensor *")
+            check(lib.fp8amp_tensor_scale_inv(wg8.handle, out))
+            st.keep.append(fp8amp.Tensor._new(out[0], self._ctx))
+            st.wref._sinv, st.wref._meta = _from_fp8amp(st.keep[-1]), self._lin.scaling(Role.WEIGHT_GRAD)
         st.bref = LinearGrad(st.bgrad_view, None, self._ctx, dev, torch.float32, st, False) if bias else None
         st.wgrad_obj = st.wgrad_view if st.wgrad_visible else st.wref
         st.wref._view = st.wgrad_view

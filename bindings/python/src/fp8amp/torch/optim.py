@@ -39,8 +39,9 @@ class Optimizer(torch.optim.Optimizer):
     ``zero_grad``).
 
     Works with ``torch.amp.GradScaler`` (it declares ``_step_supports_amp_scaling``: the step gets
-    the scale and the found-inf flag, unscales inside fp8amp's step and skips on overflow; do not
-    call ``scaler.unscale_`` first) and with this module's ``GradScaler`` (``step(scaler=...)``).
+    the scale and the found-inf flag, unscales inside fp8amp's step and skips on overflow) and with
+    this module's ``GradScaler`` (``step(scaler=...)``); with either, ``scaler.unscale_(opt)`` may come
+    first (then ``torch.nn.utils.clip_grad_norm_``): the step then takes the gradients as they are.
     ``state_dict()``/``load_state_dict()`` carry fp8amp's checkpoints (parameters, m, v, master
     copies, scales, step count) as bytes plus the groups' hyperparameters (one per param group; an O3
     state dict of fp8amp 0.4.0's first release, two per group, does not load).
@@ -176,10 +177,16 @@ class Optimizer(torch.optim.Optimizer):
                                        "load_state_dict, copy_) after the optimizer was made: its F16 master copy is "
                                        "stale. Load model weights before initialize(), or load this optimizer's "
                                        "state_dict after the model's (it holds the weights and their masters).")
+        # scaler.unscale_(self) ran since the last step: the gradients are unscaled already, and an
+        # inf/NaN it found skips every group (and backs the scale off)
+        unscaled = scaler._take_unscaled(self) if scaler is not None else None
+        if unscaled:
+            scaler._skipped_step()
+            return loss
         self._rebind_grads()
         assert self._ctx is not None and self._device is not None
         _on_current_stream(self._ctx, self._device)
-        c_scaler = scaler._scaler if scaler is not None else None  # closed: the fp8amp step raises
+        c_scaler = scaler._scaler if scaler is not None and unscaled is None else None  # closed: the step raises
         groups = self.param_groups
         multi = c_scaler is not None and len(self._opts) > 1
         if multi:
@@ -202,6 +209,9 @@ class Optimizer(torch.optim.Optimizer):
         else:
             for o, gi in steps:
                 o.step(lr=float(groups[gi]["lr"]), grad_scale_inv=inv, scaler=c_scaler)
+            if unscaled is not None:  # unscale_ found none: a good step for the scaler (unless a step found one)
+                bad = [o for o, _ in steps if o.found_inf]
+                scaler._scaler.update(bad[0] if bad else self._opts[0])
         if self._metas:
             fp8amp.update_many(self._ctx, self._metas)
         return loss
