@@ -58,8 +58,8 @@ except (AttributeError, TypeError):  # pragma: no cover - older torch
     def _ac_dtype(device_type: str) -> torch.dtype:
         return _autocast_dtype(device_type)  # type: ignore[return-value]
 try:
-    _compiling = torch.compiler.is_compiling
-except AttributeError:  # pragma: no cover - torch < 2.3
+    _compiling = torch.compiler.is_compiling  # public since torch 2.3
+except AttributeError:  # pragma: no cover - torch < 2.3, which has only the private spelling
     _compiling = torch._dynamo.is_compiling
 # Whether the caller runs inside a backward pass (a graph task): a training forward there is a
 # recomputation (torch.utils.checkpoint), not a second use of the layer in the same forward pass.
@@ -68,7 +68,8 @@ except AttributeError:  # pragma: no cover - torch < 2.3
 _graph_task_id = getattr(torch._C, "_current_graph_task_id", lambda: -1)
 # Whether saved-tensor hooks are active (torch.utils.checkpoint, CPU offloading): only then can a
 # saved tensor come back as another one, so only then does the eager path save a token (below).
-# Private too: the query costs 0.14 us, a token tensor 2.9-4 us per call (torch.empty(0) and an
+# Private too (torch.autograd.graph.saved_tensors_hooks pushes hooks; nothing public asks which are
+# active). The public alternative, a token at every call, is what the fallback does: the query costs 0.14 us, a token tensor 2.9-4 us per call (torch.empty(0) and an
 # attribute; measured on this project's 2-core CPU machine under load), against a forward whose
 # Python part is about 6 us (docs/performance.md). Without it a token is made at every call.
 try:
@@ -208,6 +209,9 @@ class LinearGrad(torch.Tensor):
     current scaling). Adding two names of one buffer (what autograd's accumulation does) is a no-op:
     the C Linear accumulates micro-batches itself, in FP32. ``data_ptr`` and storage access raise."""
 
+    # torch.Tensor._make_wrapper_subclass: the one way to make a tensor subclass that holds no storage of
+    # its own (what torch's docs on __torch_dispatch__ subclasses and its own DTensor use); torch has no
+    # public spelling of it.
     @staticmethod
     def __new__(cls, buf: torch.Tensor, fp8: Optional[fp8amp.Tensor], ctx: fp8amp.Context, dev: torch.device,
                 dtype: torch.dtype, st: _Hot, sep: bool) -> "LinearGrad":
@@ -305,6 +309,7 @@ class LinearGrad(torch.Tensor):
 # code * scale_inv scale exactly (no second rounding into E4M3, no float32 temporary) and fp8amp's
 # optimizer, dequantize and all_reduce_grads read that slot. torch.amp.GradScaler checks for inf/NaN
 # with the same op that unscales: for an E4M3 gradient the check is fp8amp's own (_scale_fp8_grad).
+# The aten names are the ops torch itself dispatches (underscored there; no public alias to match).
 _AMP_UNSCALE = getattr(_aten, "_amp_foreach_non_finite_check_and_unscale_", None)
 _SCALES = tuple(op for op in (_aten.mul_.Tensor, _aten.mul_.Scalar, getattr(_aten._foreach_mul_, "Tensor", None),
                               getattr(_aten._foreach_mul_, "Scalar", None),
