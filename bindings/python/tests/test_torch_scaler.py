@@ -296,3 +296,25 @@ def test_grad_mul_scales_an_e4m3_gradient_exactly(tdev, gen):
     w = torch.rand(g.shape, generator=gen).to(tdev)
     g.mul_(w)  # elementwise: decoded, multiplied, quantized back (current scaling)
     torch.testing.assert_close(g.clone(), v * w, rtol=2.0 ** -3, atol=float((v * w).abs().max()) * 2.0 ** -9)
+
+
+@pytest.mark.parametrize("kind", SCALERS)
+def test_delayed_recipe_unscale_clip_and_an_overflow(tdev, gen, kind):
+    """With a delayed recipe (the E4M3 gradients' scales from an amax history) unscale_ and clipping
+    work the same; an overflowing step in the middle is skipped, the scale halves and training goes on."""
+    data = dataset(gen, tdev)
+    model, opt = fp8_model(tdev, level="O2", recipe=fp8amp.Recipe(mode=fp8amp.ScalingMode.DELAYED))
+    scaler = make_scaler(kind, tdev, init_scale=256.0)
+    losses = []
+    for i in range(30):
+        x, t = data[i % len(data)]
+        loss = (model(x) - t).square().mean()
+        losses.append(float(loss.detach()))
+        scaler.scale(loss * float("inf") if i == 5 else loss).backward()
+        scaler.unscale_(opt)
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 0.3)
+        scaler.step(opt)
+        scaler.update()
+        opt.zero_grad()
+    assert scaler.get_scale() == 128.0 and opt.fp8amp_optimizers[0].step_count == 29
+    assert np.isfinite(losses).all() and np.mean(losses[-3:]) < 0.3 * losses[0]

@@ -180,12 +180,14 @@ class Optimizer(torch.optim.Optimizer):
         # scaler.unscale_(self) ran since the last step: the gradients are unscaled already, and an
         # inf/NaN it found skips every group (and backs the scale off)
         unscaled = scaler._take_unscaled(self) if scaler is not None else None
-        if unscaled:
-            scaler._skipped_step()
-            return loss
         self._rebind_grads()
         assert self._ctx is not None and self._device is not None
         _on_current_stream(self._ctx, self._device)
+        if unscaled:
+            scaler._skipped_step()
+            if self._metas:  # as after a step that skipped itself
+                fp8amp.update_many(self._ctx, self._metas)
+            return loss
         c_scaler = scaler._scaler if scaler is not None and unscaled is None else None  # closed: the step raises
         groups = self.param_groups
         multi = c_scaler is not None and len(self._opts) > 1
