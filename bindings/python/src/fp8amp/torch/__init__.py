@@ -17,7 +17,8 @@ are shared between the two libraries.
 """
 from __future__ import annotations
 
-__all__ = ["Linear", "LinearGrad", "initialize", "Config", "Optimizer", "GradScaler", "all_reduce_grads", "communicator",
+__all__ = ["Linear", "LinearGrad", "initialize", "Config", "Optimizer", "GradScaler", "all_reduce_grads",
+           "communicator",
            "fp8_comm_hook", "context", "to_fp8amp", "LayerNorm", "LayerNormLinear", "LayerNormMLP", "GELU"]
 
 # The package: context.py (contexts, dtype maps, tensor helpers), linear.py (the Linear module and its

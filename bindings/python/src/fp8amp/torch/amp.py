@@ -221,7 +221,8 @@ def initialize(model: nn.Module, optimizer: Optional[torch.optim.Optimizer] = No
 class GradScaler:
     """fp8amp's dynamic loss scaler for this front: ``scaler.scale(loss).backward()``,
     ``scaler.step(optimizer)`` (unscales, skips on overflow and updates the scale inside the
-    fp8amp step, on the device), ``scaler.update()`` (the scale was updated by the step; it only ends what unscale_ recorded).
+    fp8amp step, on the device), ``scaler.update()`` (the step updated the scale already; this only
+    ends what unscale_ recorded).
     ``hysteresis`` > 1 is Megatron's: that many overflows in a row before backing off.
 
     ``scaler.unscale_(optimizer)`` before ``step``, as with torch's GradScaler, to clip or inspect the

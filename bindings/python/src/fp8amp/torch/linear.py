@@ -69,9 +69,10 @@ _graph_task_id = getattr(torch._C, "_current_graph_task_id", lambda: -1)
 # Whether saved-tensor hooks are active (torch.utils.checkpoint, CPU offloading): only then can a
 # saved tensor come back as another one, so only then does the eager path save a token (below).
 # Private too (torch.autograd.graph.saved_tensors_hooks pushes hooks; nothing public asks which are
-# active). The public alternative, a token at every call, is what the fallback does: the query costs 0.14 us, a token tensor 2.9-4 us per call (torch.empty(0) and an
-# attribute; measured on this project's 2-core CPU machine under load), against a forward whose
-# Python part is about 6 us (docs/performance.md). Without it a token is made at every call.
+# active). The public alternative, a token at every call, is the fallback below: the query costs
+# 0.14 us, a token tensor 2.9-4 us per call (torch.empty(0) and an attribute; measured on this
+# project's 2-core CPU machine under load), against a forward whose Python part is about 6 us
+# (docs/performance.md).
 try:
     _pack_hooks = torch._C._autograd._top_saved_tensors_default_hooks
     _pack_hooks(False)
