@@ -318,3 +318,33 @@ def test_delayed_recipe_unscale_clip_and_an_overflow(tdev, gen, kind):
         opt.zero_grad()
     assert scaler.get_scale() == 128.0 and opt.fp8amp_optimizers[0].step_count == 29
     assert np.isfinite(losses).all() and np.mean(losses[-3:]) < 0.3 * losses[0]
+
+
+@pytest.mark.parametrize("kind", SCALERS)
+@pytest.mark.parametrize("where", ["plain", "e4m3"])
+def test_an_inf_in_one_group_skips_every_group(tdev, gen, kind, where):
+    """Without unscale_ too: a step whose gradients hold an inf in one param group only changes no
+    group (torch's semantics: the optimizer step is skipped). With fp8amp's scaler and several groups
+    each group's fp8amp step used to check only its own gradients: the other group stepped."""
+    data = dataset(gen, tdev)
+    model, opt = fp8_model(tdev)
+    scaler = make_scaler(kind, tdev, init_scale=256.0)
+    train(model, opt, scaler, data, 2, unscale=False)
+    before = [p.detach().clone() for p in model.parameters()]
+    x, t = data[1]
+    scaler.scale((model(x) - t).square().mean()).backward()
+    if where == "plain":  # group 1 (LayerNorm, biases) only
+        model[1].weight.grad[0] = float("inf")
+    else:  # group 0 (the weights) only, in an E4M3 gradient
+        g = model[3].weight.grad.clone()
+        g[0, 0] = float("inf")
+        model[3].weight.grad.copy_(g)
+    scaler.step(opt)
+    scaler.update()
+    opt.zero_grad()
+    assert scaler.get_scale() == 128.0
+    assert [o.step_count for o in opt.fp8amp_optimizers] == [2, 2]
+    for b, p in zip(before, model.parameters()):
+        assert torch.equal(b, p.detach())
+    losses, _ = train(model, opt, scaler, data, 3, unscale=False)
+    assert [o.step_count for o in opt.fp8amp_optimizers] == [5, 5] and np.isfinite(losses).all()

@@ -261,6 +261,9 @@ class GradScaler:
         if not isinstance(optimizer, Optimizer):
             raise TypeError("fp8amp.torch.GradScaler.unscale_: optimizer must be an fp8amp.torch.Optimizer (made by "
                             "initialize), not %s" % type(optimizer).__name__)
+        if self._scaler.closed:  # its scale's memory is gone: refuse before any gradient changes
+            raise fp8amp.InvalidHandleError(int(lib.FP8AMP_ERROR_INVALID_HANDLE), "fp8amp.torch.GradScaler: the "
+                                            "scaler's fp8amp_grad_scaler was closed")
         if id(optimizer) in self._unscaled:
             raise RuntimeError("fp8amp.torch.GradScaler.unscale_: already called on this optimizer since its last "
                                "step")

@@ -180,6 +180,11 @@ class Optimizer(torch.optim.Optimizer):
         # scaler.unscale_(self) ran since the last step: the gradients are unscaled already, and an
         # inf/NaN it found skips every group (and backs the scale off)
         unscaled = scaler._take_unscaled(self) if scaler is not None else None
+        if unscaled is None and scaler is not None and len(self._opts) > 1:
+            # Several fp8amp optimizers each check only their own gradients: an inf in one group would
+            # skip that group alone. Unscale and check them all first (unscale_), then step as after it.
+            scaler.unscale_(self)
+            unscaled = scaler._take_unscaled(self)
         self._rebind_grads()
         assert self._ctx is not None and self._device is not None
         _on_current_stream(self._ctx, self._device)
@@ -190,9 +195,6 @@ class Optimizer(torch.optim.Optimizer):
             return loss
         c_scaler = scaler._scaler if scaler is not None and unscaled is None else None  # closed: the step raises
         groups = self.param_groups
-        multi = c_scaler is not None and len(self._opts) > 1
-        if multi:
-            inv /= c_scaler.scale  # several fp8amp optimizers: one host read of the scale, then one update
         steps = list(zip(self._opts, self._opt_groups))
         if self._clip:
             # torch.nn.utils.clip_grad_norm_ over every group's unscaled gradients (float64 sums).
@@ -203,17 +205,11 @@ class Optimizer(torch.optim.Optimizer):
                 inv *= min(1.0, self._clip / (norm + 1e-6))
             else:  # only the optimizers that see the non-finite gradient step (and skip): none changes
                 steps = [st for st, t in zip(steps, sums) if not math.isfinite(t)]
-        if multi:
-            for o, gi in steps:
-                o.step(lr=float(groups[gi]["lr"]), grad_scale_inv=inv)
+        for o, gi in steps:
+            o.step(lr=float(groups[gi]["lr"]), grad_scale_inv=inv, scaler=c_scaler)
+        if unscaled is not None:  # unscale_ found none: a good step for the scaler (unless a step found one)
             bad = [o for o, _ in steps if o.found_inf]
-            c_scaler.update(bad[0] if bad else self._opts[0])
-        else:
-            for o, gi in steps:
-                o.step(lr=float(groups[gi]["lr"]), grad_scale_inv=inv, scaler=c_scaler)
-            if unscaled is not None:  # unscale_ found none: a good step for the scaler (unless a step found one)
-                bad = [o for o, _ in steps if o.found_inf]
-                scaler._scaler.update(bad[0] if bad else self._opts[0])
+            scaler._scaler.update(bad[0] if bad else self._opts[0])
         if self._metas:
             fp8amp.update_many(self._ctx, self._metas)
         return loss
