@@ -58,8 +58,8 @@ except (AttributeError, TypeError):  # pragma: no cover - older torch
     def _ac_dtype(device_type: str) -> torch.dtype:
         return _autocast_dtype(device_type)  # type: ignore[return-value]
 try:
-    _compiling = torch.compiler.is_compiling
-except AttributeError:  # pragma: no cover - torch < 2.3
+    _compiling = torch.compiler.is_compiling  # public since torch 2.3
+except AttributeError:  # pragma: no cover - torch < 2.3, which has only the private spelling
     _compiling = torch._dynamo.is_compiling
 # Whether the caller runs inside a backward pass (a graph task): a training forward there is a
 # recomputation (torch.utils.checkpoint), not a second use of the layer in the same forward pass.
@@ -68,9 +68,11 @@ except AttributeError:  # pragma: no cover - torch < 2.3
 _graph_task_id = getattr(torch._C, "_current_graph_task_id", lambda: -1)
 # Whether saved-tensor hooks are active (torch.utils.checkpoint, CPU offloading): only then can a
 # saved tensor come back as another one, so only then does the eager path save a token (below).
-# Private too: the query costs 0.14 us, a token tensor 2.9-4 us per call (torch.empty(0) and an
-# attribute; measured on this project's 2-core CPU machine under load), against a forward whose
-# Python part is about 6 us (docs/performance.md). Without it a token is made at every call.
+# Private too (torch.autograd.graph.saved_tensors_hooks pushes hooks; nothing public asks which are
+# active). The public alternative, a token at every call, is the fallback below: the query costs
+# 0.14 us, a token tensor 2.9-4 us per call (torch.empty(0) and an attribute; measured on this
+# project's 2-core CPU machine under load), against a forward whose Python part is about 6 us
+# (docs/performance.md).
 try:
     _pack_hooks = torch._C._autograd._top_saved_tensors_default_hooks
     _pack_hooks(False)
@@ -208,6 +210,9 @@ class LinearGrad(torch.Tensor):
     current scaling). Adding two names of one buffer (what autograd's accumulation does) is a no-op:
     the C Linear accumulates micro-batches itself, in FP32. ``data_ptr`` and storage access raise."""
 
+    # torch.Tensor._make_wrapper_subclass: the one way to make a tensor subclass that holds no storage of
+    # its own (what torch's docs on __torch_dispatch__ subclasses and its own DTensor use); torch has no
+    # public spelling of it.
     @staticmethod
     def __new__(cls, buf: torch.Tensor, fp8: Optional[fp8amp.Tensor], ctx: fp8amp.Context, dev: torch.device,
                 dtype: torch.dtype, st: _Hot, sep: bool) -> "LinearGrad":
@@ -217,6 +222,7 @@ class LinearGrad(torch.Tensor):
         # a weak reference: the layer state holds the parameters, whose .grad may be this handle
         t._st, t._sep = weakref.ref(st), sep
         t._view = None  # the plain view that is .grad between backwards, when there is one (set by Linear)
+        t._sinv = t._meta = None  # E4M3: its scale_inv slot (a float32 view) and its meta (set by Linear)
         return t
 
     def __repr__(self) -> str:  # type: ignore[override]
@@ -227,7 +233,7 @@ class LinearGrad(torch.Tensor):
         t = torch.Tensor._make_wrapper_subclass(type(self), self._buf.shape, dtype=self.dtype,  # type: ignore
                                                 device=self._buf.device, requires_grad=False)
         t._buf, t._fp8, t._ctx, t._dev, t._st, t._sep = self._buf, self._fp8, self._ctx, self._dev, self._st, self._sep
-        t._view = self._view
+        t._view, t._sinv, t._meta = self._view, self._sinv, self._meta
         return t
 
     @classmethod
@@ -252,6 +258,10 @@ class LinearGrad(torch.Tensor):
                         _grad_store(g, v)
                         _mark_written(g, False)
                         return g
+        if func in _SCALES and not kwargs:
+            r = _scale_dispatch(func, args)
+            if r is not NotImplemented:
+                return r
         if func in _ALIASES:
             return args[0]._alias()
         if func is _aten.copy_.default and isinstance(args[0], LinearGrad) and not isinstance(args[1], LinearGrad):
@@ -293,6 +303,84 @@ class LinearGrad(torch.Tensor):
         if isinstance(out, (list, tuple)):
             return type(out)(back.get(id(o), o) for o in out)
         return back.get(id(out), out)
+
+
+# Multiplying an E4M3 gradient by one number (torch.amp.GradScaler's unscale_, clip_grad_norm_'s clip
+# coefficient, a user's grad.mul_(c)) multiplies its scale_inv slot instead of the codes: the values
+# code * scale_inv scale exactly (no second rounding into E4M3, no float32 temporary) and fp8amp's
+# optimizer, dequantize and all_reduce_grads read that slot. torch.amp.GradScaler checks for inf/NaN
+# with the same op that unscales: for an E4M3 gradient the check is fp8amp's own (_scale_fp8_grad).
+# The aten names are the ops torch itself dispatches (underscored there; no public alias to match).
+_AMP_UNSCALE = getattr(_aten, "_amp_foreach_non_finite_check_and_unscale_", None)
+_SCALES = tuple(op for op in (_aten.mul_.Tensor, _aten.mul_.Scalar, getattr(_aten._foreach_mul_, "Tensor", None),
+                              getattr(_aten._foreach_mul_, "Scalar", None),
+                              _AMP_UNSCALE.default if _AMP_UNSCALE is not None else None) if op is not None)
+
+
+def _is_fp8_grad(g: Any) -> bool:
+    return isinstance(g, LinearGrad) and g._fp8 is not None and g._sinv is not None
+
+
+def _is_factor(f: Any) -> bool:
+    """One number: a Python number or a 0-dim plain tensor (a tensor of several values multiplies
+    elementwise: the general path)."""
+    if isinstance(f, LinearGrad):
+        return False
+    if isinstance(f, torch.Tensor):
+        return f.dim() == 0
+    return isinstance(f, (int, float)) and not isinstance(f, bool)
+
+
+def _scale_fp8_grad(g: LinearGrad, factor: Any, check: bool = False) -> Optional[torch.Tensor]:
+    """Multiplies an E4M3 gradient's values by `factor` (a number or a 0-dim tensor) through its scale_inv
+    slot; with `check`, returns a 0-dim bool tensor on the slot's device: whether the gradient holds a
+    value that is not finite. fp8amp's step decides that from the weight-gradient meta's recorded amax
+    (an inf/NaN quantized saturates to a finite code, so the codes cannot tell; one host read per
+    layer on CUDA) and from the unscaled factor (an overflow of the unscaling): the same test here."""
+    s = g._sinv
+    if isinstance(factor, torch.Tensor):
+        factor = factor.to(device=s.device, dtype=torch.float32)
+    _on_current_stream(g._ctx, g._dev)
+    s.mul_(factor)
+    _mark_written(g, False)
+    if not check:
+        return None
+    bad = torch.logical_not(torch.isfinite(s))
+    if not math.isfinite(g._meta.amax):
+        bad = torch.ones((), dtype=torch.bool, device=s.device)
+    return bad
+
+
+def _scale_dispatch(func: Any, args: Tuple[Any, ...]) -> Any:
+    """The scalar multiplies and torch.amp's unscale with E4M3 handles among their operands (see
+    _SCALES), or NotImplemented when there are none (or the factor is not one number)."""
+    if func is _aten.mul_.Tensor or func is _aten.mul_.Scalar:
+        g, f = args
+        if not _is_fp8_grad(g) or not _is_factor(f):
+            return NotImplemented
+        _scale_fp8_grad(g, f)
+        return g
+    grads = args[0]
+    fp8 = [g for g in grads if _is_fp8_grad(g)]
+    if not fp8:
+        return NotImplemented
+    rest = [g for g in grads if not _is_fp8_grad(g)]
+    if _AMP_UNSCALE is not None and func is _AMP_UNSCALE.default:
+        found, inv = args[1], args[2]
+        if rest:
+            func(rest, found, inv)  # the other gradients: torch's own op (float handles: the general path)
+        for g in fp8:
+            bad = _scale_fp8_grad(g, inv, check=True)
+            found.copy_(torch.maximum(found, bad.to(device=found.device, dtype=found.dtype)))
+        return None
+    f = args[1]
+    if not _is_factor(f):
+        return NotImplemented
+    if rest:
+        func(rest, f)
+    for g in fp8:
+        _scale_fp8_grad(g, f)
+    return None
 
 
 def _same_buffer(a: Any, b: Any) -> bool:
@@ -699,6 +787,11 @@ class Linear(nn.Module):
         wg8 = self._lin.weight_grad if wgrad_dtype == torch.float8_e4m3fn else None
         sep = wgrad_dtype != torch.float32
         st.wref = LinearGrad(st.wgrad_t, wg8, self._ctx, dev, weight_dtype, st, sep)
+        if wg8 is not None:  # what unscale_ and clip_grad_norm_'s multiply write (see _scale_fp8_grad)
+            out = ffi.new("fp8amp_tensor *")
+            check(lib.fp8amp_tensor_scale_inv(wg8.handle, out))
+            st.keep.append(fp8amp.Tensor._new(out[0], self._ctx))
+            st.wref._sinv, st.wref._meta = _from_fp8amp(st.keep[-1]), self._lin.scaling(Role.WEIGHT_GRAD)
         st.bref = LinearGrad(st.bgrad_view, None, self._ctx, dev, torch.float32, st, False) if bias else None
         st.wgrad_obj = st.wgrad_view if st.wgrad_visible else st.wref
         st.wref._view = st.wgrad_view
@@ -849,12 +942,24 @@ class Linear(nn.Module):
 # ---- initialize's swap -----------------------------------------------------------------------------
 
 
+def _fp8_shape_issue(lin: nn.Linear) -> str:
+    """Why cuBLASLt's FP8 GEMMs cannot run this layer ("" when they can): every leading dimension must
+    be a multiple of 16 bytes (docs/linear.md section 4)."""
+    bad = ["%s=%d" % (k, getattr(lin, k)) for k in ("in_features", "out_features") if getattr(lin, k) % 16]
+    return " and ".join(bad) + " not a multiple of 16" if bad else ""
+
+
 def _replace_linears(model: nn.Module, *, weight_dtype: torch.dtype, wgrad_dtype: torch.dtype, policy: Any,
-                     recipe: Optional[fp8amp.Recipe], exclude: Any, save_input: Optional[bool]
-                     ) -> Dict[int, Tuple[Linear, str]]:
+                     recipe: Optional[fp8amp.Recipe], exclude: Any, save_input: Optional[bool],
+                     module_filter_fn: Any = None) -> Dict[int, Tuple[Linear, str]]:
     """Replaces every nn.Linear (exact type) of `model` by an fp8amp.torch.Linear with its parameters,
     in place; returns {id(old parameter): (new module, "weight" or "bias")}. Logs (logger "fp8amp",
     INFO) each replacement and each nn.Linear kept, with the reason; a summary line at the end.
+    Kept, in this order of reasons: a weight shared with another module; `exclude`; `module_filter_fn`
+    (torchao's convert_to_float8_training filter: ``(module, fqn) -> bool``, True = replace, fqn the
+    dotted name from `model`) returning False; with policy "fp8", a shape cuBLASLt's FP8 GEMMs cannot
+    run (in/out features not multiples of 16: the forward would raise NOT_SUPPORTED on CUDA; kept on
+    every device, so that a model has the same modules on the CPU and on the GPU).
     Iterative (an explicit stack of child iterators, visiting in the recursive order: depth first,
     children in order): a recursive local function would be a reference cycle (its closure cell
     holds it), keeping every new module alive until the cycle collector runs."""
@@ -868,6 +973,7 @@ def _replace_linears(model: nn.Module, *, weight_dtype: torch.dtype, wgrad_dtype
             if p is not None:
                 holders[id(p)] = holders.get(id(p), 0) + 1
     names = None if callable(exclude) else frozenset(exclude)
+    pol = _as_policy(policy)
     replaced: Dict[int, Tuple[Linear, str]] = {}
     kept = 0
     stack: List[Tuple[Any, nn.Module, str]] = [(iter(list(model.named_children())), model, "")]
@@ -890,6 +996,12 @@ def _replace_linears(model: nn.Module, *, weight_dtype: torch.dtype, wgrad_dtype
             why = "its weight is shared with another module (tied weights); replacing it would untie them"
         elif exclude and (exclude(qual, child) if names is None else qual in names):
             why = "excluded by the exclude argument"
+        elif module_filter_fn is not None and not module_filter_fn(child, qual):
+            why = "module_filter_fn returned False"
+        elif pol == fp8amp.GemmPolicy.ALWAYS_FP8 and _fp8_shape_issue(child):
+            why = ("shape not FP8-able: %s (cuBLASLt's FP8 GEMMs need 16-byte leading dimensions, so policy 'fp8' "
+                   "would refuse it on CUDA; policy 'auto' replaces it and runs BF16 GEMMs there)"
+                   % _fp8_shape_issue(child))
         else:
             why = ""
         if why:
@@ -904,9 +1016,11 @@ def _replace_linears(model: nn.Module, *, weight_dtype: torch.dtype, wgrad_dtype
         if child.bias is not None:
             replaced[id(child.bias)] = (new, "bias")
         setattr(mod, name, new)
+        note = _fp8_shape_issue(child)
         _log.info("fp8amp.initialize: replaced %s (in=%d, out=%d, bias=%s) by fp8amp.torch.Linear (weight %s, "
-                  "weight gradient %s, policy %s)", qual, child.in_features, child.out_features,
+                  "weight gradient %s, policy %s)%s", qual, child.in_features, child.out_features,
                   child.bias is not None, str(weight_dtype).replace("torch.", ""),
-                  str(wgrad_dtype).replace("torch.", ""), new.policy.name)
+                  str(wgrad_dtype).replace("torch.", ""), new.policy.name,
+                  "; its GEMMs run in BF16 on CUDA: %s" % note if note and pol == fp8amp.GemmPolicy.AUTO else "")
     _log.info("fp8amp.initialize: %d nn.Linear replaced, %d kept", len({id(m) for m, _ in replaced.values()}), kept)
     return replaced

@@ -39,8 +39,9 @@ class Optimizer(torch.optim.Optimizer):
     ``zero_grad``).
 
     Works with ``torch.amp.GradScaler`` (it declares ``_step_supports_amp_scaling``: the step gets
-    the scale and the found-inf flag, unscales inside fp8amp's step and skips on overflow; do not
-    call ``scaler.unscale_`` first) and with this module's ``GradScaler`` (``step(scaler=...)``).
+    the scale and the found-inf flag, unscales inside fp8amp's step and skips on overflow) and with
+    this module's ``GradScaler`` (``step(scaler=...)``); with either, ``scaler.unscale_(opt)`` may come
+    first (then ``torch.nn.utils.clip_grad_norm_``): the step then takes the gradients as they are.
     ``state_dict()``/``load_state_dict()`` carry fp8amp's checkpoints (parameters, m, v, master
     copies, scales, step count) as bytes plus the groups' hyperparameters (one per param group; an O3
     state dict of fp8amp 0.4.0's first release, two per group, does not load).
@@ -185,14 +186,24 @@ class Optimizer(torch.optim.Optimizer):
                                        "load_state_dict, copy_) after the optimizer was made: its F16 master copy is "
                                        "stale. Load model weights before initialize(), or load this optimizer's "
                                        "state_dict after the model's (it holds the weights and their masters).")
+        # scaler.unscale_(self) ran since the last step: the gradients are unscaled already, and an
+        # inf/NaN it found skips every group (and backs the scale off)
+        unscaled = scaler._take_unscaled(self) if scaler is not None else None
+        if unscaled is None and scaler is not None and len(self._opts) > 1:
+            # Several fp8amp optimizers each check only their own gradients: an inf in one group would
+            # skip that group alone. Unscale and check them all first (unscale_), then step as after it.
+            scaler.unscale_(self)
+            unscaled = scaler._take_unscaled(self)
         self._rebind_grads()
         assert self._ctx is not None and self._device is not None
         _on_current_stream(self._ctx, self._device)
-        c_scaler = scaler._scaler if scaler is not None else None  # closed: the fp8amp step raises
+        if unscaled:
+            scaler._skipped_step()
+            if self._metas:  # as after a step that skipped itself
+                fp8amp.update_many(self._ctx, self._metas)
+            return loss
+        c_scaler = scaler._scaler if scaler is not None and unscaled is None else None  # closed: the step raises
         groups = self.param_groups
-        multi = c_scaler is not None and len(self._opts) > 1
-        if multi:
-            inv /= c_scaler.scale  # several fp8amp optimizers: one host read of the scale, then one update
         steps = list(zip(self._opts, self._opt_groups))
         if self._clip:
             # torch.nn.utils.clip_grad_norm_ over every group's unscaled gradients (float64 sums).
@@ -203,14 +214,11 @@ class Optimizer(torch.optim.Optimizer):
                 inv *= min(1.0, self._clip / (norm + 1e-6))
             else:  # only the optimizers that see the non-finite gradient step (and skip): none changes
                 steps = [st for st, t in zip(steps, sums) if not math.isfinite(t)]
-        if multi:
-            for o, gi in steps:
-                o.step(lr=float(groups[gi]["lr"]), grad_scale_inv=inv)
+        for o, gi in steps:
+            o.step(lr=float(groups[gi]["lr"]), grad_scale_inv=inv, scaler=c_scaler)
+        if unscaled is not None:  # unscale_ found none: a good step for the scaler (unless a step found one)
             bad = [o for o, _ in steps if o.found_inf]
-            c_scaler.update(bad[0] if bad else self._opts[0])
-        else:
-            for o, gi in steps:
-                o.step(lr=float(groups[gi]["lr"]), grad_scale_inv=inv, scaler=c_scaler)
+            scaler._scaler.update(bad[0] if bad else self._opts[0])
         if self._metas:
             fp8amp.update_many(self._ctx, self._metas)
         return loss
