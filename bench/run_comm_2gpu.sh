@@ -71,7 +71,7 @@ echo "ctest $(( $(date +%s) - t0 )) s"
 # NCCL's INIT lines (channel counts: "... coll channels, ... p2p channels, ... p2p channels per peer")
 # go to $X/nccl/ for every process.
 mkdir -p "$X/nccl"
-NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT NCCL_DEBUG_FILE="$X/nccl/%h.%p.log" timeout 480 \
+NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,ENV NCCL_DEBUG_FILE="$X/nccl/%h.%p.log" timeout 480 \
   python3 -X faulthandler bench/bench_comm.py --hang-s 100 --lib build-gpu/libfp8amp.so --elements "$ELEMENTS" \
   --out "$X/comm.json" --commit "$COMMIT" \
   --piece-elements 4194304,16777216,33554432,134217728 \
@@ -80,8 +80,13 @@ NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT NCCL_DEBUG_FILE="$X/nccl/%h.%p.log" timeo
   > "$X/bench.log" 2>&1
 rc=$?
 echo "bench rc=$rc"
-grep -E "^(==|nccl\.|fp8amp\.|default |p2p |cta16 |reg |ce |the default)" "$X/bench.log" | head -90
+# Each group's header and baselines, then the summary (every fp8amp variant of every group, sorted
+# by time, against its group's NCCL bf16 and native E4M3); the per-group tables are in bench.log.
+grep -E "^== group|^nccl\.(bf16|e4m3\.wire) |^fp8amp\.e4m3(\.nocheck)? " "$X/bench.log" | head -40
+sed -n '/^== summary/,$p' "$X/bench.log" | head -90
 [ "$rc" = 0 ] || tail -40 "$X/bench.log"
-grep -h "channels per peer" "$X"/nccl/*.log 2>/dev/null | sed 's/^.*NCCL INFO //' | sort | uniq -c | head -8
+# NCCL's channel counts and the variables it took from each group's environment.
+grep -h -E "channels per peer|set by environment to" "$X"/nccl/*.log 2>/dev/null | sed 's/^.*NCCL INFO //' |
+  sort | uniq -c | head -20
 echo "total $(( $(date +%s) - t0 )) s"
 tar czf "$OUT/comm-2gpu.tgz" -C "$OUT" comm-2gpu && rm -rf "$X"
