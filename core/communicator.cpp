@@ -512,11 +512,13 @@ void Communicator::all_reduce(const std::vector<std::shared_ptr<Tensor>> &inputs
 
 void Communicator::reduce_scatter(const std::shared_ptr<Tensor> &input, const std::shared_ptr<Tensor> &output,
                                   const CommReduceOptions &o) {
-    const int N = nranks();
+    const int N = nranks(), r = rank();
+    bool pair = false;  // two ranks: the exchange as one all-gather (exchange_mode), agreed
     agreed(o.check, "fp8amp_comm_reduce_scatter", [&] {
         Signature sig;
         Hash shapes, dtypes, options;
-        options.add(static_cast<uint64_t>(o.wire)).add(o.average);
+        pair = N == 2 && exchange_mode() == Exchange::Auto;
+        options.add(static_cast<uint64_t>(o.wire)).add(o.average).add(pair);
         if (!is_fp8(o.wire))
             fail(FP8AMP_ERROR_DTYPE_MISMATCH, "desc->wire_dtype is " + std::string(fp8amp_dtype_name(o.wire)) +
                                                   ", not an FP8 dtype (E4M3 or E5M2)");
@@ -542,8 +544,12 @@ void Communicator::reduce_scatter(const std::shared_ptr<Tensor> &input, const st
         sig.options = options.h;
         const size_t k = static_cast<size_t>(output->numel());
         scratch(0, 16);
-        scratch(1, k * N);
-        scratch(2, k * N);
+        if (pair) {
+            scratch(1, static_cast<size_t>(round16(static_cast<int64_t>(k))) * 3, true);
+        } else {
+            scratch(1, k * N);
+            scratch(2, k * N);
+        }
         if (output->dtype() != FP8AMP_DTYPE_F32 && !is_fp8(output->dtype())) scratch(3, k * sizeof(float));
         return sig;
     });
@@ -554,8 +560,6 @@ void Communicator::reduce_scatter(const std::shared_ptr<Tensor> &input, const st
     auto *small = static_cast<uint32_t *>(scratch(0, 16));
     uint32_t *amax_in = small, *amax_out = small + 1;
     float *wire_si = reinterpret_cast<float *>(small + 2);
-    auto *wire = static_cast<uint8_t *>(scratch(1, total));
-    auto *recv = static_cast<uint8_t *>(scratch(2, total));
     const bool direct = output->dtype() == FP8AMP_DTYPE_F32;  // accumulate straight into the output
     auto *red = direct || is_fp8(output->dtype())
                     ? static_cast<float *>(output->data())  // (unused for FP8)
@@ -565,24 +569,52 @@ void Communicator::reduce_scatter(const std::shared_ptr<Tensor> &input, const st
     compute_->memset_async(small, 0, 8, stream);
     compute_->amax(input->data(), input->dtype(), input->scale_inv(), input->numel(), amax_in, stream);
     transport_->allreduce_max_u32(amax_in, 1, stream);
-    compute_->quantize(input->data(), input->dtype(), input->scale_inv(), input->numel(), amax_in, o.wire, wire,
-                       wire_si, sat, stream);
-    transport_->group_start();
-    for (int j = 0; j < N; ++j) {
-        transport_->send(wire + static_cast<size_t>(j) * k, static_cast<size_t>(k), j, stream);
-        transport_->recv(recv + static_cast<size_t>(j) * k, static_cast<size_t>(k), j, stream);
+    // Slice j of the input goes to rank j, as in the all-reduce's first half ("Data path" in
+    // docs/communicator.md): two ranks, one in-place all-gather of B[0, 2 K) (K: k rounded up to 16,
+    // so that every block starts aligned), rank r contributing its codes of slice 1 - r at block r
+    // and receiving the other rank's codes of slice r at block 1 - r, its own codes of slice r at
+    // B + 2 K; otherwise grouped sends and receives to the other ranks, rank j's codes arriving at
+    // recv + j k and this rank's own slice quantized straight into recv + r k (no copy to itself).
+    const uint8_t *codes = nullptr;  // rank j's codes of slice r at codes + j * stride
+    int64_t stride = k;
+    auto quantize_slice = [&](int j, uint8_t *dst) {
+        compute_->quantize(element(*input, static_cast<int64_t>(j) * k), input->dtype(), input->scale_inv(), k, amax_in,
+                           o.wire, dst, wire_si, sat, stream);
+    };
+    if (pair) {
+        const int64_t K = round16(k);
+        auto *B = static_cast<uint8_t *>(scratch(1, static_cast<size_t>(K) * 3, true));
+        quantize_slice(1 - r, B + r * K);
+        quantize_slice(r, B + 2 * K);
+        transport_->all_gather(B + r * K, B, static_cast<size_t>(K), stream);
+        const uint8_t *own = B + 2 * K, *peer = B + (1 - r) * K;
+        codes = r == 0 ? own : peer;
+        stride = r == 0 ? peer - own : own - peer;
+    } else {
+        auto *wire = static_cast<uint8_t *>(scratch(1, total));
+        auto *recv = static_cast<uint8_t *>(scratch(2, total));
+        for (int j = 0; j < N; ++j) quantize_slice(j, (j == r ? recv : wire) + static_cast<size_t>(j) * k);
+        if (N > 1) {
+            transport_->group_start();
+            for (int j = 0; j < N; ++j) {
+                if (j == r) continue;
+                transport_->send(wire + static_cast<size_t>(j) * k, static_cast<size_t>(k), j, stream);
+                transport_->recv(recv + static_cast<size_t>(j) * k, static_cast<size_t>(k), j, stream);
+            }
+            transport_->group_end(stream);
+        }
+        codes = recv;
     }
-    transport_->group_end(stream);
     // From here on nothing can fail: the output is written.
     if (is_fp8(output->dtype())) {
         // Per-shard scale: this shard's own amax. Two passes over the FP8 codes (the amax of the
         // reduced values, then the same values again, quantized), no float32 buffer.
-        compute_->accumulate(recv, k, N, k, o.wire, wire_si, o.average, nullptr, amax_out, stream);
+        compute_->accumulate(codes, stride, N, k, o.wire, wire_si, o.average, nullptr, amax_out, stream);
         compute_->scale_inv(amax_out, output->dtype(), output->scale_inv(), stream);
-        compute_->accumulate_quantize(recv, k, N, k, o.wire, wire_si, o.average, amax_out, output->dtype(),
+        compute_->accumulate_quantize(codes, stride, N, k, o.wire, wire_si, o.average, amax_out, output->dtype(),
                                       static_cast<uint8_t *>(output->data()), sat, stream);
     } else {
-        compute_->accumulate(recv, k, N, k, o.wire, wire_si, o.average, red, amax_out, stream);
+        compute_->accumulate(codes, stride, N, k, o.wire, wire_si, o.average, red, amax_out, stream);
         if (!direct) compute_->convert(red, k, output->data(), output->dtype(), stream);
     }
     output->mark_written();
