@@ -1,7 +1,7 @@
 """fp8amp's FP8 gradient all-reduce against NCCL on the same GPUs, in one run (issue 17).
 
     python3 bench/bench_comm.py --lib build/libfp8amp.so --out comm.json [--elements 268435456]
-                                [--nranks 2] [--commit sha]
+                                [--nranks 2] [--commit sha] [--variants ...] [--nccl-env ...]
 
 Starts one process per GPU (rank r on cuda:r). Every rank holds its own BF16 "gradients" (normal
 values with a few orders of magnitude of spread, different on every rank), and each method reduces
@@ -19,6 +19,14 @@ the same data to the mean over ranks, out of place, timed with CUDA events on th
   quantize, FP8 reduce-scatter, FP32 accumulation in rank order, requantize, FP8 all-gather,
   dequantize: all included), with the cross-rank argument check (``check=1``, the default) and
   without it (``check=0``).
+
+The sweep (one run answers which configuration is fastest): ``--variants`` times fp8amp (check=0)
+once more per variant, each a set of fp8amp's per-call environment variables (FP8AMP_COMM_EXCHANGE,
+FP8AMP_COMM_GRID_BLOCKS, FP8AMP_COMM_PIECE_ELEMENTS: core/communicator.cpp), and checks that it
+gives the default's bytes; ``--nccl-env`` repeats the whole thing in a fresh group of processes per
+NCCL environment (NCCL reads its variables when a communicator is made), with its own NCCL bf16 and
+native E4M3 baselines. The first group also times NCCL f32, native E4M3 with torch casts, fp8amp with
+the check and profiles fp8amp's kernels; the others only what the comparison needs.
 
 NCCL is called through ctypes on the libnccl loaded in the process (torch's; libfp8amp's libnccl.so.2
 resolves to it, so that every method uses one NCCL build); torch.distributed (gloo) only exchanges the ids and the results. Errors are measured
@@ -161,9 +169,10 @@ def run_rank(rank, args, store):
         res[name] = {"us": med, "all_us": all_t, **errors(y() if callable(y) else y, exact)}
 
     record("nccl.bf16", lambda: (nccl.all_reduce(x, out, NCCL_BF16, NCCL_SUM), out.div_(N)), out)
-    x32, out32 = x.float(), torch.empty(n, device="cuda")
-    record("nccl.f32", lambda: (nccl.all_reduce(x32, out32, NCCL_FLOAT32, NCCL_SUM), out32.div_(N)), out32)
-    del x32, out32
+    if args.full:
+        x32, out32 = x.float(), torch.empty(n, device="cuda")
+        record("nccl.f32", lambda: (nccl.all_reduce(x32, out32, NCCL_FLOAT32, NCCL_SUM), out32.div_(N)), out32)
+        del x32, out32
     amax0 = x.abs().max().float()
     q = (x.float() * (448.0 / (amax0 * N))).to(torch.float8_e4m3fn)
     qo = torch.empty_like(q)
@@ -179,7 +188,8 @@ def run_rank(rank, args, store):
         qq = x.float().mul_(scale).to(torch.float8_e4m3fn)  # eager torch: unfused casts
         nccl.all_reduce(qq, qq, NCCL_E4M3, NCCL_SUM)
         torch.mul(qq.float(), 1.0 / (scale * N), out=out)
-    record("nccl.e4m3.torch_casts", native_casts, out)
+    if args.full:
+        record("nccl.e4m3.torch_casts", native_casts, out)
     del q, qo
 
     # fp8amp on the rank's current stream.
@@ -196,28 +206,41 @@ def run_rank(rank, args, store):
     comm = comm_p[0]
     ins = ffi.new("fp8amp_tensor[]", [L.wrap(ctx, x, L.lib.FP8AMP_DTYPE_BF16)])
     outs = ffi.new("fp8amp_tensor[]", [L.wrap(ctx, out, L.lib.FP8AMP_DTYPE_BF16)])
-    for check in (1, 0):
+    for check in ((1, 0) if args.full else (0,)):
         desc = L.init("fp8amp_comm_reduce_desc")
         desc.check = check
         record(f"fp8amp.e4m3{'' if check else '.nocheck'}",
                lambda: L("fp8amp_comm_all_reduce", comm, 1, ins, outs, desc), out)
-    # The all-reduce's pipeline piece (core/communicator.cpp; FP8AMP_COMM_PIECE_ELEMENTS, read per
-    # call): each size asked for with --piece-elements, without the check; the bytes must not depend on it.
+    # The variants (core/communicator.cpp's per-call environment: the pipeline piece, the exchange of
+    # the reduce-scatter half, the conversions' grid), each without the check; the bytes must not
+    # depend on any of them.
     ref = out.clone()
+    # A digest of the default's bytes (an exact sum of the 16-bit patterns and a strided sample), which
+    # the parent compares across groups: the NCCL environment must not change a byte either.
+    res["fp8amp.e4m3.nocheck"]["digest"] = [int(ref.view(torch.int16).to(torch.int64).sum().item()),
+                                            ref[::4099].cpu().view(torch.int16).numpy().tobytes().hex()[:4096]]
     desc_np = L.init("fp8amp_comm_reduce_desc")
     desc_np.check = 0
-    for pe in [int(v) for v in args.piece_elements.split(",") if v.strip()]:
-        os.environ["FP8AMP_COMM_PIECE_ELEMENTS"] = str(pe)
-        name = f"fp8amp.e4m3.nocheck.piece{pe}"
-        record(name, lambda: L("fp8amp_comm_all_reduce", comm, 1, ins, outs, desc_np), out)
-        res[name]["same_bytes_as_default_pieces"] = bool(torch.equal(out.view(torch.int16), ref.view(torch.int16)))
-    os.environ.pop("FP8AMP_COMM_PIECE_ELEMENTS", None)
+    for vname, venv in args.variant_list:
+        saved = {k: os.environ.get(k) for k in venv}
+        os.environ.update(venv)
+        name = f"fp8amp.e4m3.nocheck.{vname}"
+        try:
+            record(name, lambda: L("fp8amp_comm_all_reduce", comm, 1, ins, outs, desc_np), out)
+            res[name]["env"] = venv
+            res[name]["same_bytes_as_default"] = bool(torch.equal(out.view(torch.int16), ref.view(torch.int16)))
+        finally:
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
     # Where fp8amp's time goes: the GPU kernels of 3 calls (without the check), rank 0 profiled. The
     # conversions overlap the NCCL kernels (a second stream), so their sum exceeds the call's time.
     desc = L.init("fp8amp_comm_reduce_desc")
     desc.check = 0
     prof = None
-    if rank == 0:
+    if rank == 0 and args.full:
         prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA])
         prof.__enter__()
     for _ in range(3):
@@ -234,12 +257,13 @@ def run_rank(rank, args, store):
     dist.barrier()
     sat = ffi.new("uint64_t *")
     L("fp8amp_comm_get_saturated", comm, sat)
-    res["fp8amp.e4m3"]["saturated"] = int(sat[0])
+    first = "fp8amp.e4m3" if args.full else "fp8amp.e4m3.nocheck"
+    res[first]["saturated"] = int(sat[0])
     # Every rank must hold identical bytes: an exact checksum of all of them plus a strided sample.
     digest = (int(out.view(torch.int16).to(torch.int64).sum().item()), out[::4099].cpu().view(torch.int16).numpy().tobytes())
     digests = [None] * N
     dist.all_gather_object(digests, digest)
-    res["fp8amp.e4m3"]["identical_on_every_rank"] = all(d == digests[0] for d in digests)
+    res[first]["identical_on_every_rank"] = all(d == digests[0] for d in digests)
     L("fp8amp_comm_destroy", comm)
 
     if rank == 0:
@@ -250,30 +274,36 @@ def run_rank(rank, args, store):
             v["busbw_GBps"] = bus(n * wire, v["us"])
             v["speedup_vs_nccl_bf16"] = bf16 / v["us"]
         nb = res["nccl.bf16"]["busbw_GBps"]
-        for k in ("fp8amp.e4m3", "fp8amp.e4m3.nocheck"):
+        for k in res:
+            if not k.startswith("fp8amp."):
+                continue
             res[k]["busbw_fraction_of_nccl_bf16"] = res[k]["busbw_GBps"] / nb
             res[k]["vs_native_e4m3_wire"] = res["nccl.e4m3.wire"]["us"] / res[k]["us"]
-            res[k]["vs_native_e4m3_casts"] = res["nccl.e4m3.torch_casts"]["us"] / res[k]["us"]
+            if "nccl.e4m3.torch_casts" in res:
+                res[k]["vs_native_e4m3_casts"] = res["nccl.e4m3.torch_casts"]["us"] / res[k]["us"]
         gpus = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
                               capture_output=True, text=True).stdout.strip().splitlines()
         topo = subprocess.run(["nvidia-smi", "topo", "-m"], capture_output=True, text=True).stdout
         doc = {"device": gpus, "topology": topo, "date": datetime.date.today().isoformat(), "commit": args.commit,
                "torch": torch.__version__, "nccl_version": nccl.version, "nranks": N, "elements": n,
-               "iters": args.iters, "warmup": args.warmup, "methods": res}
-        with open(args.out, "w") as f:
+               "iters": args.iters, "warmup": args.warmup, "group": args.group_name,
+               "nccl_env": args.group_env, "methods": res}
+        with open(args.group_out, "w") as f:
             json.dump(doc, f, indent=1)
-        print(f"{n} BF16 elements, {N} ranks, NCCL {nccl.version}")
-        print(f"{'method':24s} {'us':>9s} {'x bf16':>7s} {'busbw GB/s':>10s} {'rel_rms':>9s} {'max/amax':>9s}")
+        print(f"== group {args.group_name} (NCCL env {args.group_env or 'as inherited'}): "
+              f"{n} BF16 elements, {N} ranks, NCCL {nccl.version}")
+        print(f"{'method':40s} {'us':>9s} {'x bf16':>7s} {'x e4m3':>7s} {'busbw GB/s':>10s} {'rel_rms':>9s} "
+              f"{'max/amax':>9s} same")
         for k, v in res.items():
-            print(f"{k:24s} {v['us']:9.1f} {v['speedup_vs_nccl_bf16']:7.3f} {v['busbw_GBps']:10.1f} "
-                  f"{v['rel_rms']:9.2e} {v['max_err_over_amax']:9.2e}")
-        for k, v in res.items():
-            if "same_bytes_as_default_pieces" in v:
-                print(f"{k}: the same bytes as the default pieces: {v['same_bytes_as_default_pieces']}")
-        print("fp8amp's GPU time per call (3 calls profiled on rank 0, check=0; kernels on the two streams "
-              "overlap, so they add up to more than the call):")
-        for name, v in res["fp8amp.e4m3.nocheck"].get("kernels", {}).items():
-            print(f"  {v['us_per_call']:9.1f} us  x{v['launches_per_call']:.0f}  {name}")
+            same = v.get("same_bytes_as_default", v.get("identical_on_every_rank", ""))
+            print(f"{k:40s} {v['us']:9.1f} {v['speedup_vs_nccl_bf16']:7.3f} "
+                  f"{res['nccl.e4m3.wire']['us'] / v['us']:7.3f} {v['busbw_GBps']:10.1f} "
+                  f"{v['rel_rms']:9.2e} {v['max_err_over_amax']:9.2e} {same}")
+        if args.full:
+            print("fp8amp's GPU time per call (3 calls profiled on rank 0, check=0; kernels on the two streams "
+                  "overlap, so they add up to more than the call):")
+            for name, v in res["fp8amp.e4m3.nocheck"].get("kernels", {}).items():
+                print(f"  {v['us_per_call']:9.1f} us  x{v['launches_per_call']:.0f}  {name}")
     dist.barrier()
     dist.destroy_process_group()
 
@@ -289,7 +319,15 @@ def main():
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--piece-elements", default="",
                    help="comma-separated FP8AMP_COMM_PIECE_ELEMENTS values to time fp8amp with as well "
-                        "(e.g. 1048576,4194304,16777216,67108864); the default is the library's choice")
+                        "(e.g. 1048576,4194304,16777216,67108864); the default is the library's choice. "
+                        "Shorthand for variants pieceN:FP8AMP_COMM_PIECE_ELEMENTS=N")
+    p.add_argument("--variants", default="",
+                   help="';'-separated fp8amp variants, each NAME:VAR=VALUE[,VAR=VALUE...] of fp8amp's per-call "
+                        "variables, e.g. 'sendrecv:FP8AMP_COMM_EXCHANGE=sendrecv;grid100:FP8AMP_COMM_GRID_BLOCKS=100'")
+    p.add_argument("--nccl-env", default="",
+                   help="';'-separated groups, each NAME:VAR=VALUE[,...] or NAME alone (the inherited environment): "
+                        "the whole benchmark runs once per group in fresh processes with those variables set, "
+                        "e.g. 'default;p2p32:NCCL_MIN_P2P_NCHANNELS=32'. Empty: one group, the inherited environment")
     p.add_argument("--hang-s", type=float, default=200.0, help="dump every rank's stack and exit after this long")
     args = p.parse_args()
     args.lib = os.path.abspath(args.lib)
@@ -298,8 +336,71 @@ def main():
     args.nranks = args.nranks or gpus
     if args.nranks < 2 or gpus < args.nranks:
         raise SystemExit(f"bench_comm needs at least 2 GPUs and nranks <= GPUs ({gpus} visible, nranks {args.nranks})")
-    store = tempfile.mktemp(prefix="fp8amp_bench_comm_")
-    mp.spawn(rank_main, args=(args, store), nprocs=args.nranks, join=True)
+
+    def parse(spec, what):
+        out = []
+        for item in [v.strip() for v in spec.split(";") if v.strip()]:
+            name, _, rest = item.partition(":")
+            env = {}
+            for kv in [v.strip() for v in rest.split(",") if v.strip()]:
+                k, eq, v = kv.partition("=")
+                if not eq:
+                    raise SystemExit(f"{what} {item!r}: {kv!r} is not VAR=VALUE")
+                env[k] = v
+            out.append((name, env))
+        return out
+
+    args.variant_list = [(f"piece{int(v)}", {"FP8AMP_COMM_PIECE_ELEMENTS": str(int(v))})
+                         for v in args.piece_elements.split(",") if v.strip()]
+    args.variant_list += parse(args.variants, "--variants")
+    groups = parse(args.nccl_env, "--nccl-env") or [("inherited", {})]
+    merged = {"groups": [], "failed_groups": []}
+    for gi, (gname, genv) in enumerate(groups):
+        args.group_name, args.group_env, args.full = gname, genv, gi == 0
+        args.group_out = args.out if len(groups) == 1 else f"{args.out}.{gname}.json"
+        saved = {k: os.environ.get(k) for k in genv}
+        os.environ.update(genv)  # the spawned ranks inherit it; NCCL reads it when they make communicators
+        try:
+            store = tempfile.mktemp(prefix="fp8amp_bench_comm_")
+            mp.spawn(rank_main, args=(args, store), nprocs=args.nranks, join=True)
+        except Exception as e:  # a group that fails (an experimental setting) does not cost the others
+            if len(groups) == 1:
+                raise
+            print(f"== group {gname} FAILED: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
+            print(f"== group {gname} FAILED (see the log above)")
+            merged["failed_groups"].append({"group": gname, "nccl_env": genv, "error": f"{type(e).__name__}: {e}"})
+            continue
+        finally:
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
+        if len(groups) > 1:
+            with open(args.group_out) as f:
+                merged["groups"].append(json.load(f))
+    if len(groups) > 1:
+        with open(args.out, "w") as f:
+            json.dump(merged, f, indent=1)
+        # One line per (group, fp8amp method): the answer to "which is fastest".
+        print("== summary: fp8amp (check=0) per group and variant, against that group's NCCL baselines")
+        rows = []
+        for g in merged["groups"]:
+            m = g["methods"]
+            for k, v in m.items():
+                if k.startswith("fp8amp.e4m3.nocheck"):
+                    rows.append((v["us"], g["group"], k, m["nccl.bf16"]["us"] / v["us"],
+                                 m["nccl.e4m3.wire"]["us"] / v["us"], v.get("same_bytes_as_default", "")))
+        for us, g, k, xb, xe, same in sorted(rows):
+            print(f"{g:12s} {k:40s} {us:9.1f} us  x{xb:.3f} NCCL bf16  x{xe:.3f} native E4M3  same bytes: {same}")
+        digests = {g["group"]: g["methods"]["fp8amp.e4m3.nocheck"].get("digest") for g in merged["groups"]}
+        first = next(iter(digests.values()), None)
+        merged["same_bytes_in_every_group"] = all(d == first for d in digests.values())
+        print(f"the default's bytes are the same in every group: {merged['same_bytes_in_every_group']}")
+        with open(args.out, "w") as f:
+            json.dump(merged, f, indent=1)
+        if merged["failed_groups"]:
+            raise SystemExit(f"failed groups: {[g['group'] for g in merged['failed_groups']]}")
 
 
 if __name__ == "__main__":

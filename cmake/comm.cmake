@@ -27,7 +27,9 @@ message(STATUS "fp8amp: MPI communicator ${FP8AMP_HAVE_MPI}")
 # FP8AMP_HAVE_NCCL and the imported target fp8amp::nccl come from CMakeLists.txt (option FP8AMP_NCCL).
 if(FP8AMP_HAVE_CUDA AND FP8AMP_HAVE_NCCL)
   set_source_files_properties(kernels/cuda/nccl_transport.cpp PROPERTIES COMPILE_DEFINITIONS "FP8AMP_HAVE_NCCL=1")
-  target_link_libraries(fp8amp PRIVATE fp8amp::nccl)
+  # dladdr/dlopen/dlsym: the optional NCCL registration functions are looked up at run time
+  # (kernels/cuda/nccl_transport.cpp); libdl for glibc before 2.34.
+  target_link_libraries(fp8amp PRIVATE fp8amp::nccl ${CMAKE_DL_LIBS})
 endif()
 message(STATUS "fp8amp: NCCL communicator ${FP8AMP_HAVE_NCCL}")
 

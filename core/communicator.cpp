@@ -74,6 +74,55 @@ int64_t piece_elements(int64_t C, bool overlap) {
     return std::min(C, std::max(round16((C + kTargetPieces - 1) / kTargetPieces), kMinPiece));
 }
 
+// How the all-reduce's reduce-scatter half moves the codes (docs/communicator.md, "Data path"). Two
+// ranks: by default one all-gather per piece, each rank contributing the piece of the other rank's
+// chunk (for two ranks a pairwise exchange *is* an all-gather, and NCCL's all-gather runs its ring
+// kernel, which reaches about twice the bandwidth of grouped ncclSend/ncclRecv on NVLink: measured 2 x
+// H200, docs/communicator.md). FP8AMP_COMM_EXCHANGE=sendrecv keeps grouped sends and receives (the
+// only way for more than two ranks). Read at every call; it decides which transport operations the
+// call makes, so it is part of the options the ranks agree on.
+enum class Exchange { Auto, SendRecv };
+Exchange exchange_mode() {
+    const char *env = std::getenv("FP8AMP_COMM_EXCHANGE");
+    return env && std::strcmp(env, "sendrecv") == 0 ? Exchange::SendRecv : Exchange::Auto;
+}
+
+// The grid of the conversions that run beside a transfer: at most FP8AMP_COMM_GRID_BLOCKS blocks (of
+// 256 threads; read at every call; 0 or unset: as many as the work needs, kGridBlocks), their loops
+// grid-stride beyond. Unbounded, each block converts a fixed run and retires, so that NCCL's blocks
+// (on the higher-priority stream) get multiprocessors as they free up; a grid below the device's
+// multiprocessor count keeps some of them free of conversions altogether and leaves NCCL more memory
+// bandwidth, at the price of slower conversions -- which is faster is measured by
+// bench/run_comm_2gpu.sh. Blocks persist on their multiprocessor when bounded, so a bound of several
+// blocks per multiprocessor would leave NCCL none: keep it below the multiprocessor count (132 on
+// H100 SXM and H200). The first piece's production and the last piece's consumption run beside
+// nothing and keep the full grid. The bytes do not depend on it (every value is computed element by
+// element; the amax and the saturation count are a max and a sum), so it is not agreed.
+constexpr int kGridBlocks = 0;
+int grid_blocks() {
+    if (const char *env = std::getenv("FP8AMP_COMM_GRID_BLOCKS")) {
+        char *end = nullptr;
+        const long v = std::strtol(env, &end, 10);
+        if (end != env && *end == '\0' && v >= 0 && v <= (1L << 20)) return static_cast<int>(v);
+    }
+    return kGridBlocks;
+}
+
+// Where the all-reduce's scratch comes from when it is (re)allocated: the context's allocator, or
+// (an experiment, for bench/bench_comm.py; read when the scratch grows) memory registered with NCCL:
+// FP8AMP_COMM_NCCL_MEMORY=register (ncclMemAlloc + ncclCommRegister: zero-copy send/receive between
+// registered buffers) or =window (a symmetric window, registered collectively: with NCCL_CTA_POLICY=2,
+// NCCL 2.28 runs the all-gathers on copy engines, leaving every multiprocessor to the conversions).
+// Every rank must set the same (a window is registered collectively). MPI and local transports
+// ignore it. The bytes do not depend on it.
+Transport::RegisteredMemory nccl_memory() {
+    const char *env = std::getenv("FP8AMP_COMM_NCCL_MEMORY");
+    if (!env) return Transport::kPlain;
+    if (std::strcmp(env, "register") == 0) return Transport::kRegistered;
+    if (std::strcmp(env, "window") == 0) return Transport::kWindow;
+    return Transport::kPlain;
+}
+
 size_t dtype_bytes(fp8amp_dtype d) {
     return d == FP8AMP_DTYPE_F32 ? 4 : (d == FP8AMP_DTYPE_F16 || d == FP8AMP_DTYPE_BF16) ? 2 : 1;
 }
@@ -135,6 +184,11 @@ Communicator::~Communicator() {
         } catch (...) {
         }
     }
+    // Memory registered with the transport goes back to it while it is alive (its release waits for
+    // the stream, and deregisters -- collectively for a window, as destroy is collective); a failed
+    // transport keeps it.
+    for (size_t slot = 0; slot < kSlots; ++slot)
+        if (registered_[slot]) scratch_[slot].reset();
     try {
         transport_->destroy();
     } catch (...) {
@@ -147,13 +201,29 @@ uint64_t Communicator::saturated() const {
     return v;
 }
 
-void *Communicator::scratch(size_t slot, size_t nbytes, bool zero) {
+void *Communicator::scratch(size_t slot, size_t nbytes, bool zero, Transport::RegisteredMemory registered) {
     nbytes = std::max<size_t>(nbytes, 1);
     if (!scratch_[slot] || scratch_[slot]->nbytes() < nbytes) {
         // The old block may be in use by queued work: the context's stream orders the free (CUDA
-        // allocators free in stream order) -- as Context::scratch does. (The all-reduce's transfer
-        // stream has joined the context's stream by the end of every call.)
-        scratch_[slot] = ctx_->allocate(nbytes);
+        // allocators free in stream order) -- as Context::scratch does; registered memory waits for
+        // the stream in free_registered. (The all-reduce's transfer stream has joined the context's
+        // stream by the end of every call.)
+        scratch_[slot].reset();
+        registered_[slot] = false;
+        if (void *p = transport_->alloc_registered(nbytes, registered)) {
+            Transport *t = transport_.get();
+            std::shared_ptr<const Context> ctx = ctx_;
+            try {
+                scratch_[slot] = std::make_shared<Storage>(p, nbytes, ctx_->device(),
+                                                           [t, ctx, p] { t->free_registered(p, ctx->stream()); });
+            } catch (...) {
+                t->free_registered(p, ctx_->stream());
+                throw;
+            }
+            registered_[slot] = true;
+        } else {
+            scratch_[slot] = ctx_->allocate(nbytes);
+        }
         // zero: bytes the transport moves but nothing reads (gaps between tensors, the padding) are
         // defined, so that the wire never carries uninitialized memory.
         if (zero) compute_->memset_async(scratch_[slot]->data(), 0, scratch_[slot]->nbytes(), ctx_->stream());
@@ -180,7 +250,8 @@ void Communicator::exchange_agreement(bool check, const char *op, bool failed, c
     if (!same[2])
         fail(FP8AMP_ERROR_INVALID_ARGUMENT,
              where + ": the ranks passed different options (wire_dtype, average; for the all-reduce also the "
-                     "pipeline piece, FP8AMP_COMM_PIECE_ELEMENTS); nothing was exchanged");
+                     "pipeline piece, FP8AMP_COMM_PIECE_ELEMENTS, and the exchange, FP8AMP_COMM_EXCHANGE); nothing "
+                     "was exchanged");
 }
 
 void Communicator::all_reduce(const std::vector<std::shared_ptr<Tensor>> &inputs,
@@ -189,7 +260,8 @@ void Communicator::all_reduce(const std::vector<std::shared_ptr<Tensor>> &inputs
     const int N = nranks(), r = rank();
     std::vector<int64_t> offset(n + 1, 0);
     std::vector<fp8amp_dtype> gather(n);
-    int64_t P = 0;  // the pipeline's piece: part of the options the ranks agree on
+    int64_t P = 0;      // the pipeline's piece: part of the options the ranks agree on
+    bool pair = false;  // two ranks, the reduce-scatter half as all-gathers (exchange_mode): agreed too
     agreed(o.check, "fp8amp_comm_all_reduce", [&] {
         Signature sig;
         Hash shapes, dtypes, options;
@@ -235,14 +307,14 @@ void Communicator::all_reduce(const std::vector<std::shared_ptr<Tensor>> &inputs
         // the same (FP8AMP_COMM_PIECE_ELEMENTS set on some ranks only would otherwise hang them).
         const int64_t chunk = chunk_elements(offset[n], N);
         P = piece_elements(chunk, compute_->side_stream(ctx_->stream()) != ctx_->stream());
-        options.add(static_cast<uint64_t>(P));
+        pair = N == 2 && exchange_mode() == Exchange::Auto;
+        options.add(static_cast<uint64_t>(P)).add(pair);
         sig.shapes = shapes.h;
         sig.dtypes = dtypes.h;
         sig.options = options.h;
         // The scratch too, before the agreement: a rank out of memory refuses like any other.
         scratch(0, 16 * n);
-        scratch(1, static_cast<size_t>(chunk) * N, true);
-        scratch(2, static_cast<size_t>(chunk) * N, true);
+        scratch(1, static_cast<size_t>(chunk) * N * 2, true, nccl_memory());
         return sig;
     });
 
@@ -256,13 +328,45 @@ void Communicator::all_reduce(const std::vector<std::shared_ptr<Tensor>> &inputs
     const int64_t total = offset[n];
     const int64_t C = chunk_elements(total, N);  // chunk per rank
     const int64_t pieces = C > 0 ? (C + P - 1) / P : 0;
+    const int blocks = grid_blocks();
     // Small per-tensor values: amax before and after the reduction, wire and output scale_inv.
     auto *small = static_cast<uint32_t *>(scratch(0, 16 * n));
     uint32_t *amax_in = small, *amax_out = small + n;
     float *wire_si = reinterpret_cast<float *>(small + 2 * n), *out_si = reinterpret_cast<float *>(small + 3 * n);
-    auto *wire = static_cast<uint8_t *>(scratch(1, static_cast<size_t>(C) * N, true));  // this rank's codes, later the gathered ones
-    auto *recv = static_cast<uint8_t *>(scratch(2, static_cast<size_t>(C) * N, true));  // chunk r of every rank, rank j's at j * C
+    // One allocation of 2 N C bytes: `wire` (the first N C) and `recv` (the next N C), so that the
+    // two-rank layout below may address one rank's codes in each from one base and a stride.
+    auto *wire = static_cast<uint8_t *>(scratch(1, static_cast<size_t>(C) * N * 2, true, nccl_memory()));
+    uint8_t *recv = wire + static_cast<size_t>(C) * N;
     auto *sat = static_cast<unsigned long long *>(saturated_->data());
+    const int64_t lo_r = static_cast<int64_t>(r) * C;
+
+    // Where the codes are (docs/communicator.md, "Data path"), for piece p = [lo, hi) of a chunk, L =
+    // hi - lo bytes:
+    //  - reduce-scatter half, two ranks (pair): one in-place all-gather of recv[2 lo, 2 lo + 2 L):
+    //    rank r contributes, at its block r, its codes of the piece of the other rank's chunk and
+    //    receives, at block 1 - r, the other rank's codes of the piece of its own chunk; its own codes
+    //    of its own chunk go to wire[2 lo + (1 - r) L, ...) (the block of the second half's all-gather
+    //    that receives the peer's codes, which it overwrites only after the second pass has read them);
+    //  - reduce-scatter half, otherwise: rank j's codes of chunk j' at wire + j' C (sent to j') and
+    //    received at recv + j C; a rank's own chunk is quantized straight into recv + r C (no copy
+    //    to itself);
+    //  - all-gather half: piece-major, wire[N lo, N lo + N L), rank j's codes at block j: one
+    //    in-place all-gather per piece.
+    auto piece = [&](int64_t p) { return std::make_pair(p * P, std::min(p * P + P, C)); };
+    // The codes of every rank for element k of this rank's piece p: rank j's at base + j * stride.
+    auto codes_of = [&](int64_t lo, int64_t hi, int64_t k) -> std::pair<const uint8_t *, int64_t> {
+        if (!pair) return {recv + lo + k, C};
+        const int64_t L = hi - lo;
+        const uint8_t *own = wire + 2 * lo + (1 - r) * L + k, *peer = recv + 2 * lo + (1 - r) * L + k;
+        return r == 0 ? std::make_pair(own, static_cast<int64_t>(peer - own))
+                      : std::make_pair(peer, static_cast<int64_t>(own - peer));
+    };
+    // Where rank r quantizes its codes of element k of piece p of chunk j.
+    auto wire_of = [&](int64_t lo, int64_t hi, int j, int64_t k) -> uint8_t * {
+        if (!pair) return (j == r ? recv : wire) + j * C + lo + k;
+        const int64_t L = hi - lo;
+        return j == r ? wire + 2 * lo + (1 - r) * L + k : recv + 2 * lo + r * L + k;
+    };
 
     // f(i, a, b) for each tensor i with elements in the bucket range [lo, hi): its part [a, b).
     auto each = [&](int64_t lo, int64_t hi, auto &&f) {
@@ -272,7 +376,6 @@ void Communicator::all_reduce(const std::vector<std::shared_ptr<Tensor>> &inputs
             if (a < b) f(i, a, b);
         }
     };
-    auto piece = [&](int64_t p) { return std::make_pair(p * P, std::min(p * P + P, C)); };
     // S -> X: X waits for what S has enqueued so far (slot 0); X -> S through slots 1, 2 (the pieces,
     // alternately: S waits for piece p after X has enqueued piece p + 1) and 3.
     auto to_side = [&] {
@@ -289,15 +392,18 @@ void Communicator::all_reduce(const std::vector<std::shared_ptr<Tensor>> &inputs
     // not yet written on the GPU reads it unwritten on the CPU too, so the CPU tests with small pieces
     // (FP8AMP_COMM_PIECE_ELEMENTS) check the pipeline's ordering as well. With the CPU's default of
     // one piece every transfer comes before any output is written, so that a failed transfer leaves
-    // the outputs unchanged.
+    // the outputs unchanged. The conversions that run beside a transfer get the grid of
+    // grid_blocks(); the first production and the last consumption run beside nothing (full grid).
     auto pipeline = [&](auto &&produce, auto &&transfer, auto &&consume) {
         for (int64_t p = 0; p < pieces; ++p) {
             if (p == 0) {
+                compute_->set_grid_limit(0);
                 produce(0);
                 to_side();
                 transfer(0);
                 compute_->record(1, X);
             }
+            compute_->set_grid_limit(blocks);
             if (p + 1 < pieces) {
                 produce(p + 1);
                 to_side();
@@ -305,8 +411,10 @@ void Communicator::all_reduce(const std::vector<std::shared_ptr<Tensor>> &inputs
                 compute_->record(1 + int((p + 1) % 2), X);
             }
             compute_->wait(1 + int(p % 2), S);
+            if (p + 1 == pieces) compute_->set_grid_limit(0);
             consume(p);
         }
+        compute_->set_grid_limit(0);
     };
 
     // 1. One scale per tensor for all ranks: the max of the amaxes.
@@ -319,10 +427,9 @@ void Communicator::all_reduce(const std::vector<std::shared_ptr<Tensor>> &inputs
     // 2-4, piece by piece: quantize piece p of every rank's chunk onto the wire (every call also
     // writes the tensor's wire scale_inv, the same value each time: the accumulation of a piece may
     // come before the quantization of the tensor's first element, which can lie in a later piece of
-    // a lower rank's chunk); reduce-scatter it (piece p of chunk j to rank j, grouped);
-    // the first pass of the accumulation of chunk r's piece p (in float32, in rank order): only the
-    // amax of the reduced values.
-    const int64_t lo_r = static_cast<int64_t>(r) * C;
+    // a lower rank's chunk); reduce-scatter it (piece p of chunk j to rank j); the first pass of the
+    // accumulation of chunk r's piece p (in float32, in rank order): only the amax of the reduced
+    // values.
     pipeline(
         [&](int64_t p) {
             const auto [lo, hi] = piece(p);
@@ -330,23 +437,30 @@ void Communicator::all_reduce(const std::vector<std::shared_ptr<Tensor>> &inputs
                 each(j * C + lo, j * C + hi, [&](size_t i, int64_t a, int64_t b) {
                     const Tensor &in = *inputs[i];
                     compute_->quantize(element(in, a - offset[i]), in.dtype(), in.scale_inv(), b - a, amax_in + i,
-                                       o.wire, wire + a, wire_si + i, sat, S);
+                                       o.wire, wire_of(lo, hi, j, a - j * C - lo), wire_si + i, sat, S);
                 });
         },
         [&](int64_t p) {
+            if (N == 1) return;
             const auto [lo, hi] = piece(p);
+            const size_t L = static_cast<size_t>(hi - lo);
+            if (pair) {
+                transport_->all_gather(recv + 2 * lo + r * L, recv + 2 * lo, L, X);
+                return;
+            }
             transport_->group_start();
             for (int j = 0; j < N; ++j) {
-                transport_->send(wire + j * C + lo, static_cast<size_t>(hi - lo), j, X);
-                transport_->recv(recv + j * C + lo, static_cast<size_t>(hi - lo), j, X);
+                if (j == r) continue;
+                transport_->send(wire + j * C + lo, L, j, X);
+                transport_->recv(recv + j * C + lo, L, j, X);
             }
             transport_->group_end(X);
         },
         [&](int64_t p) {
             const auto [lo, hi] = piece(p);
             each(lo_r + lo, lo_r + hi, [&](size_t i, int64_t a, int64_t b) {
-                compute_->accumulate(recv + (a - lo_r), C, N, b - a, o.wire, wire_si + i, o.average, nullptr,
-                                     amax_out + i, S);
+                const auto [src, stride] = codes_of(lo, hi, a - lo_r - lo);
+                compute_->accumulate(src, stride, N, b - a, o.wire, wire_si + i, o.average, nullptr, amax_out + i, S);
             });
         });
     // 5. Agree on each tensor's new amax.
@@ -355,38 +469,39 @@ void Communicator::all_reduce(const std::vector<std::shared_ptr<Tensor>> &inputs
     from_side();
     for (size_t i = 0; i < n; ++i) compute_->scale_inv(amax_out + i, gather[i], out_si + i, S);
     // 6-7, piece by piece: the second pass (the same sums again from the FP8 codes, quantized with the
-    // agreed scale; no float32 buffer), all-gathered as grouped sends and receives of the piece (in
-    // place), then each rank's piece into the outputs: codes, or their values.
+    // agreed scale; no float32 buffer) into this rank's block of the piece's all-gather, the
+    // all-gather (in place), then every rank's block of the piece into the outputs: codes, or their
+    // values.
     pipeline(
         [&](int64_t p) {
             const auto [lo, hi] = piece(p);
+            uint8_t *block = wire + N * lo + r * (hi - lo);
             each(lo_r + lo, lo_r + hi, [&](size_t i, int64_t a, int64_t b) {
-                compute_->accumulate_quantize(recv + (a - lo_r), C, N, b - a, o.wire, wire_si + i, o.average,
-                                              amax_out + i, gather[i], wire + a, sat, S);
+                const auto [src, stride] = codes_of(lo, hi, a - lo_r - lo);
+                compute_->accumulate_quantize(src, stride, N, b - a, o.wire, wire_si + i, o.average, amax_out + i,
+                                              gather[i], block + (a - lo_r - lo), sat, S);
             });
         },
         [&](int64_t p) {
             if (N == 1) return;
             const auto [lo, hi] = piece(p);
-            transport_->group_start();
-            for (int j = 0; j < N; ++j) {
-                if (j == r) continue;
-                transport_->send(wire + lo_r + lo, static_cast<size_t>(hi - lo), j, X);
-                transport_->recv(wire + j * C + lo, static_cast<size_t>(hi - lo), j, X);
-            }
-            transport_->group_end(X);
+            const size_t L = static_cast<size_t>(hi - lo);
+            transport_->all_gather(wire + N * lo + r * L, wire + N * lo, L, X);
         },
         [&](int64_t p) {
             const auto [lo, hi] = piece(p);
-            for (int j = 0; j < N; ++j)
+            for (int j = 0; j < N; ++j) {
+                const uint8_t *block = wire + N * lo + j * (hi - lo);
                 each(j * C + lo, j * C + hi, [&](size_t i, int64_t a, int64_t b) {
                     Tensor &out = *outputs[i];
+                    const uint8_t *codes = block + (a - j * C - lo);
                     if (is_fp8(out.dtype()))
-                        compute_->copy_async(element(out, a - offset[i]), wire + a, static_cast<size_t>(b - a), S);
+                        compute_->copy_async(element(out, a - offset[i]), codes, static_cast<size_t>(b - a), S);
                     else
-                        compute_->dequantize(wire + a, gather[i], out_si + i, b - a, element(out, a - offset[i]),
+                        compute_->dequantize(codes, gather[i], out_si + i, b - a, element(out, a - offset[i]),
                                              out.dtype(), S);
                 });
+            }
         });
     for (size_t i = 0; i < n; ++i) {
         Tensor &out = *outputs[i];
@@ -397,11 +512,13 @@ void Communicator::all_reduce(const std::vector<std::shared_ptr<Tensor>> &inputs
 
 void Communicator::reduce_scatter(const std::shared_ptr<Tensor> &input, const std::shared_ptr<Tensor> &output,
                                   const CommReduceOptions &o) {
-    const int N = nranks();
+    const int N = nranks(), r = rank();
+    bool pair = false;  // two ranks: the exchange as one all-gather (exchange_mode), agreed
     agreed(o.check, "fp8amp_comm_reduce_scatter", [&] {
         Signature sig;
         Hash shapes, dtypes, options;
-        options.add(static_cast<uint64_t>(o.wire)).add(o.average);
+        pair = N == 2 && exchange_mode() == Exchange::Auto;
+        options.add(static_cast<uint64_t>(o.wire)).add(o.average).add(pair);
         if (!is_fp8(o.wire))
             fail(FP8AMP_ERROR_DTYPE_MISMATCH, "desc->wire_dtype is " + std::string(fp8amp_dtype_name(o.wire)) +
                                                   ", not an FP8 dtype (E4M3 or E5M2)");
@@ -427,8 +544,12 @@ void Communicator::reduce_scatter(const std::shared_ptr<Tensor> &input, const st
         sig.options = options.h;
         const size_t k = static_cast<size_t>(output->numel());
         scratch(0, 16);
-        scratch(1, k * N);
-        scratch(2, k * N);
+        if (pair) {
+            scratch(1, static_cast<size_t>(round16(static_cast<int64_t>(k))) * 3, true);
+        } else {
+            scratch(1, k * N);
+            scratch(2, k * N);
+        }
         if (output->dtype() != FP8AMP_DTYPE_F32 && !is_fp8(output->dtype())) scratch(3, k * sizeof(float));
         return sig;
     });
@@ -439,8 +560,6 @@ void Communicator::reduce_scatter(const std::shared_ptr<Tensor> &input, const st
     auto *small = static_cast<uint32_t *>(scratch(0, 16));
     uint32_t *amax_in = small, *amax_out = small + 1;
     float *wire_si = reinterpret_cast<float *>(small + 2);
-    auto *wire = static_cast<uint8_t *>(scratch(1, total));
-    auto *recv = static_cast<uint8_t *>(scratch(2, total));
     const bool direct = output->dtype() == FP8AMP_DTYPE_F32;  // accumulate straight into the output
     auto *red = direct || is_fp8(output->dtype())
                     ? static_cast<float *>(output->data())  // (unused for FP8)
@@ -450,24 +569,52 @@ void Communicator::reduce_scatter(const std::shared_ptr<Tensor> &input, const st
     compute_->memset_async(small, 0, 8, stream);
     compute_->amax(input->data(), input->dtype(), input->scale_inv(), input->numel(), amax_in, stream);
     transport_->allreduce_max_u32(amax_in, 1, stream);
-    compute_->quantize(input->data(), input->dtype(), input->scale_inv(), input->numel(), amax_in, o.wire, wire,
-                       wire_si, sat, stream);
-    transport_->group_start();
-    for (int j = 0; j < N; ++j) {
-        transport_->send(wire + static_cast<size_t>(j) * k, static_cast<size_t>(k), j, stream);
-        transport_->recv(recv + static_cast<size_t>(j) * k, static_cast<size_t>(k), j, stream);
+    // Slice j of the input goes to rank j, as in the all-reduce's first half ("Data path" in
+    // docs/communicator.md): two ranks, one in-place all-gather of B[0, 2 K) (K: k rounded up to 16,
+    // so that every block starts aligned), rank r contributing its codes of slice 1 - r at block r
+    // and receiving the other rank's codes of slice r at block 1 - r, its own codes of slice r at
+    // B + 2 K; otherwise grouped sends and receives to the other ranks, rank j's codes arriving at
+    // recv + j k and this rank's own slice quantized straight into recv + r k (no copy to itself).
+    const uint8_t *codes = nullptr;  // rank j's codes of slice r at codes + j * stride
+    int64_t stride = k;
+    auto quantize_slice = [&](int j, uint8_t *dst) {
+        compute_->quantize(element(*input, static_cast<int64_t>(j) * k), input->dtype(), input->scale_inv(), k, amax_in,
+                           o.wire, dst, wire_si, sat, stream);
+    };
+    if (pair) {
+        const int64_t K = round16(k);
+        auto *B = static_cast<uint8_t *>(scratch(1, static_cast<size_t>(K) * 3, true));
+        quantize_slice(1 - r, B + r * K);
+        quantize_slice(r, B + 2 * K);
+        transport_->all_gather(B + r * K, B, static_cast<size_t>(K), stream);
+        const uint8_t *own = B + 2 * K, *peer = B + (1 - r) * K;
+        codes = r == 0 ? own : peer;
+        stride = r == 0 ? peer - own : own - peer;
+    } else {
+        auto *wire = static_cast<uint8_t *>(scratch(1, total));
+        auto *recv = static_cast<uint8_t *>(scratch(2, total));
+        for (int j = 0; j < N; ++j) quantize_slice(j, (j == r ? recv : wire) + static_cast<size_t>(j) * k);
+        if (N > 1) {
+            transport_->group_start();
+            for (int j = 0; j < N; ++j) {
+                if (j == r) continue;
+                transport_->send(wire + static_cast<size_t>(j) * k, static_cast<size_t>(k), j, stream);
+                transport_->recv(recv + static_cast<size_t>(j) * k, static_cast<size_t>(k), j, stream);
+            }
+            transport_->group_end(stream);
+        }
+        codes = recv;
     }
-    transport_->group_end(stream);
     // From here on nothing can fail: the output is written.
     if (is_fp8(output->dtype())) {
         // Per-shard scale: this shard's own amax. Two passes over the FP8 codes (the amax of the
         // reduced values, then the same values again, quantized), no float32 buffer.
-        compute_->accumulate(recv, k, N, k, o.wire, wire_si, o.average, nullptr, amax_out, stream);
+        compute_->accumulate(codes, stride, N, k, o.wire, wire_si, o.average, nullptr, amax_out, stream);
         compute_->scale_inv(amax_out, output->dtype(), output->scale_inv(), stream);
-        compute_->accumulate_quantize(recv, k, N, k, o.wire, wire_si, o.average, amax_out, output->dtype(),
+        compute_->accumulate_quantize(codes, stride, N, k, o.wire, wire_si, o.average, amax_out, output->dtype(),
                                       static_cast<uint8_t *>(output->data()), sat, stream);
     } else {
-        compute_->accumulate(recv, k, N, k, o.wire, wire_si, o.average, red, amax_out, stream);
+        compute_->accumulate(codes, stride, N, k, o.wire, wire_si, o.average, red, amax_out, stream);
         if (!direct) compute_->convert(red, k, output->data(), output->dtype(), stream);
     }
     output->mark_written();

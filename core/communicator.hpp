@@ -67,8 +67,10 @@ private:
     Communicator(std::shared_ptr<const Context> ctx, std::unique_ptr<kernels::CommCompute> compute,
                  std::unique_ptr<Transport> transport);
     void exchange_agreement(bool check, const char *op, bool failed, const Signature &sig);
-    // Grow-only scratch slot of the context's device memory.
-    void *scratch(size_t slot, size_t nbytes, bool zero = false);
+    // Grow-only scratch slot of the context's device memory; `registered`: memory registered with the
+    // transport where it has some (FP8AMP_COMM_NCCL_MEMORY, an opt-in experiment), else as usual.
+    void *scratch(size_t slot, size_t nbytes, bool zero = false,
+                  Transport::RegisteredMemory registered = Transport::kPlain);
 
     std::shared_ptr<const Context> ctx_;
     std::unique_ptr<kernels::CommCompute> compute_;
@@ -76,6 +78,7 @@ private:
     std::shared_ptr<Storage> saturated_;  // unsigned long long, on the device
     static constexpr size_t kSlots = 5;
     std::shared_ptr<Storage> scratch_[kSlots];
+    bool registered_[kSlots] = {};  // whether scratch_[slot] came from the transport (alloc_registered)
 };
 
 template <class Validate>

@@ -135,6 +135,12 @@ public:
     // first use, the highest priority so that NCCL's blocks are scheduled first) and events; both
     // work under graph capture (the fork and the join are captured).
     static constexpr int kEventSlots = 4;
+    // The grid of the launches that follow (until changed): at most max_blocks blocks (grid-stride
+    // loops beyond), 0 for as many as the work needs. Changes no byte of any result (every value is
+    // computed element by element; amaxes and saturation counts are a max and a sum). CUDA only: a
+    // grid smaller than the device leaves multiprocessors (and memory bandwidth) to the NCCL kernels
+    // running on the other stream beside the conversions.
+    virtual void set_grid_limit(int max_blocks) { (void)max_blocks; }
     virtual void *side_stream(void *stream) { return stream; }
     virtual void record(int slot, void *stream) { (void)slot, (void)stream; }
     virtual void wait(int slot, void *stream) { (void)slot, (void)stream; }

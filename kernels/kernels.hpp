@@ -157,9 +157,10 @@ void quantize_transpose(int device, void *stream, const void *src, fp8amp_dtype 
                         fp8amp_dtype dst_dtype, size_t rows, size_t cols, const QuantizeTarget &target);
 // yield_sms: blocks that each take a fixed run of elements and retire, instead of a persistent grid, so
 // that kernels of another stream running beside it (the communicator's NCCL transfers) get
-// multiprocessors as blocks retire (kernels/cuda/comm.cu).
+// multiprocessors as blocks retire (kernels/cuda/comm.cu); max_blocks (with yield_sms, when not 0)
+// caps that grid (the loop is grid-stride), so that it leaves multiprocessors free.
 void dequantize(int device, void *stream, const void *src, fp8amp_dtype src_dtype, void *dst, fp8amp_dtype dst_dtype,
-                size_t n, const float *scale_inv, bool yield_sms = false);
+                size_t n, const float *scale_inv, bool yield_sms = false, unsigned max_blocks = 0);
 // Updates n metas (device pointers) in one launch per 1024 metas.
 void update_scaling(int device, void *stream, ScalingState *const *metas, size_t n);
 

@@ -127,8 +127,23 @@ public:
         });
     }
     void group_end(void *) override { wait("the exchange (MPI_Isend/MPI_Irecv)"); }
+    // One MPI_Iallgather (MPI_IN_PLACE when send is this rank's block of recv), completed by polling
+    // like every other operation; blocks beyond MPI's int count are moved pairwise instead.
     void all_gather(const void *send_buf, void *recv_buf, size_t nbytes, void *stream) override {
         char *out = static_cast<char *>(recv_buf);
+        char *mine = out + static_cast<size_t>(rank_) * nbytes;
+        if (nbytes <= kPiece) {
+            check_alive();
+            requests_.clear();
+            MPI_Request req;
+            const int count = static_cast<int>(nbytes);
+            call(MPI_Iallgather(send_buf == mine ? MPI_IN_PLACE : send_buf, count, MPI_BYTE, out, count, MPI_BYTE,
+                                comm_, &req),
+                 "MPI_Iallgather");
+            requests_.push_back(req);
+            wait("MPI_Iallgather");
+            return;
+        }
         group_start();
         for (int p = 0; p < nranks_; ++p) {
             if (p == rank_) continue;
@@ -136,7 +151,6 @@ public:
             recv(out + static_cast<size_t>(p) * nbytes, nbytes, p, stream);
         }
         group_end(stream);
-        char *mine = out + static_cast<size_t>(rank_) * nbytes;
         if (send_buf != mine && nbytes) std::memmove(mine, send_buf, nbytes);
     }
     void host_allreduce_max_u64(uint64_t *values, size_t count, void *, void *) override {

@@ -14,7 +14,9 @@
 //    explicitly. Saturation is counted from the scaled value (comm_saturates), not from the code, so
 //    the count does not depend on the encoder;
 //  - the grids are not persistent: each block converts a fixed run of packs and retires, so that the
-//    NCCL kernels the pipeline runs beside these (core/communicator.cpp) find multiprocessors free.
+//    NCCL kernels the pipeline runs beside these (core/communicator.cpp) find multiprocessors free;
+//    beside a transfer the communicator may bound them (set_grid_limit: at most k blocks, every loop
+//    grid-stride), so that they leave multiprocessors and memory bandwidth to NCCL.
 // The scalar kernels serve unaligned pointers and the tails, with the software codec throughout.
 #include <cuda_fp8.h>
 #include <cuda_runtime.h>
@@ -376,11 +378,11 @@ public:
         cuda::DeviceGuard g(device_);
         if (aligned(src, kVec)) {
             with_fp8(dtype, [&](auto d) {
-                amax_vec_kernel<decltype(d)::value><<<tile_blocks(n / kVec), kThreads, 0, st(stream)>>>(
+                amax_vec_kernel<decltype(d)::value><<<capped(tile_blocks(n / kVec)), kThreads, 0, st(stream)>>>(
                     src, src_scale_inv, n, amax_bits);
             });
         } else {
-            amax_kernel<<<blocks_for(n), kThreads, 0, st(stream)>>>(src, dtype, src_scale_inv, n, amax_bits);
+            amax_kernel<<<capped(blocks_for(n)), kThreads, 0, st(stream)>>>(src, dtype, src_scale_inv, n, amax_bits);
         }
         cuda::check_launch("comm amax_kernel");
     }
@@ -393,12 +395,12 @@ public:
             with_dtype(dtype, [&](auto d) {
                 with_fp8(wire, [&](auto w) {
                     quantize_vec_kernel<decltype(d)::value, decltype(w)::value>
-                        <<<tile_blocks(n / kVec), kThreads, 0, st(stream)>>>(src, src_scale_inv, n, amax_bits, dst,
+                        <<<capped(tile_blocks(n / kVec)), kThreads, 0, st(stream)>>>(src, src_scale_inv, n, amax_bits, dst,
                                                                            scale_inv_out, saturated);
                 });
             });
         } else {
-            quantize_kernel<<<blocks_for(n), kThreads, 0, st(stream)>>>(src, dtype, src_scale_inv, n, amax_bits, wire,
+            quantize_kernel<<<capped(blocks_for(n)), kThreads, 0, st(stream)>>>(src, dtype, src_scale_inv, n, amax_bits, wire,
                                                                         dst, scale_inv_out, saturated);
         }
         cuda::check_launch("comm quantize_kernel");
@@ -413,11 +415,11 @@ public:
         cuda::DeviceGuard g(device_);
         if (accumulate_aligned(src, stride, dst, 16)) {
             with_fp8(wire, [&](auto w) {
-                accumulate_vec_kernel<decltype(w)::value><<<tile_blocks(n / kCodes), kThreads, 0, st(stream)>>>(
+                accumulate_vec_kernel<decltype(w)::value><<<capped(tile_blocks(n / kCodes)), kThreads, 0, st(stream)>>>(
                     src, stride, nranks, n, wire_scale_inv, average, dst, amax_bits);
             });
         } else {
-            accumulate_kernel<<<blocks_for(n), kThreads, 0, st(stream)>>>(src, stride, nranks, n, wire, wire_scale_inv,
+            accumulate_kernel<<<capped(blocks_for(n)), kThreads, 0, st(stream)>>>(src, stride, nranks, n, wire, wire_scale_inv,
                                                                           average, dst, amax_bits);
         }
         cuda::check_launch("comm accumulate_kernel");
@@ -431,12 +433,12 @@ public:
             with_fp8(wire, [&](auto w) {
                 with_fp8(format, [&](auto o) {
                     accumulate_quantize_vec_kernel<decltype(w)::value, decltype(o)::value>
-                        <<<tile_blocks(n / kCodes), kThreads, 0, st(stream)>>>(src, stride, nranks, n, wire_scale_inv,
+                        <<<capped(tile_blocks(n / kCodes)), kThreads, 0, st(stream)>>>(src, stride, nranks, n, wire_scale_inv,
                                                                              average, amax_bits, dst, saturated);
                 });
             });
         } else {
-            accumulate_quantize_kernel<<<blocks_for(n), kThreads, 0, st(stream)>>>(
+            accumulate_quantize_kernel<<<capped(blocks_for(n)), kThreads, 0, st(stream)>>>(
                 src, stride, nranks, n, wire, wire_scale_inv, average, amax_bits, format, dst, saturated);
         }
         cuda::check_launch("comm accumulate_quantize_kernel");
@@ -457,19 +459,21 @@ public:
             // from_f32<dtype>(scaled(decode(code), scale_inv)) through a per-block table of the 256
             // results: store_wide(load_real(...)) bit for bit (canonical NaN with its sign, RNE).
             cuda::dequantize(device_, stream, src, format, dst, dtype, static_cast<size_t>(n), scale_inv,
-                             /*yield_sms=*/true);
+                             /*yield_sms=*/true, static_cast<unsigned>(max_blocks_));
             return;
         }
         cuda::DeviceGuard g(device_);
-        dequantize_kernel<<<blocks_for(n), kThreads, 0, st(stream)>>>(src, format, scale_inv, n, dst, dtype);
+        dequantize_kernel<<<capped(blocks_for(n)), kThreads, 0, st(stream)>>>(src, format, scale_inv, n, dst, dtype);
         cuda::check_launch("comm dequantize_kernel");
     }
     void convert(const float *src, int64_t n, void *dst, fp8amp_dtype dtype, void *stream) override {
         if (n <= 0) return;
         cuda::DeviceGuard g(device_);
-        convert_kernel<<<blocks_for(n), kThreads, 0, st(stream)>>>(src, n, dst, dtype);
+        convert_kernel<<<capped(blocks_for(n)), kThreads, 0, st(stream)>>>(src, n, dst, dtype);
         cuda::check_launch("comm convert_kernel");
     }
+
+    void set_grid_limit(int max_blocks) override { max_blocks_ = max_blocks > 0 ? max_blocks : 0; }
 
     void *side_stream(void *) override {
         if (!side_) {
@@ -495,12 +499,15 @@ public:
 
 private:
     static cudaStream_t st(void *s) { return static_cast<cudaStream_t>(s); }
+    // The grid of a launch under set_grid_limit (every kernel here loops grid-stride).
+    int capped(int blocks) const { return max_blocks_ > 0 && blocks > max_blocks_ ? max_blocks_ : blocks; }
     cudaEvent_t event(int slot) {
         if (!events_[slot])
             cuda::check(cudaEventCreateWithFlags(&events_[slot], cudaEventDisableTiming), "cudaEventCreateWithFlags");
         return events_[slot];
     }
     int device_;
+    int max_blocks_ = 0;  // set_grid_limit's cap, 0: none
     cudaStream_t side_ = nullptr;
     cudaEvent_t events_[kEventSlots] = {};
 };

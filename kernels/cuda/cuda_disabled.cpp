@@ -33,7 +33,7 @@ void quantize_transpose(int, void *, const void *, fp8amp_dtype, void *, void *,
                         const QuantizeTarget &) {
     unavailable();
 }
-void dequantize(int, void *, const void *, fp8amp_dtype, void *, fp8amp_dtype, size_t, const float *, bool) {
+void dequantize(int, void *, const void *, fp8amp_dtype, void *, fp8amp_dtype, size_t, const float *, bool, unsigned) {
     unavailable();
 }
 void update_scaling(int, void *, ScalingState *const *, size_t) { unavailable(); }

@@ -9,11 +9,15 @@
 #include <cuda_runtime.h>
 #include <nccl.h>
 
+#include <dlfcn.h>
+
 #include <atomic>
 #include <chrono>
 #include <cstring>
+#include <map>
 #include <mutex>
 #include <thread>
+#include <type_traits>
 #endif
 
 namespace fp8amp::kernels {
@@ -39,6 +43,39 @@ public:
 private:
     int previous_ = 0;
 };
+
+// The registration functions of the libnccl this library is bound to (the one that defines
+// ncclAllReduce for it), looked up at run time: ncclCommWindowRegister came with NCCL 2.27, and the
+// NCCL in the process (PyTorch's, say) may be older than the header this was built with. Windows are
+// declared as void * (ncclWindow_t is a pointer).
+struct NcclRegistration {
+    ncclResult_t (*mem_alloc)(void **, size_t) = nullptr;
+    ncclResult_t (*mem_free)(void *) = nullptr;
+    ncclResult_t (*reg)(ncclComm_t, void *, size_t, void **) = nullptr;
+    ncclResult_t (*dereg)(ncclComm_t, void *) = nullptr;
+    ncclResult_t (*win_reg)(ncclComm_t, void *, size_t, void **, int) = nullptr;
+    ncclResult_t (*win_dereg)(ncclComm_t, void *) = nullptr;
+
+    static const NcclRegistration &get() {
+        static const NcclRegistration r = [] {
+            NcclRegistration f;
+            Dl_info info{};
+            if (!dladdr(reinterpret_cast<void *>(&ncclAllReduce), &info) || !info.dli_fname) return f;
+            void *lib = dlopen(info.dli_fname, RTLD_NOW | RTLD_NOLOAD);
+            if (!lib) return f;
+            auto sym = [&](auto &fn, const char *name) { fn = reinterpret_cast<std::remove_reference_t<decltype(fn)>>(dlsym(lib, name)); };
+            sym(f.mem_alloc, "ncclMemAlloc");
+            sym(f.mem_free, "ncclMemFree");
+            sym(f.reg, "ncclCommRegister");
+            sym(f.dereg, "ncclCommDeregister");
+            sym(f.win_reg, "ncclCommWindowRegister");
+            sym(f.win_dereg, "ncclCommWindowDeregister");
+            return f;  // the handle stays open: the library is loaded for the process's life anyway
+        }();
+        return r;
+    }
+};
+constexpr int kWinCollSymmetric = 0x01;  // NCCL_WIN_COLL_SYMMETRIC (nccl.h 2.27+)
 
 class NcclTransport final : public Transport {
 public:
@@ -92,6 +129,49 @@ public:
         // synchronizes the whole device: it would hang the destroy. The buffer is kept then, as the
         // communicator's scratch is (core/communicator.cpp).
         if (pinned_ && !failed()) cudaFreeHost(pinned_);
+    }
+    void *alloc_registered(size_t nbytes, RegisteredMemory mode) override {
+        const NcclRegistration &f = NcclRegistration::get();
+        if (mode == kPlain || !f.mem_alloc || !f.mem_free) return nullptr;
+        if (mode == kRegistered && (!f.reg || !f.dereg)) return nullptr;
+        if (mode == kWindow && (!f.win_reg || !f.win_dereg)) return nullptr;
+        check_alive();
+        DeviceGuard guard(device_);
+        nbytes = (nbytes + (size_t(1) << 21) - 1) & ~((size_t(1) << 21) - 1);  // whole 2 MB pages (windows: 4 kB)
+        void *p = nullptr;
+        call(f.mem_alloc(&p, nbytes), "ncclMemAlloc (FP8AMP_COMM_NCCL_MEMORY)");
+        void *handle = nullptr;
+        const ncclResult_t r = mode == kWindow ? f.win_reg(comm_, p, nbytes, &handle, kWinCollSymmetric)
+                                               : f.reg(comm_, p, nbytes, &handle);
+        if (r != ncclSuccess) {
+            f.mem_free(p);
+            call(r, mode == kWindow ? "ncclCommWindowRegister (FP8AMP_COMM_NCCL_MEMORY=window)"
+                                    : "ncclCommRegister (FP8AMP_COMM_NCCL_MEMORY=register)");
+        }
+        std::lock_guard<std::mutex> lock(mutex_);
+        registered_[p] = {handle, mode};
+        return p;
+    }
+    void free_registered(void *p, void *stream) override {
+        const NcclRegistration &f = NcclRegistration::get();
+        Registered reg{};
+        {
+            std::lock_guard<std::mutex> lock(mutex_);
+            auto it = registered_.find(p);
+            if (it == registered_.end()) return;
+            reg = it->second;
+            registered_.erase(it);
+        }
+        // A failed or aborted communicator may still have work naming the memory: keep it.
+        if (failed()) return;
+        try {  // called from a Storage's release (a destructor): nothing may escape
+            DeviceGuard guard(device_);
+            if (cudaStreamSynchronize(static_cast<cudaStream_t>(stream)) != cudaSuccess) return;
+            if (reg.mode == kWindow) f.win_dereg(comm_, reg.handle);
+            else f.dereg(comm_, reg.handle);
+            f.mem_free(p);
+        } catch (...) {
+        }
     }
     void set_timeout(double seconds) override { timeout_s_ = seconds; }
     bool failed() const override { return aborted_.load() || !failure_.empty(); }
@@ -182,6 +262,11 @@ private:
     double timeout_s_ = 300.0;
     uint64_t *pinned_ = nullptr;  // host side of the check's exchange (pinned_buffer)
     size_t pinned_count_ = 0;
+    struct Registered {
+        void *handle = nullptr;
+        RegisteredMemory mode = kPlain;
+    };
+    std::map<void *, Registered> registered_;  // alloc_registered's blocks (under mutex_)
 };
 
 void nccl_check(ncclResult_t r, const char *what) {

@@ -705,7 +705,7 @@ void quantize_transpose(int device, void *stream_raw, const void *src, fp8amp_dt
 }
 
 void dequantize(int device, void *stream_raw, const void *src, fp8amp_dtype src_dtype, void *dst, fp8amp_dtype dst_dtype,
-                size_t n, const float *scale_inv, bool yield_sms) {
+                size_t n, const float *scale_inv, bool yield_sms, unsigned max_blocks) {
     DeviceGuard guard(device);
     auto stream = static_cast<cudaStream_t>(stream_raw);
     if (src_dtype == FP8AMP_DTYPE_F16)  // scaled F16: its own kernels (quantize_f16.cu)
@@ -724,8 +724,9 @@ void dequantize(int device, void *stream_raw, const void *src, fp8amp_dtype src_
                     // yield_sms: 8 rounds of kDequantizeUnroll packs per thread, then the block retires
                     // (the table fill is then a few percent of a block's work).
                     const size_t per_block = size_t(kThreads) * kDequantizeUnroll * kDequantizeVec * 8;
-                    const unsigned grid = yield_sms ? unsigned(n / per_block + 1)
-                                                    : persistent_grid(device, kernel, n / kDequantizeVec + 1, true);
+                    unsigned grid = yield_sms ? unsigned(n / per_block + 1)
+                                              : persistent_grid(device, kernel, n / kDequantizeVec + 1, true);
+                    if (yield_sms && max_blocks && grid > max_blocks) grid = max_blocks;  // grid-stride beyond
                     kernel<<<grid, kThreads, 0, stream>>>(static_cast<const uint8_t *>(src), static_cast<DstT *>(dst),
                                                           n, scale_inv);
                 });

@@ -450,6 +450,24 @@ static void test_mismatch(fp8amp_comm comm) {
             free(saved);
             OK(fp8amp_comm_set_timeout(comm, 300.0));
         }
+        /* The reduce-scatter half's exchange (FP8AMP_COMM_EXCHANGE, read at each call) set on one rank
+         * only: with two ranks it changes the transport operations (one all-gather a piece or grouped
+         * sends and receives), so it is agreed like an option; with more ranks there is one way (and
+         * a successful call here would change the outputs that later checks compare). */
+        if (g_n == 2) {
+            const char *env = getenv("FP8AMP_COMM_EXCHANGE");
+            char *saved = env ? strdup(env) : NULL;
+            const int sendrecv = env && strcmp(env, "sendrecv") == 0;
+            OK(fp8amp_comm_set_timeout(comm, 20.0));
+            if (odd) setenv("FP8AMP_COMM_EXCHANGE", sendrecv ? "auto" : "sendrecv", 1);
+            EXPECT(fp8amp_comm_all_reduce(comm, 1, ins, outs, NULL), FP8AMP_ERROR_INVALID_ARGUMENT);
+            CHECK(strstr(fp8amp_last_error_message(), "FP8AMP_COMM_EXCHANGE") != NULL, "message: %s",
+                  fp8amp_last_error_message());
+            if (saved) setenv("FP8AMP_COMM_EXCHANGE", saved, 1);
+            else unsetenv("FP8AMP_COMM_EXCHANGE");
+            free(saved);
+            OK(fp8amp_comm_set_timeout(comm, 300.0));
+        }
     }
     {
         /* A dtype that differs. */

@@ -1,0 +1,92 @@
+#!/usr/bin/env bash
+# Issue 17 on a machine with 2 GPUs (about 6-9 minutes): builds fp8amp with CUDA and NCCL, runs the
+# two-rank tests of the communicator and of the sharded optimizer, then bench/bench_comm.py with its
+# sweep (fp8amp's data-path variants, in five environments), and packs every log and result
+# into $OUT/comm-2gpu.tgz. What to look at is printed on stdout (the sweep's summary, sorted by time).
+#
+#   OUT=/some/dir COMMIT=$(git rev-parse --short HEAD) bash bench/run_comm_2gpu.sh
+#
+# Environment: OUT (required), COMMIT (recorded in the JSON), CMOCKA_PREFIX (default
+# $PWD/.deps/cmocka/usr), WHEELS (default $PWD/.deps/wheels, when present: cffi for the bench's
+# binding), JOBS (build parallelism, default: every core), ELEMENTS (default 268435456: 256M BF16
+# gradients, the size of the earlier measurements in docs/communicator.md).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+: "${OUT:?set OUT to a directory for the results}"
+export CMOCKA_PREFIX=${CMOCKA_PREFIX:-$PWD/.deps/cmocka/usr}
+if [ -z "${WHEELS:-}" ] && [ -d .deps/wheels ]; then export WHEELS=$PWD/.deps/wheels; fi
+. tests/gpu_env.sh
+export PYTHONUNBUFFERED=1 NCCL_DEBUG=${NCCL_DEBUG:-WARN}
+COMMIT=${COMMIT:-unknown}
+JOBS=${JOBS:-$(nproc)}
+ELEMENTS=${ELEMENTS:-268435456}
+X=$OUT/comm-2gpu
+mkdir -p "$X"
+t0=$(date +%s)
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+nvidia-smi topo -m > "$X/topo.txt" 2>&1
+
+cmake -S . -B build-gpu -G Ninja -DFP8AMP_CUDA=ON -DFP8AMP_NCCL=ON -DCMAKE_CUDA_ARCHITECTURES=90-real \
+  -DFP8AMP_MPI=OFF -DFP8AMP_BUILD_TESTS=ON -DFP8AMP_BUILD_EXAMPLES=OFF "${prefix_args[@]}" > "$X/configure.log" 2>&1 &&
+  cmake --build build-gpu -j"$JOBS" --target fp8amp test_comm test_comm_ranks test_optimizer_shard_ranks \
+    test_rank_channel > "$X/build.log" 2>&1 || {
+  grep -B2 -A8 -E "error|Error" "$X/build.log" "$X/configure.log" | head -60
+  tar czf "$OUT/comm-2gpu.tgz" -C "$OUT" comm-2gpu
+  exit 1
+}
+echo "build $(( $(date +%s) - t0 )) s"
+
+# The two-rank tests: bytes against the CPU model, over NCCL (the default two-rank data path: one
+# all-gather a piece for both halves), in pieces of 48 elements, and with grouped ncclSend/ncclRecv
+# (FP8AMP_COMM_EXCHANGE=sendrecv) and a bounded grid; the sharded optimizer; the one-rank GPU/CPU bytes.
+(cd build-gpu && FP8AMP_RUN_RANKS_TIMEOUT=100 timeout 300 ctest --output-on-failure -R \
+  '^(optimizer\.shard\.cuda\.ranks\.np2|comm\.cuda\.ranks\.np2|comm\.cuda\.ranks\.pieces\.np2|comm\.cuda\.ranks\.sendrecv\.np2|capi\.test_comm|capi\.test_comm\.pieces)$' \
+  > "$X/ctest.log" 2>&1)
+echo "ctest rc=$?"
+grep -E "Test +#|tests passed|FAIL" "$X/ctest.log" | head -20
+echo "ctest $(( $(date +%s) - t0 )) s"
+
+# The sweep. Variants (fp8amp's per-call variables, core/communicator.cpp; the default is
+# FP8AMP_COMM_EXCHANGE=auto -- two ranks: one all-gather a piece for both halves --,
+# FP8AMP_COMM_GRID_BLOCKS=0 -- unbounded grids of blocks that retire --, and pieces of max(C/2, 4M)
+# elements with C the 128M-element chunk of each rank, i.e. 2 pieces):
+#  - pieces of 4M, 16M, 32M elements (32, 8, 4 pieces) and one piece (no overlap at all);
+#  - the conversions' grid beside a transfer bounded to 66, 100, 120 blocks (of 132 multiprocessors
+#    on H100 SXM and H200: the rest stay free for NCCL), also with pieces of 16M and 32M;
+#  - the reduce-scatter half as grouped ncclSend/ncclRecv (sendrecv; no self-copy any more, the
+#    all-gather half through ncclAllGather), also with a bounded grid.
+# NCCL groups (fresh processes each; NCCL reads its variables when a communicator is made):
+#  - default;
+#  - p2p: NCCL_MIN_P2P_NCHANNELS=64 NCCL_P2P_NVL_CHUNKSIZE=1048576 (for ncclSend/ncclRecv, so only the
+#    sendrecv variants use them: 32 blocks an operation instead of the default's probably 16 -- NCCL
+#    2.28 gives a two-rank operation half the p2p channels, which are as many as the collective
+#    channels rounded up to a power of 2 -- and 1 MB steps instead of 512 kB; docs/communicator.md);
+#  - cta16: NCCL_MAX_CTAS=16 (fewer blocks for NCCL's collectives, more multiprocessors for the
+#    conversions beside them);
+#  - reg (experimental, last because it may fail): FP8AMP_COMM_NCCL_MEMORY=register, the scratch from
+#    ncclMemAlloc registered with ncclCommRegister (zero-copy ncclSend/ncclRecv: the sendrecv variants);
+#  - ce (experimental): FP8AMP_COMM_NCCL_MEMORY=window NCCL_CTA_POLICY=2, the scratch a symmetric
+#    window, so that NCCL 2.28 runs the all-gathers on copy engines with no blocks at all.
+# A group that fails or hangs (--hang-s) is reported and the others still count.
+# NCCL's INIT lines (channel counts: "... coll channels, ... p2p channels, ... p2p channels per peer")
+# go to $X/nccl/ for every process.
+mkdir -p "$X/nccl"
+NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,ENV NCCL_DEBUG_FILE="$X/nccl/%h.%p.log" timeout 480 \
+  python3 -X faulthandler bench/bench_comm.py --hang-s 100 --lib build-gpu/libfp8amp.so --elements "$ELEMENTS" \
+  --out "$X/comm.json" --commit "$COMMIT" \
+  --piece-elements 4194304,16777216,33554432,134217728 \
+  --variants 'grid66:FP8AMP_COMM_GRID_BLOCKS=66;grid100:FP8AMP_COMM_GRID_BLOCKS=100;grid120:FP8AMP_COMM_GRID_BLOCKS=120;piece16M.grid100:FP8AMP_COMM_PIECE_ELEMENTS=16777216,FP8AMP_COMM_GRID_BLOCKS=100;piece32M.grid100:FP8AMP_COMM_PIECE_ELEMENTS=33554432,FP8AMP_COMM_GRID_BLOCKS=100;sendrecv:FP8AMP_COMM_EXCHANGE=sendrecv;sendrecv.grid100:FP8AMP_COMM_EXCHANGE=sendrecv,FP8AMP_COMM_GRID_BLOCKS=100' \
+  --nccl-env 'default;p2p:NCCL_MIN_P2P_NCHANNELS=64,NCCL_P2P_NVL_CHUNKSIZE=1048576;cta16:NCCL_MAX_CTAS=16;reg:FP8AMP_COMM_NCCL_MEMORY=register;ce:FP8AMP_COMM_NCCL_MEMORY=window,NCCL_CTA_POLICY=2' \
+  > "$X/bench.log" 2>&1
+rc=$?
+echo "bench rc=$rc"
+# Each group's header and baselines, then the summary (every fp8amp variant of every group, sorted
+# by time, against its group's NCCL bf16 and native E4M3); the per-group tables are in bench.log.
+grep -E "^== group|^nccl\.(bf16|e4m3\.wire) |^fp8amp\.e4m3(\.nocheck)? " "$X/bench.log" | head -40
+sed -n '/^== summary/,$p' "$X/bench.log" | head -90
+[ "$rc" = 0 ] || tail -40 "$X/bench.log"
+# NCCL's channel counts and the variables it took from each group's environment.
+grep -h -E "channels per peer|set by environment to" "$X"/nccl/*.log 2>/dev/null | sed 's/^.*NCCL INFO //' |
+  sort | uniq -c | head -20
+echo "total $(( $(date +%s) - t0 )) s"
+tar czf "$OUT/comm-2gpu.tgz" -C "$OUT" comm-2gpu && rm -rf "$X"
