@@ -9,7 +9,8 @@
 # Environment: OUT (required), COMMIT (recorded in the JSON), CMOCKA_PREFIX (default
 # $PWD/.deps/cmocka/usr), WHEELS (default $PWD/.deps/wheels, when present: cffi for the bench's
 # binding), JOBS (build parallelism, default: every core), ELEMENTS (default 268435456: 256M BF16
-# gradients, the size of the earlier measurements in docs/communicator.md).
+# gradients, the size of the earlier measurements in docs/communicator.md); PIECES, VARIANTS,
+# NCCL_ENVS: a shorter sweep than the default one below (same syntax).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 : "${OUT:?set OUT to a directory for the results}"
@@ -74,9 +75,9 @@ mkdir -p "$X/nccl"
 NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,ENV NCCL_DEBUG_FILE="$X/nccl/%h.%p.log" timeout 480 \
   python3 -X faulthandler bench/bench_comm.py --hang-s 100 --lib build-gpu/libfp8amp.so --elements "$ELEMENTS" \
   --out "$X/comm.json" --commit "$COMMIT" \
-  --piece-elements 4194304,16777216,33554432,134217728 \
-  --variants 'grid66:FP8AMP_COMM_GRID_BLOCKS=66;grid100:FP8AMP_COMM_GRID_BLOCKS=100;grid120:FP8AMP_COMM_GRID_BLOCKS=120;piece16M.grid100:FP8AMP_COMM_PIECE_ELEMENTS=16777216,FP8AMP_COMM_GRID_BLOCKS=100;piece32M.grid100:FP8AMP_COMM_PIECE_ELEMENTS=33554432,FP8AMP_COMM_GRID_BLOCKS=100;sendrecv:FP8AMP_COMM_EXCHANGE=sendrecv;sendrecv.grid100:FP8AMP_COMM_EXCHANGE=sendrecv,FP8AMP_COMM_GRID_BLOCKS=100' \
-  --nccl-env 'default;p2p:NCCL_MIN_P2P_NCHANNELS=64,NCCL_P2P_NVL_CHUNKSIZE=1048576;cta16:NCCL_MAX_CTAS=16;reg:FP8AMP_COMM_NCCL_MEMORY=register;ce:FP8AMP_COMM_NCCL_MEMORY=window,NCCL_CTA_POLICY=2' \
+  --piece-elements ${PIECES:-4194304,16777216,33554432,134217728} \
+  --variants "${VARIANTS:-grid66:FP8AMP_COMM_GRID_BLOCKS=66;grid100:FP8AMP_COMM_GRID_BLOCKS=100;grid120:FP8AMP_COMM_GRID_BLOCKS=120;piece16M.grid100:FP8AMP_COMM_PIECE_ELEMENTS=16777216,FP8AMP_COMM_GRID_BLOCKS=100;piece32M.grid100:FP8AMP_COMM_PIECE_ELEMENTS=33554432,FP8AMP_COMM_GRID_BLOCKS=100;sendrecv:FP8AMP_COMM_EXCHANGE=sendrecv;sendrecv.grid100:FP8AMP_COMM_EXCHANGE=sendrecv,FP8AMP_COMM_GRID_BLOCKS=100}" \
+  --nccl-env "${NCCL_ENVS:-default;p2p:NCCL_MIN_P2P_NCHANNELS=64,NCCL_P2P_NVL_CHUNKSIZE=1048576;cta16:NCCL_MAX_CTAS=16;reg:FP8AMP_COMM_NCCL_MEMORY=register;ce:FP8AMP_COMM_NCCL_MEMORY=window,NCCL_CTA_POLICY=2}" \
   > "$X/bench.log" 2>&1
 rc=$?
 echo "bench rc=$rc"
