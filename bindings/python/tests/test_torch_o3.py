@@ -174,10 +174,11 @@ def test_o3_master_starts_from_the_replaced_weights(tdev):
     import fp8amp.torch as ft
 
     torch.manual_seed(11)
-    m = torch.nn.Sequential(torch.nn.Linear(96, 40, bias=False)).to(tdev)
+    m = torch.nn.Sequential(torch.nn.Linear(96, 48, bias=False)).to(tdev)  # multiples of 16: FP8-able
     w0 = m[0].weight.detach().double().cpu().numpy().reshape(-1)
     assert np.all(w0 != 0)
     m, opt = ft.initialize(m, torch.optim.AdamW(m.parameters(), lr=1e-3), "O3", policy="fp8")
+    assert isinstance(m[0], ft.Linear) and m[0].weight.dtype == torch.float8_e4m3fn
     (o,) = opt.fp8amp_optimizers
     master = _master_of_last(o, w0.size)
     assert np.max(np.abs(master - w0) / np.abs(w0)) <= 2.0**-11
