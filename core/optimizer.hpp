@@ -53,6 +53,19 @@ public:
     size_t save(unsigned char *buffer) const;
     void load(const unsigned char *data, size_t size);
 
+    // One parameter's state as tensors (fp8amp_optimizer_param_state, _set_param_state, _set_step;
+    // core/optimizer_state.cpp). Unsharded optimizers only.
+    struct StateTensors {
+        std::shared_ptr<Tensor> m, m_scale, v, v_scale, master, master_scale;
+    };
+    StateTensors param_state(int32_t index) const;  // read-only views of the state's memory
+    struct StateInput {
+        const Tensor *m = nullptr, *m_scale = nullptr, *v = nullptr, *v_scale = nullptr, *master = nullptr,
+                     *master_scale = nullptr;
+    };
+    void set_param_state(int32_t index, const StateInput &in);
+    void set_step(int64_t step);
+
     // Sharding (fp8amp_optimizer_set_shard; core/optimizer_shard.cpp): before any add_param.
     void set_shard(std::shared_ptr<Communicator> comm);
     bool sharded() const { return comm_ != nullptr; }
