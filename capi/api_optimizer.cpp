@@ -17,7 +17,7 @@
 inline constexpr size_t fields_end(const fp8amp_param_desc *) { return offsetof(fp8amp_param_desc, master_dtype) + 4; }
 inline constexpr size_t released_size(const fp8amp_param_desc *) { return sizeof(fp8amp_param_desc); }
 inline constexpr size_t fields_end(const fp8amp_param_state *) {
-    return offsetof(fp8amp_param_state, master_scale_inv) + sizeof(fp8amp_tensor);
+    return offsetof(fp8amp_param_state, param_meta_updates) + sizeof(int64_t);
 }
 inline constexpr size_t released_size(const fp8amp_param_state *) { return sizeof(fp8amp_param_state); }
 
@@ -295,11 +295,11 @@ void param_state_impl(fp8amp_optimizer opt, int32_t index, fp8amp_param_state *o
     Optimizer::StateTensors views = o->param_state(index);
     const int64_t step = o->status().step;
     // Registers every view, or none: a failure part-way unregisters those already published.
-    std::shared_ptr<Tensor> *parts[6] = {&views.m, &views.m_scale, &views.v, &views.v_scale, &views.master,
-                                         &views.master_scale};
-    fp8amp_tensor handles[6] = {};
+    std::shared_ptr<Tensor> *parts[7] = {&views.m, &views.m_scale, &views.v, &views.v_scale, &views.master,
+                                         &views.master_scale, &views.meta_history};
+    fp8amp_tensor handles[7] = {};
     try {
-        for (int k = 0; k < 6; ++k)
+        for (int k = 0; k < 7; ++k)
             if (*parts[k]) handles[k] = reinterpret_cast<fp8amp_tensor>(fp8amp::core::register_handle(std::move(*parts[k])));
     } catch (...) {
         for (fp8amp_tensor h : handles)
@@ -314,6 +314,10 @@ void param_state_impl(fp8amp_optimizer opt, int32_t index, fp8amp_param_state *o
     r.exp_avg_sq_scale_inv = handles[3];
     r.master = handles[4];
     r.master_scale_inv = handles[5];
+    r.param_meta_history = handles[6];
+    r.param_meta_scale = views.meta_scale;
+    r.param_meta_amax = views.meta_amax;
+    r.param_meta_updates = views.meta_updates;
     r.struct_size = caller_size;
     std::memcpy(out, &r, std::min<size_t>(caller_size, sizeof r));
 }
@@ -326,7 +330,8 @@ void set_param_state_impl(fp8amp_optimizer opt, int32_t index, const fp8amp_para
     auto get = [](fp8amp_tensor h, const char *name) { return h ? lookup<Tensor>(h, name) : nullptr; };
     const auto m = get(s.exp_avg, "state->exp_avg"), ms = get(s.exp_avg_scale_inv, "state->exp_avg_scale_inv"),
                v = get(s.exp_avg_sq, "state->exp_avg_sq"), vs = get(s.exp_avg_sq_scale_inv, "state->exp_avg_sq_scale_inv"),
-               w = get(s.master, "state->master"), ws = get(s.master_scale_inv, "state->master_scale_inv");
+               w = get(s.master, "state->master"), ws = get(s.master_scale_inv, "state->master_scale_inv"),
+               mh = get(s.param_meta_history, "state->param_meta_history");
     Optimizer::StateInput in;
     in.m = m.get();
     in.m_scale = ms.get();
@@ -334,6 +339,10 @@ void set_param_state_impl(fp8amp_optimizer opt, int32_t index, const fp8amp_para
     in.v_scale = vs.get();
     in.master = w.get();
     in.master_scale = ws.get();
+    in.meta_history = mh.get();
+    in.meta_scale = s.param_meta_scale;
+    in.meta_amax = s.param_meta_amax;
+    in.meta_updates = s.param_meta_updates;
     o->set_param_state(index, in);
 }
 }  // namespace

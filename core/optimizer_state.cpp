@@ -1,17 +1,19 @@
 // One parameter's optimizer state as tensors (fp8amp_optimizer_param_state, _set_param_state,
-// _set_step; docs/api.md section 12.7): the per-parameter access torch-style checkpoints need
+// _set_step; docs/api.md section 12.10): the per-parameter access torch-style checkpoints need
 // (torch.save, torch.distributed.checkpoint, safetensors) beside the opaque blob of
 // fp8amp_optimizer_save. Reads are views of the state's own memory; writes take either the stored
 // form (bit-exact) or values, which are quantized with the block scaling the step uses
 // (kernels/cpu/adam.cpp), and are validated completely before anything is written.
 #include <cfloat>
+#include <cstdint>
 #include <cstring>
 #include <string>
 #include <vector>
 
 #include "codec.hpp"
 #include "optimizer.hpp"
-#include "scaling.hpp"  // kernels/scaling.hpp: amax_bits_of
+#include "scaling.hpp"  // kernels/scaling.hpp: amax_bits_of, ScalingState
+#include "scaling_meta.hpp"
 
 namespace fp8amp::core {
 
@@ -54,6 +56,18 @@ Optimizer::StateTensors Optimizer::param_state(int32_t index) const {
     if (e.master) {
         s.master = Tensor::view(ctx_, e.master, FP8AMP_DTYPE_F16, p.ndim(), p.shape(), true);
         s.master_scale = Tensor::view(ctx_, e.master_scale, FP8AMP_DTYPE_F32, 1, blocks, true);
+    }
+    if (e.param_meta) {
+        const int64_t len = e.param_meta->recipe().amax_history_len;
+        std::vector<float> history(static_cast<size_t>(len));
+        e.param_meta->get_history(static_cast<int32_t>(len), history.data());
+        kernels::ScalingState st{};
+        to_host(&st, e.param_meta->state(), sizeof st);
+        s.meta_history = Tensor::create(ctx_, FP8AMP_DTYPE_F32, 1, &len);
+        s.meta_history->copy_from_host(history.data(), history.size() * 4);
+        s.meta_scale = st.scale;
+        s.meta_amax = codec::bits_f32(st.amax_bits);
+        s.meta_updates = st.updates;
     }
     return s;
 }
@@ -169,6 +183,46 @@ void Optimizer::set_param_state(int32_t index, const StateInput &in) {
     prepare(in.m, in.m_scale, m8 ? FP8AMP_DTYPE_E4M3 : FP8AMP_DTYPE_F32, m8, adam::kE4M3Max, false, "state->exp_avg", m);
     prepare(in.v, in.v_scale, v16 ? FP8AMP_DTYPE_F16 : FP8AMP_DTYPE_F32, v16, adam::kF16Max, true, "state->exp_avg_sq", v);
     if (e.master) prepare(in.master, in.master_scale, FP8AMP_DTYPE_F16, true, adam::kF16Max, false, "state->master", w);
+    // The parameter's meta: its whole state, as the step and the update read it, built here.
+    std::vector<unsigned char> meta;
+    if (in.meta_history) {
+        const Tensor &h = *in.meta_history;
+        if (!e.param_meta)
+            fail(FP8AMP_ERROR_INVALID_ARGUMENT, "state->param_meta_history is given, but the parameter is not bound to a "
+                                                "scaling meta" + who);
+        const uint32_t len = static_cast<uint32_t>(e.param_meta->recipe().amax_history_len);
+        check_on_device(*ctx_, h, "state->param_meta_history");
+        if (h.dtype() != FP8AMP_DTYPE_F32)
+            fail(FP8AMP_ERROR_DTYPE_MISMATCH, "state->param_meta_history is " + h.describe() + ", not f32" + who);
+        if (h.ndim() != 1 || h.shape()[0] != len)
+            fail(FP8AMP_ERROR_SHAPE_MISMATCH, "state->param_meta_history is " + h.describe() + ", not f32[" +
+                                                  std::to_string(len) + "] (the meta's amax_history_len)" + who);
+        std::vector<float> history(len);
+        to_host(history.data(), h.data(), 4u * len);
+        for (uint32_t k = 0; k < len; ++k)
+            if (codec::f32_bits(history[k]) > 0x7F800000u)
+                fail(FP8AMP_ERROR_INVALID_ARGUMENT, "state->param_meta_history element " + std::to_string(k) + " (" +
+                                                        num(history[k]) + ") is negative or NaN" + who);
+        if (!(in.meta_scale >= FLT_MIN && in.meta_scale <= FLT_MAX))
+            fail(FP8AMP_ERROR_INVALID_ARGUMENT, "state->param_meta_scale " + num(in.meta_scale) +
+                                                    " is not a normal float > 0" + who);
+        if (codec::f32_bits(in.meta_amax) > 0x7F800000u)
+            fail(FP8AMP_ERROR_INVALID_ARGUMENT, "state->param_meta_amax " + num(in.meta_amax) + " is negative or NaN" + who);
+        if (in.meta_updates < 0 || in.meta_updates > int64_t(UINT32_MAX))
+            fail(FP8AMP_ERROR_INVALID_ARGUMENT, "state->param_meta_updates " + std::to_string(in.meta_updates) +
+                                                    " is not in 0..2^32-1" + who);
+        meta.resize(kernels::ScalingState::bytes(len));
+        to_host(meta.data(), e.param_meta->state(), meta.size());  // the recipe's fields and the counters stay
+        kernels::ScalingState st;
+        std::memcpy(&st, meta.data(), sizeof st);
+        st.scale = in.meta_scale;
+        st.scale_inv = 1.0f / in.meta_scale;
+        st.amax_bits = codec::f32_bits(in.meta_amax);
+        st.updates = static_cast<uint32_t>(in.meta_updates);
+        st.head = 0;  // newest first: ring[(head - k) mod len] = history[k]
+        std::memcpy(meta.data(), &st, sizeof st);
+        for (uint32_t k = 0; k < len; ++k) std::memcpy(meta.data() + sizeof st + 4u * ((len - k) % len), &history[k], 4);
+    }
 
     // Everything passed: write.
     const size_t scale_bytes = static_cast<size_t>(e.nscales) * 4;
@@ -180,6 +234,7 @@ void Optimizer::set_param_state(int32_t index, const StateInput &in) {
         to_device(e.master->data(), w.data.data(), w.data.size());
         to_device(e.master_scale->data(), w.scales.data(), scale_bytes);
     }
+    if (!meta.empty()) to_device(e.param_meta->state(), meta.data(), meta.size());
     ctx_->synchronize();
 }
 

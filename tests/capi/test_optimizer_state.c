@@ -1,5 +1,5 @@
 /* One parameter's optimizer state as tensors (fp8amp_optimizer_param_state, _set_param_state,
- * _set_step; docs/api.md 12.7), through the public API:
+ * _set_step; docs/api.md 12.10), through the public API:
  *   - round trip: the views of a trained optimizer (O1, O2, O3; block sizes 128, 256 and per-tensor)
  *     written into a fresh optimizer give bit for bit its state, and both then take the same step to
  *     the same bytes;
@@ -15,25 +15,37 @@
 #include "fp8_reference.h"
 #include "test_util.h"
 
-enum { NPARAM = 3 };
+enum { NPARAM = 4 };
 
-/* Three parameters: F32 [300] (no master), BF16 [5, 61] (master at O3), BF16 [130]. */
+/* Four parameters: F32 [300] (no master), BF16 [5, 61] (master at O3), BF16 [130], and E4M3 [70] bound
+ * to a delayed meta (master at O3): its meta's state is part of the optimizer's. */
 typedef struct {
     fp8amp_context ctx;
     fp8amp_optimizer opt;
     fp8amp_tensor param[NPARAM], grad[NPARAM];
     int64_t numel[NPARAM];
+    fp8amp_scaling meta; /* parameter 3's */
 } rig_t;
 
-static const int32_t kNdim[NPARAM] = {1, 2, 1};
-static const int64_t kShape[NPARAM][2] = {{300, 0}, {5, 61}, {130, 0}};
-static const fp8amp_dtype kDtype[NPARAM] = {FP8AMP_DTYPE_F32, FP8AMP_DTYPE_BF16, FP8AMP_DTYPE_BF16};
+static const int32_t kNdim[NPARAM] = {1, 2, 1, 1};
+static const int64_t kShape[NPARAM][2] = {{300, 0}, {5, 61}, {130, 0}, {70, 0}};
+static const fp8amp_dtype kDtype[NPARAM] = {FP8AMP_DTYPE_F32, FP8AMP_DTYPE_BF16, FP8AMP_DTYPE_BF16, FP8AMP_DTYPE_E4M3};
 
 static void fill_random(fp8amp_tensor t, fp8amp_dtype dt, int64_t n, double lo, double hi) {
     if (dt == FP8AMP_DTYPE_F32) {
         float *h = xmalloc(4 * (size_t)n);
         for (int64_t i = 0; i < n; ++i) h[i] = (float)test_rng_uniform(lo, hi);
         EXPECT_OK(fp8amp_tensor_copy_from_host(t, h, 4 * (size_t)n));
+        free(h);
+    } else if (dt == FP8AMP_DTYPE_E4M3) { /* finite codes of magnitude < 2^(hi) */
+        uint8_t *h = xmalloc((size_t)n);
+        for (int64_t i = 0; i < n; ++i) {
+            h[i] = (uint8_t)(test_rng_u64() % 0x7Fu);
+            if (test_rng_u64() & 1u) h[i] |= 0x80u;
+        }
+        (void)lo;
+        (void)hi;
+        EXPECT_OK(fp8amp_tensor_copy_from_host(t, h, (size_t)n));
         free(h);
     } else { /* BF16 by truncation */
         uint16_t *h = xmalloc(2 * (size_t)n);
@@ -62,10 +74,24 @@ static void rig_make(rig_t *r, fp8amp_context ctx, fp8amp_opt_level level, int32
         r->param[i] = make_tensor(ctx, kDtype[i], kNdim[i], kShape[i]);
         r->grad[i] = make_tensor(ctx, FP8AMP_DTYPE_F32, kNdim[i], kShape[i]);
         r->numel[i] = (int64_t)numel_of(kNdim[i], kShape[i]);
+        if (kDtype[i] == FP8AMP_DTYPE_E4M3) {
+            r->meta = counting_meta(ctx, FP8AMP_DTYPE_E4M3, FP8AMP_SCALING_DELAYED, 1.0f);
+            EXPECT_OK(fp8amp_tensor_set_scaling(r->param[i], r->meta));
+        }
         if (params_from) {
             void *h = tensor_to_host(params_from->param[i]);
             EXPECT_OK(fp8amp_tensor_copy_from_host(r->param[i], h, tensor_bytes(r->param[i])));
             free(h);
+            if (kDtype[i] == FP8AMP_DTYPE_E4M3) { /* the codes' scale_inv: the model's, not the optimizer's */
+                fp8amp_tensor from, to;
+                EXPECT_OK(fp8amp_tensor_scale_inv(params_from->param[i], &from));
+                EXPECT_OK(fp8amp_tensor_scale_inv(r->param[i], &to));
+                void *slot = tensor_to_host(from);
+                EXPECT_OK(fp8amp_tensor_copy_from_host(to, slot, 4));
+                free(slot);
+                EXPECT_OK(fp8amp_tensor_destroy(from));
+                EXPECT_OK(fp8amp_tensor_destroy(to));
+            }
         } else {
             fill_random(r->param[i], kDtype[i], r->numel[i], -2.0, 2.0);
         }
@@ -79,6 +105,7 @@ static void rig_make(rig_t *r, fp8amp_context ctx, fp8amp_opt_level level, int32
 
 static void rig_free(rig_t *r) {
     EXPECT_OK(fp8amp_optimizer_destroy(r->opt));
+    EXPECT_OK(fp8amp_scaling_destroy(r->meta));
     for (int i = 0; i < NPARAM; ++i) {
         EXPECT_OK(fp8amp_tensor_destroy(r->param[i]));
         EXPECT_OK(fp8amp_tensor_destroy(r->grad[i]));
@@ -99,9 +126,10 @@ static void copy_grads(rig_t *dst, const rig_t *src) {
 
 static void step(fp8amp_optimizer opt) { EXPECT_OK(fp8amp_optimizer_step(opt, NULL)); }
 
+enum { NPARTS = 7 };
 static fp8amp_tensor *part(fp8amp_param_state *s, int k) {
-    fp8amp_tensor *parts[6] = {&s->exp_avg, &s->exp_avg_scale_inv, &s->exp_avg_sq, &s->exp_avg_sq_scale_inv, &s->master,
-                               &s->master_scale_inv};
+    fp8amp_tensor *parts[NPARTS] = {&s->exp_avg, &s->exp_avg_scale_inv, &s->exp_avg_sq, &s->exp_avg_sq_scale_inv,
+                                    &s->master, &s->master_scale_inv, &s->param_meta_history};
     return parts[k];
 }
 
@@ -111,7 +139,7 @@ static void get_state(fp8amp_optimizer opt, int32_t index, fp8amp_param_state *s
 }
 
 static void free_state(fp8amp_param_state *s) {
-    for (int k = 0; k < 6; ++k) EXPECT_OK(fp8amp_tensor_destroy(*part(s, k)));
+    for (int k = 0; k < NPARTS; ++k) EXPECT_OK(fp8amp_tensor_destroy(*part(s, k)));
 }
 
 /* Every part's bytes, concatenated (a snapshot of one parameter's state). */
@@ -119,19 +147,22 @@ static unsigned char *state_bytes(fp8amp_optimizer opt, int32_t index, size_t *s
     fp8amp_param_state s;
     get_state(opt, index, &s);
     size_t total = 0;
-    for (int k = 0; k < 6; ++k)
+    for (int k = 0; k < NPARTS; ++k)
         if (*part(&s, k)) total += tensor_bytes(*part(&s, k));
-    unsigned char *buf = xmalloc(total + 8);
+    unsigned char *buf = xmalloc(total + 24);
     size_t at = 0;
-    for (int k = 0; k < 6; ++k)
+    for (int k = 0; k < NPARTS; ++k)
         if (*part(&s, k)) {
             const size_t n = tensor_bytes(*part(&s, k));
             EXPECT_OK(fp8amp_tensor_copy_to_host(*part(&s, k), buf + at, n));
             at += n;
         }
     memcpy(buf + at, &s.step, 8);
+    memcpy(buf + at + 8, &s.param_meta_scale, 4);
+    memcpy(buf + at + 12, &s.param_meta_amax, 4);
+    memcpy(buf + at + 16, &s.param_meta_updates, 8);
     free_state(&s);
-    *size = total + 8;
+    *size = total + 24;
     return buf;
 }
 
@@ -170,6 +201,16 @@ static void round_trip(void **state, fp8amp_opt_level level, int32_t block) {
         get_state(a.opt, i, &s);
         assert_int_equal(s.step, steps);
         assert_int_equal(s.has_master, level == FP8AMP_OPT_LEVEL_O3 && kDtype[i] != FP8AMP_DTYPE_F32);
+        assert_int_equal(s.param_meta_history != NULL, kDtype[i] == FP8AMP_DTYPE_E4M3);
+        if (s.param_meta_history) { /* the meta as fp8amp_scaling_get reads it */
+            float scale = 0.0f, amax = 0.0f, history[4];
+            EXPECT_OK(fp8amp_scaling_get(a.meta, &scale, NULL, &amax));
+            EXPECT_OK(fp8amp_scaling_get_history(a.meta, 4, history));
+            assert_int_equal(f32_bits(s.param_meta_scale), f32_bits(scale));
+            assert_int_equal(f32_bits(s.param_meta_amax), f32_bits(amax));
+            assert_int_equal(s.param_meta_updates, steps);
+            expect_bytes(s.param_meta_history, history, sizeof history);
+        }
         assert_int_equal(s.master != NULL, s.has_master);
         assert_int_equal(s.exp_avg_scale_inv != NULL, level != FP8AMP_OPT_LEVEL_O1);
         fp8amp_dtype dt;
@@ -522,6 +563,56 @@ static void test_bad_input(void **state) {
         EXPECT_OK(fp8amp_tensor_destroy(e5));
         EXPECT_OK(fp8amp_tensor_destroy(flat_t));
         free(x);
+    }
+    /* the meta's state: for a parameter without meta; wrong length or dtype; out of domain */
+    {
+        fp8amp_param_state g3;
+        get_state(a.opt, 3, &g3);
+        assert_non_null(g3.param_meta_history);
+        s = good0;
+        s.param_meta_history = g3.param_meta_history;
+        s.param_meta_scale = 1.0f;
+        REFUSED(fp8amp_optimizer_set_param_state(a.opt, 0, &s), FP8AMP_ERROR_INVALID_ARGUMENT);
+        const int64_t five = 5;
+        float *h = tensor_to_host(g3.param_meta_history);
+        fp8amp_tensor long_h = make_tensor(ctx, FP8AMP_DTYPE_F32, 1, &five);
+        fp8amp_tensor f16_h = make_tensor(ctx, FP8AMP_DTYPE_F16, 1, (const int64_t[]){4});
+        h[test_rng_u64() % 4] = -1.0f;
+        fp8amp_tensor neg_h = tensor_from_host(ctx, FP8AMP_DTYPE_F32, 1, (const int64_t[]){4}, h);
+        s = g3;
+        s.param_meta_history = long_h;
+        REFUSED(fp8amp_optimizer_set_param_state(a.opt, 3, &s), FP8AMP_ERROR_SHAPE_MISMATCH);
+        s.param_meta_history = f16_h;
+        REFUSED(fp8amp_optimizer_set_param_state(a.opt, 3, &s), FP8AMP_ERROR_DTYPE_MISMATCH);
+        s.param_meta_history = neg_h;
+        REFUSED(fp8amp_optimizer_set_param_state(a.opt, 3, &s), FP8AMP_ERROR_INVALID_ARGUMENT);
+        s = g3;
+        s.param_meta_scale = 0.0f;
+        REFUSED(fp8amp_optimizer_set_param_state(a.opt, 3, &s), FP8AMP_ERROR_INVALID_ARGUMENT);
+        s.param_meta_scale = INFINITY;
+        REFUSED(fp8amp_optimizer_set_param_state(a.opt, 3, &s), FP8AMP_ERROR_INVALID_ARGUMENT);
+        s = g3;
+        s.param_meta_amax = NAN;
+        REFUSED(fp8amp_optimizer_set_param_state(a.opt, 3, &s), FP8AMP_ERROR_INVALID_ARGUMENT);
+        s = g3;
+        s.param_meta_updates = -1;
+        REFUSED(fp8amp_optimizer_set_param_state(a.opt, 3, &s), FP8AMP_ERROR_INVALID_ARGUMENT);
+        s.param_meta_updates = (int64_t)UINT32_MAX + 1;
+        REFUSED(fp8amp_optimizer_set_param_state(a.opt, 3, &s), FP8AMP_ERROR_INVALID_ARGUMENT);
+        /* a valid other meta state goes in, and the original back */
+        s = g3;
+        s.param_meta_scale = 0.25f;
+        EXPECT_OK(fp8amp_optimizer_set_param_state(a.opt, 3, &s));
+        float scale = 0.0f;
+        EXPECT_OK(fp8amp_scaling_get(a.meta, &scale, NULL, NULL));
+        assert_true(scale == 0.25f);
+        EXPECT_OK(fp8amp_optimizer_set_param_state(a.opt, 3, &g3));
+        expect_unchanged(a.opt, &before);
+        EXPECT_OK(fp8amp_tensor_destroy(long_h));
+        EXPECT_OK(fp8amp_tensor_destroy(f16_h));
+        EXPECT_OK(fp8amp_tensor_destroy(neg_h));
+        free(h);
+        free_state(&g3);
     }
     /* set_step: out of range; a bad handle */
     REFUSED(fp8amp_optimizer_set_step(a.opt, -1), FP8AMP_ERROR_INVALID_ARGUMENT);

@@ -514,6 +514,10 @@ struct fp8amp_param_state
     exp_avg_sq_scale_inv::fp8amp_tensor
     master::fp8amp_tensor
     master_scale_inv::fp8amp_tensor
+    param_meta_history::fp8amp_tensor
+    param_meta_scale::Cfloat
+    param_meta_amax::Cfloat
+    param_meta_updates::Int64
 end
 
 function fp8amp_param_state_init(state, size)

@@ -1,5 +1,5 @@
 """fp8amp.Optimizer.param_state / set_param_state / set_step (fp8amp_optimizer_param_state, docs/api.md
-12.7), without torch: the views' layout, a bit-exact round trip into a fresh optimizer that then steps
+12.10), without torch: the views' layout, a bit-exact round trip into a fresh optimizer that then steps
 to the same bytes, values quantized with the block scaling (checked against ml_dtypes), and refusals
 that change nothing."""
 import ml_dtypes
@@ -33,7 +33,7 @@ def _make(ctx, level, values, block=128):
 
 
 def _bytes(state):
-    return {k: (v if isinstance(v, int) else v.numpy().tobytes()) for k, v in state.items()}
+    return {k: (v if isinstance(v, (int, float)) else v.numpy().tobytes()) for k, v in state.items()}
 
 
 def _step(opt, grads, gvals):

@@ -340,9 +340,10 @@ class Optimizer(Handle):
                             % type(data).__name__) from None
         check(lib.fp8amp_optimizer_load(self._h, ffi.from_buffer(data), len(data)))
 
-    # ---- one parameter's state as tensors (docs/api.md 12.7) ------------------------------------
+    # ---- one parameter's state as tensors (docs/api.md 12.10) ------------------------------------
 
-    _STATE_PARTS = ("exp_avg", "exp_avg_scale_inv", "exp_avg_sq", "exp_avg_sq_scale_inv", "master", "master_scale_inv")
+    _STATE_PARTS = ("exp_avg", "exp_avg_scale_inv", "exp_avg_sq", "exp_avg_sq_scale_inv", "master", "master_scale_inv",
+                    "param_meta_history")
 
     def param_state(self, index: int) -> Dict[str, Any]:
         """fp8amp_optimizer_param_state: parameter ``index``'s state (add_param order) as a dict of
@@ -351,7 +352,10 @@ class Optimizer(Handle):
         with ``exp_avg_scale_inv`` (F32 [blocks]; absent at O1), ``exp_avg_sq`` (F32 or F16) with
         ``exp_avg_sq_scale_inv``, and for a parameter with an F16 master copy ``master`` with
         ``master_scale_inv``; plus ``step``, the optimizer's step count (an int). Each value is code *
-        its block's scale_inv. A sharded optimizer raises NotSupportedError."""
+        its block's scale_inv. For a parameter bound to a Scaling (O3's E4M3 weights), whose delayed
+        scale the steps drive, also its meta's state: ``param_meta_history`` (a copy of the amax
+        history, F32, newest first), ``param_meta_scale``, ``param_meta_amax`` (floats) and
+        ``param_meta_updates`` (an int). A sharded optimizer raises NotSupportedError."""
         where = "fp8amp_optimizer_param_state"
         if not hasattr(lib, where):
             raise NotSupportedError(lib.FP8AMP_ERROR_NOT_SUPPORTED, "%s needs libfp8amp 0.4.0 or later" % where)
@@ -364,12 +368,17 @@ class Optimizer(Handle):
             if h != NULL:
                 state[name] = Tensor._new(h, self._context)
         state["step"] = int(out.step)
+        if "param_meta_history" in state:
+            state["param_meta_scale"] = float(out.param_meta_scale)
+            state["param_meta_amax"] = float(out.param_meta_amax)
+            state["param_meta_updates"] = int(out.param_meta_updates)
         return state
 
     def set_param_state(self, index: int, state: Mapping[str, Any]) -> None:
         """fp8amp_optimizer_set_param_state: writes parameter ``index``'s m, v and master copy from a
         mapping with param_state()'s keys (``step`` and unknown keys are ignored; set_step sets the
-        step count). Each part is either exact -- the stored dtype with its ``*_scale_inv`` Tensor,
+        step count; ``param_meta_history`` with ``param_meta_scale``, ``param_meta_amax`` and
+        ``param_meta_updates`` restores a scaled parameter's meta). Each part is either exact -- the stored dtype with its ``*_scale_inv`` Tensor,
         copied bit for bit (param_state() of this or another optimizer round-trips) -- or values: an
         F32/BF16/F16 Tensor without scales, quantized with the optimizer's block scaling. Tensors are
         on the optimizer's device with the parameter's shape. Everything is validated first: a
@@ -383,6 +392,10 @@ class Optimizer(Handle):
         check(lib.fp8amp_param_state_init(s, ffi.sizeof("fp8amp_param_state")))
         for name in self._STATE_PARTS:
             setattr(s, name, handle_of(state.get(name), Tensor, where, "state[%r]" % name, optional=True))
+        if state.get("param_meta_history") is not None:  # the meta's state goes with its history
+            s.param_meta_scale = as_float(state.get("param_meta_scale"), where, "state['param_meta_scale']")
+            s.param_meta_amax = as_float(state.get("param_meta_amax"), where, "state['param_meta_amax']")
+            s.param_meta_updates = as_int(state.get("param_meta_updates"), where, "state['param_meta_updates']")
         check(lib.fp8amp_optimizer_set_param_state(self._h, as_int(index, where, "index", "int32_t"), s))
 
     def set_step(self, step: int) -> None:

@@ -224,6 +224,10 @@ pub struct fp8amp_param_state {
     pub exp_avg_sq_scale_inv: fp8amp_tensor,
     pub master: fp8amp_tensor,
     pub master_scale_inv: fp8amp_tensor,
+    pub param_meta_history: fp8amp_tensor,
+    pub param_meta_scale: f32,
+    pub param_meta_amax: f32,
+    pub param_meta_updates: i64,
 }
 
 #[repr(C)]
