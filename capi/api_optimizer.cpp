@@ -1,5 +1,6 @@
 // The boundary of the optimizer and the loss scaler (fp8amp.h "Adam / AdamW ..."): argument checks,
 // handle lookups, and core calls; no engine logic.
+#include <algorithm>
 #include <cstring>
 
 #include "communicator.hpp"
@@ -20,6 +21,10 @@ inline constexpr size_t fields_end(const fp8amp_param_desc *) {
 // with master_init NULL.
 inline constexpr size_t kParamDescFirstLayout = offsetof(fp8amp_param_desc, master_init);
 inline constexpr size_t released_size(const fp8amp_param_desc *) { return kParamDescFirstLayout; }
+inline constexpr size_t fields_end(const fp8amp_param_state *) {
+    return offsetof(fp8amp_param_state, param_meta_updates) + sizeof(int64_t);
+}
+inline constexpr size_t released_size(const fp8amp_param_state *) { return sizeof(fp8amp_param_state); }
 
 using fp8amp::fail;
 using fp8amp::read_sized;
@@ -276,6 +281,95 @@ FP8AMP_API fp8amp_status fp8amp_optimizer_load(fp8amp_optimizer opt, const void 
         auto o = lookup<Optimizer>(opt, "opt");
         require(data, "data");
         o->load(static_cast<const unsigned char *>(data), size);
+    });
+}
+
+FP8AMP_API fp8amp_status fp8amp_param_state_init(fp8amp_param_state *state, size_t size) {
+    FP8AMP_GUARD({
+        require(state, "state");
+        fp8amp_param_state d{};
+        d.struct_size = sizeof d;
+        fp8amp::write_sized(state, size, d, "fp8amp_param_state");
+    });
+}
+
+namespace {
+// The bodies of fp8amp_optimizer_param_state and _set_param_state (out of FP8AMP_GUARD: their
+// braced initializers hold commas the macro would split at).
+void param_state_impl(fp8amp_optimizer opt, int32_t index, fp8amp_param_state *out) {
+    auto o = lookup<Optimizer>(opt, "opt");
+    require(out, "out");
+    // Checks out->struct_size (and that a newer caller's extra fields are zero) before anything.
+    fp8amp_param_state r = read_sized(*out, "out", "fp8amp_param_state", "fp8amp_param_state_init");
+    const uint32_t caller_size = out->struct_size;
+    Optimizer::StateTensors views = o->param_state(index);
+    const int64_t step = o->status().step;
+    // Registers every view, or none: a failure part-way unregisters those already published.
+    std::shared_ptr<Tensor> *parts[7] = {&views.m, &views.m_scale, &views.v, &views.v_scale, &views.master,
+                                         &views.master_scale, &views.meta_history};
+    fp8amp_tensor handles[7] = {};
+    try {
+        for (int k = 0; k < 7; ++k)
+            if (*parts[k]) handles[k] = reinterpret_cast<fp8amp_tensor>(fp8amp::core::register_handle(std::move(*parts[k])));
+    } catch (...) {
+        for (fp8amp_tensor h : handles)
+            if (h) fp8amp::core::unregister_object(h, Tensor::kKind, "view");
+        throw;
+    }
+    r.has_master = handles[4] ? 1 : 0;
+    r.step = step;
+    r.exp_avg = handles[0];
+    r.exp_avg_scale_inv = handles[1];
+    r.exp_avg_sq = handles[2];
+    r.exp_avg_sq_scale_inv = handles[3];
+    r.master = handles[4];
+    r.master_scale_inv = handles[5];
+    r.param_meta_history = handles[6];
+    r.param_meta_scale = views.meta_scale;
+    r.param_meta_amax = views.meta_amax;
+    r.param_meta_updates = views.meta_updates;
+    r.struct_size = caller_size;
+    std::memcpy(out, &r, std::min<size_t>(caller_size, sizeof r));
+}
+
+void set_param_state_impl(fp8amp_optimizer opt, int32_t index, const fp8amp_param_state *state) {
+    auto o = lookup<Optimizer>(opt, "opt");
+    require(state, "state");
+    const fp8amp_param_state s = read_sized(*state, "state", "fp8amp_param_state", "fp8amp_param_state_init");
+    // Each tensor is looked up (and kept alive) for the call; NULL stays null.
+    auto get = [](fp8amp_tensor h, const char *name) { return h ? lookup<Tensor>(h, name) : nullptr; };
+    const auto m = get(s.exp_avg, "state->exp_avg"), ms = get(s.exp_avg_scale_inv, "state->exp_avg_scale_inv"),
+               v = get(s.exp_avg_sq, "state->exp_avg_sq"), vs = get(s.exp_avg_sq_scale_inv, "state->exp_avg_sq_scale_inv"),
+               w = get(s.master, "state->master"), ws = get(s.master_scale_inv, "state->master_scale_inv"),
+               mh = get(s.param_meta_history, "state->param_meta_history");
+    Optimizer::StateInput in;
+    in.m = m.get();
+    in.m_scale = ms.get();
+    in.v = v.get();
+    in.v_scale = vs.get();
+    in.master = w.get();
+    in.master_scale = ws.get();
+    in.meta_history = mh.get();
+    in.meta_scale = s.param_meta_scale;
+    in.meta_amax = s.param_meta_amax;
+    in.meta_updates = s.param_meta_updates;
+    o->set_param_state(index, in);
+}
+}  // namespace
+
+FP8AMP_API fp8amp_status fp8amp_optimizer_param_state(fp8amp_optimizer opt, int32_t index, fp8amp_param_state *out) {
+    FP8AMP_GUARD({ param_state_impl(opt, index, out); });
+}
+
+FP8AMP_API fp8amp_status fp8amp_optimizer_set_param_state(fp8amp_optimizer opt, int32_t index,
+                                                          const fp8amp_param_state *state) {
+    FP8AMP_GUARD({ set_param_state_impl(opt, index, state); });
+}
+
+FP8AMP_API fp8amp_status fp8amp_optimizer_set_step(fp8amp_optimizer opt, int64_t step) {
+    FP8AMP_GUARD({
+        auto o = lookup<Optimizer>(opt, "opt");
+        o->set_step(step);
     });
 }
 

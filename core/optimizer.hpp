@@ -56,6 +56,26 @@ public:
     size_t save(unsigned char *buffer) const;
     void load(const unsigned char *data, size_t size);
 
+    // One parameter's state as tensors (fp8amp_optimizer_param_state, _set_param_state, _set_step;
+    // core/optimizer_state.cpp). Unsharded optimizers only.
+    struct StateTensors {
+        std::shared_ptr<Tensor> m, m_scale, v, v_scale, master, master_scale;
+        // A parameter bound to a meta: a copy of its amax history (newest first), its scale, recorded
+        // amax and update count.
+        std::shared_ptr<Tensor> meta_history;
+        float meta_scale = 0.0f, meta_amax = 0.0f;
+        int64_t meta_updates = 0;
+    };
+    StateTensors param_state(int32_t index) const;  // read-only views of the state's memory
+    struct StateInput {
+        const Tensor *m = nullptr, *m_scale = nullptr, *v = nullptr, *v_scale = nullptr, *master = nullptr,
+                     *master_scale = nullptr, *meta_history = nullptr;
+        float meta_scale = 0.0f, meta_amax = 0.0f;
+        int64_t meta_updates = 0;
+    };
+    void set_param_state(int32_t index, const StateInput &in);
+    void set_step(int64_t step);
+
     // Sharding (fp8amp_optimizer_set_shard; core/optimizer_shard.cpp): before any add_param.
     void set_shard(std::shared_ptr<Communicator> comm);
     bool sharded() const { return comm_ != nullptr; }

@@ -286,6 +286,21 @@ void Tensor::copy_to_host(void *dst, size_t nbytes) const {
     ctx_->backend().copy_to_host(dst, data_, nbytes);
 }
 
+std::shared_ptr<Tensor> Tensor::view(std::shared_ptr<const Context> ctx, std::shared_ptr<Storage> storage,
+                                     fp8amp_dtype dtype, int32_t ndim, const int64_t *shape, bool read_only) {
+    std::shared_ptr<Tensor> t(new Tensor());
+    t->set_shape(dtype, ndim, shape);
+    if (t->nbytes_ > storage->nbytes())
+        fail(FP8AMP_ERROR_INTERNAL, "a view of " + std::to_string(t->nbytes_) + " bytes over a storage of " +
+                                        std::to_string(storage->nbytes()));
+    t->data_ = storage->data();
+    t->device_ = ctx->device();
+    t->read_only_ = read_only;
+    t->storage_ = std::move(storage);
+    t->ctx_ = std::move(ctx);
+    return t;
+}
+
 std::shared_ptr<Tensor> Tensor::scale_inv_tensor() const {
     if (!scale_inv_)
         fail(FP8AMP_ERROR_INVALID_ARGUMENT,

@@ -116,6 +116,13 @@
 %ignore fp8amp_optimizer_set_shard;
 %ignore fp8amp_optimizer_shard_range;
 %rename("$ignore", regextarget=1) "^FP8AMP_COMM_";
+/* One parameter's state as tensor handles (a struct of handles the callee fills with new ones, which
+ * the handle typemaps cannot express): the wrapped languages keep fp8amp_optimizer_save / _load. */
+%ignore fp8amp_param_state;
+%ignore fp8amp_param_state_init;
+%ignore fp8amp_optimizer_param_state;
+%ignore fp8amp_optimizer_set_param_state;
+%ignore fp8amp_optimizer_set_step;
 /* Read-only: the constructors below set it; a caller changing it would describe another layout. */
 %immutable fp8amp_recipe::struct_size;
 %immutable fp8amp_linear_desc::struct_size;

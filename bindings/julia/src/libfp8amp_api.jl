@@ -505,6 +505,38 @@ function fp8amp_optimizer_load(opt, data, size)
     ccall((:fp8amp_optimizer_load, libfp8amp), fp8amp_status, (fp8amp_optimizer, Ptr{Cvoid}, Csize_t), opt, data, size)
 end
 
+struct fp8amp_param_state
+    struct_size::UInt32
+    has_master::Int32
+    step::Int64
+    exp_avg::fp8amp_tensor
+    exp_avg_scale_inv::fp8amp_tensor
+    exp_avg_sq::fp8amp_tensor
+    exp_avg_sq_scale_inv::fp8amp_tensor
+    master::fp8amp_tensor
+    master_scale_inv::fp8amp_tensor
+    param_meta_history::fp8amp_tensor
+    param_meta_scale::Cfloat
+    param_meta_amax::Cfloat
+    param_meta_updates::Int64
+end
+
+function fp8amp_param_state_init(state, size)
+    ccall((:fp8amp_param_state_init, libfp8amp), fp8amp_status, (Ptr{fp8amp_param_state}, Csize_t), state, size)
+end
+
+function fp8amp_optimizer_param_state(opt, index, out)
+    ccall((:fp8amp_optimizer_param_state, libfp8amp), fp8amp_status, (fp8amp_optimizer, Int32, Ptr{fp8amp_param_state}), opt, index, out)
+end
+
+function fp8amp_optimizer_set_param_state(opt, index, state)
+    ccall((:fp8amp_optimizer_set_param_state, libfp8amp), fp8amp_status, (fp8amp_optimizer, Int32, Ptr{fp8amp_param_state}), opt, index, state)
+end
+
+function fp8amp_optimizer_set_step(opt, step)
+    ccall((:fp8amp_optimizer_set_step, libfp8amp), fp8amp_status, (fp8amp_optimizer, Int64), opt, step)
+end
+
 struct fp8amp_grad_scaler_desc
     struct_size::UInt32
     init_scale::Cfloat

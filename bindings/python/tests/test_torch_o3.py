@@ -73,8 +73,8 @@ def test_o3_one_optimizer_per_group_with_global_clipping(tdev, gen):
     assert not o.found_inf and o.step_count == 3
     assert o.grad_norm > 1e-2  # the norm before clipping: the clipping was active
     assert any(not torch.equal(a, b) for a, b in zip(before, bytes_of(m)))
-    sd = opt.state_dict()
-    assert len(sd["fp8amp"]) == 1 and sd["fp8amp_groups"] == [0]
+    blob = opt.fp8amp_state_dict()  # the blob format: one checkpoint per fp8amp optimizer
+    assert len(blob["fp8amp"]) == 1 and blob["fp8amp_groups"] == [0]
 
 
 def test_o3_several_groups_clip_by_the_global_norm(tdev, gen):
@@ -139,13 +139,15 @@ def test_o3_several_groups_checkpoint_round_trip(tdev, gen):
     m1, o1 = fresh()
     run(m1, o1, data, 3)
     msd, osd = {k: v.clone() for k, v in m1.state_dict().items()}, o1.state_dict()
-    assert len(osd["fp8amp"]) == 2 and osd["fp8amp_groups"] == [0, 1]
+    blob = o1.fp8amp_state_dict()  # the blob format: one checkpoint per fp8amp optimizer
+    assert len(blob["fp8amp"]) == 2 and blob["fp8amp_groups"] == [0, 1]
     run(m1, o1, data[1:], 2)
-    m2, o2 = fresh()
-    m2.load_state_dict(msd)
-    o2.load_state_dict(osd)
-    run(m2, o2, data[1:], 2)
-    assert all(torch.equal(a, b) for a, b in zip(bytes_of(m1), bytes_of(m2)))
+    for sd in (osd, blob):  # torch's layout (test_torch_checkpoint.py) and the blobs
+        m2, o2 = fresh()
+        m2.load_state_dict(msd)
+        o2.load_state_dict(sd)
+        run(m2, o2, data[1:], 2)
+        assert all(torch.equal(a, b) for a, b in zip(bytes_of(m1), bytes_of(m2)))
 
 
 def test_process_group_refused_on_the_cpu():

@@ -904,6 +904,85 @@ FP8AMP_API fp8amp_status fp8amp_optimizer_save(fp8amp_optimizer opt, void *buffe
  *  CUDA. */
 FP8AMP_API fp8amp_status fp8amp_optimizer_load(fp8amp_optimizer opt, const void *data, size_t size);
 
+/** One parameter's optimizer state as tensors: what fp8amp_optimizer_param_state gives and
+ *  fp8amp_optimizer_set_param_state takes (docs/api.md section 12.10). Initialize with
+ *  fp8amp_param_state_init. The state tensors have the parameter's shape; each block scale tensor is
+ *  F32 [ceil(numel / state_block_size)] ([1] with state_block_size 0), element b the scale_inv of
+ *  elements b*block .. b*block+block-1 (value = code * scale_inv). Since 0.4.0. */
+typedef struct fp8amp_param_state {
+    uint32_t struct_size;               /**< sizeof(fp8amp_param_state), set by fp8amp_param_state_init */
+    int32_t has_master;                 /**< out: 1 if the parameter has an F16 master copy, else 0 (set ignores it) */
+    int64_t step;                       /**< out: the optimizer's step count, shared by every parameter
+                                             (set ignores it: fp8amp_optimizer_set_step) */
+    fp8amp_tensor exp_avg;              /**< m: F32 (O1) or E4M3 (O2/O3) */
+    fp8amp_tensor exp_avg_scale_inv;    /**< E4M3 m's block scales; NULL at O1 */
+    fp8amp_tensor exp_avg_sq;           /**< v: F32 (O1) or F16 (O2/O3) */
+    fp8amp_tensor exp_avg_sq_scale_inv; /**< F16 v's block scales; NULL at O1 */
+    fp8amp_tensor master;               /**< the F16 master copy; NULL without one */
+    fp8amp_tensor master_scale_inv;     /**< its block scales; NULL without one */
+    /* A scaled parameter (bound to a meta: O3's E4M3 weights) is written by each step with its
+     * meta's delayed scale, so the meta's state belongs to the optimizer's state too: */
+    fp8amp_tensor param_meta_history;   /**< a copy of the meta's amax history, F32 [amax_history_len],
+                                             newest first; NULL for an unscaled parameter. set: given,
+                                             restores the meta's state (the three fields below with it);
+                                             NULL leaves the meta as it is */
+    float param_meta_scale;             /**< the meta's scale (the next step writes the parameter with it) */
+    float param_meta_amax;              /**< the amax the meta recorded since its last update */
+    int64_t param_meta_updates;         /**< the meta's update count (the phase of the recipe's interval) */
+} fp8amp_param_state;
+
+/** Fills the caller's struct of `size` bytes -- pass sizeof(fp8amp_param_state) -- with zeros and
+ *  NULL handles (struct_size = size). Since 0.4.0. Statuses: SUCCESS; INVALID_ARGUMENT (NULL; a
+ *  size as for fp8amp_recipe_init). */
+FP8AMP_API fp8amp_status fp8amp_param_state_init(fp8amp_param_state *state, size_t size);
+
+/** Reads parameter `index`'s state (0-based, in add_param order): fills out's tensors with NEW
+ *  handles, read-only views of the optimizer's own memory in the stored dtypes (no copy; a later
+ *  step or set shows through them; each keeps its memory alive, also past fp8amp_optimizer_destroy).
+ *  The caller destroys each non-NULL one with fp8amp_tensor_destroy. Absent parts (O1's scales, a
+ *  parameter without master) are NULL. param_meta_history is a new tensor too, a copy (the meta's
+ *  state lives in one allocation). On failure out is unchanged. Synchronizes.
+ *  out->struct_size must be set (fp8amp_param_state_init). Since 0.4.0.
+ *  Statuses: SUCCESS; INVALID_HANDLE; INVALID_ARGUMENT (NULL out, a bad out->struct_size, index not
+ *  in 0..count-1); NOT_SUPPORTED (a sharded optimizer: its state is per rank, use
+ *  fp8amp_optimizer_save); OUT_OF_MEMORY; CUDA. */
+FP8AMP_API fp8amp_status fp8amp_optimizer_param_state(fp8amp_optimizer opt, int32_t index, fp8amp_param_state *out);
+
+/** Writes parameter `index`'s m, v and (if it has one) master copy from the caller's tensors, each
+ *  on the optimizer's device with the parameter's shape, in one of two forms per part:
+ *  - exact: the stored dtype (E4M3 m / F16 v / F16 master, or F32 m and v at O1) with its block
+ *    scale tensor (F32, the optimizer's block count; O1's m and v take none): copied bit-exactly
+ *    (what fp8amp_optimizer_param_state gave round-trips);
+ *  - values: an F32, BF16 or F16 tensor with a NULL scale tensor: quantized with the optimizer's
+ *    own block scaling (per block the largest power-of-two scale with amax * scale <= 448 for m,
+ *    65504 for v and the master; round to nearest), as a step writes them.
+ *  exp_avg and exp_avg_sq are required; master is required for a parameter with a master copy and
+ *  must be NULL for one without. m and the master must be finite, v finite and >= 0 (each value as
+ *  code * scale_inv), block scales powers of two in [2^-126, 2^126]. param_meta_history, when given
+ *  (the parameter must be bound to a meta; F32 [its recipe's amax_history_len], amaxes >= 0 or
+ *  +inf), restores the meta with param_meta_scale (a normal float > 0; scale_inv becomes 1/scale),
+ *  param_meta_amax (>= 0 or +inf) and param_meta_updates (0..2^32-1); its recipe and statistics
+ *  counters stay. The parameter's codes and scale_inv, the step count (fp8amp_optimizer_set_step)
+ *  and has_master/step of `state` are left alone. Everything is
+ *  checked before anything is written: a failure changes nothing. Synchronizes. Since 0.4.0.
+ *  Statuses: SUCCESS; INVALID_HANDLE (opt or a tensor); INVALID_ARGUMENT (NULL state, a bad
+ *  struct_size, index out of range, a required tensor NULL, a master for a parameter without one,
+ *  a scale tensor where the part has no block scales (O1), a value or scale outside its domain, a
+ *  meta history for a parameter without meta);
+ *  SHAPE_MISMATCH (a state tensor not of the parameter's shape, a scale tensor not [blocks]);
+ *  (a meta history not [amax_history_len]); DTYPE_MISMATCH (a scale tensor or the meta history not
+ *  F32, a tensor with scales not of the stored dtype, one without
+ *  scales not F32/BF16/F16); DEVICE_MISMATCH (a tensor on another device); NOT_SUPPORTED (a sharded
+ *  optimizer); CUDA. */
+FP8AMP_API fp8amp_status fp8amp_optimizer_set_param_state(fp8amp_optimizer opt, int32_t index,
+                                                          const fp8amp_param_state *state);
+
+/** Sets the optimizer's step count (the bias corrections of the next step use step + 1), e.g. when
+ *  loading another optimizer's state with fp8amp_optimizer_set_param_state. found_inf and the
+ *  gradient norm of the last step are left alone. Synchronizes. Since 0.4.0.
+ *  Statuses: SUCCESS; INVALID_HANDLE; INVALID_ARGUMENT (step not in 0..2^62); CUDA. */
+FP8AMP_API fp8amp_status fp8amp_optimizer_set_step(fp8amp_optimizer opt, int64_t step);
+
 /** Dynamic loss scaler: torch.cuda.amp.GradScaler's growth/backoff/interval semantics plus
  *  hysteresis (Megatron's): after a step with found_inf, the growth count resets and the hysteresis
  *  count drops by one; when it reaches 0 the scale is multiplied by backoff_factor. After

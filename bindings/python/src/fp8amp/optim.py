@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-from typing import Any, Iterable, List, Optional, Tuple
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Tuple
 
 from ._args import as_enum, as_float, as_int, finite_nonnegative, handle_of
 from ._ffi import NULL, ffi, lib
@@ -344,6 +344,72 @@ class Optimizer(Handle):
             raise TypeError("fp8amp_optimizer_load: data must be a bytes-like object, not %s"
                             % type(data).__name__) from None
         check(lib.fp8amp_optimizer_load(self._h, ffi.from_buffer(data), len(data)))
+
+    # ---- one parameter's state as tensors (docs/api.md 12.10) ------------------------------------
+
+    _STATE_PARTS = ("exp_avg", "exp_avg_scale_inv", "exp_avg_sq", "exp_avg_sq_scale_inv", "master", "master_scale_inv",
+                    "param_meta_history")
+
+    def param_state(self, index: int) -> Dict[str, Any]:
+        """fp8amp_optimizer_param_state: parameter ``index``'s state (add_param order) as a dict of
+        read-only Tensor views of the optimizer's own memory, in the stored dtypes (no copy; a later
+        step shows through them; they keep that memory alive): ``exp_avg`` (F32 at O1, else E4M3)
+        with ``exp_avg_scale_inv`` (F32 [blocks]; absent at O1), ``exp_avg_sq`` (F32 or F16) with
+        ``exp_avg_sq_scale_inv``, and for a parameter with an F16 master copy ``master`` with
+        ``master_scale_inv``; plus ``step``, the optimizer's step count (an int). Each value is code *
+        its block's scale_inv. For a parameter bound to a Scaling (O3's E4M3 weights), whose delayed
+        scale the steps drive, also its meta's state: ``param_meta_history`` (a copy of the amax
+        history, F32, newest first), ``param_meta_scale``, ``param_meta_amax`` (floats) and
+        ``param_meta_updates`` (an int). A sharded optimizer raises NotSupportedError."""
+        where = "fp8amp_optimizer_param_state"
+        if not hasattr(lib, where):
+            raise NotSupportedError(lib.FP8AMP_ERROR_NOT_SUPPORTED, "%s needs libfp8amp 0.4.0 or later" % where)
+        out = ffi.new("fp8amp_param_state *")
+        check(lib.fp8amp_param_state_init(out, ffi.sizeof("fp8amp_param_state")))
+        check(lib.fp8amp_optimizer_param_state(self._h, as_int(index, where, "index", "int32_t"), out))
+        state: Dict[str, Any] = {}
+        for name in self._STATE_PARTS:  # each handle becomes a Tensor at once: none can leak
+            h = getattr(out, name)
+            if h != NULL:
+                state[name] = Tensor._new(h, self._context)
+        state["step"] = int(out.step)
+        if "param_meta_history" in state:
+            state["param_meta_scale"] = float(out.param_meta_scale)
+            state["param_meta_amax"] = float(out.param_meta_amax)
+            state["param_meta_updates"] = int(out.param_meta_updates)
+        return state
+
+    def set_param_state(self, index: int, state: Mapping[str, Any]) -> None:
+        """fp8amp_optimizer_set_param_state: writes parameter ``index``'s m, v and master copy from a
+        mapping with param_state()'s keys (``step`` and unknown keys are ignored; set_step sets the
+        step count; ``param_meta_history`` with ``param_meta_scale``, ``param_meta_amax`` and
+        ``param_meta_updates`` restores a scaled parameter's meta). Each part is either exact -- the stored dtype with its ``*_scale_inv`` Tensor,
+        copied bit for bit (param_state() of this or another optimizer round-trips) -- or values: an
+        F32/BF16/F16 Tensor without scales, quantized with the optimizer's block scaling. Tensors are
+        on the optimizer's device with the parameter's shape. Everything is validated first: a
+        failure (ShapeMismatchError, DTypeMismatchError, InvalidArgumentError, ...) changes nothing."""
+        where = "fp8amp_optimizer_set_param_state"
+        if not hasattr(lib, where):
+            raise NotSupportedError(lib.FP8AMP_ERROR_NOT_SUPPORTED, "%s needs libfp8amp 0.4.0 or later" % where)
+        if not hasattr(state, "get"):
+            raise TypeError("%s: state must be a mapping (param_state()'s keys), not %s" % (where, type(state).__name__))
+        s = ffi.new("fp8amp_param_state *")
+        check(lib.fp8amp_param_state_init(s, ffi.sizeof("fp8amp_param_state")))
+        for name in self._STATE_PARTS:
+            setattr(s, name, handle_of(state.get(name), Tensor, where, "state[%r]" % name, optional=True))
+        if state.get("param_meta_history") is not None:  # the meta's state goes with its history
+            s.param_meta_scale = as_float(state.get("param_meta_scale"), where, "state['param_meta_scale']")
+            s.param_meta_amax = as_float(state.get("param_meta_amax"), where, "state['param_meta_amax']")
+            s.param_meta_updates = as_int(state.get("param_meta_updates"), where, "state['param_meta_updates']")
+        check(lib.fp8amp_optimizer_set_param_state(self._h, as_int(index, where, "index", "int32_t"), s))
+
+    def set_step(self, step: int) -> None:
+        """fp8amp_optimizer_set_step: sets the step count (0..2^62; the next step's bias corrections
+        use step + 1)."""
+        where = "fp8amp_optimizer_set_step"
+        if not hasattr(lib, where):
+            raise NotSupportedError(lib.FP8AMP_ERROR_NOT_SUPPORTED, "%s needs libfp8amp 0.4.0 or later" % where)
+        check(lib.fp8amp_optimizer_set_step(self._h, as_int(step, where, "step", "int64_t")))
 
     def __repr__(self) -> str:
         return "fp8amp.Optimizer(%s, %d params%s)" % ("AdamW" if self._config.adamw else "Adam", len(self._params),

@@ -215,6 +215,24 @@ pub struct fp8amp_param_desc {
 
 #[repr(C)]
 #[derive(Debug, Copy, Clone, PartialEq)]
+pub struct fp8amp_param_state {
+    pub struct_size: u32,
+    pub has_master: i32,
+    pub step: i64,
+    pub exp_avg: fp8amp_tensor,
+    pub exp_avg_scale_inv: fp8amp_tensor,
+    pub exp_avg_sq: fp8amp_tensor,
+    pub exp_avg_sq_scale_inv: fp8amp_tensor,
+    pub master: fp8amp_tensor,
+    pub master_scale_inv: fp8amp_tensor,
+    pub param_meta_history: fp8amp_tensor,
+    pub param_meta_scale: f32,
+    pub param_meta_amax: f32,
+    pub param_meta_updates: i64,
+}
+
+#[repr(C)]
+#[derive(Debug, Copy, Clone, PartialEq)]
 pub struct fp8amp_adam_step_args {
     pub struct_size: u32,
     pub lr: f32,
@@ -432,6 +450,14 @@ extern "C" {
         size: *mut usize,
     ) -> fp8amp_status;
     pub fn fp8amp_optimizer_load(opt: fp8amp_optimizer, data: *const c_void, size: usize) -> fp8amp_status;
+    pub fn fp8amp_param_state_init(state: *mut fp8amp_param_state, size: usize) -> fp8amp_status;
+    pub fn fp8amp_optimizer_param_state(opt: fp8amp_optimizer, index: i32, out: *mut fp8amp_param_state) -> fp8amp_status;
+    pub fn fp8amp_optimizer_set_param_state(
+        opt: fp8amp_optimizer,
+        index: i32,
+        state: *const fp8amp_param_state,
+    ) -> fp8amp_status;
+    pub fn fp8amp_optimizer_set_step(opt: fp8amp_optimizer, step: i64) -> fp8amp_status;
     pub fn fp8amp_grad_scaler_desc_init(desc: *mut fp8amp_grad_scaler_desc, size: usize) -> fp8amp_status;
     pub fn fp8amp_grad_scaler_desc_init_default(desc: *mut fp8amp_grad_scaler_desc) -> fp8amp_status;
     pub fn fp8amp_grad_scaler_create(

@@ -402,6 +402,7 @@ fn struct_layouts_match_the_c_compiler() {
         fp8amp_linear_desc { struct_size, in_features, out_features, has_bias, weight_dtype, wgrad_dtype, recipe, policy, graph_replay }
         fp8amp_adam_desc { struct_size, adamw, lr, beta1, beta2, eps, weight_decay, maximize, exp_avg_dtype, exp_avg_sq_dtype, master_dtype, state_block_size, max_grad_norm, master_rounding, rounding_seed }
         fp8amp_param_desc { struct_size, master_dtype, master_init }
+        fp8amp_param_state { struct_size, has_master, step, exp_avg, exp_avg_scale_inv, exp_avg_sq, exp_avg_sq_scale_inv, master, master_scale_inv, param_meta_history, param_meta_scale, param_meta_amax, param_meta_updates }
         fp8amp_adam_step_args { struct_size, lr, lr_device, grad_scale_inv, scaler }
         fp8amp_grad_scaler_desc { struct_size, init_scale, growth_factor, backoff_factor, growth_interval, hysteresis }
         fp8amp_grad_scaler_state { scale, growth_tracker, hysteresis_left }

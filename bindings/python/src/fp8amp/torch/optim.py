@@ -42,9 +42,12 @@ class Optimizer(torch.optim.Optimizer):
     the scale and the found-inf flag, unscales inside fp8amp's step and skips on overflow) and with
     this module's ``GradScaler`` (``step(scaler=...)``); with either, ``scaler.unscale_(opt)`` may come
     first (then ``torch.nn.utils.clip_grad_norm_``): the step then takes the gradients as they are.
-    ``state_dict()``/``load_state_dict()`` carry fp8amp's checkpoints (parameters, m, v, master
-    copies, scales, step count) as bytes plus the groups' hyperparameters (one per param group; an O3
-    state dict of fp8amp 0.4.0's first release, two per group, does not load).
+    ``state_dict()`` has torch's layout with fp8amp's compact storage as tensors (m, v, O3's masters,
+    their block scales, O3 weights' scaling metas, step), for torch.save, torch.distributed.checkpoint
+    and safetensors; ``load_state_dict()`` takes it, a plain torch AdamW/Adam state dict, or the blob
+    format of earlier releases (``fp8amp_state_dict()``; an O3 blob state dict of fp8amp 0.4.0's
+    first release, two per group, does not load); ``torch_state_dict()`` goes back to torch's
+    optimizers (docs/torch.md "Checkpoints").
     """
 
     _step_supports_amp_scaling = True
@@ -62,7 +65,13 @@ class Optimizer(torch.optim.Optimizer):
         self._plain: List[Tuple[nn.Parameter, torch.Tensor]] = []  # non-Linear params and their grad buffers
         self._ctx: Optional[fp8amp.Context] = None
         self._device: Optional[torch.device] = None
-        plan = []  # (group index, config, [(item, master?), ...]) of each fp8amp optimizer to make
+        plan = []  # (group index, config, [(item, master?, flat index), ...]) of each fp8amp optimizer to make
+        self._adamw = bool(adamw)
+        self._sharded = comm is not None
+        # torch's state_dict index of each parameter (its place in the groups' params, in order) ->
+        # (fp8amp optimizer, its parameter index): the O3 split below reorders within a group.
+        self._slots: Dict[int, Tuple[int, int]] = {}
+        flat = 0
         for gi, g in enumerate(self.param_groups):
             if g.get("amsgrad"):
                 raise NotImplementedError("amsgrad")
@@ -85,18 +94,19 @@ class Optimizer(torch.optim.Optimizer):
                     pair = (lin.weight, lin.weight_grad) if which == "weight" else (lin.bias, lin.bias_grad)
                     if o3 and pair[0].dtype == fp8amp.E4M3:
                         init = (master_inits or {}).get(id(p))
-                        low.append(pair if init is None else pair + (init,))
+                        low.append((pair if init is None else pair + (init,), flat))
                     else:
-                        other.append(pair)
+                        other.append((pair, flat))
                 else:
                     if p.dtype not in (torch.float32, torch.bfloat16, torch.float16) or not p.is_contiguous():
                         raise TypeError("fp8amp's optimizer takes contiguous float32/bfloat16/float16 parameters")
-                    other.append(p)  # its buffer is made below, once the layout is known to be valid
+                    other.append((p, flat))  # its buffer is made below, once the layout is known to be valid
+                flat += 1
             if not low and not other:
                 raise ValueError("an empty param group")
             # One fp8amp optimizer per group: at O3 the E4M3 weights with the config's F16 master,
             # every other parameter with none (explicitly: an F32 one cannot take an F16 master).
-            plan.append((gi, cfg, [(it, True) for it in low] + [(it, not o3) for it in other]))
+            plan.append((gi, cfg, [(it, True, f) for it, f in low] + [(it, not o3, f) for it, f in other]))
         # Several fp8amp optimizers would each clip by their own norm: the global norm is taken here
         # instead (step), and fp8amp's own clipping is off.
         self._clip = float(max_grad_norm) if max_grad_norm and len(plan) > 1 else 0.0
@@ -113,7 +123,8 @@ class Optimizer(torch.optim.Optimizer):
             if comm is not None:  # ZeRO-style: this rank keeps the state of its shards (docs/o3.md)
                 opt.set_shard(comm)
             grads = []
-            for it, default_master in items:
+            for k, (it, default_master, f) in enumerate(items):
+                self._slots[f] = (len(self._opts), k)
                 init = None
                 if isinstance(it, tuple):
                     pair, init = it[:2], (it[2] if len(it) > 2 else None)
@@ -245,12 +256,230 @@ class Optimizer(torch.optim.Optimizer):
         """Bytes of optimizer state fp8amp holds (m, v, scales)."""
         return sum(o.state_bytes for o in self._opts)
 
+    # ---- checkpoints (docs/torch.md "Checkpoints") ------------------------------------------------
+
+    _PARTS = ("exp_avg", "exp_avg_scale_inv", "exp_avg_sq", "exp_avg_sq_scale_inv", "master", "master_scale_inv",
+              "param_meta_history")
+    _FIXED = ("betas", "eps", "weight_decay", "maximize")  # hyperparameters fixed in the fp8amp optimizers
+
+    def _groups_out(self) -> List[Dict[str, Any]]:
+        groups, start = [], 0
+        for g in self.param_groups:
+            d = {k: v for k, v in g.items() if k != "params"}
+            d["params"] = list(range(start, start + len(g["params"])))
+            start += len(g["params"])
+            groups.append(d)
+        return groups
+
     def state_dict(self) -> Dict[str, Any]:  # type: ignore[override]
+        """torch's layout: ``state`` keyed by parameter index (the groups' params in order, as
+        torch.optim numbers them) holding that parameter's state in fp8amp's compact storage, copied
+        out as torch tensors on the parameters' device -- ``exp_avg`` (float32 at O1, else
+        float8_e4m3fn) with ``exp_avg_scale_inv`` (float32, one per block of state_block_size
+        elements), ``exp_avg_sq`` (float32 or float16) with ``exp_avg_sq_scale_inv``, O3's E4M3
+        weights' ``master`` (float16) with ``master_scale_inv``, and ``step`` (a float32 scalar
+        tensor, as torch's Adam) --, and ``param_groups`` with ``params`` index lists. Only tensors
+        and plain values: torch.save, torch.distributed.checkpoint and safetensors (of the flattened
+        tensors) store it. A sharded optimizer (process_group) keeps fp8amp's per-rank checkpoints
+        (``"fp8amp"``: one blob per param group)."""
+        if self._sharded:
+            return self.fp8amp_state_dict()
+        assert self._ctx is not None and self._device is not None
+        _on_current_stream(self._ctx, self._device)
+        state: Dict[int, Dict[str, Any]] = {}
+        for f in sorted(self._slots):
+            oi, k = self._slots[f]
+            views = self._opts[oi].param_state(k)
+            entry: Dict[str, Any] = {"step": torch.tensor(float(views.pop("step")), dtype=torch.float32)}
+            for name in self._PARTS:
+                if name in views:  # a copy: the views are the optimizer's live memory
+                    entry[name] = _from_fp8amp(views[name]).clone()
+            if "param_meta_history" in views:  # an E4M3 weight's delayed scaling, which the steps drive
+                entry["param_meta_scale"] = torch.tensor(views["param_meta_scale"], dtype=torch.float32)
+                entry["param_meta_amax"] = torch.tensor(views["param_meta_amax"], dtype=torch.float32)
+                entry["param_meta_updates"] = torch.tensor(views["param_meta_updates"], dtype=torch.int64)
+            state[f] = entry
+        return {"state": state, "param_groups": self._groups_out(),
+                "fp8amp_layout": {"opt_level": int(self.opt_level), "version": 1}}
+
+    def fp8amp_state_dict(self) -> Dict[str, Any]:
+        """fp8amp's own checkpoints (docs/api.md 12.6), the state_dict of earlier releases: ``"fp8amp"``
+        one blob (bytes) per fp8amp optimizer (param group), which also holds the parameters and
+        their scaling metas, plus the groups. load_state_dict takes it too."""
         groups = [{k: v for k, v in g.items() if k != "params"} for g in self.param_groups]
         return {"fp8amp": [o.save() for o in self._opts], "fp8amp_groups": list(self._opt_groups),
                 "param_groups": groups, "opt_level": int(self.opt_level)}
 
+    def torch_state_dict(self) -> Dict[str, Any]:
+        """The state as a plain torch.optim.AdamW (``adamw=True``) or Adam state dict that
+        torch.optim.AdamW/Adam.load_state_dict takes: ``exp_avg`` and ``exp_avg_sq`` dequantized to
+        float32 (code * its block's scale_inv: exact) in the parameter's shape, ``step`` a float32
+        scalar tensor, the groups with torch's keys. O3's master copies have no place there: torch
+        continues from the model's weights."""
+        if self._sharded:
+            raise NotImplementedError("torch_state_dict of a sharded optimizer (process_group): each rank holds a "
+                                      "slice of the state")
+        own = self.state_dict()
+        state: Dict[int, Dict[str, Any]] = {}
+        for f, e in own["state"].items():
+            oi, _ = self._slots[f]
+            block = self._opts[oi].config.state_block_size
+            state[f] = {"step": e["step"],
+                        "exp_avg": _dequantize(e["exp_avg"], e.get("exp_avg_scale_inv"), block),
+                        "exp_avg_sq": _dequantize(e["exp_avg_sq"], e.get("exp_avg_sq_scale_inv"), block)}
+        groups = own["param_groups"]
+        for g in groups:
+            g["betas"] = tuple(g["betas"])
+            for key, value in (("amsgrad", False), ("maximize", False), ("foreach", None), ("capturable", False),
+                               ("differentiable", False), ("fused", None), ("decoupled_weight_decay", self._adamw)):
+                g.setdefault(key, value)
+        return {"state": state, "param_groups": groups}
+
     def load_state_dict(self, state_dict: Dict[str, Any]) -> None:  # type: ignore[override]
+        """Loads (a) a state_dict() of this layout, bit for bit (also after torch.save/torch.load,
+        safetensors or torch.distributed.checkpoint); (b) a plain torch.optim.AdamW/Adam state dict
+        (float32/bfloat16/float16 ``exp_avg``/``exp_avg_sq``, ``step``): the values are quantized
+        into this optimizer's formats with its block scaling (exact at O1), and O3's masters start
+        from the current weights (load the model first); (c) the blob format of earlier releases
+        (``"fp8amp"``: bytes per param group), which also restores the parameters. The groups must
+        match (count, sizes) and betas, eps, weight_decay and maximize equal this optimizer's (they
+        are fixed when it is made; lr is taken from the groups at every step). Everything is
+        checked, and on a failure what was written is restored: the optimizer is unchanged."""
+        if not hasattr(state_dict, "get"):
+            raise TypeError("load_state_dict: state_dict must be a dict, not %s" % type(state_dict).__name__)
+        if isinstance(state_dict.get("fp8amp"), (list, tuple)):
+            return self._load_blobs(state_dict)
+        if self._sharded:
+            raise NotImplementedError("a sharded optimizer (process_group) loads fp8amp's per-rank checkpoints only "
+                                      "(the \"fp8amp\" blobs its state_dict() writes)")
+        groups = state_dict.get("param_groups")
+        if not isinstance(groups, (list, tuple)) or len(groups) != len(self.param_groups):
+            raise ValueError("load_state_dict: the state dict has %s param groups, this optimizer %d"
+                             % (len(groups) if isinstance(groups, (list, tuple)) else "no", len(self.param_groups)))
+        saved_index: Dict[Any, int] = {}  # the dict's parameter ids -> ours (by place, as torch)
+        flat = 0
+        for gi, (g, sg) in enumerate(zip(self.param_groups, groups)):
+            if len(sg["params"]) != len(g["params"]):
+                raise ValueError("load_state_dict: param group %d has %d parameters in the state dict, %d here"
+                                 % (gi, len(sg["params"]), len(g["params"])))
+            for j, pid in enumerate(sg["params"]):
+                saved_index[pid] = flat + j
+            flat += len(g["params"])
+            if sg.get("amsgrad"):
+                raise NotImplementedError("load_state_dict: param group %d uses amsgrad" % gi)
+            if "decoupled_weight_decay" in sg and bool(sg["decoupled_weight_decay"]) != self._adamw:
+                raise ValueError("load_state_dict: param group %d is %s's, this optimizer is %s"
+                                 % (gi, "AdamW" if sg["decoupled_weight_decay"] else "Adam",
+                                    "AdamW" if self._adamw else "Adam"))
+            for key in self._FIXED:
+                if key in sg and key in g and not _same_hyper(sg[key], g[key]):
+                    raise ValueError("load_state_dict: param group %d has %s %r, this optimizer %r (fixed when it is "
+                                     "made: make it with the checkpoint's values)" % (gi, key, sg[key], g[key]))
+        state = {saved_index[pid]: e for pid, e in (state_dict.get("state") or {}).items() if pid in saved_index}
+        unknown = [pid for pid in (state_dict.get("state") or {}) if pid not in saved_index]
+        if unknown:
+            raise ValueError("load_state_dict: state for parameter ids %s that no param group lists" % unknown[:5])
+        # The plan: per fp8amp optimizer its step count and per parameter the tensors to write.
+        assert self._ctx is not None and self._device is not None
+        _on_current_stream(self._ctx, self._device)
+        steps: Dict[int, int] = {}
+        writes = []  # (optimizer, index, {part: fp8amp.Tensor}, keep-alive torch tensors)
+        for f in sorted(self._slots):
+            oi, k = self._slots[f]
+            e = state.get(f)
+            if e is not None and "step" in e:
+                step = int(float(e["step"]))
+                if steps.setdefault(oi, step) != step:
+                    raise ValueError("load_state_dict: the parameters of param group %d have different step counts "
+                                     "(%d, %d): fp8amp keeps one per group" % (self._opt_groups[oi], steps[oi], step))
+            opt = self._opts[oi]
+            param = opt.params[k][0]
+            shape = tuple(param.shape)
+            keep: List[torch.Tensor] = []
+            parts: Dict[str, Any] = {}
+            cfg = opt.config
+            current = opt.param_state(k)
+            has_master, has_meta = "master" in current, "param_meta_history" in current
+            del current
+            block = cfg.state_block_size
+            nscales = (param.numel + block - 1) // block if block > 0 else 1
+            stored = {"exp_avg": torch.float8_e4m3fn if cfg.exp_avg_dtype == fp8amp.E4M3 else torch.float32,
+                      "exp_avg_sq": torch.float16 if cfg.exp_avg_sq_dtype == fp8amp.F16 else torch.float32,
+                      "master": torch.float16}
+            for name in ("exp_avg", "exp_avg_sq", "master"):
+                v = None if e is None else e.get(name)
+                sc = None if e is None else e.get(name + "_scale_inv")
+                if name == "master":
+                    if not has_master:  # (a master of an O3 checkpoint loaded at O2: the weight is the model's)
+                        continue
+                    if v is None:  # a torch state dict, or an O1/O2 one: the master starts from the weight
+                        v, sc = self._weight_values(param), None
+                elif v is None:
+                    v = torch.zeros(shape, dtype=torch.float32)  # torch has no state for a parameter never stepped
+                for what, t in ((name, v), (name + "_scale_inv", sc)):
+                    if t is not None and not isinstance(t, torch.Tensor):
+                        raise TypeError("load_state_dict: state[%r][%r] is a %s, not a tensor" % (f, what, type(t).__name__))
+                v = v.detach().to(self._device)
+                if tuple(v.shape) != shape and v.numel() == param.numel:
+                    v = v.reshape(shape)
+                if sc is not None:
+                    sc = sc.detach().to(self._device)
+                    if v.dtype != stored[name] or sc.numel() != nscales or name == "exp_avg" and stored[name] == torch.float32:
+                        # another level's or block size's storage: its values, quantized anew below
+                        v, sc = _dequantize(v, sc, _saved_block(v.numel(), sc.numel())), None
+                if v.dtype == torch.float64:
+                    v = v.float()
+                for part, t in ((name, v), (name + "_scale_inv", sc)):
+                    if t is not None:
+                        t = t.contiguous()
+                        keep.append(t)
+                        parts[part] = to_fp8amp(t, self._ctx)
+            if has_meta and e is not None and e.get("param_meta_history") is not None:
+                h = e["param_meta_history"].detach().to(self._device, torch.float32).contiguous()
+                keep.append(h)
+                parts["param_meta_history"] = to_fp8amp(h, self._ctx)
+                for key in ("param_meta_scale", "param_meta_amax", "param_meta_updates"):
+                    parts[key] = e[key]
+            writes.append((opt, k, parts, keep))
+        # Apply, restoring what was written if a later write is refused.
+        backup = [(opt, k, opt.param_state(k)) for opt, k, _, _ in writes]
+        for _, _, saved in backup:  # copies of the live views
+            for n, t in list(saved.items()):
+                if isinstance(t, fp8amp.Tensor):
+                    saved[n] = _from_fp8amp(t).clone()
+        old_steps = [o.step_count for o in self._opts]
+        done = 0
+        try:
+            for opt, k, parts, _ in writes:
+                opt.set_param_state(k, parts)
+                done += 1
+            for oi, o in enumerate(self._opts):
+                o.set_step(steps.get(oi, 0))
+        except BaseException:
+            for opt, k, saved in backup[:done]:
+                opt.set_param_state(k, {n: to_fp8amp(t, self._ctx) if isinstance(t, torch.Tensor) else t
+                                        for n, t in saved.items()})
+            for o, st in zip(self._opts, old_steps):
+                o.set_step(st)
+            raise
+        for g, sg in zip(self.param_groups, groups):
+            g.update({key: v for key, v in sg.items() if key != "params"})
+        # The masters now belong to the current weights (derived from them, or the checkpoint's:
+        # then load the model's state first, or the next step finds the weights changed after).
+        self._tokens = [m._write_token() for m in self._masters]
+
+    def _weight_values(self, param: fp8amp.Tensor) -> torch.Tensor:
+        """A parameter's values in float32 (an E4M3 weight dequantized with its scale_inv)."""
+        assert self._ctx is not None
+        if param.dtype == fp8amp.E4M3:
+            t = torch.empty(tuple(param.shape), dtype=torch.float32, device=self._device)
+            _on_current_stream(self._ctx, self._device)
+            fp8amp.dequantize(self._ctx, param, to_fp8amp(t, self._ctx))
+            return t
+        return _from_fp8amp(param).float()
+
+    def _load_blobs(self, state_dict: Dict[str, Any]) -> None:
+        """The format of earlier releases: one fp8amp checkpoint (bytes) per param group."""
         blobs = state_dict["fp8amp"]
         if (len(blobs) != len(self._opts) or int(state_dict.get("opt_level", self.opt_level)) != int(self.opt_level)
                 or list(state_dict.get("fp8amp_groups", self._opt_groups)) != self._opt_groups
@@ -263,3 +492,35 @@ class Optimizer(torch.optim.Optimizer):
         # The loads wrote the parameters (and O3's masters) through fp8amp: the Linears notice that by
         # themselves, and weights and masters agree again.
         self._tokens = [m._write_token() for m in self._masters]
+
+
+def _same_hyper(a: Any, b: Any) -> bool:
+    """Hyperparameters equal as the fp8amp optimizer holds them (float32)."""
+    if isinstance(a, (tuple, list)) or isinstance(b, (tuple, list)):
+        return (isinstance(a, (tuple, list)) and isinstance(b, (tuple, list)) and len(a) == len(b)
+                and all(_same_hyper(x, y) for x, y in zip(a, b)))
+    if isinstance(a, torch.Tensor):
+        a = a.item()
+    if isinstance(b, torch.Tensor):
+        b = b.item()
+    if isinstance(a, bool) or isinstance(b, bool):
+        return bool(a) == bool(b)
+    return torch.tensor(float(a), dtype=torch.float32).item() == torch.tensor(float(b), dtype=torch.float32).item()
+
+
+def _saved_block(n: int, nscales: int) -> int:
+    """The state_block_size that gives n elements nscales block scales (a power of two; the whole
+    tensor for one scale)."""
+    if nscales <= 1:
+        return max(n, 1)
+    return 1 << (-(-n // nscales) - 1).bit_length()
+
+
+def _dequantize(codes: torch.Tensor, scale_inv: Optional[torch.Tensor], block: int) -> torch.Tensor:
+    """code * its block's scale_inv in float32 (exact: the scales are powers of two)."""
+    x = codes.float()
+    if scale_inv is None:
+        return x
+    n = x.numel()
+    per = scale_inv.repeat_interleave(block if block > 0 else max(n, 1))[:n]
+    return (x.reshape(-1) * per).reshape(x.shape)
