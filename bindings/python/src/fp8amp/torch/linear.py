@@ -553,9 +553,12 @@ def _register(st: _Hot) -> None:
 _HAVE_OPS = hasattr(torch.library, "custom_op")
 if _HAVE_OPS:
     @torch.library.custom_op("fp8amp::linear_forward", mutates_args=())
-    def _op_forward(x: torch.Tensor, anchor: torch.Tensor, wgrad: torch.Tensor, bgrad: Optional[torch.Tensor],
-                    layer: int, out_dtype: torch.dtype, training: bool) -> Tuple[torch.Tensor, torch.Tensor]:
-        # wgrad, bgrad: unused here; inputs so that the graph has them for the backward to write
+    def _op_forward(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], wgrad: torch.Tensor,
+                    bgrad: Optional[torch.Tensor], layer: int, out_dtype: torch.dtype,
+                    training: bool) -> Tuple[torch.Tensor, torch.Tensor]:
+        # weight, bias: the parameters, inputs so that the backward's gradients reach their AccumulateGrad
+        # nodes (hooks, DDP's reducer); the C Linear reads its own copy. wgrad, bgrad: unused here; inputs
+        # so that the graph has them for the backward to write.
         st = _layer(layer)
         if not training:
             return _fwd(st, x, 0, out_dtype), torch.zeros((), dtype=torch.int64)
@@ -563,14 +566,14 @@ if _HAVE_OPS:
         return y, torch.full((), rec.fwd_id, dtype=torch.int64)
 
     @_op_forward.register_fake
-    def _(x, anchor, wgrad, bgrad, layer, out_dtype, training):
+    def _(x, weight, bias, wgrad, bgrad, layer, out_dtype, training):
         n = _layer(layer).n
         return x.new_empty(tuple(x.shape[:-1]) + (n,), dtype=out_dtype), torch.empty((), dtype=torch.int64)
 
     @torch.library.custom_op("fp8amp::linear_backward", mutates_args=("wgrad", "bgrad"))
     def _op_backward(dy: torch.Tensor, token: torch.Tensor, x: Optional[torch.Tensor], wgrad: torch.Tensor,
                      bgrad: Optional[torch.Tensor], layer: int, x_shape: Sequence[int], x_dtype: torch.dtype,
-                     need_dx: bool) -> torch.Tensor:
+                     need_dx: bool) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         st = _layer(layer)
         dx = dy.new_empty(tuple(x_shape), dtype=x_dtype) if need_dx else dy.new_empty((0,))
         _train_bwd(st, int(token), x, x._version if x is not None else 0, dy, dx if need_dx else None)
@@ -581,14 +584,21 @@ if _HAVE_OPS:
             wgrad.copy_(st.wgrad_t)
         if bgrad is not None and bgrad.data_ptr() != st.bgrad_t.data_ptr():
             bgrad.copy_(st.bgrad_t)
-        return dx
+        # The parameters' gradients: their LinearGrad handles, as the eager backward returns (no copy;
+        # autograd's accumulation of them is a no-op, _bwd has set .grad). An op without a bias returns
+        # an empty tensor in its place (the autograd formula drops it).
+        return dx, st.wref, st.bref if st.bref is not None else dy.new_empty((0,))
 
     @_op_backward.register_fake
     def _(dy, token, x, wgrad, bgrad, layer, x_shape, x_dtype, need_dx):
-        return dy.new_empty(tuple(x_shape), dtype=x_dtype) if need_dx else dy.new_empty((0,))
+        st = _layer(layer)
+        dx = dy.new_empty(tuple(x_shape), dtype=x_dtype) if need_dx else dy.new_empty((0,))
+        dw = dy.new_empty(tuple(st.wref.shape), dtype=st.wref.dtype)
+        db = dy.new_empty(tuple(st.bref.shape), dtype=st.bref.dtype) if st.bref is not None else dy.new_empty((0,))
+        return dx, dw, db
 
     def _setup_forward(ctx, inputs, output):  # type: ignore[no-untyped-def]
-        x, anchor, wgrad, bgrad, layer, out_dtype, training = inputs
+        x, weight, bias, wgrad, bgrad, layer, out_dtype, training = inputs
         st = _layer(layer)
         ctx.layer, ctx.x_shape, ctx.x_dtype = layer, tuple(x.shape), x.dtype
         ctx.save_for_backward(output[1], x if st.save_input is not False else None)
@@ -599,10 +609,12 @@ if _HAVE_OPS:
     def _backward_forward(ctx, dy, dtoken):  # type: ignore[no-untyped-def]
         token, x = ctx.saved_tensors
         wgrad, bgrad = ctx.grad_bufs
-        need_dx = bool(ctx.needs_input_grad[0])
-        dx = torch.ops.fp8amp.linear_backward(dy.contiguous(), token, x, wgrad, bgrad, ctx.layer,
-                                              list(ctx.x_shape), ctx.x_dtype, need_dx)
-        return (dx if need_dx else None), None, None, None, None, None, None
+        need = ctx.needs_input_grad
+        need_dx = bool(need[0])
+        dx, dw, db = torch.ops.fp8amp.linear_backward(dy.contiguous(), token, x, wgrad, bgrad, ctx.layer,
+                                                      list(ctx.x_shape), ctx.x_dtype, need_dx)
+        return (dx if need_dx else None), (dw if need[1] else None), (db if need[2] else None), None, None, None, \
+            None, None
 
     _op_forward.register_autograd(_backward_forward, setup_context=_setup_forward)
 
@@ -831,10 +843,11 @@ class Linear(nn.Module):
         if not _HAVE_OPS:  # pragma: no cover - torch < 2.4
             raise NotImplementedError("torch.compile of fp8amp.torch.Linear needs torch.library.custom_op (torch 2.4+)")
         st = self._st
-        anchor = st.weight if st.weight.requires_grad or st.bias is None else st.bias
-        training = torch.is_grad_enabled() and (x.requires_grad or anchor.requires_grad)
+        w, b = st.weight, st.bias
+        training = torch.is_grad_enabled() and (x.requires_grad or w.requires_grad or
+                                                (b is not None and b.requires_grad))
         ydt = torch.get_autocast_dtype(st.dev_type) if torch.is_autocast_enabled(st.dev_type) else x.dtype
-        return torch.ops.fp8amp.linear_forward(x, anchor, st.wgrad_t, st.bgrad_t, st.key, ydt, training)[0]
+        return torch.ops.fp8amp.linear_forward(x, w, b, st.wgrad_t, st.bgrad_t, st.key, ydt, training)[0]
 
     def scaling_metas(self) -> List[fp8amp.Scaling]:
         """The INPUT and GRAD_OUTPUT metas (those a delayed recipe updates once per step)."""
