@@ -277,11 +277,11 @@ class LinearGrad(torch.Tensor):
             return x
 
         schema = func._schema.arguments
+        kw_write = {a.name for a in schema if a.alias_info is not None and a.alias_info.is_write}
         args2 = []
         for i, a in enumerate(args):
             ai = schema[i].alias_info if i < len(schema) else None
             args2.append(val(a, ai is not None and ai.is_write))
-        kw_write = {a.name for a in schema if a.alias_info is not None and a.alias_info.is_write}
         kwargs2 = {k: val(v, k in kw_write) for k, v in kwargs.items()}
         out = func(*args2, **kwargs2)
         zero = func in _ZEROS
@@ -515,6 +515,32 @@ class _LinearFn(torch.autograd.Function):
         rec.done, rec.x, held.done, held.x = True, None, True, None
         need = fctx.needs_input_grad
         return dx, st.wref if need[1] else None, st.bref if need[2] else None, None
+
+
+class _LinearReplacedFn(_LinearFn):
+    """The autograd path of a Linear whose parameters were replaced (FSDP2, Linear._forward_replaced):
+    w and b are the given parameters; the backward returns their gradients of this backward alone, as
+    new tensors of their dtypes (E4M3 gradients dequantized), and the C Linear overwrites its own."""
+
+    @staticmethod
+    def backward(fctx, dy):  # type: ignore[override]
+        st = fctx.saved[0]
+        st.accumulate = False  # this backward's gradient only: autograd accumulates into .grad
+        dx, _, _, _ = _LinearFn.backward(fctx, dy)
+        need = fctx.needs_input_grad
+        dw = db = None
+        if need[1]:
+            dw = _grad_value(st.wref)
+            dw = dw.clone() if dw is st.wref._buf else dw
+            dw = dw.to(fctx.w_dtype)
+        if need[2]:
+            db = st.bgrad_view.to(fctx.b_dtype, copy=True)
+        return dx, dw, db, None
+
+    @staticmethod
+    def forward(fctx, x, w, b, st):  # type: ignore[override]
+        fctx.w_dtype, fctx.b_dtype = w.dtype, b.dtype if b is not None else None
+        return _LinearFn.forward(fctx, x, w, b, st)
 
 
 # ---- torch.library custom ops: what torch.compile sees -------------------------------------------
@@ -830,12 +856,54 @@ class Linear(nn.Module):
         st = self._st
         if x.is_cuda is not st.cuda:
             raise RuntimeError("fp8amp.torch.Linear on %s got an input on %s" % (self._device, x.device))
+        params = self._parameters
+        if params["weight"] is not st.weight or params["bias"] is not st.bias:
+            return self._forward_replaced(x, params["weight"], params["bias"])
         if _compiling():
             return self._forward_op(x)
         if _grad_enabled():
             w, b = st.weight, st.bias
             if x.requires_grad or w.requires_grad or (b is not None and b.requires_grad):
                 return _LinearFn.apply(x, w, b, st)
+        return _fwd(st, x, 0)
+
+    def _forward_replaced(self, x: torch.Tensor, w: Any, b: Any) -> torch.Tensor:
+        """The forward when the module's parameters are no longer the C Linear's own memory: FSDP2's
+        fully_shard replaces them by DTensor shards and, before each forward, by the all-gathered
+        unsharded parameters (plain tensors); load_state_dict(assign=True) or an assignment replaces
+        them too. The C Linear computes with its own copy of the weight, so the given values are
+        copied into it (one copy of W per forward, against the GEMMs' M*N*K), and the backward returns
+        each parameter's gradient of this backward as a new float tensor of its dtype (the C Linear
+        overwrites its gradients at every backward here; autograd accumulates micro-batches into
+        .grad, as for nn.Linear) (docs/torch.md section 7)."""
+        st = self._st
+        name = st.name or "#%d" % st.key
+        if self._e4m3:
+            raise NotImplementedError(
+                "fp8amp.torch.Linear %s: its E4M3 (O3) weight was replaced (FSDP2's fully_shard or an assignment): "
+                "O3 keeps the weight as E4M3 codes with a scale and an F16 master copy inside fp8amp's optimizer, "
+                "bound to the C Linear's weight, which a sharded or replaced parameter bypasses. Use O1/O2 with "
+                "FSDP2, or all_reduce_grads / DDP at O3" % name)
+        for nm, t, own in (("weight", w, st.weight), ("bias", b, st.bias)):
+            if (t is None) != (own is None) or (t is not None and (
+                    type(t) not in (torch.Tensor, nn.Parameter) or t.shape != own.shape or t.device != own.device)):
+                raise RuntimeError(
+                    "fp8amp.torch.Linear %s: its %s was replaced by %s; the forward takes a plain tensor of shape %s on "
+                    "%s (under FSDP2 the sharded DTensor is all-gathered by fully_shard's pre-forward hook: call the "
+                    "module through its fully_shard-ed root)" % (name, nm, "None" if t is None else "a %s of shape %s"
+                                                                 % (type(t).__name__, tuple(t.shape)),
+                                                                 tuple(own.shape) if own is not None else None,
+                                                                 self._device))
+        if _compiling():
+            raise NotImplementedError("fp8amp.torch.Linear %s: torch.compile with replaced parameters (FSDP2) is not "
+                                      "supported yet; compile the model without fully_shard, or run FSDP2 eagerly"
+                                      % name)
+        with torch.no_grad():
+            st.weight.copy_(w)  # bumps its version: _fwd tells the C Linear (weight_changed)
+            if b is not None:
+                st.bias.copy_(b)
+        if _grad_enabled() and (x.requires_grad or w.requires_grad or (b is not None and b.requires_grad)):
+            return _LinearReplacedFn.apply(x, w, b, st)
         return _fwd(st, x, 0)
 
     def _forward_op(self, x: torch.Tensor) -> torch.Tensor:
