@@ -278,6 +278,7 @@ class LinearGrad(torch.Tensor):
 
         schema = func._schema.arguments
         kw_write = {a.name for a in schema if a.alias_info is not None and a.alias_info.is_write}
+        _refuse_f8_write(func, args, kwargs, schema, kw_write)
         args2 = []
         for i, a in enumerate(args):
             ai = schema[i].alias_info if i < len(schema) else None
@@ -293,6 +294,36 @@ class LinearGrad(torch.Tensor):
         if isinstance(out, (list, tuple)):
             return type(out)(back.get(id(o), o) for o in out)
         return back.get(id(out), out)
+
+
+_F8 = tuple(getattr(torch, n) for n in ("float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz")
+            if hasattr(torch, n))
+
+
+def _refuse_f8_write(func: Any, args: Any, kwargs: Dict[str, Any], schema: Any, kw_write: Any) -> None:
+    """An O3 gradient handle (dtype float8_e4m3fn, values float32) read into a plain float8 tensor:
+    a cast without a scale, saturating or flushing the values. That is DDP's copy of the gradient into
+    its bucket at O3 (a float8 bucket, as the parameter), which no collective could reduce anyway:
+    refused by name rather than giving wrong gradients (docs/torch.md section 6)."""
+    def flat(xs: Any) -> List[Any]:
+        out: List[Any] = []
+        for x in xs:
+            out.extend(flat(x) if isinstance(x, (list, tuple)) else [x])
+        return out
+
+    written = [a for i, a in enumerate(args) if i < len(schema) and schema[i].alias_info is not None
+               and schema[i].alias_info.is_write] + [v for k, v in kwargs.items() if k in kw_write]
+    if not any(isinstance(t, torch.Tensor) and not isinstance(t, LinearGrad) and t.dtype in _F8
+               for t in flat(written)):
+        return
+    if any(isinstance(t, LinearGrad) and t.dtype in _F8 for t in flat(list(args) + list(kwargs.values()))):
+        raise NotImplementedError(
+            "%s: an E4M3 weight's gradient (O3) written into a float8 tensor without a scale. This is "
+            "DistributedDataParallel's copy into its gradient bucket at O3, which is not supported: DDP buckets "
+            "a float8 parameter's gradient in float8, which its collectives do not reduce. At O3 reduce the "
+            "gradients with fp8amp.torch.all_reduce_grads after backward (without DDP), or use O2 with DDP. "
+            "To store a gradient's values as float8, convert them explicitly (p.grad.float().to(dtype))"
+            % func)
 
 
 def _same_buffer(a: Any, b: Any) -> bool:
