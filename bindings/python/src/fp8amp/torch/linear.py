@@ -320,8 +320,9 @@ def _refuse_f8_write(func: Any, args: Any, kwargs: Dict[str, Any], schema: Any, 
         raise NotImplementedError(
             "%s: an E4M3 weight's gradient (O3) written into a float8 tensor without a scale. This is "
             "DistributedDataParallel's copy into its gradient bucket at O3, which is not supported: DDP buckets "
-            "a float8 parameter's gradient in float8, which its collectives do not reduce. At O3 reduce the "
-            "gradients with fp8amp.torch.all_reduce_grads after backward (without DDP), or use O2 with DDP. "
+            "a float8 parameter's gradient in float8, which its collectives do not reduce. At O3 wrap the model "
+            "with fp8amp.torch.data_parallel(model, ...) (DDP with the E4M3 weights reduced by fp8amp's hooks), "
+            "or reduce the gradients with fp8amp.torch.all_reduce_grads after backward. "
             "To store a gradient's values as float8, convert them explicitly (p.grad.float().to(dtype))"
             % func)
 
