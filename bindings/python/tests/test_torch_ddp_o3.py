@@ -60,7 +60,11 @@ def o3_case(rank, world, seed, dev, out):
         with pytest.raises(RuntimeError, match="Invalid scalar type"):  # gloo: no float8 broadcast
             nn.parallel.DistributedDataParallel(model)
         return
-    ddp = nn.parallel.DistributedDataParallel(model, device_ids=[rank])
+    try:
+        ddp = nn.parallel.DistributedDataParallel(model, device_ids=[rank])
+    except RuntimeError as e:  # an NCCL build that broadcasts no float8: refused before any training
+        print("rank %d: DDP's constructor refused the float8 parameters: %s" % (rank, e))
+        return
     with pytest.raises(Exception, match="all_reduce_grads"):  # the reducer may re-raise as its own type
         (ddp(x[rank * B:(rank + 1) * B]) - y[rank * B:(rank + 1) * B]).square().mean().backward()
 
