@@ -18,8 +18,8 @@ are shared between the two libraries.
 from __future__ import annotations
 
 __all__ = ["Linear", "LinearGrad", "initialize", "Config", "Optimizer", "GradScaler", "all_reduce_grads",
-           "communicator",
-           "fp8_comm_hook", "context", "to_fp8amp", "LayerNorm", "LayerNormLinear", "LayerNormMLP", "GELU"]
+           "communicator", "fp8_comm_hook", "data_parallel", "context", "to_fp8amp", "LayerNorm", "LayerNormLinear",
+           "LayerNormMLP", "GELU"]
 
 # The package: context.py (contexts, dtype maps, tensor helpers), linear.py (the Linear module and its
 # autograd path), optim.py (the optimizer), amp.py (initialize, GradScaler), distributed.py (communicator,
@@ -30,6 +30,6 @@ from fp8amp.torch.context import (_CONTEXTS, _DT, _TORCH_DT, _from_fp8amp, _norm
                                   to_fp8amp)
 from fp8amp.torch.linear import Linear, LinearGrad, _autocast_dtype, _replace_linears  # noqa: F401
 from fp8amp.torch.optim import Optimizer  # noqa: F401
-from fp8amp.torch.distributed import all_reduce_grads, communicator, fp8_comm_hook  # noqa: F401
+from fp8amp.torch.distributed import all_reduce_grads, communicator, data_parallel, fp8_comm_hook  # noqa: F401
 from fp8amp.torch.amp import Config, GradScaler, initialize  # noqa: F401
 from fp8amp.torch.fused import GELU, LayerNorm, LayerNormLinear, LayerNormMLP  # noqa: F401

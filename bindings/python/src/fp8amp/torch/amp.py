@@ -185,6 +185,13 @@ def initialize(model: nn.Module, optimizer: Optional[torch.optim.Optimizer] = No
                                 module_filter_fn=cfg.module_filter_fn)
     if optimizer is None:
         return model
+    # fp8amp.torch.Linears already in the model (an earlier initialize, e.g. before FSDP2's fully_shard)
+    # whose parameters are still their own: fp8amp's optimizer steps them through the C Linear too.
+    for m in model.modules():
+        if isinstance(m, Linear) and m._parameters["weight"] is m._st.weight:
+            replaced.setdefault(id(m.weight), (m, "weight"))
+            if m.bias is not None and m._parameters["bias"] is m._st.bias:
+                replaced.setdefault(id(m.bias), (m, "bias"))
     groups = []
     linears: Dict[int, Tuple[Linear, str]] = {}
     # O3: each E4M3 weight's F16 master starts from the weight it replaced, not from its E4M3 codes

@@ -2,6 +2,7 @@
 ``all_reduce_grads`` and DDP's FP8 communication hook ``fp8_comm_hook``."""
 from __future__ import annotations
 
+import weakref
 from typing import Any, Dict, List, Tuple
 
 import torch
@@ -135,3 +136,45 @@ def fp8_comm_hook(state, bucket):  # type: ignore[no-untyped-def]
     fut = torch.futures.Future(devices=[dev])
     fut.set_result(buf)
     return fut
+
+
+def data_parallel(model: nn.Module, **ddp_kwargs: Any) -> nn.parallel.DistributedDataParallel:
+    """``torch.nn.parallel.DistributedDataParallel(model, **ddp_kwargs)``, at O3 too. At O1/O2 it is
+    stock DDP. At O3 the E4M3 Linear weights (and their weight_scale_inv buffers) are left out of DDP
+    (``_set_params_and_buffers_to_ignore_for_model``: DDP would bucket their gradients in float8,
+    which no collective reduces) and this function's post-accumulate-grad hook reduces each one
+    instead, at every backward that DDP synchronizes (not under ``no_sync()``): the gradient's values
+    (its E4M3 codes dequantized) all-reduced in float32 over DDP's process group and averaged, then
+    written back into the codes with current scaling -- what DDP's bucket does for an O2 weight, one
+    blocking all-reduce per weight. Every rank must start from the same E4M3 weights (the same seed
+    and initialize; DDP's initial broadcast skips them). docs/torch.md section 6."""
+    import torch.distributed as dist
+
+    ignore, e4m3 = [], []
+    for name, m in model.named_modules():
+        if isinstance(m, Linear) and m._e4m3 and m._parameters["weight"] is m._st.weight:
+            prefix = name + "." if name else ""
+            ignore += [prefix + "weight", prefix + "weight_scale_inv"]
+            e4m3.append(m.weight)
+    if not e4m3:
+        return nn.parallel.DistributedDataParallel(model, **ddp_kwargs)
+    old = getattr(model, "_ddp_params_and_buffers_to_ignore", None) or []
+    nn.parallel.DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(model, list(old) + ignore)
+    ddp = nn.parallel.DistributedDataParallel(model, **ddp_kwargs)
+    group = ddp_kwargs.get("process_group")
+    world = dist.get_world_size(group)
+    dref = weakref.ref(ddp)  # the hooks live on the weights, which DDP holds: no cycle
+
+    def reduce(p: torch.Tensor) -> None:
+        d = dref()
+        if d is None or not d.require_backward_grad_sync or p.grad is None:
+            return
+        v = p.grad.float()  # a new float32 tensor: the dequantized codes
+        dist.all_reduce(v, group=group)
+        v.div_(world)
+        with torch.no_grad():
+            p.grad.copy_(v)  # quantized back into the codes (LinearGrad's copy_)
+
+    for w in e4m3:
+        w.register_post_accumulate_grad_hook(reduce)
+    return ddp

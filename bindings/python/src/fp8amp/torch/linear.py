@@ -287,11 +287,12 @@ class LinearGrad(torch.Tensor):
             return x
 
         schema = func._schema.arguments
+        kw_write = {a.name for a in schema if a.alias_info is not None and a.alias_info.is_write}
+        _refuse_f8_write(func, args, kwargs, schema, kw_write)
         args2 = []
         for i, a in enumerate(args):
             ai = schema[i].alias_info if i < len(schema) else None
             args2.append(val(a, ai is not None and ai.is_write))
-        kw_write = {a.name for a in schema if a.alias_info is not None and a.alias_info.is_write}
         kwargs2 = {k: val(v, k in kw_write) for k, v in kwargs.items()}
         out = func(*args2, **kwargs2)
         zero = func in _ZEROS
@@ -381,6 +382,37 @@ def _scale_dispatch(func: Any, args: Tuple[Any, ...]) -> Any:
     for g in fp8:
         _scale_fp8_grad(g, f)
     return None
+
+
+_F8 = tuple(getattr(torch, n) for n in ("float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz")
+            if hasattr(torch, n))
+
+
+def _refuse_f8_write(func: Any, args: Any, kwargs: Dict[str, Any], schema: Any, kw_write: Any) -> None:
+    """An O3 gradient handle (dtype float8_e4m3fn, values float32) read into a plain float8 tensor:
+    a cast without a scale, saturating or flushing the values. That is DDP's copy of the gradient into
+    its bucket at O3 (a float8 bucket, as the parameter), which no collective could reduce anyway:
+    refused by name rather than giving wrong gradients (docs/torch.md section 6)."""
+    def flat(xs: Any) -> List[Any]:
+        out: List[Any] = []
+        for x in xs:
+            out.extend(flat(x) if isinstance(x, (list, tuple)) else [x])
+        return out
+
+    written = [a for i, a in enumerate(args) if i < len(schema) and schema[i].alias_info is not None
+               and schema[i].alias_info.is_write] + [v for k, v in kwargs.items() if k in kw_write]
+    if not any(isinstance(t, torch.Tensor) and not isinstance(t, LinearGrad) and t.dtype in _F8
+               for t in flat(written)):
+        return
+    if any(isinstance(t, LinearGrad) and t.dtype in _F8 for t in flat(list(args) + list(kwargs.values()))):
+        raise NotImplementedError(
+            "%s: an E4M3 weight's gradient (O3) written into a float8 tensor without a scale. This is "
+            "DistributedDataParallel's copy into its gradient bucket at O3, which is not supported: DDP buckets "
+            "a float8 parameter's gradient in float8, which its collectives do not reduce. At O3 wrap the model "
+            "with fp8amp.torch.data_parallel(model, ...) (DDP with the E4M3 weights reduced by fp8amp's hooks), "
+            "or reduce the gradients with fp8amp.torch.all_reduce_grads after backward. "
+            "To store a gradient's values as float8, convert them explicitly (p.grad.float().to(dtype))"
+            % func)
 
 
 def _same_buffer(a: Any, b: Any) -> bool:
@@ -605,6 +637,32 @@ class _LinearFn(torch.autograd.Function):
         return dx, st.wref if need[1] else None, st.bref if need[2] else None, None
 
 
+class _LinearReplacedFn(_LinearFn):
+    """The autograd path of a Linear whose parameters were replaced (FSDP2, Linear._forward_replaced):
+    w and b are the given parameters; the backward returns their gradients of this backward alone, as
+    new tensors of their dtypes (E4M3 gradients dequantized), and the C Linear overwrites its own."""
+
+    @staticmethod
+    def backward(fctx, dy):  # type: ignore[override]
+        st = fctx.saved[0]
+        st.accumulate = False  # this backward's gradient only: autograd accumulates into .grad
+        dx, _, _, _ = _LinearFn.backward(fctx, dy)
+        need = fctx.needs_input_grad
+        dw = db = None
+        if need[1]:
+            dw = _grad_value(st.wref)
+            dw = dw.clone() if dw is st.wref._buf else dw
+            dw = dw.to(fctx.w_dtype)
+        if need[2]:
+            db = st.bgrad_view.to(fctx.b_dtype, copy=True)
+        return dx, dw, db, None
+
+    @staticmethod
+    def forward(fctx, x, w, b, st):  # type: ignore[override]
+        fctx.w_dtype, fctx.b_dtype = w.dtype, b.dtype if b is not None else None
+        return _LinearFn.forward(fctx, x, w, b, st)
+
+
 # ---- torch.library custom ops: what torch.compile sees -------------------------------------------
 #
 # Dynamo cannot trace into CFFI calls, so under torch.compile the module calls two custom ops
@@ -641,9 +699,12 @@ def _register(st: _Hot) -> None:
 _HAVE_OPS = hasattr(torch.library, "custom_op")
 if _HAVE_OPS:
     @torch.library.custom_op("fp8amp::linear_forward", mutates_args=())
-    def _op_forward(x: torch.Tensor, anchor: torch.Tensor, wgrad: torch.Tensor, bgrad: Optional[torch.Tensor],
-                    layer: int, out_dtype: torch.dtype, training: bool) -> Tuple[torch.Tensor, torch.Tensor]:
-        # wgrad, bgrad: unused here; inputs so that the graph has them for the backward to write
+    def _op_forward(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], wgrad: torch.Tensor,
+                    bgrad: Optional[torch.Tensor], layer: int, out_dtype: torch.dtype,
+                    training: bool) -> Tuple[torch.Tensor, torch.Tensor]:
+        # weight, bias: the parameters, inputs so that the backward's gradients reach their AccumulateGrad
+        # nodes (hooks, DDP's reducer); the C Linear reads its own copy. wgrad, bgrad: unused here; inputs
+        # so that the graph has them for the backward to write.
         st = _layer(layer)
         if not training:
             return _fwd(st, x, 0, out_dtype), torch.zeros((), dtype=torch.int64)
@@ -651,14 +712,14 @@ if _HAVE_OPS:
         return y, torch.full((), rec.fwd_id, dtype=torch.int64)
 
     @_op_forward.register_fake
-    def _(x, anchor, wgrad, bgrad, layer, out_dtype, training):
+    def _(x, weight, bias, wgrad, bgrad, layer, out_dtype, training):
         n = _layer(layer).n
         return x.new_empty(tuple(x.shape[:-1]) + (n,), dtype=out_dtype), torch.empty((), dtype=torch.int64)
 
     @torch.library.custom_op("fp8amp::linear_backward", mutates_args=("wgrad", "bgrad"))
     def _op_backward(dy: torch.Tensor, token: torch.Tensor, x: Optional[torch.Tensor], wgrad: torch.Tensor,
                      bgrad: Optional[torch.Tensor], layer: int, x_shape: Sequence[int], x_dtype: torch.dtype,
-                     need_dx: bool) -> torch.Tensor:
+                     need_dx: bool) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         st = _layer(layer)
         dx = dy.new_empty(tuple(x_shape), dtype=x_dtype) if need_dx else dy.new_empty((0,))
         _train_bwd(st, int(token), x, x._version if x is not None else 0, dy, dx if need_dx else None)
@@ -669,14 +730,21 @@ if _HAVE_OPS:
             wgrad.copy_(st.wgrad_t)
         if bgrad is not None and bgrad.data_ptr() != st.bgrad_t.data_ptr():
             bgrad.copy_(st.bgrad_t)
-        return dx
+        # The parameters' gradients: their LinearGrad handles, as the eager backward returns (no copy;
+        # autograd's accumulation of them is a no-op, _bwd has set .grad). An op without a bias returns
+        # an empty tensor in its place (the autograd formula drops it).
+        return dx, st.wref, st.bref if st.bref is not None else dy.new_empty((0,))
 
     @_op_backward.register_fake
     def _(dy, token, x, wgrad, bgrad, layer, x_shape, x_dtype, need_dx):
-        return dy.new_empty(tuple(x_shape), dtype=x_dtype) if need_dx else dy.new_empty((0,))
+        st = _layer(layer)
+        dx = dy.new_empty(tuple(x_shape), dtype=x_dtype) if need_dx else dy.new_empty((0,))
+        dw = dy.new_empty(tuple(st.wref.shape), dtype=st.wref.dtype)
+        db = dy.new_empty(tuple(st.bref.shape), dtype=st.bref.dtype) if st.bref is not None else dy.new_empty((0,))
+        return dx, dw, db
 
     def _setup_forward(ctx, inputs, output):  # type: ignore[no-untyped-def]
-        x, anchor, wgrad, bgrad, layer, out_dtype, training = inputs
+        x, weight, bias, wgrad, bgrad, layer, out_dtype, training = inputs
         st = _layer(layer)
         ctx.layer, ctx.x_shape, ctx.x_dtype = layer, tuple(x.shape), x.dtype
         ctx.save_for_backward(output[1], x if st.save_input is not False else None)
@@ -687,10 +755,12 @@ if _HAVE_OPS:
     def _backward_forward(ctx, dy, dtoken):  # type: ignore[no-untyped-def]
         token, x = ctx.saved_tensors
         wgrad, bgrad = ctx.grad_bufs
-        need_dx = bool(ctx.needs_input_grad[0])
-        dx = torch.ops.fp8amp.linear_backward(dy.contiguous(), token, x, wgrad, bgrad, ctx.layer,
-                                              list(ctx.x_shape), ctx.x_dtype, need_dx)
-        return (dx if need_dx else None), None, None, None, None, None, None
+        need = ctx.needs_input_grad
+        need_dx = bool(need[0])
+        dx, dw, db = torch.ops.fp8amp.linear_backward(dy.contiguous(), token, x, wgrad, bgrad, ctx.layer,
+                                                      list(ctx.x_shape), ctx.x_dtype, need_dx)
+        return (dx if need_dx else None), (dw if need[1] else None), (db if need[2] else None), None, None, None, \
+            None, None
 
     _op_forward.register_autograd(_backward_forward, setup_context=_setup_forward)
 
@@ -911,6 +981,9 @@ class Linear(nn.Module):
         st = self._st
         if x.is_cuda is not st.cuda:
             raise RuntimeError("fp8amp.torch.Linear on %s got an input on %s" % (self._device, x.device))
+        params = self._parameters
+        if params["weight"] is not st.weight or params["bias"] is not st.bias:
+            return self._forward_replaced(x, params["weight"], params["bias"])
         if _compiling():
             return self._forward_op(x)
         if _grad_enabled():
@@ -919,15 +992,55 @@ class Linear(nn.Module):
                 return _LinearFn.apply(x, w, b, st)
         return _fwd(st, x, 0)
 
+    def _forward_replaced(self, x: torch.Tensor, w: Any, b: Any) -> torch.Tensor:
+        """The forward when the module's parameters are no longer the C Linear's own memory: FSDP2's
+        fully_shard replaces them by DTensor shards and, before each forward, by the all-gathered
+        unsharded parameters (plain tensors); load_state_dict(assign=True) or an assignment replaces
+        them too. The C Linear computes with its own copy of the weight, so the given values are
+        copied into it (one copy of W per forward, against the GEMMs' M*N*K), and the backward returns
+        each parameter's gradient of this backward as a new float tensor of its dtype (the C Linear
+        overwrites its gradients at every backward here; autograd accumulates micro-batches into
+        .grad, as for nn.Linear) (docs/torch.md section 12)."""
+        st = self._st
+        name = st.name or "#%d" % st.key
+        if self._e4m3:
+            raise NotImplementedError(
+                "fp8amp.torch.Linear %s: its E4M3 (O3) weight was replaced (FSDP2's fully_shard or an assignment): "
+                "O3 keeps the weight as E4M3 codes with a scale and an F16 master copy inside fp8amp's optimizer, "
+                "bound to the C Linear's weight, which a sharded or replaced parameter bypasses. Use O1/O2 with "
+                "FSDP2, or all_reduce_grads / DDP at O3" % name)
+        for nm, t, own in (("weight", w, st.weight), ("bias", b, st.bias)):
+            if (t is None) != (own is None) or (t is not None and (
+                    type(t) not in (torch.Tensor, nn.Parameter) or t.shape != own.shape or t.device != own.device)):
+                raise RuntimeError(
+                    "fp8amp.torch.Linear %s: its %s was replaced by %s; the forward takes a plain tensor of shape %s on "
+                    "%s (under FSDP2 the sharded DTensor is all-gathered by fully_shard's pre-forward hook: call the "
+                    "module through its fully_shard-ed root)" % (name, nm, "None" if t is None else "a %s of shape %s"
+                                                                 % (type(t).__name__, tuple(t.shape)),
+                                                                 tuple(own.shape) if own is not None else None,
+                                                                 self._device))
+        if _compiling():
+            raise NotImplementedError("fp8amp.torch.Linear %s: torch.compile with replaced parameters (FSDP2) is not "
+                                      "supported yet; compile the model without fully_shard, or run FSDP2 eagerly"
+                                      % name)
+        with torch.no_grad():
+            st.weight.copy_(w)  # bumps its version: _fwd tells the C Linear (weight_changed)
+            if b is not None:
+                st.bias.copy_(b)
+        if _grad_enabled() and (x.requires_grad or w.requires_grad or (b is not None and b.requires_grad)):
+            return _LinearReplacedFn.apply(x, w, b, st)
+        return _fwd(st, x, 0)
+
     def _forward_op(self, x: torch.Tensor) -> torch.Tensor:
         """The forward through the fp8amp::linear_forward custom op (what torch.compile traces)."""
         if not _HAVE_OPS:  # pragma: no cover - torch < 2.4
             raise NotImplementedError("torch.compile of fp8amp.torch.Linear needs torch.library.custom_op (torch 2.4+)")
         st = self._st
-        anchor = st.weight if st.weight.requires_grad or st.bias is None else st.bias
-        training = torch.is_grad_enabled() and (x.requires_grad or anchor.requires_grad)
+        w, b = st.weight, st.bias
+        training = torch.is_grad_enabled() and (x.requires_grad or w.requires_grad or
+                                                (b is not None and b.requires_grad))
         ydt = torch.get_autocast_dtype(st.dev_type) if torch.is_autocast_enabled(st.dev_type) else x.dtype
-        return torch.ops.fp8amp.linear_forward(x, anchor, st.wgrad_t, st.bgrad_t, st.key, ydt, training)[0]
+        return torch.ops.fp8amp.linear_forward(x, w, b, st.wgrad_t, st.bgrad_t, st.key, ydt, training)[0]
 
     def scaling_metas(self) -> List[fp8amp.Scaling]:
         """The INPUT and GRAD_OUTPUT metas (those a delayed recipe updates once per step)."""

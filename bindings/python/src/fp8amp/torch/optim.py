@@ -18,6 +18,10 @@ if TYPE_CHECKING:
     from fp8amp.torch.amp import GradScaler
 
 
+def _is_dtensor(t: torch.Tensor) -> bool:
+    return type(t).__name__ == "DTensor" and hasattr(t, "_local_tensor")
+
+
 def _grad_scaler_type() -> type:
     from fp8amp.torch.amp import GradScaler  # amp imports this module: resolved at call time
 
@@ -134,7 +138,10 @@ class Optimizer(torch.optim.Optimizer):
                         buf.copy_(it.grad)
                     it.grad = buf
                     self._plain.append((it, buf))
-                    pair = (to_fp8amp(it, self._ctx), to_fp8amp(buf, self._ctx))
+                    # A DTensor (FSDP2's sharded parameter, docs/torch.md section 12): fp8amp steps this
+                    # rank's shard; FSDP2 adds the reduce-scattered gradient into buf's local tensor.
+                    loc = (lambda t: t._local_tensor) if _is_dtensor(it) else (lambda t: t)
+                    pair = (to_fp8amp(loc(it), self._ctx), to_fp8amp(loc(buf), self._ctx))
                 if init is not None:  # the full-precision value the F16 master starts from
                     _on_current_stream(self._ctx, self._device)
                     opt.add_param(*pair, master_init=to_fp8amp(init.to(self._device).contiguous(), self._ctx))
@@ -197,6 +204,13 @@ class Optimizer(torch.optim.Optimizer):
                                        "load_state_dict, copy_) after the optimizer was made: its F16 master copy is "
                                        "stale. Load model weights before initialize(), or load this optimizer's "
                                        "state_dict after the model's (it holds the weights and their masters).")
+        for m in self._linears:
+            if m._parameters["weight"] is not m._st.weight or m._parameters["bias"] is not m._st.bias:
+                raise RuntimeError(
+                    "fp8amp.torch.Optimizer: the parameters of Linear %s were replaced after this optimizer was made "
+                    "(FSDP2's fully_shard, an assignment): it steps the C Linear's own copy, which the module no longer "
+                    "reads. With FSDP2, make the optimizer after fully_shard (docs/torch.md section 12)"
+                    % (m._st.name or "#%d" % m._st.key))
         # scaler.unscale_(self) ran since the last step: the gradients are unscaled already, and an
         # inf/NaN it found skips every group (and backs the scale off)
         unscaled = scaler._take_unscaled(self) if scaler is not None else None
