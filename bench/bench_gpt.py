@@ -15,7 +15,9 @@ The model is examples/train_gpt_fp8.py's GPT (imported, not copied). Presets fro
   --preset d2048: 4 layers, d=2048, context 1024, batch 8   (8192 tokens/step)
   --preset d768:  8 layers, d=768,  context 1024, batch 16  (16384 tokens/step)
 or --d/--layers/--heads/--seq/--batch. Reports per mode the median step time (CUDA events around
-each step, warmup excluded), tokens/s, peak memory, the loss of the first and last step, and, for
+each step, warmup excluded), tokens/s, peak memory, memory at rest after a step (allocated bytes
+after the last step, optimizer state included, minus those before the model was built) and that per
+parameter and per nn.Linear parameter of the model as built, the loss of the first and last step, and, for
 fp8amp O2 and its peer (torchao if present, else bf16_compile, else bf16), the torch-profiler
 per-kernel top list of a few steps; writes a JSON with the device, date and git commit.
 
@@ -110,6 +112,9 @@ def build(mode, args, device):
     model = GPT(args.layers, args.d, args.heads, args.seq).to(device)
     adamw = dict(lr=3e-4, betas=(0.9, 0.95), weight_decay=0.1)
     keep = ("head",)
+    # the Linear parameters of the model as defined (before any conversion): the memory report's unit
+    linear_params = sum(p.numel() for m in model.modules() if isinstance(m, torch.nn.Linear) for p in m.parameters())
+    counts = dict(params_built=sum(p.numel() for p in model.parameters()), linear_params=linear_params)
     if mode.split("_")[0] in ("O1", "O2", "O3"):
         import fp8amp.torch as ft
 
@@ -145,7 +150,7 @@ def build(mode, args, device):
         opt.zero_grad(set_to_none=True)
         return loss.detach()
 
-    return model, opt, step
+    return model, opt, step, counts
 
 
 def profile_top(step, batches, device, top):
@@ -173,14 +178,18 @@ def profile_top(step, batches, device, top):
 
 def run_mode(mode, args, device, batches, want_profile):
     gc.collect()
+    base_bytes = None
     if device.type == "cuda":
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(device)
+        torch.cuda.synchronize(device)
+        base_bytes = torch.cuda.memory_allocated(device)  # the batches and whatever an earlier mode left
     built = build(mode, args, device)
     if isinstance(built, str):
         print("  [%s] skipped: %s" % (mode, built), flush=True)
         return {"skipped": built}
-    model, opt, step = built
+    model, opt, step, counts = built
+    linear_params, built_params = counts["linear_params"], counts["params_built"]
     losses = []
     for xy in batches[:args.warmup]:  # compiles, plans, graphs, allocator warm-up
         losses.append(float(step(xy)))
@@ -191,17 +200,29 @@ def run_mode(mode, args, device, batches, want_profile):
         timer.stop(t0)
     times = timer.ms()
     losses = [float(v) for v in losses]
+    rest = None
+    if base_bytes is not None:  # after the last step (times() synchronized): weights, grads if kept, state
+        rest = torch.cuda.memory_allocated(device) - base_bytes
     med = statistics.median(times)
     res = {"step_ms_median": med, "step_ms_all": times, "tokens_per_s": args.batch * args.seq / med * 1e3,
            "peak_mem_MiB": (torch.cuda.max_memory_allocated(device) / 2**20) if device.type == "cuda" else None,
            "loss_first": losses[0], "loss_last": losses[-1],
-           "params": sum(p.numel() for p in model.parameters())}
+           "params": sum(p.numel() for p in model.parameters()), "linear_params": linear_params,
+           "rest_mem_MiB": rest / 2**20 if rest is not None else None}
+    # per parameter of the model as built and per nn.Linear parameter (the unit: everything at
+    # rest, the head, embeddings and norms included, over the Linear parameters)
+    res["params_built"] = built_params
+    res["rest_bytes_per_param"] = rest / built_params if rest is not None else None
+    res["rest_bytes_per_linear_param"] = rest / linear_params if rest is not None else None
     if want_profile:
         res["profile_top"] = profile_top(step, batches[args.warmup:args.warmup + args.profile_steps], device,
                                          args.profile_top)
-    print("  [%s] median %.3f ms/step, %.0f tokens/s, peak %s MiB, loss %.4f -> %.4f" % (
-        mode, med, res["tokens_per_s"], "%.0f" % res["peak_mem_MiB"] if res["peak_mem_MiB"] is not None else "-",
-        res["loss_first"], res["loss_last"]), flush=True)
+    print("  [%s] median %.3f ms/step, %.0f tokens/s, peak %s MiB, at rest %s MiB (%s B per Linear param), "
+          "loss %.4f -> %.4f" % (
+              mode, med, res["tokens_per_s"], "%.0f" % res["peak_mem_MiB"] if res["peak_mem_MiB"] is not None else "-",
+              "%.0f" % res["rest_mem_MiB"] if rest is not None else "-",
+              "%.2f" % res["rest_bytes_per_linear_param"] if rest is not None else "-",
+              res["loss_first"], res["loss_last"]), flush=True)
     del model, opt, step
     gc.collect()
     return res

@@ -142,6 +142,18 @@ FP8AMP_API fp8amp_status fp8amp_context_synchronize(fp8amp_context ctx) {
     FP8AMP_GUARD({ lookup<Context>(ctx, "ctx")->synchronize(); });
 }
 
+FP8AMP_API fp8amp_status fp8amp_context_scratch_bytes(fp8amp_context ctx, size_t *bytes) {
+    FP8AMP_GUARD({
+        auto c = lookup<Context>(ctx, "ctx");
+        require(bytes, "bytes");
+        *bytes = c->scratch_bytes();
+    });
+}
+
+FP8AMP_API fp8amp_status fp8amp_context_release_scratch(fp8amp_context ctx) {
+    FP8AMP_GUARD({ lookup<Context>(ctx, "ctx")->release_scratch(); });
+}
+
 /* ---- tensors ---- */
 
 FP8AMP_API fp8amp_status fp8amp_tensor_create(fp8amp_context ctx, fp8amp_dtype dtype, int32_t ndim,

@@ -109,6 +109,19 @@ Storage &Context::gemm_workspace() const {
     return *gemm_workspace_;
 }
 
+// Frees a slot. A stream-ordered allocator (torch's caching allocator) ties a block to the stream it
+// was allocated on and hands it out again in that stream's order only; cudaFree (the CUDA backend's
+// own allocator) waits for the device anyway. A slot used on another stream since it was allocated
+// (the context's stream changed) may still be read there, and nothing would order the block's next
+// owner after that work: the host waits for it first (rare: a stream change, then growth or a release).
+void Context::free_scratch_slot(size_t slot) const {
+    std::shared_ptr<Storage> &s = scratch_[slot];
+    if (!s) return;
+    if (scratch_crossed_[slot]) backend_->synchronize();
+    s.reset();
+    scratch_crossed_[slot] = false;
+}
+
 void *Context::scratch(size_t slot, size_t nbytes) const {
     if (slot >= kScratchSlots) fail(FP8AMP_ERROR_INTERNAL, "scratch slot out of range");
     std::shared_ptr<Storage> &s = scratch_[slot];
@@ -116,10 +129,32 @@ void *Context::scratch(size_t slot, size_t nbytes) const {
         // Rounded up to 64 KiB, so that slightly larger requests (a few more rows) do not reallocate.
         constexpr size_t kGranule = size_t{64} << 10;
         const size_t rounded = (nbytes + kGranule - 1) / kGranule * kGranule;
-        s.reset();  // give the old memory back before asking for the new
+        free_scratch_slot(slot);  // give the old memory back before asking for the new
         s = allocate(rounded >= nbytes ? rounded : nbytes);
+        scratch_stream_[slot] = backend_->stream();
     }
+    if (scratch_stream_[slot] != backend_->stream()) scratch_crossed_[slot] = true;
     return s->data();
+}
+
+size_t Context::scratch_bytes() const {
+    size_t total = 0;
+    for (const auto &s : scratch_)
+        if (s) total += s->nbytes();
+    return total;
+}
+
+void Context::release_scratch() const {
+    // The host waits for the queued work first: it may still read the slots, and the allocator may
+    // tie a block to the stream it was allocated on rather than the one that used it last.
+    bool any = false;
+    for (const auto &s : scratch_) any = any || s != nullptr;
+    if (!any) return;
+    backend_->synchronize();
+    for (size_t i = 0; i < kScratchSlots; ++i) {
+        scratch_[i].reset();
+        scratch_crossed_[i] = false;
+    }
 }
 
 }  // namespace fp8amp::core

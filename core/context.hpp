@@ -65,11 +65,19 @@ public:
     Storage &gemm_workspace() const;
 
     // Scratch memory that the Linears of this context share for what lives only within one call
-    // (the FP8 copies of x and dY, staging outputs, a dequantized weight): slot `slot` (< kScratchSlots)
-    // grows to the largest size asked of it and is reused in the stream order of the context's stream
-    // (set_stream orders the new stream after the old one). The pointer is valid until the next call.
-    static constexpr size_t kScratchSlots = 4;
+    // (the FP8 copies of x and dY, staging outputs, a dequantized weight, the bias gradient's partial
+    // column sums): slot `slot` (< kScratchSlots) grows to the largest size asked of it and is reused
+    // in the stream order of the context's stream (set_stream orders the new stream after the old
+    // one). The pointer is valid until the next call that asks the same slot for more, or until
+    // release_scratch. A call must ask each slot once: a second, larger request would free the
+    // memory that the call's first request described.
+    static constexpr size_t kScratchSlots = 5;
     void *scratch(size_t slot, size_t nbytes) const;
+    // The bytes the scratch slots hold now (fp8amp_context_scratch_bytes).
+    size_t scratch_bytes() const;
+    // Gives the scratch slots' memory back to the allocator (fp8amp_context_release_scratch); the next
+    // call that needs a slot allocates it again.
+    void release_scratch() const;
 
 private:
     fp8amp_device device_;
@@ -80,6 +88,10 @@ private:
     void *alloc_user_data_ = nullptr;
     mutable std::shared_ptr<Storage> gemm_workspace_;
     mutable std::shared_ptr<Storage> scratch_[kScratchSlots];
+    // The stream each slot was allocated on, and whether a call used it on another (free_scratch_slot).
+    mutable void *scratch_stream_[kScratchSlots] = {};
+    mutable bool scratch_crossed_[kScratchSlots] = {};
+    void free_scratch_slot(size_t slot) const;
 };
 
 }  // namespace fp8amp::core

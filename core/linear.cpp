@@ -18,6 +18,8 @@ constexpr size_t kScratchFp8 = 0;     // x8 (forward), dY8 (backward)
 constexpr size_t kScratchFp8T = 1;    // dY8 transposed (backward)
 constexpr size_t kScratchStage = 2;   // a staged GEMM output (y or dX)
 constexpr size_t kScratchWeight = 3;  // a scaled F16 weight dequantized (forward), dY in BF16 (backward)
+constexpr size_t kScratchColSum = 4;  // the bias gradient's partial column sums (backward)
+static_assert(kScratchColSum < Context::kScratchSlots, "one slot each");
 
 std::string shape_string(const std::vector<int64_t> &shape) {
     std::string s = "[";
@@ -552,9 +554,9 @@ void Linear::backward(const Tensor &dy, Tensor *dx, bool accumulate) {
         float *bias_partial = nullptr;
         if (bias_grad_) {
             const size_t floats = kernels::column_sum_partial_floats(static_cast<size_t>(m), static_cast<size_t>(n));
-            bias_partial = static_cast<float *>(
-                buffer(colsum_scratch_, FP8AMP_DTYPE_F32, static_cast<int64_t>(floats / static_cast<size_t>(n)), n)
-                    .data());
+            bias_partial = static_cast<float *>(scratch(colsum_scratch_, kScratchColSum, FP8AMP_DTYPE_F32,
+                                                        static_cast<int64_t>(floats / static_cast<size_t>(n)), n)
+                                                    .data());
         }
         steps_.quantize(dy.data(), dy.dtype(), static_cast<size_t>(m), static_cast<size_t>(n), dy8, &dy8t,
                         bias_grad_ ? static_cast<float *>(bias_grad_->data()) : nullptr, accumulate, bias_partial);
@@ -606,7 +608,7 @@ void Linear::backward(const Tensor &dy, Tensor *dx, bool accumulate) {
         float *partial = nullptr;  // the per-chunk column sums, if the backend needs them (CUDA)
         if (const size_t chunks = ctx_->backend().column_sum_partial_rows())
             partial = static_cast<float *>(
-                buffer(colsum_scratch_, FP8AMP_DTYPE_F32, static_cast<int64_t>(chunks), n).data());
+                scratch(colsum_scratch_, kScratchColSum, FP8AMP_DTYPE_F32, static_cast<int64_t>(chunks), n).data());
         steps_.column_sum(dy.data(), dy.dtype(), static_cast<size_t>(m), static_cast<size_t>(n),
                           static_cast<float *>(bias_grad_->data()), accumulate, partial);
     }

@@ -96,7 +96,8 @@ private:
     uint64_t weight_wide_version_ = kStale;
     // Shared: a weight dequantized to F32 (F16-scaled weights), the bias in its epilogue dtype, the
     // FP32 weight-gradient sum (E4M3/BF16 weight gradients), a F32 staging output, bias-grad scratch.
-    // w_f32_, out_stage_ and dy_wide_ are views of the context's scratch (see Linear::scratch).
+    // w_f32_, out_stage_, dy_wide_ and colsum_scratch_ are views of the context's scratch (see
+    // Linear::scratch); docs/linear.md section 5 classifies every buffer.
     std::shared_ptr<Tensor> w_f32_, bias_cast_, bias_f32_, wgrad_acc_, out_stage_, colsum_scratch_;
     // The WEIGHT_GRAD meta's scale was fitted by a backward (its first one runs an amax pass first).
     bool wgrad_scale_fitted_ = false;

@@ -111,6 +111,14 @@ function fp8amp_context_synchronize(ctx)
     ccall((:fp8amp_context_synchronize, libfp8amp), fp8amp_status, (fp8amp_context,), ctx)
 end
 
+function fp8amp_context_scratch_bytes(ctx, bytes)
+    ccall((:fp8amp_context_scratch_bytes, libfp8amp), fp8amp_status, (fp8amp_context, Ptr{Csize_t}), ctx, bytes)
+end
+
+function fp8amp_context_release_scratch(ctx)
+    ccall((:fp8amp_context_release_scratch, libfp8amp), fp8amp_status, (fp8amp_context,), ctx)
+end
+
 mutable struct fp8amp_tensor_s end
 const fp8amp_tensor = Ptr{fp8amp_tensor_s}
 

@@ -103,3 +103,26 @@ def test_torch_caching_allocator_on_cuda():
         for o in (src, q, meta):
             o.close()
     assert not live
+
+
+def test_scratch_pool_through_hooks():
+    """Context.scratch_bytes / release_scratch: the Linears' shared pool comes through the context's
+    hooks, grows to the largest need of two Linears, and release gives exactly it back."""
+    pool = HostPool()
+    ctx = fp8amp.Context("cpu")
+    ctx.set_allocator(pool.alloc, pool.free)
+    assert ctx.scratch_bytes() == 0
+    rng = np.random.default_rng()
+    sizes = []
+    for k, n, m in ((64, 96, 48), (32, 16, 16)):
+        lin = fp8amp.Linear(ctx, k, n)
+        x = fp8amp.Tensor.from_numpy(ctx, rng.standard_normal((m, k)).astype(np.float32))
+        y = fp8amp.Tensor.from_numpy(ctx, np.zeros((m, n), np.float32))
+        lin.forward(x, y, training=True)
+        lin.backward(fp8amp.Tensor.from_numpy(ctx, rng.standard_normal((m, n)).astype(np.float32)))
+        sizes.append(ctx.scratch_bytes())
+    assert sizes[0] > 0 and sizes[1] == sizes[0]  # the second, smaller Linear needed no more
+    live = sum(n for _, n in pool.blocks.values())
+    ctx.release_scratch()
+    assert ctx.scratch_bytes() == 0
+    assert sum(n for _, n in pool.blocks.values()) == live - sizes[0]

@@ -31,6 +31,9 @@ def test_bench_gpt_smoke(tmp_path):
         assert math.isfinite(r_["step_ms_median"]) and r_["step_ms_median"] > 0, m
         assert math.isfinite(r_["loss_first"]) and math.isfinite(r_["loss_last"]), m
         assert len(r_["step_ms_all"]) == res["config"]["steps"]
+        # the memory report's fields: counts always, bytes on CUDA only (None on the CPU)
+        assert 0 < r_["linear_params"] <= r_["params_built"], m
+        assert r_["rest_mem_MiB"] is None and r_["rest_bytes_per_linear_param"] is None, m
     # the same initial weights and batches: the first step's loss agrees (FP8 error only)
     assert abs(modes["O1"]["loss_first"] - modes["bf16"]["loss_first"]) < 0.05 * modes["bf16"]["loss_first"]
     assert "skipped" in modes["torchao"]  # no GPU here

@@ -190,6 +190,25 @@ FP8AMP_API fp8amp_status fp8amp_context_set_allocator(fp8amp_context ctx, fp8amp
  *  Statuses: SUCCESS; INVALID_HANDLE; CUDA (an earlier asynchronous failure surfaces here). */
 FP8AMP_API fp8amp_status fp8amp_context_synchronize(fp8amp_context ctx);
 
+/** The bytes the context's scratch pool holds now: the memory its Linears share for what lives only
+ *  within one forward or backward call (the FP8 copies of x and dY, staged outputs, ...; docs/linear.md
+ *  section 5). Each of its slots grows to the largest request any call made of it and is kept, so
+ *  that the next call allocates nothing; it counts once per context, not once per Linear. The
+ *  cuBLASLt workspace is not included. Since 0.4.0.
+ *  Statuses: SUCCESS; INVALID_ARGUMENT (NULL bytes); INVALID_HANDLE. */
+FP8AMP_API fp8amp_status fp8amp_context_scratch_bytes(fp8amp_context ctx, size_t *bytes);
+
+/** Gives the scratch pool's memory back through the allocator that served it (after a run with
+ *  larger batches, or before a phase that needs the memory). Waits for the work queued on the
+ *  context's stream first (a host synchronization, none when the pool is empty), since that work may
+ *  still use it: not to be called while the stream is being captured into a CUDA graph. The next
+ *  call that needs scratch allocates it again (a Linear's graph replay then sees new addresses and
+ *  captures anew, see docs/linear.md 6.1). Nothing else changes: saved forwards, weight caches and
+ *  gradient sums are the Linears' own. Since 0.4.0.
+ *  Statuses: SUCCESS; INVALID_HANDLE; CUDA (the wait reported an earlier asynchronous failure: the
+ *  pool is then kept). */
+FP8AMP_API fp8amp_status fp8amp_context_release_scratch(fp8amp_context ctx);
+
 /** @} */
 
 /** @defgroup tensor Tensors and DLPack

@@ -220,5 +220,16 @@ class Context(Handle):
         """Waits for all work issued through the context."""
         check(lib.fp8amp_context_synchronize(self._h))
 
+    def scratch_bytes(self) -> int:
+        """The bytes of the scratch pool its Linears share (fp8amp_context_scratch_bytes)."""
+        out = ffi.new("size_t *")
+        check(lib.fp8amp_context_scratch_bytes(self._h, out))
+        return int(out[0])
+
+    def release_scratch(self) -> None:
+        """Gives the scratch pool back to the allocator after waiting for the queued work
+        (fp8amp_context_release_scratch); the next call that needs it allocates it again."""
+        check(lib.fp8amp_context_release_scratch(self._h))
+
     def __repr__(self) -> str:
         return "fp8amp.Context(%r%s)" % (str(self._device), ", closed" if self.closed else "")

@@ -315,6 +315,8 @@ extern "C" {
         user_data: *mut c_void,
     ) -> fp8amp_status;
     pub fn fp8amp_context_synchronize(ctx: fp8amp_context) -> fp8amp_status;
+    pub fn fp8amp_context_scratch_bytes(ctx: fp8amp_context, bytes: *mut usize) -> fp8amp_status;
+    pub fn fp8amp_context_release_scratch(ctx: fp8amp_context) -> fp8amp_status;
     pub fn fp8amp_tensor_create(
         ctx: fp8amp_context,
         dtype: fp8amp_dtype,
