@@ -282,7 +282,10 @@ class _Net(torch.nn.Module):
         self.b = ft.Linear(64, 32, device=tdev, **kw)
 
     def forward(self, x):
-        return self.b(torch.nn.functional.gelu(self.a(x)))
+        # relu, exact in eager and in inductor's code alike: with gelu, inductor's vectorized erf may
+        # differ from eager's in a last bit, which can move one element of b's input across an E4M3
+        # rounding boundary (the CPU variant failed so on an H100 machine and once on 2 cores here)
+        return self.b(torch.nn.functional.relu(self.a(x)))
 
 
 @need_ops
@@ -314,7 +317,7 @@ def test_compile_has_no_graph_break_and_gives_eager_results(tdev, gen):
     yc.square().sum().backward()
     assert torch.equal(yc, ye)
     for got, w in zip(grads(xc, net.a.weight, net.b.weight, net.a.bias, net.b.bias), want):
-        # inductor fuses gelu's and square's backward: dY may differ in its last bits
+        # inductor fuses relu's and square's backward: dY may differ in its last bits
         torch.testing.assert_close(got, w, rtol=1e-5, atol=1e-6)
 
 
