@@ -264,8 +264,13 @@ def test_grad_scalers_skip_overflowing_steps(tdev, gen):
             scaler = torch.amp.GradScaler(tdev.type, init_scale=256.0)
         else:
             scaler = ft.GradScaler(tdev, init_scale=256.0)
-        losses = train(model, opt, data, 6, scaler=scaler)
-        assert losses[-1] < losses[0]
+        x0, t0 = data[0]
+        with torch.no_grad():
+            first = float((model(x0) - t0).square().mean())
+        train(model, opt, data, 6, scaler=scaler)
+        with torch.no_grad():  # the same batch before and after (the last step's batch is another one:
+            # comparing those flaked on an H100, 0.6467 against 0.6456)
+            assert float((model(x0) - t0).square().mean()) < first, kind
         assert scaler.get_scale() == 256.0
         before = [p.detach().clone() for p in model.parameters()]
         x, t = data[0]
