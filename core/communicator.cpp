@@ -432,7 +432,7 @@ void Communicator::all_reduce(const std::vector<std::shared_ptr<Tensor>> &inputs
     // values.
     pipeline(
         [&](int64_t p) {
-            const auto [lo, hi] = piece(p);
+            const int64_t lo = piece(p).first, hi = piece(p).second;  // not a structured binding: C++17 lambdas cannot capture one (clang refuses)
             for (int j = 0; j < N; ++j)
                 each(j * C + lo, j * C + hi, [&](size_t i, int64_t a, int64_t b) {
                     const Tensor &in = *inputs[i];
@@ -442,7 +442,7 @@ void Communicator::all_reduce(const std::vector<std::shared_ptr<Tensor>> &inputs
         },
         [&](int64_t p) {
             if (N == 1) return;
-            const auto [lo, hi] = piece(p);
+            const int64_t lo = piece(p).first, hi = piece(p).second;  // not a structured binding: C++17 lambdas cannot capture one (clang refuses)
             const size_t L = static_cast<size_t>(hi - lo);
             if (pair) {
                 transport_->all_gather(recv + 2 * lo + r * L, recv + 2 * lo, L, X);
@@ -457,7 +457,7 @@ void Communicator::all_reduce(const std::vector<std::shared_ptr<Tensor>> &inputs
             transport_->group_end(X);
         },
         [&](int64_t p) {
-            const auto [lo, hi] = piece(p);
+            const int64_t lo = piece(p).first, hi = piece(p).second;  // not a structured binding: C++17 lambdas cannot capture one (clang refuses)
             each(lo_r + lo, lo_r + hi, [&](size_t i, int64_t a, int64_t b) {
                 const auto [src, stride] = codes_of(lo, hi, a - lo_r - lo);
                 compute_->accumulate(src, stride, N, b - a, o.wire, wire_si + i, o.average, nullptr, amax_out + i, S);
@@ -474,7 +474,7 @@ void Communicator::all_reduce(const std::vector<std::shared_ptr<Tensor>> &inputs
     // values.
     pipeline(
         [&](int64_t p) {
-            const auto [lo, hi] = piece(p);
+            const int64_t lo = piece(p).first, hi = piece(p).second;  // not a structured binding: C++17 lambdas cannot capture one (clang refuses)
             uint8_t *block = wire + N * lo + r * (hi - lo);
             each(lo_r + lo, lo_r + hi, [&](size_t i, int64_t a, int64_t b) {
                 const auto [src, stride] = codes_of(lo, hi, a - lo_r - lo);
@@ -484,12 +484,12 @@ void Communicator::all_reduce(const std::vector<std::shared_ptr<Tensor>> &inputs
         },
         [&](int64_t p) {
             if (N == 1) return;
-            const auto [lo, hi] = piece(p);
+            const int64_t lo = piece(p).first, hi = piece(p).second;  // not a structured binding: C++17 lambdas cannot capture one (clang refuses)
             const size_t L = static_cast<size_t>(hi - lo);
             transport_->all_gather(wire + N * lo + r * L, wire + N * lo, L, X);
         },
         [&](int64_t p) {
-            const auto [lo, hi] = piece(p);
+            const int64_t lo = piece(p).first, hi = piece(p).second;  // not a structured binding: C++17 lambdas cannot capture one (clang refuses)
             for (int j = 0; j < N; ++j) {
                 const uint8_t *block = wire + N * lo + j * (hi - lo);
                 each(j * C + lo, j * C + hi, [&](size_t i, int64_t a, int64_t b) {
