@@ -37,7 +37,9 @@ class CoverageTest {
             "fp8amp_opt_level_adam_config", "fp8amp_adam_step_args_init",
             "fp8amp_adam_step_args_init_default", "fp8amp_grad_scaler_desc_init",
             "fp8amp_grad_scaler_desc_init_default", "fp8amp_opt_level_config",
-            "fp8amp_norm_desc_init", "fp8amp_optimizer_set_shard", "fp8amp_optimizer_shard_range");
+            "fp8amp_norm_desc_init", "fp8amp_optimizer_set_shard", "fp8amp_optimizer_shard_range",
+            "fp8amp_param_state_init", "fp8amp_optimizer_param_state", "fp8amp_optimizer_set_param_state",
+            "fp8amp_optimizer_set_step");
 
     @Test
     void everyHeaderFunctionIsWrappedOrListedAsNotWrapped() throws Exception {
