@@ -14,11 +14,12 @@
 The model is examples/train_gpt_fp8.py's GPT (imported, not copied). Presets from the issue:
   --preset d2048: 4 layers, d=2048, context 1024, batch 8   (8192 tokens/step)
   --preset d768:  8 layers, d=768,  context 1024, batch 16  (16384 tokens/step)
+  --preset d4096: 4 layers, d=4096, context 1024, batch 8   (8192 tokens/step; 0.8B parameters)
 or --d/--layers/--heads/--seq/--batch. Reports per mode the median step time (CUDA events around
 each step, warmup excluded), tokens/s, peak memory, memory at rest after a step (allocated bytes
 after the last step, optimizer state included, minus those before the model was built) and that per
 parameter and per nn.Linear parameter of the model as built, the loss of the first and last step, and, for
-fp8amp O2 and its peer (torchao if present, else bf16_compile, else bf16), the torch-profiler
+fp8amp O2 (O2_compile when that mode runs) and its peer (torchao if present, else bf16_compile, else bf16), the torch-profiler
 per-kernel top list of a few steps; writes a JSON with the device, date and git commit.
 
     python3 bench/bench_gpt.py --preset d2048 --out bench/results/gpt_step-<device>-<date>.json
@@ -45,6 +46,7 @@ from train_gpt_fp8 import GPT  # noqa: E402  (the example's model: one definitio
 PRESETS = {
     "d2048": dict(layers=4, d=2048, heads=16, seq=1024, batch=8),
     "d768": dict(layers=8, d=768, heads=12, seq=1024, batch=16),
+    "d4096": dict(layers=4, d=4096, heads=32, seq=1024, batch=8),
     "smoke": dict(layers=2, d=64, heads=4, seq=32, batch=2),
 }
 ALL_MODES = ("bf16", "bf16_compile", "torchao", "O1", "O2", "O2_compile", "O3")
@@ -272,6 +274,8 @@ def main(argv=None):
     runnable = [m for m in ("torchao", "bf16_compile", "bf16")
                 if m in modes and not (m == "torchao" and torchao_unavailable(device))]
     peer = runnable[0] if runnable else None
+    # ...and the fp8amp mode profiled beside it: the compiled O2 when it runs, else eager O2
+    mine = "O2_compile" if "O2_compile" in modes else "O2"
     out = {"device": name, "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
            "commit": git_commit(), "torch": torch.__version__, "preset": preset,
            "config": {k: getattr(args, k) for k in ("layers", "d", "heads", "seq", "batch", "steps", "warmup",
@@ -279,8 +283,8 @@ def main(argv=None):
            "tokens_per_step": args.seq * args.batch, "modes": {}}
     for m in modes:
         print("mode %s" % m, flush=True)
-        out["modes"][m] = run_mode(m, args, device, batches, not args.no_profile and m in ("O2", peer))
-    out["profile_peer"] = peer
+        out["modes"][m] = run_mode(m, args, device, batches, not args.no_profile and m in (mine, peer))
+    out["profile_peer"], out["profile_fp8amp"] = peer, mine
     base = out["modes"].get("bf16", {}).get("step_ms_median")
     if base:
         out["speedup_vs_bf16"] = {m: base / r["step_ms_median"] for m, r in out["modes"].items()
