@@ -6,7 +6,7 @@ Measures, with CUDA events after warm-up (median of many steps), over --params p
   - torch.optim.AdamW(fused=True), F32 params/grads/state (28 B/param);
   - fp8amp_optimizer_step at O1 (F32 everything), O2 (BF16 params, E4M3 gradients with their scale,
     E4M3 m + F16 v, per-block scales of 128) and O3 (E4M3 params, F16 master, E4M3 gradients), and
-    O2 with F32 params and gradients. "bytes" counts what each step must move: every state read and
+    O2 with F32 params and gradients, and with F32 params and E4M3 gradients (the PyTorch front's). "bytes" counts what each step must move: every state read and
     written, parameters read (O3: only written -- the master is the value of record) and written,
     gradients read twice (the finiteness/norm pass must finish before anything is written), the block
     scales;
@@ -200,6 +200,8 @@ def main():
         ("fp8amp.O2.bf16_p.e4m3_g", 2, C.BF16, C.E4M3, 2 + 2 + 2 * 1 + 2 + 4 + 2 * scale_bytes,
          "BF16 p, E4M3 g; m E4M3 + v F16, block 128"),
         ("fp8amp.O2.f32_p.f32_g", 2, C.F32, C.F32, 4 + 4 + 2 * 4 + 2 + 4 + 2 * scale_bytes, "F32 p/g; m E4M3 + v F16"),
+        ("fp8amp.O2.f32_p.e4m3_g", 2, C.F32, C.E4M3, 4 + 4 + 2 * 1 + 2 + 4 + 2 * scale_bytes,
+         "F32 p, E4M3 g (the PyTorch front's O2 Linear); m E4M3 + v F16"),
         ("fp8amp.O3.e4m3_p.e4m3_g", 3, C.E4M3, C.E4M3, 1 + 2 * 1 + 2 + 4 + 4 + 3 * scale_bytes,
          "E4M3 p (written), F16 master, E4M3 g"),
     ]

@@ -54,6 +54,8 @@ VOCAB = 256  # the example's byte-level vocabulary
 
 
 def git_commit():
+    if os.environ.get("FP8AMP_COMMIT"):  # a copy of the tree without its git history (the device machine)
+        return os.environ["FP8AMP_COMMIT"]
     try:
         return subprocess.run(["git", "-C", ROOT, "rev-parse", "HEAD"], capture_output=True, text=True,
                               check=True).stdout.strip()
@@ -124,8 +126,9 @@ def build(mode, args, device):
 
         recipe = fp8amp.Recipe(mode=fp8amp.ScalingMode.DELAYED if args.fp8amp_recipe == "delayed"
                                else fp8amp.ScalingMode.CURRENT)
+        save_input = {"auto": None, "true": True, "false": False}[args.fp8amp_save_input]
         model, opt = ft.initialize(model, torch.optim.AdamW(model.parameters(), **adamw), opt_level=mode.split("_")[0],
-                                   policy=args.policy, exclude=keep, recipe=recipe)
+                                   policy=args.policy, exclude=keep, recipe=recipe, save_input=save_input)
         fwd = torch.compile(model) if mode.endswith("_compile") else model
     else:
         if mode == "torchao":
@@ -246,6 +249,10 @@ def main(argv=None):
     ap.add_argument("--fp8amp-recipe", choices=("current", "delayed"), default="current",
                     help="the fp8amp modes' scaling: current (the front's default) or delayed (E4M3 weight "
                          "gradients without their amax pass: docs/numerics.md 9.2)")
+    ap.add_argument("--fp8amp-save-input", choices=("auto", "true", "false"), default="auto",
+                    help="the fp8amp Linears' save_input (docs/torch.md section 2): auto keeps each input for the "
+                         "backward under torch.compile (a layer may be reused); false keeps only the C Linear's FP8 "
+                         "copy (every layer of this GPT runs once per forward)")
     ap.add_argument("--profile-steps", type=int, default=3)
     ap.add_argument("--profile-top", type=int, default=25)
     ap.add_argument("--no-profile", action="store_true")
@@ -279,7 +286,7 @@ def main(argv=None):
     out = {"device": name, "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
            "commit": git_commit(), "torch": torch.__version__, "preset": preset,
            "config": {k: getattr(args, k) for k in ("layers", "d", "heads", "seq", "batch", "steps", "warmup",
-                                                    "policy", "fp8amp_recipe", "seed")},
+                                                    "policy", "fp8amp_recipe", "fp8amp_save_input", "seed")},
            "tokens_per_step": args.seq * args.batch, "modes": {}}
     for m in modes:
         print("mode %s" % m, flush=True)

@@ -825,6 +825,10 @@ static void test_cpu_cuda_bit_identical_many_blocks(void **state) {
         {FP8AMP_OPT_LEVEL_O2, 0, 1, 0.05f, {F16S, BF16, BF16}, {E4M3, BF16, E4M3}, 0},
         {FP8AMP_OPT_LEVEL_O1, 1, 0, 0.01f, {F32, F32, F32}, {F32, F32, F32}, 0},
         {FP8AMP_OPT_LEVEL_O1, 0, 1, 0.05f, {F16S, BF16, BF16}, {E4M3, E4M3, BF16}, 0},
+        /* the PyTorch front's O1/O2 layout: F32 weights with E4M3 gradients beside F32 parameters
+         * with F32 gradients (norms, embeddings) in one optimizer */
+        {FP8AMP_OPT_LEVEL_O2, 1, 0, 0.01f, {F32, F32, F32}, {E4M3, F32, E4M3}, 0},
+        {FP8AMP_OPT_LEVEL_O1, 1, 0, 0.01f, {F32, F32, BF16}, {E4M3, F32, E4M3}, 0},
         /* O1 with units of 2 and 8 chunks: the last unit of the 4477 elements holds an empty chunk
          * (256) or several (1024), which the update's chunk numbering skips */
         {FP8AMP_OPT_LEVEL_O1, 1, 0, 0.01f, {F32, BF16, BF16}, {F32, E4M3, BF16}, 256},
@@ -848,6 +852,7 @@ static void test_cpu_cuda_bit_identical_long_ranges(void **state) {
     const fp8amp_dtype BF16 = FP8AMP_DTYPE_BF16, E4M3 = FP8AMP_DTYPE_E4M3, F32 = FP8AMP_DTYPE_F32;
     const many_blocks_case cases[] = {
         {FP8AMP_OPT_LEVEL_O2, 1, 0, 0.01f, {BF16, BF16, F32}, {E4M3, E4M3, F32}, 0},
+        {FP8AMP_OPT_LEVEL_O2, 0, 0, 0.01f, {F32, F32, F32}, {E4M3, F32, E4M3}, 0},
         {FP8AMP_OPT_LEVEL_O3, 0, 1, 0.05f, {F16S, BF16, E4M3}, {E4M3, BF16, E4M3}, 0},
     };
     const int64_t full[3] = {9000011, 262151, 4477}; /* 70313 blocks, 2049, 35 (the last ones partial) */
