@@ -7,15 +7,12 @@ weight gradients, O2 with E4M3 ones) against the single-process run on the combi
 on 2+ GPUs over NCCL, with fp8amp.torch.fp8_comm_hook too (SKIPPED without 2 GPUs: one process per
 GPU, as many as are visible). Every test draws fresh random data (seed printed)."""
 import os
-import socket
 import tempfile
-import traceback
 
 import pytest
 
 torch = pytest.importorskip("torch")
-import torch.distributed as dist  # noqa: E402
-from ranks import spawn_ranks  # noqa: E402
+from ranks import run_case  # noqa: E402
 from torch import nn  # noqa: E402
 
 import fp8amp  # noqa: E402
@@ -284,35 +281,8 @@ def cpu_hook_case(rank, world, seed, dev, out, level, wgrad, policy, hook):
         raise AssertionError("fp8_comm_hook accepted a CPU bucket")
 
 
-def _worker(rank, world, port, case, seed, dev_type, out, args, q):
-    import faulthandler
-    faulthandler.enable()
-    faulthandler.dump_traceback_later(float(os.environ.get("FP8AMP_TEST_HANG_S", "200")), exit=True)
-    try:
-        dev = torch.device(dev_type, rank) if dev_type == "cuda" else torch.device("cpu")
-        if dev_type == "cuda":
-            torch.cuda.set_device(rank)
-        dist.init_process_group("nccl" if dev_type == "cuda" else "gloo", init_method="tcp://127.0.0.1:%d" % port,
-                                rank=rank, world_size=world)
-        globals()[case](rank, world, seed, dev, out, *args)
-        q.put((rank, None))
-    except BaseException:  # noqa: B902 -- every failure goes back to the test
-        q.put((rank, traceback.format_exc()))
-    finally:
-        if dist.is_initialized():
-            dist.destroy_process_group()
-
-
-def _free_port():
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def run_ranks(world, case, seed, dev_type, out, args, timeout=300):
-    port = _free_port()
-    spawn_ranks(_worker, lambda r: (r, world, port, case, seed, dev_type, out, args), world, timeout,
-                join_timeout=20.0)
+    run_case(__name__, case, world, seed, dev_type, out, args, timeout=timeout)
 
 
 def _rel(a, b):

@@ -8,14 +8,12 @@ combined batch: the losses, the first step's gradients and the updates after 3 s
 Adam. Fresh random data each run (seed printed)."""
 import os
 import tempfile
-import traceback
 
 import pytest
 
 torch = pytest.importorskip("torch")
-import torch.distributed as dist  # noqa: E402
-from ranks import spawn_ranks  # noqa: E402
-from test_torch_ddp import B, STEPS, GPUS, _data, _free_port, _init, _rel, randn, tolerance  # noqa: E402
+from ranks import run_case  # noqa: E402
+from test_torch_ddp import B, STEPS, GPUS, _data, _init, _rel, randn, tolerance  # noqa: E402
 from torch import nn  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not hasattr(torch.library, "custom_op"), reason="torch.library.custom_op: torch 2.4+")
@@ -133,32 +131,12 @@ def compile_ddp_case(rank, world, seed, dev, out, level, wgrad, policy, order, b
     torch.save({"losses": losses, "grads0": grads0, "params": params}, os.path.join(out, "rank%d.pt" % rank))
 
 
-def _worker(rank, world, port, case, seed, dev_type, out, args, q):
-    import faulthandler
-    faulthandler.enable()
-    faulthandler.dump_traceback_later(float(os.environ.get("FP8AMP_TEST_HANG_S", "280")), exit=True)
-    try:
-        dev = torch.device(dev_type, rank) if dev_type == "cuda" else torch.device("cpu")
-        if dev_type == "cuda":
-            torch.cuda.set_device(rank)
-        dist.init_process_group("nccl" if dev_type == "cuda" else "gloo", init_method="tcp://127.0.0.1:%d" % port,
-                                rank=rank, world_size=world)
-        globals()[case](rank, world, seed, dev, out, *args)
-        q.put((rank, None))
-    except BaseException:  # noqa: B902 -- every failure goes back to the test
-        q.put((rank, traceback.format_exc()))
-    finally:
-        if dist.is_initialized():
-            dist.destroy_process_group()
-
-
 def check_compile_ddp(dev_type, world, level, wgrad, policy, order, backend, rng):
     seed = int(rng.integers(2**31))
     dev = torch.device(dev_type, 0) if dev_type == "cuda" else torch.device("cpu")
     with tempfile.TemporaryDirectory() as out:
-        port = _free_port()
-        spawn_ranks(_worker, lambda r: (r, world, port, "compile_ddp_case", seed, dev_type, out,
-                                        (level, wgrad, policy, order, backend)), world, 400, join_timeout=20.0)
+        run_case(__name__, "compile_ddp_case", world, seed, dev_type, out, (level, wgrad, policy, order, backend),
+                 timeout=400, hang_s=280)
         ranks = [torch.load(os.path.join(out, "rank%d.pt" % r)) for r in range(world)]
     for r in ranks[1:]:  # DDP gave every rank the same averaged gradients
         for a, b in zip(r["params"], ranks[0]["params"]):

@@ -8,14 +8,12 @@ fp8amp.torch.data_parallel(model) is DDP at O3: the E4M3 weights left out of DDP
 fp8amp's hooks; 2 gloo processes against the single process on the combined batch."""
 import os
 import tempfile
-import traceback
 
 import pytest
 
 torch = pytest.importorskip("torch")
-import torch.distributed as dist  # noqa: E402
-from ranks import spawn_ranks  # noqa: E402
-from test_torch_ddp import B, GPUS, _data, _free_port, _init, _model, _rel, _train  # noqa: E402
+from ranks import run_case  # noqa: E402
+from test_torch_ddp import B, GPUS, _data, _init, _model, _rel, _train  # noqa: E402
 from torch import nn  # noqa: E402
 
 E4M3 = torch.float8_e4m3fn
@@ -89,42 +87,17 @@ def _values(model):
     return out
 
 
-def _worker(rank, world, port, case, seed, dev_type, out, q, args=()):
-    import faulthandler
-    faulthandler.enable()
-    faulthandler.dump_traceback_later(float(os.environ.get("FP8AMP_TEST_HANG_S", "200")), exit=True)
-    try:
-        dev = torch.device(dev_type, rank) if dev_type == "cuda" else torch.device("cpu")
-        if dev_type == "cuda":
-            torch.cuda.set_device(rank)
-        dist.init_process_group("nccl" if dev_type == "cuda" else "gloo", init_method="tcp://127.0.0.1:%d" % port,
-                                rank=rank, world_size=world)
-        globals()[case](rank, world, seed, dev, out, *args)
-        q.put((rank, None))
-    except BaseException:  # noqa: B902 -- every failure goes back to the test
-        q.put((rank, traceback.format_exc()))
-    finally:
-        if dist.is_initialized():
-            dist.destroy_process_group()
-
-
 def _run(world, dev_type, rng):
-    port, seed = _free_port(), int(rng.integers(2**31))
+    seed = int(rng.integers(2**31))
     with tempfile.TemporaryDirectory() as out:
-        spawn_ranks(_worker, lambda r: (r, world, port, "o3_case", seed, dev_type, out), world, 200, join_timeout=20.0)
-
-
-def _worker_args(rank, world, port, case, seed, dev_type, out, args, q):
-    _worker(rank, world, port, case, seed, dev_type, out, q, args)
+        run_case(__name__, "o3_case", world, seed, dev_type, out, timeout=200)
 
 
 def check_data_parallel(dev_type, world, policy, micro, rng):
     seed = int(rng.integers(2**31))
     dev = torch.device(dev_type, 0) if dev_type == "cuda" else torch.device("cpu")
     with tempfile.TemporaryDirectory() as out:
-        port = _free_port()
-        spawn_ranks(_worker_args, lambda r: (r, world, port, "data_parallel_case", seed, dev_type, out,
-                                             (policy, micro)), world, 300, join_timeout=20.0)
+        run_case(__name__, "data_parallel_case", world, seed, dev_type, out, (policy, micro))
         ranks = [torch.load(os.path.join(out, "rank%d.pt" % r)) for r in range(world)]
     for r in ranks[1:]:  # every rank took the same steps
         for a, b in zip(r["params"], ranks[0]["params"]):

@@ -9,14 +9,12 @@ combined batch; O3 and an optimizer made before fully_shard are refused with a n
 random data each run (seed printed)."""
 import os
 import tempfile
-import traceback
 
 import pytest
 
 torch = pytest.importorskip("torch")
-import torch.distributed as dist  # noqa: E402
-from ranks import spawn_ranks  # noqa: E402
-from test_torch_ddp import B, GPUS, STEPS, LR, EPS, _data, _free_port, _model, _rel  # noqa: E402
+from ranks import run_case  # noqa: E402
+from test_torch_ddp import B, GPUS, STEPS, LR, EPS, _data, _model, _rel  # noqa: E402
 from torch import nn  # noqa: E402
 
 try:
@@ -125,28 +123,8 @@ def refusal_case(rank, world, seed, dev, out):
         opt.step()
 
 
-def _worker(rank, world, port, case, seed, dev_type, out, args, q):
-    import faulthandler
-    faulthandler.enable()
-    faulthandler.dump_traceback_later(float(os.environ.get("FP8AMP_TEST_HANG_S", "200")), exit=True)
-    try:
-        dev = torch.device(dev_type, rank) if dev_type == "cuda" else torch.device("cpu")
-        if dev_type == "cuda":
-            torch.cuda.set_device(rank)
-        dist.init_process_group("nccl" if dev_type == "cuda" else "gloo", init_method="tcp://127.0.0.1:%d" % port,
-                                rank=rank, world_size=world)
-        globals()[case](rank, world, seed, dev, out, *args)
-        q.put((rank, None))
-    except BaseException:  # noqa: B902 -- every failure goes back to the test
-        q.put((rank, traceback.format_exc()))
-    finally:
-        if dist.is_initialized():
-            dist.destroy_process_group()
-
-
 def run_ranks(world, case, seed, dev_type, out, args):
-    port = _free_port()
-    spawn_ranks(_worker, lambda r: (r, world, port, case, seed, dev_type, out, args), world, 300, join_timeout=20.0)
+    run_case(__name__, case, world, seed, dev_type, out, args)
 
 
 def tolerance(dev_type, level, policy):

@@ -6,15 +6,13 @@ steps equal the single process's unsharded O3 on the combined batch within a tol
 on rank 0's rows alone fails.
 Needs PyTorch and 2 GPUs (SKIPPED otherwise). The CPU refusal is in test_torch_o3.py."""
 import os
-import socket
 import tempfile
-import traceback
 
 import pytest
 
 torch = pytest.importorskip("torch")
 import torch.distributed as dist  # noqa: E402
-from ranks import spawn_ranks  # noqa: E402
+from ranks import run_case  # noqa: E402
 
 import fp8amp  # noqa: E402
 
@@ -59,19 +57,6 @@ def _case(rank, world, seed, dev, out):
     torch.save({"params": params, "raw": raw, "state_bytes": opt.state_bytes()}, os.path.join(out, "rank%d.pt" % rank))
 
 
-def _worker(rank, world, port, seed, out, q):
-    try:
-        torch.cuda.set_device(rank)
-        dist.init_process_group("nccl", init_method="tcp://127.0.0.1:%d" % port, rank=rank, world_size=world)
-        _case(rank, world, seed, torch.device("cuda", rank), out)
-        q.put((rank, None))
-    except BaseException:  # noqa: B902 -- every failure goes back to the test
-        q.put((rank, traceback.format_exc()))
-    finally:
-        if dist.is_initialized():
-            dist.destroy_process_group()
-
-
 def _rel(a, b):
     return float((a.double() - b.double()).norm() / b.double().norm())
 
@@ -79,11 +64,8 @@ def _rel(a, b):
 @pytest.mark.skipif(GPUS < 2, reason="needs 2 GPUs (one process per visible GPU)")
 def test_o3_process_group_equals_the_combined_batch(rng):
     seed, world = int(rng.integers(2**31)), GPUS
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
     with tempfile.TemporaryDirectory() as out:
-        spawn_ranks(_worker, lambda r: (r, world, port, seed, out), world, 300, join_timeout=20.0)
+        run_case(__name__, "_case", world, seed, "cuda", out)
         ranks = [torch.load(os.path.join(out, "rank%d.pt" % r)) for r in range(world)]
     for r in ranks[1:]:  # the all-gather gave every rank the same bytes
         for a, b in zip(r["raw"], ranks[0]["raw"]):
