@@ -5,7 +5,6 @@ writes noticed; initialize + the Optimizer against torch.optim.AdamW (exact on t
 on the FP8 path; LR schedulers; checkpoints; torch.amp.GradScaler and fp8amp's GradScaler;
 all_reduce_grads on a one-process gloo group."""
 import os
-import sys
 
 import numpy as np
 import pytest
@@ -16,19 +15,6 @@ from fp8amp import optim  # noqa: E402
 from refs import scale_for  # noqa: E402
 
 need_opt = pytest.mark.skipif(not optim._available(), reason="libfp8amp has no optimizer")
-
-
-@pytest.fixture(params=["cpu", "cuda"])
-def tdev(request):
-    if request.param == "cuda" and not (torch.cuda.is_available() and fp8amp.device_count("cuda") > 0):
-        pytest.skip("no CUDA device for PyTorch")
-    return torch.device(request.param)
-
-
-@pytest.fixture
-def gen(rng):
-    g = torch.Generator().manual_seed(int(rng.integers(2**62)))
-    return g
 
 
 def randn(gen, *shape, device, scale=1.0, dtype=torch.float32):

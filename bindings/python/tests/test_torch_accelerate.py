@@ -15,11 +15,6 @@ pytestmark = pytest.mark.skipif(not optim._available(), reason="libfp8amp has no
 
 
 @pytest.fixture
-def gen(rng):
-    return torch.Generator().manual_seed(int(rng.integers(2**62)))
-
-
-@pytest.fixture
 def fresh_state():
     """Accelerate keeps its state in process-wide singletons: a test's Accelerator must not inherit
     the last one's settings (what accelerate's own AccelerateTestCase resets)."""

@@ -16,18 +16,6 @@ pytestmark = pytest.mark.skipif(not hasattr(optim.lib, "fp8amp_optimizer_param_s
                                 reason="libfp8amp without fp8amp_optimizer_param_state")
 
 
-@pytest.fixture(params=["cpu", "cuda"])
-def tdev(request):
-    if request.param == "cuda" and not (torch.cuda.is_available() and fp8amp.device_count("cuda") > 0):
-        pytest.skip("no CUDA device for PyTorch")
-    return torch.device(request.param)
-
-
-@pytest.fixture
-def gen(rng):
-    return torch.Generator().manual_seed(int(rng.integers(2**62)))
-
-
 def make_model(device, gen):
     seed = int(torch.randint(2**31, (1,), generator=gen))
     torch.manual_seed(seed)

@@ -16,18 +16,6 @@ from fp8amp import optim  # noqa: E402
 need_opt = pytest.mark.skipif(not optim._available(), reason="libfp8amp has no optimizer")
 
 
-@pytest.fixture(params=["cpu", "cuda"])
-def tdev(request):
-    if request.param == "cuda" and not (torch.cuda.is_available() and fp8amp.device_count("cuda") > 0):
-        pytest.skip("no CUDA device for PyTorch")
-    return torch.device(request.param)
-
-
-@pytest.fixture
-def gen(rng):
-    return torch.Generator().manual_seed(int(rng.integers(2**62)))
-
-
 def make_model(device, seed):
     torch.manual_seed(seed)
     return torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.LayerNorm(64), torch.nn.GELU(),

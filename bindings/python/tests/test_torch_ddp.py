@@ -21,18 +21,6 @@ GPUS = torch.cuda.device_count() if torch.cuda.is_available() and fp8amp.device_
 E4M3 = torch.float8_e4m3fn
 
 
-@pytest.fixture(params=["cpu", "cuda"])
-def tdev(request):
-    if request.param == "cuda" and not GPUS:
-        pytest.skip("no CUDA device for PyTorch")
-    return torch.device(request.param)
-
-
-@pytest.fixture
-def gen(rng):
-    return torch.Generator().manual_seed(int(rng.integers(2**62)))
-
-
 def randn(gen, *shape, device="cpu", scale=1.0):
     return (torch.randn(*shape, generator=gen) * scale).to(device)
 

@@ -20,18 +20,6 @@ pytestmark = pytest.mark.skipif(not hasattr(torch.library, "custom_op"), reason=
 E4M3 = torch.float8_e4m3fn
 
 
-@pytest.fixture(params=["cpu", "cuda"])
-def tdev(request):
-    if request.param == "cuda" and not GPUS:
-        pytest.skip("no CUDA device for PyTorch")
-    return torch.device(request.param)
-
-
-@pytest.fixture
-def gen(rng):
-    return torch.Generator().manual_seed(int(rng.integers(2**62)))
-
-
 @pytest.mark.parametrize("wgrad", [torch.float32, E4M3])
 def test_compiled_backward_runs_every_parameters_accumulate_grad(tdev, gen, wgrad):
     """A compiled model's backward fires every parameter's post-accumulate hook once per backward

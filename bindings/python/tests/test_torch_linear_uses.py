@@ -14,23 +14,10 @@ import weakref
 import pytest
 
 torch = pytest.importorskip("torch")
-import fp8amp  # noqa: E402
 from fp8amp import optim  # noqa: E402
 
 need_opt = pytest.mark.skipif(not optim._available(), reason="libfp8amp has no optimizer")
 need_ops = pytest.mark.skipif(not hasattr(torch.library, "custom_op"), reason="torch.library.custom_op: torch 2.4+")
-
-
-@pytest.fixture(params=["cpu", "cuda"])
-def tdev(request):
-    if request.param == "cuda" and not (torch.cuda.is_available() and fp8amp.device_count("cuda") > 0):
-        pytest.skip("no CUDA device for PyTorch")
-    return torch.device(request.param)
-
-
-@pytest.fixture
-def gen(rng):
-    return torch.Generator().manual_seed(int(rng.integers(2**62)))
 
 
 def randn(gen, *shape, device, scale=1.0):
