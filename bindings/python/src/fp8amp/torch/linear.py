@@ -973,6 +973,17 @@ class Linear(nn.Module):
         st = self._st
         return (st.weight._version, st.scale._version if st.scale is not None else 0, st.float_loads)
 
+    def _release_buffers(self) -> None:
+        """A step boundary (the Optimizer's step): the C Linear gives back what it keeps between calls
+        beyond the parameters and gradients (its weight copies, the saved input of a backed forward, the
+        FP32 weight-gradient sum; fp8amp_linear_release_buffers), so that at rest it holds no more.
+        Through torch's caching allocator: no synchronization, and the next step's blocks come from its
+        cache. A backward that accumulates without a zero_grad after the step adds to the delivered
+        gradient (one more rounding than within a step's micro-batches)."""
+        rc = lib.fp8amp_linear_release_buffers(self._st.lin_h)
+        if rc:
+            check(rc)
+
     def _reset_grads(self) -> None:
         """The next backward overwrites the gradients (called by the Optimizer's zero_grad)."""
         self._st.accumulate = False

@@ -194,6 +194,7 @@ class Optimizer(torch.optim.Optimizer):
         gs, fi = getattr(self, "grad_scale", None), getattr(self, "found_inf", None)
         if gs is not None or fi is not None:  # torch.amp.GradScaler.step
             if fi is not None and float(fi) > 0:
+                self._release_buffers()
                 return loss
             if gs is not None:
                 inv = 1.0 / float(gs)
@@ -226,6 +227,7 @@ class Optimizer(torch.optim.Optimizer):
             scaler._skipped_step()
             if self._metas:  # as after a step that skipped itself
                 fp8amp.update_many(self._ctx, self._metas)
+            self._release_buffers()
             return loss
         c_scaler = scaler._scaler if scaler is not None and unscaled is None else None  # closed: the step raises
         groups = self.param_groups
@@ -246,7 +248,15 @@ class Optimizer(torch.optim.Optimizer):
             scaler._scaler.update(bad[0] if bad else self._opts[0])
         if self._metas:
             fp8amp.update_many(self._ctx, self._metas)
+        self._release_buffers()
         return loss
+
+    def _release_buffers(self) -> None:
+        # At rest after a step each Linear holds its parameters and gradients only (issue 18 point 3):
+        # its weight copies are stale now, its saved input was consumed by its backward, and the FP32
+        # gradient sum is needed only while micro-batches accumulate (fp8amp_linear_release_buffers).
+        for m in self._linears:
+            m._release_buffers()
 
     def _grad_sumsq(self, grads: List[fp8amp.Tensor]) -> float:
         """The sum of squares of the stored gradients' values (FP8: code * scale_inv), in float64."""
