@@ -5,7 +5,9 @@
  * a Linear that releases at every step boundary delivers the same bytes as one that never does (the
  * FP8 and the wide GEMM paths, E4M3 and BF16 weight gradients, accumulation over micro-batches);
  * a release between a training forward and its backward keeps what that backward reads; an
- * accumulating backward after a release adds to the delivered gradient's value; bad handles. */
+ * accumulating backward after a release adds to the delivered gradient's value; a forward or
+ * backward after a release whose allocations fail changes nothing and its retry gives the same
+ * bytes; bad handles. */
 #include <math.h>
 
 #include "test_util.h"
@@ -352,6 +354,115 @@ static void accumulate_after_release(void **state, fp8amp_dtype wgrad) {
 static void test_accumulate_after_release_bf16(void **s) { accumulate_after_release(s, FP8AMP_DTYPE_BF16); }
 static void test_accumulate_after_release_e4m3(void **s) { accumulate_after_release(s, FP8AMP_DTYPE_E4M3); }
 
+/* Allocator hooks that refuse one allocation (the fail_at-th from now; 0: none) and count the rest. */
+typedef struct {
+    int count, fail_at, failed;
+} failing_counter;
+
+static void *failing_alloc(void *user, size_t nbytes, fp8amp_device device, void *stream) {
+    void *p = NULL;
+    (void)device;
+    (void)stream;
+    failing_counter *c = (failing_counter *)user;
+    if (c->fail_at && ++c->count == c->fail_at) {
+        c->failed++;
+        return NULL;
+    }
+    if (posix_memalign(&p, 256, nbytes ? nbytes : 1) != 0) return NULL;
+    return p;
+}
+
+static void failing_free(void *user, void *ptr, size_t nbytes, fp8amp_device device, void *stream) {
+    (void)user;
+    (void)nbytes;
+    (void)device;
+    (void)stream;
+    free(ptr);
+}
+
+/* After a release, every allocation of the next forward and of the accumulating backward fails in
+ * turn: the failed call changes no delivered byte, and the retried step ends bit-identical to a twin
+ * whose calls never failed (the given-back sum is re-made from the delivered gradient on the retry). */
+static void test_failed_calls_after_release(void **state) {
+    (void)state;
+    run_data *d = xmalloc(sizeof *d);
+    make_data(d);
+    for (int phase = 0; phase < 2; ++phase) { /* 0: the forward's allocations fail, 1: the backward's */
+        for (int fail_at = 1;; ++fail_at) {
+            failing_counter c = {0, 0, 0};
+            fp8amp_context ctx = make_context(cpu_device());
+            EXPECT_OK(fp8amp_context_set_allocator(ctx, failing_alloc, failing_free, &c));
+            layer A = make_layer(ctx, d, FP8AMP_GEMM_ALWAYS_FP8, FP8AMP_DTYPE_E4M3);
+            layer B = make_layer(ctx, d, FP8AMP_GEMM_ALWAYS_FP8, FP8AMP_DTYPE_E4M3);
+            for (int t = 0; t < 2; ++t) { /* micro-batch 0 on both, then a release */
+                layer *L = t ? &B : &A;
+                EXPECT_OK(fp8amp_tensor_copy_from_host(L->x, d->x[0], tensor_bytes(L->x)));
+                EXPECT_OK(fp8amp_linear_forward(L->lin, L->x, L->y, 1));
+                EXPECT_OK(fp8amp_tensor_copy_from_host(L->dy, d->dy[0], tensor_bytes(L->dy)));
+                EXPECT_OK(fp8amp_linear_backward(L->lin, L->dy, L->dx, 0));
+                EXPECT_OK(fp8amp_linear_release_buffers(L->lin));
+            }
+            fp8amp_tensor ga, gb;
+            EXPECT_OK(fp8amp_linear_weight_grad(A.lin, &ga));
+            EXPECT_OK(fp8amp_linear_weight_grad(B.lin, &gb));
+            void *g_before = tensor_to_host(ga);
+            /* micro-batch 1, accumulating: B plainly; A with one allocation refused, then retried */
+            EXPECT_OK(fp8amp_tensor_copy_from_host(B.x, d->x[1], tensor_bytes(B.x)));
+            EXPECT_OK(fp8amp_linear_forward(B.lin, B.x, B.y, 1));
+            EXPECT_OK(fp8amp_tensor_copy_from_host(B.dy, d->dy[1], tensor_bytes(B.dy)));
+            EXPECT_OK(fp8amp_linear_backward(B.lin, B.dy, B.dx, 1));
+            EXPECT_OK(fp8amp_tensor_copy_from_host(A.x, d->x[1], tensor_bytes(A.x)));
+            EXPECT_OK(fp8amp_tensor_copy_from_host(A.dy, d->dy[1], tensor_bytes(A.dy)));
+            c.count = 0;
+            c.fail_at = phase == 0 ? fail_at : 0;
+            fp8amp_status st = fp8amp_linear_forward(A.lin, A.x, A.y, 1);
+            if (phase == 0 && st != FP8AMP_SUCCESS) {
+                assert_int_equal(st, FP8AMP_ERROR_OUT_OF_MEMORY);
+                c.fail_at = 0;
+                EXPECT_OK(fp8amp_linear_forward(A.lin, A.x, A.y, 1));
+            } else {
+                assert_int_equal(st, FP8AMP_SUCCESS);
+            }
+            const int forward_failed = c.failed;
+            c.count = 0;
+            c.fail_at = phase == 1 ? fail_at : 0;
+            st = fp8amp_linear_backward(A.lin, A.dy, A.dx, 1);
+            if (phase == 1 && st != FP8AMP_SUCCESS) {
+                assert_int_equal(st, FP8AMP_ERROR_OUT_OF_MEMORY);
+                void *g_failed = tensor_to_host(ga);
+                assert_memory_equal(g_failed, g_before, (size_t)N * K); /* no byte changed */
+                free(g_failed);
+                c.fail_at = 0;
+                EXPECT_OK(fp8amp_linear_backward(A.lin, A.dy, A.dx, 1));
+            } else {
+                assert_int_equal(st, FP8AMP_SUCCESS);
+            }
+            const int failed = c.failed;
+            void *a = tensor_to_host(ga), *b = tensor_to_host(gb), *dxa = tensor_to_host(A.dx), *dxb = tensor_to_host(B.dx);
+            assert_memory_equal(a, b, (size_t)N * K);
+            assert_memory_equal(dxa, dxb, (size_t)M * K * 2);
+            assert_memory_not_equal(a, g_before, (size_t)N * K);
+            free(a);
+            free(b);
+            free(dxa);
+            free(dxb);
+            free(g_before);
+            EXPECT_OK(fp8amp_tensor_destroy(ga));
+            EXPECT_OK(fp8amp_tensor_destroy(gb));
+            free_layer(&A);
+            free_layer(&B);
+            EXPECT_OK(fp8amp_context_destroy(ctx));
+            (void)forward_failed;
+            if (!failed) { /* every allocation of the phase's call was refused once */
+                print_message("phase %d: %d allocations each refused once\n", phase, fail_at - 1);
+                assert_true(fail_at > 1);
+                break;
+            }
+        }
+    }
+    free(d);
+}
+
 static void test_bad_arguments(void **state) {
     (void)state;
     run_data *d = xmalloc(sizeof *d);
@@ -388,6 +499,7 @@ int main(void) {
         cmocka_unit_test(test_counted),
         DEVICE_TESTS(test_accumulate_after_release_bf16),
         DEVICE_TESTS(test_accumulate_after_release_e4m3),
+        cmocka_unit_test(test_failed_calls_after_release),
         cmocka_unit_test(test_bad_arguments),
     };
     return run_tests_sharded(tests, sizeof tests / sizeof tests[0], test_setup_rng, NULL);
