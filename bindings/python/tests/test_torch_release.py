@@ -113,3 +113,40 @@ def test_accumulating_across_a_step_adds_to_the_gradient(tdev, rng):
         assert torch.isfinite(ab).all()
         assert float((ab - want).norm() / want.norm()) < 0.07  # E4M3 rounding of the sum
         assert float((ab - b).norm() / want.norm()) > 0.1  # the first backward is in it
+
+
+def test_a_plain_torch_optimizer_step_releases_too(tdev, rng, monkeypatch):
+    """ft.Linear layers stepped by a torch optimizer (initialize without one, torch.optim.AdamW over the
+    model): the front's post-step hook releases them, so at rest they hold their parameters and
+    gradients only; the results are bit for bit those of a run without the hook."""
+    import fp8amp.torch as ft
+    import fp8amp.torch.linear as ftl
+
+    seed, data = int(rng.integers(2**31)), _micro_batches(tdev, int(rng.integers(2**31)), 6)
+
+    def run(release):
+        torch.manual_seed(seed)
+        model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.GELU(), torch.nn.Linear(64, 48)).to(tdev)
+        model = ft.initialize(model, policy="fp8")
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+        lins = [m.fp8amp_linear for m in _linears(model)]
+        fresh = [lin.memory_bytes for lin in lins]
+        out = []
+        with monkeypatch.context() as mp:
+            if not release:
+                mp.setattr(ftl, "_BY_WEIGHT", {})
+            for step in range(3):
+                for x, t in data[2 * step:2 * step + 2]:
+                    (model(x) - t).square().mean().backward()
+                held = [lin.memory_bytes for lin in lins]
+                assert all(h > f for h, f in zip(held, fresh))
+                opt.step()
+                opt.zero_grad()
+                rest = [lin.memory_bytes for lin in lins]
+                assert (rest == fresh) == release, (rest, fresh)
+                out += [p.detach().clone() for p in model.parameters()]
+        return out
+
+    for a, b in zip(run(False), run(True)):
+        assert torch.isfinite(a).all()
+        assert torch.equal(a, b)

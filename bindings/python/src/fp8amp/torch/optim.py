@@ -160,6 +160,10 @@ class Optimizer(torch.optim.Optimizer):
             p is m.weight for g in self.param_groups for p in g["params"])] if o3 else []
         self._tokens = [m._write_token() for m in self._masters]
 
+    # Its step releases the Linears' buffers itself (_release_buffers); the front's post-step hook for
+    # other torch optimizers (fp8amp/torch/linear.py, _after_torch_step) skips it.
+    _fp8amp_releases = True
+
     def zero_grad(self, set_to_none: bool = True) -> None:  # noqa: ARG002 - the buffers stay registered
         """Zeroes the gradients in place (the buffers fp8amp reads stay the same memory) and makes
         every Linear's next backward overwrite its gradients."""
