@@ -18,7 +18,9 @@ The model is examples/train_gpt_fp8.py's GPT (imported, not copied). Presets fro
 or --d/--layers/--heads/--seq/--batch. Reports per mode the median step time (CUDA events around
 each step, warmup excluded), tokens/s, peak memory, memory at rest after a step (allocated bytes
 after the last step, optimizer state included, minus those before the model was built) and that per
-parameter and per nn.Linear parameter of the model as built, the loss of the first and last step, and, for
+parameter and per nn.Linear parameter of the model as built, the loss of the first and last step, for the
+fp8amp modes how many of their Linears' calls per timed step ran as one CUDA graph launch
+(linear_graph_replays_per_step, against linear_calls_per_step), and, for
 fp8amp O2 (O2_compile when that mode runs) and its peer (torchao if present, else bf16_compile, else bf16), the torch-profiler
 per-kernel top list of a few steps; writes a JSON with the device, date and git commit.
 
@@ -181,6 +183,20 @@ def profile_top(step, batches, device, top):
     return [r for r in rows if r[key] > 0][:top]
 
 
+def fp8amp_linears(model):
+    return [m for m in model.modules() if type(m).__module__.startswith("fp8amp.torch")
+            and hasattr(m, "fp8amp_linear")]
+
+
+def linear_graph_replays(model):
+    """The fp8amp Linears' CUDA graph replays so far (fp8amp_linear_graph_replays; None for other
+    modes): every forward and backward of a steady step should be one (2 per Linear per step), also
+    since the Linears give their buffers back at each step (the caching allocator hands the same
+    blocks back; a call whose buffers moved captures anew instead)."""
+    lins = fp8amp_linears(model)
+    return sum(m.fp8amp_linear.graph_replays for m in lins) if lins else None
+
+
 def run_mode(mode, args, device, batches, want_profile):
     gc.collect()
     base_bytes = None
@@ -198,12 +214,14 @@ def run_mode(mode, args, device, batches, want_profile):
     losses = []
     for xy in batches[:args.warmup]:  # compiles, plans, graphs, allocator warm-up
         losses.append(float(step(xy)))
+    replays_before = linear_graph_replays(model)
     timer = Timer(device)
     for xy in batches[args.warmup:]:
         t0 = timer.start()
         losses.append(step(xy))
         timer.stop(t0)
     times = timer.ms()
+    replays = linear_graph_replays(model)
     losses = [float(v) for v in losses]
     rest = None
     if base_bytes is not None:  # after the last step (times() synchronized): weights, grads if kept, state
@@ -214,6 +232,9 @@ def run_mode(mode, args, device, batches, want_profile):
            "loss_first": losses[0], "loss_last": losses[-1],
            "params": sum(p.numel() for p in model.parameters()), "linear_params": linear_params,
            "rest_mem_MiB": rest / 2**20 if rest is not None else None}
+    if replays is not None:  # fp8amp modes: how many Linear calls per timed step ran as one graph launch
+        res["linear_graph_replays_per_step"] = (replays - replays_before) / max(len(times), 1)
+        res["linear_calls_per_step"] = 2 * sum(1 for _ in fp8amp_linears(model))
     # per parameter of the model as built and per nn.Linear parameter (the issue's unit: everything at
     # rest, the head, embeddings and norms included, over the Linear parameters)
     res["params_built"] = built_params

@@ -112,6 +112,18 @@ FP8AMP_API fp8amp_status fp8amp_linear_backward(fp8amp_linear lin, fp8amp_tensor
     });
 }
 
+FP8AMP_API fp8amp_status fp8amp_linear_release_buffers(fp8amp_linear lin) {
+    FP8AMP_GUARD({ lookup<Linear>(lin, "lin")->release_buffers(); });
+}
+
+FP8AMP_API fp8amp_status fp8amp_linear_memory_bytes(fp8amp_linear lin, size_t *out) {
+    FP8AMP_GUARD({
+        auto l = lookup<Linear>(lin, "lin");
+        require(out, "out");
+        *out = l->memory_bytes();
+    });
+}
+
 FP8AMP_API fp8amp_status fp8amp_linear_gemm_kind(fp8amp_linear lin, fp8amp_gemm_kind *out) {
     FP8AMP_GUARD({
         auto l = lookup<Linear>(lin, "lin");

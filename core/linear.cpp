@@ -236,8 +236,63 @@ Tensor &Linear::buffer(std::shared_ptr<Tensor> &slot, fp8amp_dtype dtype, int64_
         std::shared_ptr<Tensor> made = Tensor::create(ctx_, dtype, 2, shape);
         if (meta) made->set_scaling(meta);
         slot = std::move(made);
+        note_stream();
     }
     return *slot;
+}
+
+// Records the stream the Linear's buffers are used on (see release_buffers).
+void Linear::note_stream() {
+    void *const stream = ctx_->stream();
+    if (buffers_stream_ && buffers_stream_ != stream) buffers_crossed_ = true;
+    buffers_stream_ = stream;
+}
+
+// What the Linear keeps between calls is needed only from a training forward to its backward (the
+// saved input, the weight's transposed FP8 copy or wide copy the backward reads) and across the
+// backwards of one accumulation window (the FP32 weight-gradient sum); the weight and bias copies are
+// a cache the optimizer's update makes stale anyway. At a step boundary all of it can go back (issue
+// 18 point 3: at rest a Linear holds its parameters and gradients). A forward still awaiting its
+// backward keeps what that backward reads. Freeing is asynchronous, in the order of the stream the
+// block was allocated on (a stream-ordered allocator such as torch's hands it out again only after
+// the work queued there; the CUDA backend's own cudaFree waits for the device); a buffer used on
+// another stream since may still be read there, so then the host waits for the device first (rare:
+// the context's stream changed).
+void Linear::release_buffers() {
+    if (buffers_crossed_) ctx_->synchronize();
+    buffers_crossed_ = false;
+    buffers_stream_ = nullptr;
+    if (!saved_) {
+        x8t_.reset();
+        x_wide_.reset();
+        w8_.reset();
+        w8t_.reset();
+        w_wide_.reset();
+        weight_fp8_version_ = kStale;
+        weight_fp8t_valid_ = false;
+        weight_wide_version_ = kStale;
+    }
+    bias_cast_.reset();
+    bias_f32_.reset();
+    bias_cast_version_ = kStale;
+    bias_f32_version_ = kStale;
+    if (wgrad_acc_) {
+        // An accumulating backward after this adds to the delivered gradient's value (backward()).
+        wgrad_sum_released_ = wgrad_sum_released_ || wgrad_sum_valid_;
+        wgrad_acc_.reset();
+        wgrad_sum_valid_ = false;
+    }
+    // The CPU kernels' host scratch (grown again, before any step runs, by the next call).
+    std::vector<float>().swap(cpu_scratch_);
+}
+
+size_t Linear::memory_bytes() const {
+    size_t total = 0;
+    for (const std::shared_ptr<Tensor> *t : {&weight_, &bias_, &weight_grad_, &bias_grad_, &w8_, &w8t_, &x8t_,
+                                             &x8t_pending_, &x_wide_, &x_wide_pending_, &w_wide_, &bias_cast_,
+                                             &bias_f32_, &wgrad_acc_})
+        if (*t) total += (*t)->nbytes() + ((*t)->scale_inv() ? sizeof(float) : 0);  // + its scale slot
+    return total;
 }
 
 Tensor &Linear::saved_buffer(std::shared_ptr<Tensor> &slot, std::shared_ptr<Tensor> &pending, fp8amp_dtype dtype,
@@ -468,6 +523,7 @@ void Linear::forward(const Tensor &x, Tensor &y, bool training) {
     const fp8amp_gemm_kind kind = choose_kind(m, training, y);
     FailureGuard guard{*this};
     steps_.clear();
+    note_stream();
     if (kind == FP8AMP_GEMM_KIND_FP8) {
         refresh_weight_fp8(training);
         Tensor &x8 = scratch(x8_, kScratchFp8, FP8AMP_DTYPE_E4M3, m, k, input_meta_);
@@ -540,10 +596,22 @@ void Linear::backward(const Tensor &dy, Tensor *dx, bool accumulate) {
     // forward saved (x8t / the wide x, w8t), so a backward that fails (out of memory while describing)
     // leaves the saved forward for a retry, as "a failed call changes nothing" promises.
     steps_.clear();
+    note_stream();
     Tensor &wsum = direct_wgrad ? *weight_grad_ : buffer(wgrad_acc_, FP8AMP_DTYPE_F32, n, k);
+    // release_buffers gave the sum back: accumulating starts from the delivered gradient's value (its
+    // E4M3 codes dequantized, its BF16 values widened), the one rounding more a given-back sum costs.
+    const bool reload = accumulate && !direct_wgrad && wgrad_sum_released_;
+    if (reload) {
+        if (desc_.wgrad_dtype == FP8AMP_DTYPE_E4M3)
+            steps_.dequantize(*weight_grad_, wsum.data(), FP8AMP_DTYPE_F32);
+        else
+            steps_.cast(weight_grad_->data(), weight_grad_->dtype(), wsum.data(), FP8AMP_DTYPE_F32,
+                        static_cast<size_t>(n * k));
+        wsum.mark_written();
+    }
     // The FP32 buffer holds a sum only once a backward into it ran: one made by a backward that then
     // failed holds garbage, so accumulating into it is overwriting it.
-    const bool add = accumulate && (direct_wgrad || wgrad_sum_valid_);
+    const bool add = accumulate && (direct_wgrad || wgrad_sum_valid_ || reload);
 
     if (kind_ == FP8AMP_GEMM_KIND_FP8) {
         const fp8amp_dtype gdtype = grad_output_meta_->dtype();
@@ -615,6 +683,7 @@ void Linear::backward(const Tensor &dy, Tensor *dx, bool accumulate) {
     if (bias_grad_) bias_grad_->mark_written();
     run_steps(backward_replay_);
     wgrad_sum_valid_ = !direct_wgrad;
+    wgrad_sum_released_ = false;
     if (wgrad_meta_) wgrad_scale_fitted_ = true;
     saved_ = false;
 }

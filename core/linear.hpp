@@ -49,6 +49,11 @@ public:
     }
     void forward(const Tensor &x, Tensor &y, bool training);
     void backward(const Tensor &dy, Tensor *dx, bool accumulate);
+    // fp8amp_linear_release_buffers: gives back what the Linear keeps between calls beyond its
+    // parameters, gradients and a saved forward still awaiting its backward (docs/linear.md section 5).
+    void release_buffers();
+    // fp8amp_linear_memory_bytes: the bytes of the context's memory its tensors hold now.
+    size_t memory_bytes() const;
 
 private:
     static constexpr uint64_t kStale = ~uint64_t{0};
@@ -102,6 +107,14 @@ private:
     // The WEIGHT_GRAD meta's scale was fitted by a backward (its first one runs an amax pass first).
     bool wgrad_scale_fitted_ = false;
     bool wgrad_sum_valid_ = false;  // wgrad_acc_ holds a sum (a backward into it ran)
+    // release_buffers gave a valid sum back: an accumulating backward starts from the delivered
+    // gradient's value instead (cleared by the next backward).
+    bool wgrad_sum_released_ = false;
+    // The stream the Linear's own buffers were last allocated on, and whether a call ran on another
+    // since (release_buffers then waits for the device before freeing: see there).
+    void *buffers_stream_ = nullptr;
+    bool buffers_crossed_ = false;
+    void note_stream();
     uint64_t bias_cast_version_ = kStale, bias_f32_version_ = kStale;
 
     // What the last training forward left for backward.

@@ -380,6 +380,14 @@ function fp8amp_linear_backward(lin, dy, dx, accumulate_wgrad)
     ccall((:fp8amp_linear_backward, libfp8amp), fp8amp_status, (fp8amp_linear, fp8amp_tensor, fp8amp_tensor, Int32), lin, dy, dx, accumulate_wgrad)
 end
 
+function fp8amp_linear_release_buffers(lin)
+    ccall((:fp8amp_linear_release_buffers, libfp8amp), fp8amp_status, (fp8amp_linear,), lin)
+end
+
+function fp8amp_linear_memory_bytes(lin, out)
+    ccall((:fp8amp_linear_memory_bytes, libfp8amp), fp8amp_status, (fp8amp_linear, Ptr{Csize_t}), lin, out)
+end
+
 function fp8amp_linear_gemm_kind(lin, out)
     ccall((:fp8amp_linear_gemm_kind, libfp8amp), fp8amp_status, (fp8amp_linear, Ptr{fp8amp_gemm_kind}), lin, out)
 end

@@ -34,6 +34,10 @@ def test_bench_gpt_smoke(tmp_path):
         # the memory report's fields: counts always, bytes on CUDA only (None on the CPU)
         assert 0 < r_["linear_params"] <= r_["params_built"], m
         assert r_["rest_mem_MiB"] is None and r_["rest_bytes_per_linear_param"] is None, m
+    # the fp8amp modes count their Linears' graph replays per step (none on the CPU); bf16 has none
+    for m in ("O1", "O2"):
+        assert modes[m]["linear_calls_per_step"] > 0 and modes[m]["linear_graph_replays_per_step"] == 0, m
+    assert "linear_graph_replays_per_step" not in modes["bf16"]
     # the same initial weights and batches: the first step's loss agrees (FP8 error only)
     assert abs(modes["O1"]["loss_first"] - modes["bf16"]["loss_first"]) < 0.05 * modes["bf16"]["loss_first"]
     assert "skipped" in modes["torchao"]  # no GPU here

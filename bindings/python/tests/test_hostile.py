@@ -232,7 +232,7 @@ METHODS = {
                 lambda o: o.set_scale(2.0), lambda o: o.enable_stats(), lambda o: o.stats(), lambda o: o.reset_stats()],
     "Linear": [lambda o: o.weight, lambda o: o.bias, lambda o: o.weight_grad, lambda o: o.bias_grad,
                lambda o: o.scaling(f.Role.INPUT), lambda o: o.weight_changed(), lambda o: o.gemm_kind,
-               lambda o: o.graph_replays],
+               lambda o: o.graph_replays, lambda o: o.release_buffers(), lambda o: o.memory_bytes],
     "Optimizer": [lambda o: o.step(), lambda o: o.found_inf, lambda o: o.step_count, lambda o: o.grad_norm,
                   lambda o: o.num_params, lambda o: o.state_bytes, lambda o: o.save(), lambda o: o.load(b"x" * 64)],
     "GradScaler": [lambda o: o.scale, lambda o: o.scale_device_ptr(), lambda o: o.state_dict(),

@@ -665,6 +665,25 @@ FP8AMP_API fp8amp_status fp8amp_linear_forward(fp8amp_linear lin, fp8amp_tensor 
 FP8AMP_API fp8amp_status fp8amp_linear_backward(fp8amp_linear lin, fp8amp_tensor dy, fp8amp_tensor dx,
                                                 int32_t accumulate_wgrad);
 
+/** Gives back the memory the Linear keeps between calls beyond its parameters and gradients, for a
+ *  step boundary (after the optimizer read the gradients; docs/linear.md section 5): the FP8 and
+ *  16-bit copies of the weight and bias (the next forward re-makes them), the saved input of a
+ *  training forward whose backward ran, and the FP32 weight-gradient sum. A training forward still
+ *  awaiting its backward keeps what that backward reads. After it, a backward with
+ *  accumulate_wgrad nonzero adds to the value of the delivered weight gradient (E4M3 dequantized,
+ *  BF16 widened) instead of the given-back sum: one rounding more than accumulating without the
+ *  release (the delivered gradient is rounded once more). Blocks go back to the context's allocator
+ *  in its stream's order, with no wait (the CUDA backend's own allocator's cudaFree does wait for the
+ *  device; so does this call when the context's stream changed since the Linear last allocated).
+ *  Statuses: SUCCESS; INVALID_HANDLE. */
+FP8AMP_API fp8amp_status fp8amp_linear_release_buffers(fp8amp_linear lin);
+
+/** The bytes of the context's memory the Linear's own tensors hold now: its parameters and gradients
+ *  and the buffers it keeps between calls (docs/linear.md section 5); not the context's shared
+ *  scratch (fp8amp_context_scratch_bytes), nor host memory of the CPU kernels' scratch.
+ *  Statuses: SUCCESS; INVALID_HANDLE; INVALID_ARGUMENT (NULL out). */
+FP8AMP_API fp8amp_status fp8amp_linear_memory_bytes(fp8amp_linear lin, size_t *out);
+
 /** Which GEMM the last forward ran (FP8AMP_GEMM_KIND_NONE before any). Statuses: SUCCESS;
  *  INVALID_HANDLE; INVALID_ARGUMENT (NULL). */
 FP8AMP_API fp8amp_status fp8amp_linear_gemm_kind(fp8amp_linear lin, fp8amp_gemm_kind *out);

@@ -184,6 +184,21 @@ class Linear(Handle):
         dx_h = handle_of(dx, Tensor, "fp8amp_linear_backward", "dx", optional=True)
         check(lib.fp8amp_linear_backward(self._h, dy_h, dx_h, 1 if accumulate else 0))
 
+    def release_buffers(self) -> None:
+        """Gives back what the Linear keeps between calls beyond its parameters and gradients (the
+        weight's FP8/16-bit copies, a backed forward's saved input, the FP32 weight-gradient sum), for
+        a step boundary; an accumulating backward after it adds to the delivered gradient's value
+        (fp8amp_linear_release_buffers)."""
+        check(lib.fp8amp_linear_release_buffers(self._h))
+
+    @property
+    def memory_bytes(self) -> int:
+        """The bytes of the context's memory the Linear's own tensors hold now: parameters, gradients
+        and the buffers it keeps between calls (fp8amp_linear_memory_bytes)."""
+        out = ffi.new("size_t *")
+        check(lib.fp8amp_linear_memory_bytes(self._h, out))
+        return int(out[0])
+
     @property
     def gemm_kind(self) -> GemmKind:
         """The GEMM the last forward ran (NONE before any)."""

@@ -1055,6 +1055,22 @@ impl<'c> Linear<'c> {
         check(unsafe { sys::fp8amp_linear_backward(self.raw, dy.raw, dx, accumulate_wgrad as i32) })
     }
 
+    /// Gives back what the Linear keeps between calls beyond its parameters and gradients, at a
+    /// step boundary (`fp8amp_linear_release_buffers`: docs/linear.md section 2).
+    pub fn release_buffers(&self) -> Result<()> {
+        // SAFETY: live handle.
+        check(unsafe { sys::fp8amp_linear_release_buffers(self.raw) })
+    }
+
+    /// The bytes of the context's memory the Linear's own tensors hold now
+    /// (`fp8amp_linear_memory_bytes`).
+    pub fn memory_bytes(&self) -> Result<usize> {
+        let mut n = 0;
+        // SAFETY: live handle, valid out pointer.
+        check(unsafe { sys::fp8amp_linear_memory_bytes(self.raw, &mut n) })?;
+        Ok(n)
+    }
+
     /// Which GEMM the last forward ran.
     pub fn gemm_kind(&self) -> Result<GemmKind> {
         let mut k = 0;

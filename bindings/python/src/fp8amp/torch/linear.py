@@ -679,6 +679,11 @@ class _LinearReplacedFn(_LinearFn):
 # the input is kept for backward unless save_input=False (then a layer must run once per forward
 # pass, and its saved activations are the C Linear's FP8 copy only).
 
+try:
+    from torch.optim.optimizer import register_optimizer_step_post_hook as _register_step_post_hook
+except ImportError:  # pragma: no cover - torch < 2.0
+    _register_step_post_hook = None
+
 _LAYERS: Dict[int, "weakref.ref[_Hot]"] = {}
 _KEYS = itertools.count(1)
 
@@ -693,7 +698,41 @@ def _layer(key: int) -> _Hot:
 
 def _register(st: _Hot) -> None:
     st.key = next(_KEYS)
-    _LAYERS[st.key] = weakref.ref(st, lambda _r, k=st.key: _LAYERS.pop(k, None))
+    _LAYERS[st.key] = weakref.ref(st, lambda r, k=st.key, w=id(st.weight): _forget(r, k, w))
+    _BY_WEIGHT[id(st.weight)] = _LAYERS[st.key]
+    global _STEP_HOOK
+    if _STEP_HOOK is None and _register_step_post_hook is not None:
+        _STEP_HOOK = _register_step_post_hook(_after_torch_step)
+
+
+def _forget(r: Any, key: int, wid: int) -> None:
+    _LAYERS.pop(key, None)
+    if _BY_WEIGHT.get(wid) is r:  # (not a newer layer's whose weight got the same id)
+        del _BY_WEIGHT[wid]
+
+
+# A step of any other torch optimizer (fp8amp.torch.Optimizer releases by itself) gives back what the C
+# Linears whose weights it stepped keep between calls (fp8amp_linear_release_buffers: their weight
+# copies are stale after the update, the saved input was consumed by its backward, the FP32 gradient
+# sum is needed only while micro-batches accumulate), so that at rest they hold their parameters and
+# gradients only. One global post-step hook, registered with the first Linear; per step a dict look-up
+# per parameter of the optimizer. The map is by id() (a tensor's == is elementwise, so no weak-key
+# dict), checked against the layer's weight (an id can be reused once its tensor is gone).
+_BY_WEIGHT: Dict[int, "weakref.ref[_Hot]"] = {}
+_STEP_HOOK: Any = None
+
+
+def _after_torch_step(opt: Any, args: Any, kwargs: Any) -> None:
+    if getattr(opt, "_fp8amp_releases", False) or not _BY_WEIGHT:
+        return
+    for group in opt.param_groups:
+        for p in group["params"]:
+            r = _BY_WEIGHT.get(id(p))
+            st = r() if r is not None else None
+            if st is not None and st.weight is p:
+                rc = lib.fp8amp_linear_release_buffers(st.lin_h)
+                if rc and rc != lib.FP8AMP_ERROR_INVALID_HANDLE:  # (a Linear destroyed already holds nothing)
+                    check(rc)
 
 
 _HAVE_OPS = hasattr(torch.library, "custom_op")
@@ -972,6 +1011,17 @@ class Linear(nn.Module):
         the scale, float loads): the O3 Optimizer's master copy is then stale."""
         st = self._st
         return (st.weight._version, st.scale._version if st.scale is not None else 0, st.float_loads)
+
+    def _release_buffers(self) -> None:
+        """A step boundary (the Optimizer's step): the C Linear gives back what it keeps between calls
+        beyond the parameters and gradients (its weight copies, the saved input of a backed forward, the
+        FP32 weight-gradient sum; fp8amp_linear_release_buffers), so that at rest it holds no more.
+        Through torch's caching allocator: no synchronization, and the next step's blocks come from its
+        cache. A backward that accumulates without a zero_grad after the step adds to the delivered
+        gradient (one more rounding than within a step's micro-batches)."""
+        rc = lib.fp8amp_linear_release_buffers(self._st.lin_h)
+        if rc:
+            check(rc)
 
     def _reset_grads(self) -> None:
         """The next backward overwrites the gradients (called by the Optimizer's zero_grad)."""

@@ -160,6 +160,10 @@ class Optimizer(torch.optim.Optimizer):
             p is m.weight for g in self.param_groups for p in g["params"])] if o3 else []
         self._tokens = [m._write_token() for m in self._masters]
 
+    # Its step releases the Linears' buffers itself (_release_buffers); the front's post-step hook for
+    # other torch optimizers (fp8amp/torch/linear.py, _after_torch_step) skips it.
+    _fp8amp_releases = True
+
     def zero_grad(self, set_to_none: bool = True) -> None:  # noqa: ARG002 - the buffers stay registered
         """Zeroes the gradients in place (the buffers fp8amp reads stay the same memory) and makes
         every Linear's next backward overwrite its gradients."""
@@ -194,6 +198,7 @@ class Optimizer(torch.optim.Optimizer):
         gs, fi = getattr(self, "grad_scale", None), getattr(self, "found_inf", None)
         if gs is not None or fi is not None:  # torch.amp.GradScaler.step
             if fi is not None and float(fi) > 0:
+                self._release_buffers()
                 return loss
             if gs is not None:
                 inv = 1.0 / float(gs)
@@ -226,6 +231,7 @@ class Optimizer(torch.optim.Optimizer):
             scaler._skipped_step()
             if self._metas:  # as after a step that skipped itself
                 fp8amp.update_many(self._ctx, self._metas)
+            self._release_buffers()
             return loss
         c_scaler = scaler._scaler if scaler is not None and unscaled is None else None  # closed: the step raises
         groups = self.param_groups
@@ -246,7 +252,15 @@ class Optimizer(torch.optim.Optimizer):
             scaler._scaler.update(bad[0] if bad else self._opts[0])
         if self._metas:
             fp8amp.update_many(self._ctx, self._metas)
+        self._release_buffers()
         return loss
+
+    def _release_buffers(self) -> None:
+        # At rest after a step each Linear holds its parameters and gradients only (issue 18 point 3):
+        # its weight copies are stale now, its saved input was consumed by its backward, and the FP32
+        # gradient sum is needed only while micro-batches accumulate (fp8amp_linear_release_buffers).
+        for m in self._linears:
+            m._release_buffers()
 
     def _grad_sumsq(self, grads: List[fp8amp.Tensor]) -> float:
         """The sum of squares of the stored gradients' values (FP8: code * scale_inv), in float64."""

@@ -130,6 +130,21 @@ public final class Linear extends NativeHandle {
         }
     }
 
+    /** Gives back what the Linear keeps between calls beyond its parameters and gradients, at a step
+     *  boundary (fp8amp_linear_release_buffers). */
+    public void releaseBuffers() {
+        try {
+            Fp8amp.linear_release_buffers(handle());
+        } finally {
+            reachabilityFence(this);
+        }
+    }
+
+    /** The bytes of the context's memory the Linear's own tensors hold now (fp8amp_linear_memory_bytes). */
+    public long memoryBytes() {
+        return get(Fp8amp::linear_memory_bytes);
+    }
+
     /** Which GEMM the last forward ran (NONE before any). */
     public GemmKind gemmKind() {
         int[] out = new int[1];
