@@ -6,17 +6,9 @@ them; a backward that accumulates across a step (no zero_grad) still adds to the
 import pytest
 
 torch = pytest.importorskip("torch")
-import fp8amp  # noqa: E402
 from fp8amp import optim  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not optim._available(), reason="libfp8amp has no optimizer")
-
-
-@pytest.fixture(params=["cpu", "cuda"])
-def tdev(request):
-    if request.param == "cuda" and not (torch.cuda.is_available() and fp8amp.device_count("cuda") > 0):
-        pytest.skip("no CUDA device for PyTorch")
-    return torch.device(request.param)
 
 
 def _model(tdev, level, seed):
