@@ -329,9 +329,10 @@ void Communicator::all_reduce(const std::vector<std::shared_ptr<Tensor>> &inputs
     const int64_t C = chunk_elements(total, N);  // chunk per rank
     const int64_t pieces = C > 0 ? (C + P - 1) / P : 0;
     const int blocks = grid_blocks();
-    // Small per-tensor values: amax before and after the reduction, wire and output scale_inv.
+    // Small per-tensor values: the agreed amax of the inputs, the wire's and the output's scale_inv
+    // (16 n bytes: amax_in, an unused word, wire_si, out_si).
     auto *small = static_cast<uint32_t *>(scratch(0, 16 * n));
-    uint32_t *amax_in = small, *amax_out = small + n;
+    uint32_t *amax_in = small;
     float *wire_si = reinterpret_cast<float *>(small + 2 * n), *out_si = reinterpret_cast<float *>(small + 3 * n);
     // One allocation of 2 N C bytes: `wire` (the first N C) and `recv` (the next N C), so that the
     // two-rank layout below may address one rank's codes in each from one base and a stride.
@@ -341,15 +342,18 @@ void Communicator::all_reduce(const std::vector<std::shared_ptr<Tensor>> &inputs
     const int64_t lo_r = static_cast<int64_t>(r) * C;
 
     // Where the codes are (docs/communicator.md, "Data path"), for piece p = [lo, hi) of a chunk, L =
-    // hi - lo bytes:
+    // hi - lo bytes. Every piece has its own bytes (nothing of piece p is touched by another piece's
+    // operations), so the pieces can be at different steps at once:
     //  - reduce-scatter half, two ranks (pair): one in-place all-gather of recv[2 lo, 2 lo + 2 L):
     //    rank r contributes, at its block r, its codes of the piece of the other rank's chunk and
     //    receives, at block 1 - r, the other rank's codes of the piece of its own chunk; its own codes
     //    of its own chunk go to wire[2 lo + (1 - r) L, ...) (the block of the second half's all-gather
-    //    that receives the peer's codes, which it overwrites only after the second pass has read them);
-    //  - reduce-scatter half, otherwise: rank j's codes of chunk j' at wire + j' C (sent to j') and
-    //    received at recv + j C; a rank's own chunk is quantized straight into recv + r C (no copy
-    //    to itself);
+    //    that receives the peer's codes, which that all-gather overwrites only after the requantization
+    //    of the piece has read them);
+    //  - reduce-scatter half, otherwise: rank r's codes of chunk j's piece at wire[N lo + j L, ...)
+    //    (piece-major, the second half's blocks: the piece's all-gather overwrites them after its
+    //    sends), received at recv + j C + lo; a rank's own chunk is quantized straight into recv + r C
+    //    (no copy to itself);
     //  - all-gather half: piece-major, wire[N lo, N lo + N L), rank j's codes at block j: one
     //    in-place all-gather per piece.
     auto piece = [&](int64_t p) { return std::make_pair(p * P, std::min(p * P + P, C)); };
@@ -363,8 +367,8 @@ void Communicator::all_reduce(const std::vector<std::shared_ptr<Tensor>> &inputs
     };
     // Where rank r quantizes its codes of element k of piece p of chunk j.
     auto wire_of = [&](int64_t lo, int64_t hi, int j, int64_t k) -> uint8_t * {
-        if (!pair) return (j == r ? recv : wire) + j * C + lo + k;
         const int64_t L = hi - lo;
+        if (!pair) return j == r ? recv + j * C + lo + k : wire + N * lo + j * L + k;
         return j == r ? wire + 2 * lo + (1 - r) * L + k : recv + 2 * lo + r * L + k;
     };
 
@@ -376,133 +380,119 @@ void Communicator::all_reduce(const std::vector<std::shared_ptr<Tensor>> &inputs
             if (a < b) f(i, a, b);
         }
     };
-    // S -> X: X waits for what S has enqueued so far (slot 0); X -> S through slots 1, 2 (the pieces,
-    // alternately: S waits for piece p after X has enqueued piece p + 1) and 3.
-    auto to_side = [&] {
-        compute_->record(0, S);
-        compute_->wait(0, X);
+
+    // The steps of piece p: quantize (Q, on S: piece p of every rank's chunk onto the wire with the
+    // agreed scale), reduce-scatter (RS, on X: piece p of chunk j to rank j), reduce + requantize (R,
+    // on S: the float32 sum in rank order of piece p of this rank's chunk, requantized with the same
+    // agreed scale into this rank's block of the piece's all-gather; no new amax, so no agreement
+    // and no second pass), all-gather (AG, on X, in place) and decode (D, on S: every rank's block of
+    // the piece into the outputs, codes or their values).
+    auto quantize_piece = [&](int64_t p) {
+        const int64_t lo = piece(p).first, hi = piece(p).second;  // not a structured binding: C++17 lambdas cannot capture one (clang refuses)
+        for (int j = 0; j < N; ++j)
+            each(j * C + lo, j * C + hi, [&](size_t i, int64_t a, int64_t b) {
+                const Tensor &in = *inputs[i];
+                compute_->quantize(element(in, a - offset[i]), in.dtype(), in.scale_inv(), b - a, amax_in + i, o.wire,
+                                   wire_of(lo, hi, j, a - j * C - lo), nullptr, sat, S);
+            });
     };
-    auto from_side = [&] {
-        compute_->record(3, X);
-        compute_->wait(3, S);
-    };
-    // produce(p) on S, then transfer(p) on X, then consume(p) on S, with produce(p + 1) and
-    // transfer(p + 1) enqueued before consume(p). The CPU (synchronous, one stream) runs the same
-    // sequence in this order, which is one order the GPU's streams may take: a piece that read data
-    // not yet written on the GPU reads it unwritten on the CPU too, so the CPU tests with small pieces
-    // (FP8AMP_COMM_PIECE_ELEMENTS) check the pipeline's ordering as well. With the CPU's default of
-    // one piece every transfer comes before any output is written, so that a failed transfer leaves
-    // the outputs unchanged. The conversions that run beside a transfer get the grid of
-    // grid_blocks(); the first production and the last consumption run beside nothing (full grid).
-    auto pipeline = [&](auto &&produce, auto &&transfer, auto &&consume) {
-        for (int64_t p = 0; p < pieces; ++p) {
-            if (p == 0) {
-                compute_->set_grid_limit(0);
-                produce(0);
-                to_side();
-                transfer(0);
-                compute_->record(1, X);
-            }
-            compute_->set_grid_limit(blocks);
-            if (p + 1 < pieces) {
-                produce(p + 1);
-                to_side();
-                transfer(p + 1);
-                compute_->record(1 + int((p + 1) % 2), X);
-            }
-            compute_->wait(1 + int(p % 2), S);
-            if (p + 1 == pieces) compute_->set_grid_limit(0);
-            consume(p);
+    auto reduce_scatter_piece = [&](int64_t p) {
+        if (N == 1) return;
+        const int64_t lo = piece(p).first, hi = piece(p).second;  // not a structured binding: C++17 lambdas cannot capture one (clang refuses)
+        const size_t L = static_cast<size_t>(hi - lo);
+        if (pair) {
+            transport_->all_gather(recv + 2 * lo + r * L, recv + 2 * lo, L, X);
+            return;
         }
-        compute_->set_grid_limit(0);
+        transport_->group_start();
+        for (int j = 0; j < N; ++j) {
+            if (j == r) continue;
+            transport_->send(wire + N * lo + j * L, L, j, X);
+            transport_->recv(recv + j * C + lo, L, j, X);
+        }
+        transport_->group_end(X);
+    };
+    auto reduce_piece = [&](int64_t p) {
+        const int64_t lo = piece(p).first, hi = piece(p).second;  // not a structured binding: C++17 lambdas cannot capture one (clang refuses)
+        uint8_t *block = wire + N * lo + r * (hi - lo);
+        each(lo_r + lo, lo_r + hi, [&](size_t i, int64_t a, int64_t b) {
+            const auto [src, stride] = codes_of(lo, hi, a - lo_r - lo);
+            compute_->reduce_requantize(src, stride, N, b - a, o.wire, gather[i], block + (a - lo_r - lo), sat, S);
+        });
+    };
+    auto all_gather_piece = [&](int64_t p) {
+        if (N == 1) return;
+        const int64_t lo = piece(p).first, hi = piece(p).second;  // not a structured binding: C++17 lambdas cannot capture one (clang refuses)
+        const size_t L = static_cast<size_t>(hi - lo);
+        transport_->all_gather(wire + N * lo + r * L, wire + N * lo, L, X);
+    };
+    auto decode_piece = [&](int64_t p) {
+        const int64_t lo = piece(p).first, hi = piece(p).second;  // not a structured binding: C++17 lambdas cannot capture one (clang refuses)
+        for (int j = 0; j < N; ++j) {
+            const uint8_t *block = wire + N * lo + j * (hi - lo);
+            each(j * C + lo, j * C + hi, [&](size_t i, int64_t a, int64_t b) {
+                Tensor &out = *outputs[i];
+                const uint8_t *codes = block + (a - j * C - lo);
+                if (is_fp8(out.dtype()))
+                    compute_->copy_async(element(out, a - offset[i]), codes, static_cast<size_t>(b - a), S);
+                else
+                    compute_->dequantize(codes, gather[i], out_si + i, b - a, element(out, a - offset[i]), out.dtype(), S);
+            });
+        }
     };
 
-    // 1. One scale per tensor for all ranks: the max of the amaxes.
-    compute_->memset_async(small, 0, 8 * n, S);
+    // 1. One scale per tensor for all ranks: the max of the amaxes; from it the wire's scale_inv and
+    // the output's (comm_requant_scale_inv), before any piece.
+    compute_->memset_async(small, 0, 4 * n, S);
     for (size_t i = 0; i < n; ++i)
         compute_->amax(inputs[i]->data(), inputs[i]->dtype(), inputs[i]->scale_inv(), inputs[i]->numel(), amax_in + i, S);
-    to_side();
+    compute_->record(0, S);
+    compute_->wait(0, X);
     transport_->allreduce_max_u32(amax_in, n, X);
-    from_side();
-    // 2-4, piece by piece: quantize piece p of every rank's chunk onto the wire (every call also
-    // writes the tensor's wire scale_inv, the same value each time: the accumulation of a piece may
-    // come before the quantization of the tensor's first element, which can lie in a later piece of
-    // a lower rank's chunk); reduce-scatter it (piece p of chunk j to rank j); the first pass of the
-    // accumulation of chunk r's piece p (in float32, in rank order): only the amax of the reduced
-    // values.
-    pipeline(
-        [&](int64_t p) {
-            const int64_t lo = piece(p).first, hi = piece(p).second;  // not a structured binding: C++17 lambdas cannot capture one (clang refuses)
-            for (int j = 0; j < N; ++j)
-                each(j * C + lo, j * C + hi, [&](size_t i, int64_t a, int64_t b) {
-                    const Tensor &in = *inputs[i];
-                    compute_->quantize(element(in, a - offset[i]), in.dtype(), in.scale_inv(), b - a, amax_in + i,
-                                       o.wire, wire_of(lo, hi, j, a - j * C - lo), wire_si + i, sat, S);
-                });
-        },
-        [&](int64_t p) {
-            if (N == 1) return;
-            const int64_t lo = piece(p).first, hi = piece(p).second;  // not a structured binding: C++17 lambdas cannot capture one (clang refuses)
-            const size_t L = static_cast<size_t>(hi - lo);
-            if (pair) {
-                transport_->all_gather(recv + 2 * lo + r * L, recv + 2 * lo, L, X);
-                return;
-            }
-            transport_->group_start();
-            for (int j = 0; j < N; ++j) {
-                if (j == r) continue;
-                transport_->send(wire + j * C + lo, L, j, X);
-                transport_->recv(recv + j * C + lo, L, j, X);
-            }
-            transport_->group_end(X);
-        },
-        [&](int64_t p) {
-            const int64_t lo = piece(p).first, hi = piece(p).second;  // not a structured binding: C++17 lambdas cannot capture one (clang refuses)
-            each(lo_r + lo, lo_r + hi, [&](size_t i, int64_t a, int64_t b) {
-                const auto [src, stride] = codes_of(lo, hi, a - lo_r - lo);
-                compute_->accumulate(src, stride, N, b - a, o.wire, wire_si + i, o.average, nullptr, amax_out + i, S);
-            });
-        });
-    // 5. Agree on each tensor's new amax.
-    to_side();
-    transport_->allreduce_max_u32(amax_out, n, X);
-    from_side();
-    for (size_t i = 0; i < n; ++i) compute_->scale_inv(amax_out + i, gather[i], out_si + i, S);
-    // 6-7, piece by piece: the second pass (the same sums again from the FP8 codes, quantized with the
-    // agreed scale; no float32 buffer) into this rank's block of the piece's all-gather, the
-    // all-gather (in place), then every rank's block of the piece into the outputs: codes, or their
-    // values.
-    pipeline(
-        [&](int64_t p) {
-            const int64_t lo = piece(p).first, hi = piece(p).second;  // not a structured binding: C++17 lambdas cannot capture one (clang refuses)
-            uint8_t *block = wire + N * lo + r * (hi - lo);
-            each(lo_r + lo, lo_r + hi, [&](size_t i, int64_t a, int64_t b) {
-                const auto [src, stride] = codes_of(lo, hi, a - lo_r - lo);
-                compute_->accumulate_quantize(src, stride, N, b - a, o.wire, wire_si + i, o.average, amax_out + i,
-                                              gather[i], block + (a - lo_r - lo), sat, S);
-            });
-        },
-        [&](int64_t p) {
-            if (N == 1) return;
-            const int64_t lo = piece(p).first, hi = piece(p).second;  // not a structured binding: C++17 lambdas cannot capture one (clang refuses)
-            const size_t L = static_cast<size_t>(hi - lo);
-            transport_->all_gather(wire + N * lo + r * L, wire + N * lo, L, X);
-        },
-        [&](int64_t p) {
-            const int64_t lo = piece(p).first, hi = piece(p).second;  // not a structured binding: C++17 lambdas cannot capture one (clang refuses)
-            for (int j = 0; j < N; ++j) {
-                const uint8_t *block = wire + N * lo + j * (hi - lo);
-                each(j * C + lo, j * C + hi, [&](size_t i, int64_t a, int64_t b) {
-                    Tensor &out = *outputs[i];
-                    const uint8_t *codes = block + (a - j * C - lo);
-                    if (is_fp8(out.dtype()))
-                        compute_->copy_async(element(out, a - offset[i]), codes, static_cast<size_t>(b - a), S);
-                    else
-                        compute_->dequantize(codes, gather[i], out_si + i, b - a, element(out, a - offset[i]),
-                                             out.dtype(), S);
-                });
-            }
-        });
+    compute_->record(1, X);
+    compute_->wait(1, S);
+    for (size_t i = 0; i < n; ++i)
+        compute_->all_reduce_scales(amax_in + i, o.wire, gather[i], N, o.average, wire_si + i, out_si + i, S);
+
+    // 2-7, a pipeline of the pieces over the two streams (S: Q, R, D; X: RS, AG). At step t the host
+    // enqueues
+    //   S: Q(t)  -> X: RS(t)  ;  S: R(t-1) (after RS(t-1))  -> X: AG(t-1)  ;  S: D(t-2) (after AG(t-2))
+    // so that the transfers of pieces t and t - 1 overlap the conversions of pieces t - 1, t - 2 and
+    // t + 1; every hand-over is an event (no host synchronization): slot 0 S -> X (recorded and waited
+    // at once), slots 2 + t % 2 "RS(t) done" and 4 + t % 2 "AG(t) done" alternate, so that a slot is
+    // recorded again only after the wait for its previous mark was enqueued (a wait sees the latest
+    // record). S waits for X's last operation before the call returns (the last D waits for the last
+    // AG), so the call is ordered on S and capturable. The CPU (synchronous, one stream) runs the same
+    // sequence in this order, which is one order the GPU's streams may take: a piece that read data
+    // not yet written on the GPU reads it unwritten on the CPU too, so the CPU tests with small pieces
+    // (FP8AMP_COMM_PIECE_ELEMENTS) check the pipeline's ordering as well. With the CPU's default of one
+    // piece every transfer comes before any output is written, so that a failed transfer leaves the
+    // outputs unchanged. The conversions that run beside a transfer get the grid of grid_blocks(); the
+    // first quantization and the last decoding run beside nothing (full grid).
+    for (int64_t t = 0; t < pieces + 2; ++t) {
+        compute_->set_grid_limit(t == 0 ? 0 : blocks);
+        if (t < pieces) {
+            quantize_piece(t);
+            compute_->record(0, S);
+            compute_->wait(0, X);
+            reduce_scatter_piece(t);
+            compute_->record(2 + int(t % 2), X);
+        }
+        if (t >= 1 && t - 1 < pieces) {
+            compute_->wait(2 + int((t - 1) % 2), S);
+            reduce_piece(t - 1);
+            compute_->record(0, S);
+            compute_->wait(0, X);
+            all_gather_piece(t - 1);
+            compute_->record(4 + int((t - 1) % 2), X);
+        }
+        if (t >= 2) {
+            compute_->wait(4 + int((t - 2) % 2), S);
+            if (t - 2 == pieces - 1) compute_->set_grid_limit(0);
+            decode_piece(t - 2);
+        }
+    }
+    compute_->set_grid_limit(0);
     for (size_t i = 0; i < n; ++i) {
         Tensor &out = *outputs[i];
         if (is_fp8(out.dtype())) compute_->copy_async(out.scale_inv(), out_si + i, sizeof(float), S);
