@@ -54,11 +54,14 @@ int64_t chunk_elements(int64_t total, int N) {
 // the whole bucket first, the sum is per element), so the bytes do not depend on it: the tests run
 // with small pieces too (FP8AMP_COMM_PIECE_ELEMENTS). Default, where the device overlaps (CUDA): C
 // in about kTargetPieces pieces of at least kMinPiece elements; one piece where nothing overlaps
-// (CPU, whose transports are synchronous). Measured on 2 x H200 (NVLink, 256M BF16 elements, C = 128M,
-// docs/communicator.md): pieces of 1M elements 7.5 ms, 4M 3.0 ms, 8M (16 pieces) 2.42 ms, 16M 1.99 ms,
-// 64M (2 pieces) 1.92 ms -- each NCCL send/recv costs more than the conversion it lets overlap, so
-// few, large pieces win.
-constexpr int64_t kTargetPieces = 2;
+// (CPU, whose transports are synchronous). Measured with the earlier two-half pipeline (the halves
+// separated by an agreement) on 2 x H200 (NVLink, 256M BF16 elements, C = 128M, docs/communicator.md):
+// pieces of 1M elements 7.5 ms, 4M 3.0 ms, 8M (16 pieces) 2.42 ms, 16M 1.99 ms, 64M (2 pieces) 1.92
+// ms. Since the pipeline runs end to end (no agreement between the halves), only the first piece's
+// quantization and the last piece's decoding run beside nothing, so 4 pieces halve that bubble
+// against 2 for two more NCCL operations a half: the default is 4, by that reasoning, not yet measured
+// (bench/run_comm_2gpu.sh SWEEP=quick times 2, 4 and 8).
+constexpr int64_t kTargetPieces = 4;
 constexpr int64_t kMinPiece = int64_t(1) << 22;
 
 int64_t round16(int64_t v) { return (v + 15) / 16 * 16; }
@@ -108,16 +111,18 @@ int grid_blocks() {
     return kGridBlocks;
 }
 
-// Where the all-reduce's scratch comes from when it is (re)allocated: the context's allocator, or
-// (an experiment, for bench/bench_comm.py; read when the scratch grows) memory registered with NCCL:
-// FP8AMP_COMM_NCCL_MEMORY=register (ncclMemAlloc + ncclCommRegister: zero-copy send/receive between
-// registered buffers) or =window (a symmetric window, registered collectively: with NCCL_CTA_POLICY=2,
-// NCCL 2.28 runs the all-gathers on copy engines, leaving every multiprocessor to the conversions).
-// Every rank must set the same (a window is registered collectively). MPI and local transports
-// ignore it. The bytes do not depend on it.
-Transport::RegisteredMemory nccl_memory() {
+// Where the all-reduce's scratch comes from (docs/communicator.md, "Data path"), decided when the
+// communicator is made: FP8AMP_COMM_NCCL_MEMORY=plain (the context's allocator), =register
+// (ncclMemAlloc + ncclCommRegister: zero-copy send/receive between registered buffers) or =window (a
+// symmetric window, registered collectively: under NCCL_CTA_POLICY_ZERO, NCCL 2.28 runs the
+// all-gathers on copy engines, leaving every multiprocessor to the conversions); unset: the
+// transport's default (a window for NCCL communicators fp8amp made with that CTA policy, plain
+// otherwise). MPI and local transports have none: plain. Part of the options the all-reduce agrees on
+// (with check), and agreed again when registered scratch grows (registered_scratch); the bytes do
+// not depend on it.
+Transport::RegisteredMemory nccl_memory(Transport::RegisteredMemory fallback) {
     const char *env = std::getenv("FP8AMP_COMM_NCCL_MEMORY");
-    if (!env) return Transport::kPlain;
+    if (!env) return fallback;
     if (std::strcmp(env, "register") == 0) return Transport::kRegistered;
     if (std::strcmp(env, "window") == 0) return Transport::kWindow;
     return Transport::kPlain;
@@ -147,6 +152,7 @@ void Communicator::unique_id(const Context &ctx, fp8amp_comm_unique_id *id) {
 Communicator::Communicator(std::shared_ptr<const Context> ctx, std::unique_ptr<kernels::CommCompute> compute,
                            std::unique_ptr<Transport> transport)
     : ctx_(std::move(ctx)), compute_(std::move(compute)), transport_(std::move(transport)) {
+    memory_ = transport_->supports_registered_memory() ? nccl_memory(transport_->default_memory()) : Transport::kPlain;
     saturated_ = ctx_->allocate(sizeof(unsigned long long));
     compute_->memset_async(saturated_->data(), 0, sizeof(unsigned long long), ctx_->stream());
 }
@@ -201,7 +207,7 @@ uint64_t Communicator::saturated() const {
     return v;
 }
 
-void *Communicator::scratch(size_t slot, size_t nbytes, bool zero, Transport::RegisteredMemory registered) {
+void *Communicator::scratch(size_t slot, size_t nbytes, bool zero) {
     nbytes = std::max<size_t>(nbytes, 1);
     if (!scratch_[slot] || scratch_[slot]->nbytes() < nbytes) {
         // The old block may be in use by queued work: the context's stream orders the free (CUDA
@@ -210,25 +216,76 @@ void *Communicator::scratch(size_t slot, size_t nbytes, bool zero, Transport::Re
         // stream by the end of every call.)
         scratch_[slot].reset();
         registered_[slot] = false;
-        if (void *p = transport_->alloc_registered(nbytes, registered)) {
-            Transport *t = transport_.get();
-            std::shared_ptr<const Context> ctx = ctx_;
-            try {
-                scratch_[slot] = std::make_shared<Storage>(p, nbytes, ctx_->device(),
-                                                           [t, ctx, p] { t->free_registered(p, ctx->stream()); });
-            } catch (...) {
-                t->free_registered(p, ctx_->stream());
-                throw;
-            }
-            registered_[slot] = true;
-        } else {
-            scratch_[slot] = ctx_->allocate(nbytes);
-        }
+        scratch_[slot] = ctx_->allocate(nbytes);
         // zero: bytes the transport moves but nothing reads (gaps between tensors, the padding) are
         // defined, so that the wire never carries uninitialized memory.
         if (zero) compute_->memset_async(scratch_[slot]->data(), 0, scratch_[slot]->nbytes(), ctx_->stream());
     }
     return scratch_[slot]->data();
+}
+
+// The all-reduce's scratch in memory registered with the transport (memory_ not kPlain). Called after
+// the call's arguments were agreed (so every rank asks for the same size at the same point; with
+// check = 0 the caller promises as much) and only when the block must grow: the old block is released
+// (a window's deregistration is collective: every rank is here), the new one allocated locally, and
+// then one agreement (a host synchronization, only when growing) makes sure every rank has its memory
+// and can have the mode before any rank enters the collective registration -- so that a rank out of
+// memory fails every rank instead of leaving them in ncclCommWindowRegister, and where some rank's
+// NCCL cannot register, every rank falls back to plain memory. (A different FP8AMP_COMM_NCCL_MEMORY
+// is refused by the call's own agreement, memory_ being one of its options.)
+void *Communicator::registered_scratch(size_t slot, size_t nbytes) {
+    nbytes = std::max<size_t>(nbytes, 1);
+    if (scratch_[slot] && scratch_[slot]->nbytes() >= nbytes) return scratch_[slot]->data();
+    scratch_[slot].reset();
+    registered_[slot] = false;
+    void *p = nullptr;
+    bool failed = false;
+    std::string why;
+    fp8amp_status status = FP8AMP_ERROR_OUT_OF_MEMORY;
+    try {
+        p = transport_->alloc_registered(nbytes, memory_);
+    } catch (const Error &e) {
+        failed = true;
+        status = e.status();
+        why = e.what();
+    }
+    bool same = true, any_failed = failed;
+    if (nranks() > 1) {
+        const uint64_t sig = p ? static_cast<uint64_t>(memory_) : 0;
+        void *s = scratch(4, Transport::agree_scratch_bytes(1));
+        try {
+            any_failed = transport_->agree(&sig, 1, failed, &same, s, ctx_->stream());
+        } catch (...) {
+            if (p) transport_->free_registered(p, ctx_->stream());
+            throw;
+        }
+    }
+    if (any_failed) {
+        if (p) transport_->free_registered(p, ctx_->stream());
+        if (failed) fail(status, why);
+        fail(FP8AMP_ERROR_OUT_OF_MEMORY, "rank " + std::to_string(rank()) + " of " + std::to_string(nranks()) +
+                                             ": another rank could not allocate the all-reduce's registered scratch "
+                                             "(its own message says why); nothing was exchanged");
+    }
+    if (!p || !same) {
+        // Not available here, or not the same mode on every rank: plain memory on every rank, from
+        // now on.
+        if (p) transport_->free_registered(p, ctx_->stream());
+        memory_ = Transport::kPlain;
+        return scratch(slot, nbytes, true);
+    }
+    Transport *t = transport_.get();
+    std::shared_ptr<const Context> ctx = ctx_;
+    try {
+        scratch_[slot] = std::make_shared<Storage>(p, nbytes, ctx_->device(), [t, ctx, p] { t->free_registered(p, ctx->stream()); });
+    } catch (...) {
+        t->free_registered(p, ctx_->stream());
+        throw;
+    }
+    registered_[slot] = true;
+    transport_->register_memory(p);  // collective for a window: every rank agreed to be here
+    compute_->memset_async(p, 0, nbytes, ctx_->stream());
+    return p;
 }
 
 void Communicator::exchange_agreement(bool check, const char *op, bool failed, const Signature &sig) {
@@ -250,8 +307,8 @@ void Communicator::exchange_agreement(bool check, const char *op, bool failed, c
     if (!same[2])
         fail(FP8AMP_ERROR_INVALID_ARGUMENT,
              where + ": the ranks passed different options (wire_dtype, average; for the all-reduce also the "
-                     "pipeline piece, FP8AMP_COMM_PIECE_ELEMENTS, and the exchange, FP8AMP_COMM_EXCHANGE); nothing "
-                     "was exchanged");
+                     "pipeline piece, FP8AMP_COMM_PIECE_ELEMENTS, the exchange, FP8AMP_COMM_EXCHANGE, and the scratch's "
+                     "memory, FP8AMP_COMM_NCCL_MEMORY); nothing was exchanged");
 }
 
 void Communicator::all_reduce(const std::vector<std::shared_ptr<Tensor>> &inputs,
@@ -308,13 +365,15 @@ void Communicator::all_reduce(const std::vector<std::shared_ptr<Tensor>> &inputs
         const int64_t chunk = chunk_elements(offset[n], N);
         P = piece_elements(chunk, compute_->side_stream(ctx_->stream()) != ctx_->stream());
         pair = N == 2 && exchange_mode() == Exchange::Auto;
-        options.add(static_cast<uint64_t>(P)).add(pair);
+        // The scratch's memory too: registering a window is collective (registered_scratch).
+        options.add(static_cast<uint64_t>(P)).add(pair).add(static_cast<uint64_t>(memory_));
         sig.shapes = shapes.h;
         sig.dtypes = dtypes.h;
         sig.options = options.h;
-        // The scratch too, before the agreement: a rank out of memory refuses like any other.
+        // The scratch too, before the agreement: a rank out of memory refuses like any other. (Memory
+        // registered with the transport comes after the agreement: its registration is collective.)
         scratch(0, 16 * n);
-        scratch(1, static_cast<size_t>(chunk) * N * 2, true, nccl_memory());
+        if (memory_ == Transport::kPlain) scratch(1, static_cast<size_t>(chunk) * N * 2, true);
         return sig;
     });
 
@@ -336,7 +395,9 @@ void Communicator::all_reduce(const std::vector<std::shared_ptr<Tensor>> &inputs
     float *wire_si = reinterpret_cast<float *>(small + 2 * n), *out_si = reinterpret_cast<float *>(small + 3 * n);
     // One allocation of 2 N C bytes: `wire` (the first N C) and `recv` (the next N C), so that the
     // two-rank layout below may address one rank's codes in each from one base and a stride.
-    auto *wire = static_cast<uint8_t *>(scratch(1, static_cast<size_t>(C) * N * 2, true, nccl_memory()));
+    const size_t wire_bytes = static_cast<size_t>(C) * N * 2;
+    auto *wire = static_cast<uint8_t *>(memory_ == Transport::kPlain ? scratch(1, wire_bytes, true)
+                                                                     : registered_scratch(1, wire_bytes));
     uint8_t *recv = wire + static_cast<size_t>(C) * N;
     auto *sat = static_cast<unsigned long long *>(saturated_->data());
     const int64_t lo_r = static_cast<int64_t>(r) * C;
