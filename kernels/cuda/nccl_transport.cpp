@@ -318,8 +318,11 @@ void nccl_unique_id(fp8amp_comm_unique_id *id) {
 // single-pass requantization). Needs the library's header and the NCCL in the process at 2.28 or
 // later and its window functions; FP8AMP_COMM_NCCL_MEMORY set to anything but "window" keeps the
 // plain NCCL setup. Every input is the same on every rank of one job (the same library, the same
-// environment); where not, the all-reduce finds the memory modes different when it first allocates
-// its scratch and uses plain memory on every rank (core/communicator.cpp, registered_scratch).
+// environment); where not, the all-reduce's agreement refuses the call (the memory mode is one of its
+// options) or, where only the registration functions differ, it falls back to plain memory on every
+// rank (core/communicator.cpp, registered_scratch). NCCL itself registers a window only where the
+// communicator has symmetric support and answers success with a null window otherwise (its
+// ncclCommWindowRegister), so the default is harmless where copy engines cannot be used.
 bool zero_cta_default() {
 #if defined(NCCL_CTA_POLICY_ZERO)
     if (const char *env = std::getenv("FP8AMP_COMM_NCCL_MEMORY"))
@@ -338,7 +341,8 @@ std::unique_ptr<Transport> make_nccl_transport(const fp8amp_comm_unique_id &id, 
     ncclUniqueId nid;
     std::memcpy(&nid, id.internal, sizeof nid);
     ncclComm_t comm = nullptr;
-    const bool zero_cta = zero_cta_default();
+    // One rank moves nothing (the all-reduce makes no transfer): the plain setup.
+    const bool zero_cta = nranks > 1 && zero_cta_default();
 #if defined(NCCL_CTA_POLICY_ZERO)
     if (zero_cta) {
         ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
