@@ -18,12 +18,13 @@
 #
 #   OUT=/some/dir COMMIT=$(git rev-parse --short HEAD) bash bench/run_comm_2gpu.sh
 #
-# Either way it first builds fp8amp with CUDA and NCCL and runs the two-rank tests of the
-# communicator and of the sharded optimizer (bytes against the CPU model), the one-rank GPU/CPU tests
-# and cuda.comm_codec (the hardware codec against the software one); a failed test is reported
-# ("ctest rc=") but does not stop the sweep. What to look at is printed on stdout.
+# Either way it first builds fp8amp with CUDA and NCCL (incrementally in build-gpu/) and runs the
+# two-rank tests of the communicator and of the sharded optimizer (bytes against the CPU model; again
+# with FP8AMP_COMM_NCCL_MEMORY=plain), the one-rank GPU/CPU tests and cuda.comm_codec (the hardware
+# codec against the software one); a failed test is reported ("ctest rc=") but does not stop the
+# sweep; TESTS=0 skips them (a second run on the same machine). What to look at is printed on stdout.
 #
-# Environment: OUT (required), SWEEP (quick, or empty for the long sweep), COMMIT (recorded in the
+# Environment: OUT (required), SWEEP (quick, or empty for the long sweep), TESTS (0: no ctest), COMMIT (recorded in the
 # JSON), CMOCKA_PREFIX (default $PWD/.deps/cmocka/usr), WHEELS (default $PWD/.deps/wheels, when
 # present: cffi for the bench's binding), JOBS (build parallelism, default: every core), ELEMENTS
 # (default 268435456: 256M BF16 gradients, the size of the earlier measurements in
@@ -57,6 +58,7 @@ echo "build $(( $(date +%s) - t0 )) s"
 # The two-rank tests: bytes against the CPU model, over NCCL (the default two-rank data path: one
 # all-gather a piece for both halves), in pieces of 48 elements, and with grouped ncclSend/ncclRecv
 # (FP8AMP_COMM_EXCHANGE=sendrecv) and a bounded grid; the sharded optimizer; the one-rank GPU/CPU bytes.
+if [ "${TESTS:-1}" != 0 ]; then
 (cd build-gpu && FP8AMP_RUN_RANKS_TIMEOUT=100 timeout 400 ctest --output-on-failure -R \
   '^(optimizer\.shard\.cuda\.ranks\.np2|comm\.cuda\.ranks\.np2|comm\.cuda\.ranks\.pieces\.np2|comm\.cuda\.ranks\.sendrecv\.np2|capi\.test_comm|capi\.test_comm\.pieces|capi\.test_comm_nan|cuda\.comm_codec)$' \
   > "$X/ctest.log" 2>&1)
@@ -67,6 +69,7 @@ grep -E "Test +#|tests passed|FAIL" "$X/ctest.log" | head -20
   '^(comm\.cuda\.ranks\.np2|comm\.cuda\.ranks\.pieces\.np2)$' > "$X/ctest-plain.log" 2>&1)
 echo "ctest (FP8AMP_COMM_NCCL_MEMORY=plain) rc=$?"
 grep -E "Test +#|tests passed|FAIL" "$X/ctest-plain.log" | head -6
+fi
 echo "ctest $(( $(date +%s) - t0 )) s"
 
 # The sweep. Variants (fp8amp's per-call variables, core/communicator.cpp; the default is
