@@ -10,6 +10,7 @@
 // sequence can be captured in a graph.
 #pragma once
 
+#include <cfloat>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -69,11 +70,15 @@ FP8AMP_HD float comm_requant_factor(fp8amp_dtype wire, fp8amp_dtype format, int 
 }
 // The output's scale_inv for that requantization: code * it is the reduced value, the mean
 // (wire_scale_inv / ratio) or the sum (wire_scale_inv * nranks / ratio), ratio = fp8_max(format) /
-// fp8_max(wire) (a power of two: dividing by it is exact).
+// fp8_max(wire) (a power of two: dividing by it is exact), at most FLT_MAX: for the sum over more
+// than about 447 ranks of values near float32's largest (a wire scale_inv up to FLT_MAX / 448) the
+// product would be inf, and a zero code times inf a NaN; with FLT_MAX a zero stays zero and a sum
+// beyond float32's range still overflows. (Not reachable with the tests' 2 or 3 ranks.)
 FP8AMP_HD float comm_requant_scale_inv(float wire_scale_inv, fp8amp_dtype wire, fp8amp_dtype format, int nranks,
                                        bool average) {
     const float ratio = comm_fp8_max(format) / comm_fp8_max(wire);
-    return (average ? wire_scale_inv : wire_scale_inv * static_cast<float>(nranks)) / ratio;
+    const float v = (average ? wire_scale_inv : wire_scale_inv * static_cast<float>(nranks)) / ratio;
+    return v > FLT_MAX ? FLT_MAX : v;
 }
 
 // One step of the fixed-order accumulation, sum + d, identical on both devices also for NaN: the

@@ -140,7 +140,13 @@ public:
         DeviceGuard guard(device_);
         nbytes = (nbytes + (size_t(1) << 21) - 1) & ~((size_t(1) << 21) - 1);  // whole 2 MB pages (windows: 4 kB)
         void *p = nullptr;
-        call(f.mem_alloc(&p, nbytes), "ncclMemAlloc (the communicator's scratch, FP8AMP_COMM_NCCL_MEMORY)");
+        // Not through call(): running out of memory leaves the communicator usable (the caller tells
+        // the other ranks in its agreement, and every rank fails alike).
+        const ncclResult_t r = f.mem_alloc(&p, nbytes);
+        if (r != ncclSuccess || !p)
+            fail(FP8AMP_ERROR_OUT_OF_MEMORY, "ncclMemAlloc of " + std::to_string(nbytes) +
+                                                 " bytes (the all-reduce's scratch; FP8AMP_COMM_NCCL_MEMORY=plain uses "
+                                                 "the context's allocator) failed: " + ncclGetErrorString(r));
         std::lock_guard<std::mutex> lock(mutex_);
         registered_[p] = {nullptr, mode, nbytes, false};
         return p;

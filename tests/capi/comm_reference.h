@@ -6,6 +6,7 @@
 #ifndef FP8AMP_COMM_REFERENCE_H
 #define FP8AMP_COMM_REFERENCE_H
 
+#include <float.h>
 #include <stdlib.h>
 
 #include "fp8_reference.h"
@@ -86,6 +87,7 @@ static inline float comm_all_reduce_ref(const format_t *wire, const format_t *g,
         codes[k] = (uint8_t)encode_scaled_ref(g, y_out[k]);
     }
     *si2_out = (average ? si : si * (float)N) / ratio;
+    if (*si2_out > FLT_MAX) *si2_out = FLT_MAX; /* a zero code times inf would be a NaN */
     return si;
 }
 
