@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Issue 17 on a machine with 2 GPUs. The short sweep (about 5 minutes; on the device machine, from
-# the repository root):
+# Issue 17 on a machine with 2 GPUs. The short sweep (not timed yet; estimated 5-8 minutes with the
+# build and the tests, about 2 less with TESTS=0 on a second run; on the device machine, from the
+# repository root):
 #
 #   OUT=$OUT SWEEP=quick COMMIT=$(git rev-parse --short HEAD 2>/dev/null || echo unknown) bash bench/run_comm_2gpu.sh
 #
@@ -9,9 +10,10 @@
 # and $OUT/comm-2gpu.tgz (every log). The quick sweep: groups default (NCCL communicators made by
 # fp8amp: the scratch a symmetric window and CTAPolicy NCCL_CTA_POLICY_ZERO, i.e. copy-engine
 # all-gathers), plain (FP8AMP_COMM_NCCL_MEMORY=plain: the plain NCCL setup, the previous default),
-# simple (NCCL_PROTO=Simple: NCCL's kernels with its Simple protocol, for the plain path's
-# all-gathers, which picked LL before), plain.simple (both); in each, the library's default piece
-# and pieces of 16M, 32M and 64M elements (8, 4, 2 pieces of each rank's 128M-element chunk).
+# plain.simple (the plain setup with NCCL_PROTO=Simple: NCCL's kernels with its Simple protocol for
+# the all-gathers, which picked LL before; copy-engine collectives have no protocol); in each, the
+# library's default piece and pieces of 8M, 16M, 32M and 64M elements (16, 8, 4, 2 pieces of each
+# rank's 128M-element chunk).
 #
 # Without SWEEP=quick (about 6-9 minutes): the longer sweep below (grids, sendrecv, NCCL p2p
 # settings, registered memory).
@@ -98,9 +100,9 @@ echo "ctest $(( $(date +%s) - t0 )) s"
 # NCCL's INIT lines (channel counts: "... coll channels, ... p2p channels, ... p2p channels per peer")
 # go to $X/nccl/ for every process.
 if [ "${SWEEP:-}" = quick ]; then
-  : "${PIECES:=16777216,33554432,67108864}"
+  : "${PIECES:=8388608,16777216,33554432,67108864}"
   VARIANTS=${VARIANTS-}
-  : "${NCCL_ENVS:=default;plain:FP8AMP_COMM_NCCL_MEMORY=plain;simple:NCCL_PROTO=Simple;plain.simple:FP8AMP_COMM_NCCL_MEMORY=plain,NCCL_PROTO=Simple}"
+  : "${NCCL_ENVS:=default;plain:FP8AMP_COMM_NCCL_MEMORY=plain;plain.simple:FP8AMP_COMM_NCCL_MEMORY=plain,NCCL_PROTO=Simple}"
   NAME=comm-2gpu-quick
 else
   NAME=comm-2gpu

@@ -60,7 +60,7 @@ int64_t chunk_elements(int64_t total, int N) {
 // ms. Since the pipeline runs end to end (no agreement between the halves), only the first piece's
 // quantization and the last piece's decoding run beside nothing, so 4 pieces halve that bubble
 // against 2 for two more NCCL operations a half: the default is 4, by that reasoning, not yet measured
-// (bench/run_comm_2gpu.sh SWEEP=quick times 2, 4 and 8).
+// (bench/run_comm_2gpu.sh SWEEP=quick times 2, 4, 8 and 16).
 constexpr int64_t kTargetPieces = 4;
 constexpr int64_t kMinPiece = int64_t(1) << 22;
 
