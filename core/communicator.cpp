@@ -54,11 +54,14 @@ int64_t chunk_elements(int64_t total, int N) {
 // the whole bucket first, the sum is per element), so the bytes do not depend on it: the tests run
 // with small pieces too (FP8AMP_COMM_PIECE_ELEMENTS). Default, where the device overlaps (CUDA): C
 // in about kTargetPieces pieces of at least kMinPiece elements; one piece where nothing overlaps
-// (CPU, whose transports are synchronous). Measured on 2 x H200 (NVLink, 256M BF16 elements, C = 128M,
-// docs/communicator.md): pieces of 1M elements 7.5 ms, 4M 3.0 ms, 8M (16 pieces) 2.42 ms, 16M 1.99 ms,
-// 64M (2 pieces) 1.92 ms -- each NCCL send/recv costs more than the conversion it lets overlap, so
-// few, large pieces win.
-constexpr int64_t kTargetPieces = 2;
+// (CPU, whose transports are synchronous). Measured with the earlier two-half pipeline (the halves
+// separated by an agreement) on 2 x H200 (NVLink, 256M BF16 elements, C = 128M, docs/communicator.md):
+// pieces of 1M elements 7.5 ms, 4M 3.0 ms, 8M (16 pieces) 2.42 ms, 16M 1.99 ms, 64M (2 pieces) 1.92
+// ms. Since the pipeline runs end to end (no agreement between the halves), only the first piece's
+// quantization and the last piece's decoding run beside nothing, so 4 pieces halve that bubble
+// against 2 for two more NCCL operations a half: the default is 4, by that reasoning, not yet measured
+// (bench/run_comm_2gpu.sh SWEEP=quick times 2, 4, 8 and 16).
+constexpr int64_t kTargetPieces = 4;
 constexpr int64_t kMinPiece = int64_t(1) << 22;
 
 int64_t round16(int64_t v) { return (v + 15) / 16 * 16; }
@@ -108,16 +111,18 @@ int grid_blocks() {
     return kGridBlocks;
 }
 
-// Where the all-reduce's scratch comes from when it is (re)allocated: the context's allocator, or
-// (an experiment, for bench/bench_comm.py; read when the scratch grows) memory registered with NCCL:
-// FP8AMP_COMM_NCCL_MEMORY=register (ncclMemAlloc + ncclCommRegister: zero-copy send/receive between
-// registered buffers) or =window (a symmetric window, registered collectively: with NCCL_CTA_POLICY=2,
-// NCCL 2.28 runs the all-gathers on copy engines, leaving every multiprocessor to the conversions).
-// Every rank must set the same (a window is registered collectively). MPI and local transports
-// ignore it. The bytes do not depend on it.
-Transport::RegisteredMemory nccl_memory() {
+// Where the all-reduce's scratch comes from (docs/communicator.md, "Data path"), decided when the
+// communicator is made: FP8AMP_COMM_NCCL_MEMORY=plain (the context's allocator), =register
+// (ncclMemAlloc + ncclCommRegister: zero-copy send/receive between registered buffers) or =window (a
+// symmetric window, registered collectively: under NCCL_CTA_POLICY_ZERO, NCCL 2.28 runs the
+// all-gathers on copy engines, leaving every multiprocessor to the conversions); unset: the
+// transport's default (a window for NCCL communicators fp8amp made with that CTA policy, plain
+// otherwise). MPI and local transports have none: plain. Part of the options the all-reduce agrees on
+// (with check), and agreed again when registered scratch grows (registered_scratch); the bytes do
+// not depend on it.
+Transport::RegisteredMemory nccl_memory(Transport::RegisteredMemory fallback) {
     const char *env = std::getenv("FP8AMP_COMM_NCCL_MEMORY");
-    if (!env) return Transport::kPlain;
+    if (!env) return fallback;
     if (std::strcmp(env, "register") == 0) return Transport::kRegistered;
     if (std::strcmp(env, "window") == 0) return Transport::kWindow;
     return Transport::kPlain;
@@ -147,6 +152,7 @@ void Communicator::unique_id(const Context &ctx, fp8amp_comm_unique_id *id) {
 Communicator::Communicator(std::shared_ptr<const Context> ctx, std::unique_ptr<kernels::CommCompute> compute,
                            std::unique_ptr<Transport> transport)
     : ctx_(std::move(ctx)), compute_(std::move(compute)), transport_(std::move(transport)) {
+    memory_ = transport_->supports_registered_memory() ? nccl_memory(transport_->default_memory()) : Transport::kPlain;
     saturated_ = ctx_->allocate(sizeof(unsigned long long));
     compute_->memset_async(saturated_->data(), 0, sizeof(unsigned long long), ctx_->stream());
 }
@@ -201,7 +207,7 @@ uint64_t Communicator::saturated() const {
     return v;
 }
 
-void *Communicator::scratch(size_t slot, size_t nbytes, bool zero, Transport::RegisteredMemory registered) {
+void *Communicator::scratch(size_t slot, size_t nbytes, bool zero) {
     nbytes = std::max<size_t>(nbytes, 1);
     if (!scratch_[slot] || scratch_[slot]->nbytes() < nbytes) {
         // The old block may be in use by queued work: the context's stream orders the free (CUDA
@@ -210,25 +216,76 @@ void *Communicator::scratch(size_t slot, size_t nbytes, bool zero, Transport::Re
         // stream by the end of every call.)
         scratch_[slot].reset();
         registered_[slot] = false;
-        if (void *p = transport_->alloc_registered(nbytes, registered)) {
-            Transport *t = transport_.get();
-            std::shared_ptr<const Context> ctx = ctx_;
-            try {
-                scratch_[slot] = std::make_shared<Storage>(p, nbytes, ctx_->device(),
-                                                           [t, ctx, p] { t->free_registered(p, ctx->stream()); });
-            } catch (...) {
-                t->free_registered(p, ctx_->stream());
-                throw;
-            }
-            registered_[slot] = true;
-        } else {
-            scratch_[slot] = ctx_->allocate(nbytes);
-        }
+        scratch_[slot] = ctx_->allocate(nbytes);
         // zero: bytes the transport moves but nothing reads (gaps between tensors, the padding) are
         // defined, so that the wire never carries uninitialized memory.
         if (zero) compute_->memset_async(scratch_[slot]->data(), 0, scratch_[slot]->nbytes(), ctx_->stream());
     }
     return scratch_[slot]->data();
+}
+
+// The all-reduce's scratch in memory registered with the transport (memory_ not kPlain). Called after
+// the call's arguments were agreed (so every rank asks for the same size at the same point; with
+// check = 0 the caller promises as much) and only when the block must grow: the old block is released
+// (a window's deregistration is collective: every rank is here), the new one allocated locally, and
+// then one agreement (a host synchronization, only when growing) makes sure every rank has its memory
+// and can have the mode before any rank enters the collective registration -- so that a rank out of
+// memory fails every rank instead of leaving them in ncclCommWindowRegister, and where some rank's
+// NCCL cannot register, every rank falls back to plain memory. (A different FP8AMP_COMM_NCCL_MEMORY
+// is refused by the call's own agreement, memory_ being one of its options.)
+void *Communicator::registered_scratch(size_t slot, size_t nbytes) {
+    nbytes = std::max<size_t>(nbytes, 1);
+    if (scratch_[slot] && scratch_[slot]->nbytes() >= nbytes) return scratch_[slot]->data();
+    scratch_[slot].reset();
+    registered_[slot] = false;
+    void *p = nullptr;
+    bool failed = false;
+    std::string why;
+    fp8amp_status status = FP8AMP_ERROR_OUT_OF_MEMORY;
+    try {
+        p = transport_->alloc_registered(nbytes, memory_);
+    } catch (const Error &e) {
+        failed = true;
+        status = e.status();
+        why = e.what();
+    }
+    bool same = true, any_failed = failed;
+    if (nranks() > 1) {
+        const uint64_t sig = p ? static_cast<uint64_t>(memory_) : 0;
+        void *s = scratch(4, Transport::agree_scratch_bytes(1));
+        try {
+            any_failed = transport_->agree(&sig, 1, failed, &same, s, ctx_->stream());
+        } catch (...) {
+            if (p) transport_->free_registered(p, ctx_->stream());
+            throw;
+        }
+    }
+    if (any_failed) {
+        if (p) transport_->free_registered(p, ctx_->stream());
+        if (failed) fail(status, why);
+        fail(FP8AMP_ERROR_OUT_OF_MEMORY, "rank " + std::to_string(rank()) + " of " + std::to_string(nranks()) +
+                                             ": another rank could not allocate the all-reduce's registered scratch "
+                                             "(its own message says why); nothing was exchanged");
+    }
+    if (!p || !same) {
+        // Not available here, or not the same mode on every rank: plain memory on every rank, from
+        // now on.
+        if (p) transport_->free_registered(p, ctx_->stream());
+        memory_ = Transport::kPlain;
+        return scratch(slot, nbytes, true);
+    }
+    Transport *t = transport_.get();
+    std::shared_ptr<const Context> ctx = ctx_;
+    try {
+        scratch_[slot] = std::make_shared<Storage>(p, nbytes, ctx_->device(), [t, ctx, p] { t->free_registered(p, ctx->stream()); });
+    } catch (...) {
+        t->free_registered(p, ctx_->stream());
+        throw;
+    }
+    registered_[slot] = true;
+    transport_->register_memory(p);  // collective for a window: every rank agreed to be here
+    compute_->memset_async(p, 0, nbytes, ctx_->stream());
+    return p;
 }
 
 void Communicator::exchange_agreement(bool check, const char *op, bool failed, const Signature &sig) {
@@ -250,8 +307,8 @@ void Communicator::exchange_agreement(bool check, const char *op, bool failed, c
     if (!same[2])
         fail(FP8AMP_ERROR_INVALID_ARGUMENT,
              where + ": the ranks passed different options (wire_dtype, average; for the all-reduce also the "
-                     "pipeline piece, FP8AMP_COMM_PIECE_ELEMENTS, and the exchange, FP8AMP_COMM_EXCHANGE); nothing "
-                     "was exchanged");
+                     "pipeline piece, FP8AMP_COMM_PIECE_ELEMENTS, the exchange, FP8AMP_COMM_EXCHANGE, and the scratch's "
+                     "memory, FP8AMP_COMM_NCCL_MEMORY); nothing was exchanged");
 }
 
 void Communicator::all_reduce(const std::vector<std::shared_ptr<Tensor>> &inputs,
@@ -308,13 +365,15 @@ void Communicator::all_reduce(const std::vector<std::shared_ptr<Tensor>> &inputs
         const int64_t chunk = chunk_elements(offset[n], N);
         P = piece_elements(chunk, compute_->side_stream(ctx_->stream()) != ctx_->stream());
         pair = N == 2 && exchange_mode() == Exchange::Auto;
-        options.add(static_cast<uint64_t>(P)).add(pair);
+        // The scratch's memory too: registering a window is collective (registered_scratch).
+        options.add(static_cast<uint64_t>(P)).add(pair).add(static_cast<uint64_t>(memory_));
         sig.shapes = shapes.h;
         sig.dtypes = dtypes.h;
         sig.options = options.h;
-        // The scratch too, before the agreement: a rank out of memory refuses like any other.
+        // The scratch too, before the agreement: a rank out of memory refuses like any other. (Memory
+        // registered with the transport comes after the agreement: its registration is collective.)
         scratch(0, 16 * n);
-        scratch(1, static_cast<size_t>(chunk) * N * 2, true, nccl_memory());
+        if (memory_ == Transport::kPlain) scratch(1, static_cast<size_t>(chunk) * N * 2, true);
         return sig;
     });
 
@@ -329,27 +388,33 @@ void Communicator::all_reduce(const std::vector<std::shared_ptr<Tensor>> &inputs
     const int64_t C = chunk_elements(total, N);  // chunk per rank
     const int64_t pieces = C > 0 ? (C + P - 1) / P : 0;
     const int blocks = grid_blocks();
-    // Small per-tensor values: amax before and after the reduction, wire and output scale_inv.
+    // Small per-tensor values: the agreed amax of the inputs, the wire's and the output's scale_inv
+    // (16 n bytes: amax_in, an unused word, wire_si, out_si).
     auto *small = static_cast<uint32_t *>(scratch(0, 16 * n));
-    uint32_t *amax_in = small, *amax_out = small + n;
+    uint32_t *amax_in = small;
     float *wire_si = reinterpret_cast<float *>(small + 2 * n), *out_si = reinterpret_cast<float *>(small + 3 * n);
     // One allocation of 2 N C bytes: `wire` (the first N C) and `recv` (the next N C), so that the
     // two-rank layout below may address one rank's codes in each from one base and a stride.
-    auto *wire = static_cast<uint8_t *>(scratch(1, static_cast<size_t>(C) * N * 2, true, nccl_memory()));
+    const size_t wire_bytes = static_cast<size_t>(C) * N * 2;
+    auto *wire = static_cast<uint8_t *>(memory_ == Transport::kPlain ? scratch(1, wire_bytes, true)
+                                                                     : registered_scratch(1, wire_bytes));
     uint8_t *recv = wire + static_cast<size_t>(C) * N;
     auto *sat = static_cast<unsigned long long *>(saturated_->data());
     const int64_t lo_r = static_cast<int64_t>(r) * C;
 
     // Where the codes are (docs/communicator.md, "Data path"), for piece p = [lo, hi) of a chunk, L =
-    // hi - lo bytes:
+    // hi - lo bytes. Every piece has its own bytes (nothing of piece p is touched by another piece's
+    // operations), so the pieces can be at different steps at once:
     //  - reduce-scatter half, two ranks (pair): one in-place all-gather of recv[2 lo, 2 lo + 2 L):
     //    rank r contributes, at its block r, its codes of the piece of the other rank's chunk and
     //    receives, at block 1 - r, the other rank's codes of the piece of its own chunk; its own codes
     //    of its own chunk go to wire[2 lo + (1 - r) L, ...) (the block of the second half's all-gather
-    //    that receives the peer's codes, which it overwrites only after the second pass has read them);
-    //  - reduce-scatter half, otherwise: rank j's codes of chunk j' at wire + j' C (sent to j') and
-    //    received at recv + j C; a rank's own chunk is quantized straight into recv + r C (no copy
-    //    to itself);
+    //    that receives the peer's codes, which that all-gather overwrites only after the requantization
+    //    of the piece has read them);
+    //  - reduce-scatter half, otherwise: rank r's codes of chunk j's piece at wire[N lo + j L, ...)
+    //    (piece-major, the second half's blocks: the piece's all-gather overwrites them after its
+    //    sends), received at recv + j C + lo; a rank's own chunk is quantized straight into recv + r C
+    //    (no copy to itself);
     //  - all-gather half: piece-major, wire[N lo, N lo + N L), rank j's codes at block j: one
     //    in-place all-gather per piece.
     auto piece = [&](int64_t p) { return std::make_pair(p * P, std::min(p * P + P, C)); };
@@ -363,8 +428,8 @@ void Communicator::all_reduce(const std::vector<std::shared_ptr<Tensor>> &inputs
     };
     // Where rank r quantizes its codes of element k of piece p of chunk j.
     auto wire_of = [&](int64_t lo, int64_t hi, int j, int64_t k) -> uint8_t * {
-        if (!pair) return (j == r ? recv : wire) + j * C + lo + k;
         const int64_t L = hi - lo;
+        if (!pair) return j == r ? recv + j * C + lo + k : wire + N * lo + j * L + k;
         return j == r ? wire + 2 * lo + (1 - r) * L + k : recv + 2 * lo + r * L + k;
     };
 
@@ -376,133 +441,119 @@ void Communicator::all_reduce(const std::vector<std::shared_ptr<Tensor>> &inputs
             if (a < b) f(i, a, b);
         }
     };
-    // S -> X: X waits for what S has enqueued so far (slot 0); X -> S through slots 1, 2 (the pieces,
-    // alternately: S waits for piece p after X has enqueued piece p + 1) and 3.
-    auto to_side = [&] {
-        compute_->record(0, S);
-        compute_->wait(0, X);
+
+    // The steps of piece p: quantize (Q, on S: piece p of every rank's chunk onto the wire with the
+    // agreed scale), reduce-scatter (RS, on X: piece p of chunk j to rank j), reduce + requantize (R,
+    // on S: the float32 sum in rank order of piece p of this rank's chunk, requantized with the same
+    // agreed scale into this rank's block of the piece's all-gather; no new amax, so no agreement
+    // and no second pass), all-gather (AG, on X, in place) and decode (D, on S: every rank's block of
+    // the piece into the outputs, codes or their values).
+    auto quantize_piece = [&](int64_t p) {
+        const int64_t lo = piece(p).first, hi = piece(p).second;  // not a structured binding: C++17 lambdas cannot capture one (clang refuses)
+        for (int j = 0; j < N; ++j)
+            each(j * C + lo, j * C + hi, [&](size_t i, int64_t a, int64_t b) {
+                const Tensor &in = *inputs[i];
+                compute_->quantize(element(in, a - offset[i]), in.dtype(), in.scale_inv(), b - a, amax_in + i, o.wire,
+                                   wire_of(lo, hi, j, a - j * C - lo), nullptr, sat, S);
+            });
     };
-    auto from_side = [&] {
-        compute_->record(3, X);
-        compute_->wait(3, S);
-    };
-    // produce(p) on S, then transfer(p) on X, then consume(p) on S, with produce(p + 1) and
-    // transfer(p + 1) enqueued before consume(p). The CPU (synchronous, one stream) runs the same
-    // sequence in this order, which is one order the GPU's streams may take: a piece that read data
-    // not yet written on the GPU reads it unwritten on the CPU too, so the CPU tests with small pieces
-    // (FP8AMP_COMM_PIECE_ELEMENTS) check the pipeline's ordering as well. With the CPU's default of
-    // one piece every transfer comes before any output is written, so that a failed transfer leaves
-    // the outputs unchanged. The conversions that run beside a transfer get the grid of
-    // grid_blocks(); the first production and the last consumption run beside nothing (full grid).
-    auto pipeline = [&](auto &&produce, auto &&transfer, auto &&consume) {
-        for (int64_t p = 0; p < pieces; ++p) {
-            if (p == 0) {
-                compute_->set_grid_limit(0);
-                produce(0);
-                to_side();
-                transfer(0);
-                compute_->record(1, X);
-            }
-            compute_->set_grid_limit(blocks);
-            if (p + 1 < pieces) {
-                produce(p + 1);
-                to_side();
-                transfer(p + 1);
-                compute_->record(1 + int((p + 1) % 2), X);
-            }
-            compute_->wait(1 + int(p % 2), S);
-            if (p + 1 == pieces) compute_->set_grid_limit(0);
-            consume(p);
+    auto reduce_scatter_piece = [&](int64_t p) {
+        if (N == 1) return;
+        const int64_t lo = piece(p).first, hi = piece(p).second;  // not a structured binding: C++17 lambdas cannot capture one (clang refuses)
+        const size_t L = static_cast<size_t>(hi - lo);
+        if (pair) {
+            transport_->all_gather(recv + 2 * lo + r * L, recv + 2 * lo, L, X);
+            return;
         }
-        compute_->set_grid_limit(0);
+        transport_->group_start();
+        for (int j = 0; j < N; ++j) {
+            if (j == r) continue;
+            transport_->send(wire + N * lo + j * L, L, j, X);
+            transport_->recv(recv + j * C + lo, L, j, X);
+        }
+        transport_->group_end(X);
+    };
+    auto reduce_piece = [&](int64_t p) {
+        const int64_t lo = piece(p).first, hi = piece(p).second;  // not a structured binding: C++17 lambdas cannot capture one (clang refuses)
+        uint8_t *block = wire + N * lo + r * (hi - lo);
+        each(lo_r + lo, lo_r + hi, [&](size_t i, int64_t a, int64_t b) {
+            const auto [src, stride] = codes_of(lo, hi, a - lo_r - lo);
+            compute_->reduce_requantize(src, stride, N, b - a, o.wire, gather[i], block + (a - lo_r - lo), sat, S);
+        });
+    };
+    auto all_gather_piece = [&](int64_t p) {
+        if (N == 1) return;
+        const int64_t lo = piece(p).first, hi = piece(p).second;  // not a structured binding: C++17 lambdas cannot capture one (clang refuses)
+        const size_t L = static_cast<size_t>(hi - lo);
+        transport_->all_gather(wire + N * lo + r * L, wire + N * lo, L, X);
+    };
+    auto decode_piece = [&](int64_t p) {
+        const int64_t lo = piece(p).first, hi = piece(p).second;  // not a structured binding: C++17 lambdas cannot capture one (clang refuses)
+        for (int j = 0; j < N; ++j) {
+            const uint8_t *block = wire + N * lo + j * (hi - lo);
+            each(j * C + lo, j * C + hi, [&](size_t i, int64_t a, int64_t b) {
+                Tensor &out = *outputs[i];
+                const uint8_t *codes = block + (a - j * C - lo);
+                if (is_fp8(out.dtype()))
+                    compute_->copy_async(element(out, a - offset[i]), codes, static_cast<size_t>(b - a), S);
+                else
+                    compute_->dequantize(codes, gather[i], out_si + i, b - a, element(out, a - offset[i]), out.dtype(), S);
+            });
+        }
     };
 
-    // 1. One scale per tensor for all ranks: the max of the amaxes.
-    compute_->memset_async(small, 0, 8 * n, S);
+    // 1. One scale per tensor for all ranks: the max of the amaxes; from it the wire's scale_inv and
+    // the output's (comm_requant_scale_inv), before any piece.
+    compute_->memset_async(small, 0, 4 * n, S);
     for (size_t i = 0; i < n; ++i)
         compute_->amax(inputs[i]->data(), inputs[i]->dtype(), inputs[i]->scale_inv(), inputs[i]->numel(), amax_in + i, S);
-    to_side();
+    compute_->record(0, S);
+    compute_->wait(0, X);
     transport_->allreduce_max_u32(amax_in, n, X);
-    from_side();
-    // 2-4, piece by piece: quantize piece p of every rank's chunk onto the wire (every call also
-    // writes the tensor's wire scale_inv, the same value each time: the accumulation of a piece may
-    // come before the quantization of the tensor's first element, which can lie in a later piece of
-    // a lower rank's chunk); reduce-scatter it (piece p of chunk j to rank j); the first pass of the
-    // accumulation of chunk r's piece p (in float32, in rank order): only the amax of the reduced
-    // values.
-    pipeline(
-        [&](int64_t p) {
-            const int64_t lo = piece(p).first, hi = piece(p).second;  // not a structured binding: C++17 lambdas cannot capture one (clang refuses)
-            for (int j = 0; j < N; ++j)
-                each(j * C + lo, j * C + hi, [&](size_t i, int64_t a, int64_t b) {
-                    const Tensor &in = *inputs[i];
-                    compute_->quantize(element(in, a - offset[i]), in.dtype(), in.scale_inv(), b - a, amax_in + i,
-                                       o.wire, wire_of(lo, hi, j, a - j * C - lo), wire_si + i, sat, S);
-                });
-        },
-        [&](int64_t p) {
-            if (N == 1) return;
-            const int64_t lo = piece(p).first, hi = piece(p).second;  // not a structured binding: C++17 lambdas cannot capture one (clang refuses)
-            const size_t L = static_cast<size_t>(hi - lo);
-            if (pair) {
-                transport_->all_gather(recv + 2 * lo + r * L, recv + 2 * lo, L, X);
-                return;
-            }
-            transport_->group_start();
-            for (int j = 0; j < N; ++j) {
-                if (j == r) continue;
-                transport_->send(wire + j * C + lo, L, j, X);
-                transport_->recv(recv + j * C + lo, L, j, X);
-            }
-            transport_->group_end(X);
-        },
-        [&](int64_t p) {
-            const int64_t lo = piece(p).first, hi = piece(p).second;  // not a structured binding: C++17 lambdas cannot capture one (clang refuses)
-            each(lo_r + lo, lo_r + hi, [&](size_t i, int64_t a, int64_t b) {
-                const auto [src, stride] = codes_of(lo, hi, a - lo_r - lo);
-                compute_->accumulate(src, stride, N, b - a, o.wire, wire_si + i, o.average, nullptr, amax_out + i, S);
-            });
-        });
-    // 5. Agree on each tensor's new amax.
-    to_side();
-    transport_->allreduce_max_u32(amax_out, n, X);
-    from_side();
-    for (size_t i = 0; i < n; ++i) compute_->scale_inv(amax_out + i, gather[i], out_si + i, S);
-    // 6-7, piece by piece: the second pass (the same sums again from the FP8 codes, quantized with the
-    // agreed scale; no float32 buffer) into this rank's block of the piece's all-gather, the
-    // all-gather (in place), then every rank's block of the piece into the outputs: codes, or their
-    // values.
-    pipeline(
-        [&](int64_t p) {
-            const int64_t lo = piece(p).first, hi = piece(p).second;  // not a structured binding: C++17 lambdas cannot capture one (clang refuses)
-            uint8_t *block = wire + N * lo + r * (hi - lo);
-            each(lo_r + lo, lo_r + hi, [&](size_t i, int64_t a, int64_t b) {
-                const auto [src, stride] = codes_of(lo, hi, a - lo_r - lo);
-                compute_->accumulate_quantize(src, stride, N, b - a, o.wire, wire_si + i, o.average, amax_out + i,
-                                              gather[i], block + (a - lo_r - lo), sat, S);
-            });
-        },
-        [&](int64_t p) {
-            if (N == 1) return;
-            const int64_t lo = piece(p).first, hi = piece(p).second;  // not a structured binding: C++17 lambdas cannot capture one (clang refuses)
-            const size_t L = static_cast<size_t>(hi - lo);
-            transport_->all_gather(wire + N * lo + r * L, wire + N * lo, L, X);
-        },
-        [&](int64_t p) {
-            const int64_t lo = piece(p).first, hi = piece(p).second;  // not a structured binding: C++17 lambdas cannot capture one (clang refuses)
-            for (int j = 0; j < N; ++j) {
-                const uint8_t *block = wire + N * lo + j * (hi - lo);
-                each(j * C + lo, j * C + hi, [&](size_t i, int64_t a, int64_t b) {
-                    Tensor &out = *outputs[i];
-                    const uint8_t *codes = block + (a - j * C - lo);
-                    if (is_fp8(out.dtype()))
-                        compute_->copy_async(element(out, a - offset[i]), codes, static_cast<size_t>(b - a), S);
-                    else
-                        compute_->dequantize(codes, gather[i], out_si + i, b - a, element(out, a - offset[i]),
-                                             out.dtype(), S);
-                });
-            }
-        });
+    compute_->record(1, X);
+    compute_->wait(1, S);
+    for (size_t i = 0; i < n; ++i)
+        compute_->all_reduce_scales(amax_in + i, o.wire, gather[i], N, o.average, wire_si + i, out_si + i, S);
+
+    // 2-7, a pipeline of the pieces over the two streams (S: Q, R, D; X: RS, AG). At step t the host
+    // enqueues
+    //   S: Q(t)  -> X: RS(t)  ;  S: R(t-1) (after RS(t-1))  -> X: AG(t-1)  ;  S: D(t-2) (after AG(t-2))
+    // so that the transfers of pieces t and t - 1 overlap the conversions of pieces t - 1, t - 2 and
+    // t + 1; every hand-over is an event (no host synchronization): slot 0 S -> X (recorded and waited
+    // at once), slots 2 + t % 2 "RS(t) done" and 4 + t % 2 "AG(t) done" alternate, so that a slot is
+    // recorded again only after the wait for its previous mark was enqueued (a wait sees the latest
+    // record). S waits for X's last operation before the call returns (the last D waits for the last
+    // AG), so the call is ordered on S and capturable. The CPU (synchronous, one stream) runs the same
+    // sequence in this order, which is one order the GPU's streams may take: a piece that read data
+    // not yet written on the GPU reads it unwritten on the CPU too, so the CPU tests with small pieces
+    // (FP8AMP_COMM_PIECE_ELEMENTS) check the pipeline's ordering as well. With the CPU's default of one
+    // piece every transfer comes before any output is written, so that a failed transfer leaves the
+    // outputs unchanged. The conversions that run beside a transfer get the grid of grid_blocks(); the
+    // first quantization and the last decoding run beside nothing (full grid).
+    for (int64_t t = 0; t < pieces + 2; ++t) {
+        compute_->set_grid_limit(t == 0 ? 0 : blocks);
+        if (t < pieces) {
+            quantize_piece(t);
+            compute_->record(0, S);
+            compute_->wait(0, X);
+            reduce_scatter_piece(t);
+            compute_->record(2 + int(t % 2), X);
+        }
+        if (t >= 1 && t - 1 < pieces) {
+            compute_->wait(2 + int((t - 1) % 2), S);
+            reduce_piece(t - 1);
+            compute_->record(0, S);
+            compute_->wait(0, X);
+            all_gather_piece(t - 1);
+            compute_->record(4 + int((t - 1) % 2), X);
+        }
+        if (t >= 2) {
+            compute_->wait(4 + int((t - 2) % 2), S);
+            if (t - 2 == pieces - 1) compute_->set_grid_limit(0);
+            decode_piece(t - 2);
+        }
+    }
+    compute_->set_grid_limit(0);
     for (size_t i = 0; i < n; ++i) {
         Tensor &out = *outputs[i];
         if (is_fp8(out.dtype())) compute_->copy_async(out.scale_inv(), out_si + i, sizeof(float), S);

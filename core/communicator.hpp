@@ -67,10 +67,11 @@ private:
     Communicator(std::shared_ptr<const Context> ctx, std::unique_ptr<kernels::CommCompute> compute,
                  std::unique_ptr<Transport> transport);
     void exchange_agreement(bool check, const char *op, bool failed, const Signature &sig);
-    // Grow-only scratch slot of the context's device memory; `registered`: memory registered with the
-    // transport where it has some (FP8AMP_COMM_NCCL_MEMORY, an opt-in experiment), else as usual.
-    void *scratch(size_t slot, size_t nbytes, bool zero = false,
-                  Transport::RegisteredMemory registered = Transport::kPlain);
+    // Grow-only scratch slot of the context's device memory.
+    void *scratch(size_t slot, size_t nbytes, bool zero = false);
+    // The same in memory registered with the transport (memory_), agreed between the ranks when it
+    // grows; falls back to scratch() (and memory_ to plain) where the ranks cannot all have it.
+    void *registered_scratch(size_t slot, size_t nbytes);
 
     std::shared_ptr<const Context> ctx_;
     std::unique_ptr<kernels::CommCompute> compute_;
@@ -79,6 +80,9 @@ private:
     static constexpr size_t kSlots = 5;
     std::shared_ptr<Storage> scratch_[kSlots];
     bool registered_[kSlots] = {};  // whether scratch_[slot] came from the transport (alloc_registered)
+    // Where the all-reduce's scratch comes from (FP8AMP_COMM_NCCL_MEMORY when the communicator was made,
+    // else the transport's default); plain from the first growth on where the ranks disagree.
+    Transport::RegisteredMemory memory_ = Transport::kPlain;
 };
 
 template <class Validate>

@@ -10,6 +10,7 @@
 // sequence can be captured in a graph.
 #pragma once
 
+#include <cfloat>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -54,6 +55,30 @@ FP8AMP_HD bool comm_saturates(fp8amp_dtype d, float y) {
 // devices) -- the mean is folded into the scale, never a separate averaging pass.
 FP8AMP_HD float comm_reduce_factor(float wire_scale_inv, int nranks, bool average) {
     return average ? wire_scale_inv / static_cast<float>(nranks) : wire_scale_inv;
+}
+
+// The all-reduce's requantization (docs/communicator.md, "Algorithm", step 5): the reduced value of an
+// element in the output format's scaled units is y = (sum over ranks of the decoded wire codes) * g
+// with g = (1 / nranks) * (fp8_max(format) / fp8_max(wire)), the second factor an exact power of two
+// (1, 2^7 or 2^-7: 448 = 7 * 2^6, 57344 = 7 * 2^13). Every decoded code is at most fp8_max(wire) in
+// magnitude, so their mean is at most fp8_max(wire) and y at most fp8_max(format) (times 1 + 2^-23
+// for the float32 roundings, far below the saturation threshold): requantizing with the agreed wire
+// scale needs no new amax -- no second cross-rank agreement, no amax pass -- and cannot overflow.
+// The same factor for the mean and the sum: the sum's output scale_inv carries the factor nranks.
+FP8AMP_HD float comm_requant_factor(fp8amp_dtype wire, fp8amp_dtype format, int nranks) {
+    return (1.0f / static_cast<float>(nranks)) * (comm_fp8_max(format) / comm_fp8_max(wire));
+}
+// The output's scale_inv for that requantization: code * it is the reduced value, the mean
+// (wire_scale_inv / ratio) or the sum (wire_scale_inv * nranks / ratio), ratio = fp8_max(format) /
+// fp8_max(wire) (a power of two: dividing by it is exact), at most FLT_MAX: for the sum over more
+// than about 447 ranks of values near float32's largest (a wire scale_inv up to FLT_MAX / 448) the
+// product would be inf, and a zero code times inf a NaN; with FLT_MAX a zero stays zero and a sum
+// beyond float32's range still overflows. (Not reachable with the tests' 2 or 3 ranks.)
+FP8AMP_HD float comm_requant_scale_inv(float wire_scale_inv, fp8amp_dtype wire, fp8amp_dtype format, int nranks,
+                                       bool average) {
+    const float ratio = comm_fp8_max(format) / comm_fp8_max(wire);
+    const float v = (average ? wire_scale_inv : wire_scale_inv * static_cast<float>(nranks)) / ratio;
+    return v > FLT_MAX ? FLT_MAX : v;
 }
 
 // One step of the fixed-order accumulation, sum + d, identical on both devices also for NaN: the
@@ -116,6 +141,17 @@ public:
                                      const float *wire_scale_inv, bool average, const uint32_t *amax_bits,
                                      fp8amp_dtype format, uint8_t *dst, unsigned long long *saturated,
                                      void *stream) = 0;
+    // The all-reduce's one pass after the reduce-scatter: dst[k] = code in `format` of
+    // scaled(sum over j = 0..nranks-1, in that order, of decode(src[j * stride + k]),
+    // comm_requant_factor(wire, format, nranks)) (comm_reduce with that factor); saturated elements
+    // (none can: see comm_requant_factor) added to *saturated. Reads no device scalar, so it can run
+    // as soon as the codes have landed.
+    virtual void reduce_requantize(const uint8_t *src, int64_t stride, int nranks, int64_t n, fp8amp_dtype wire,
+                                   fp8amp_dtype format, uint8_t *dst, unsigned long long *saturated, void *stream) = 0;
+    // The all-reduce's scales from the agreed amax: *wire_scale_inv = 1 / comm_scale(*amax_bits) of
+    // `wire`, *out_scale_inv = comm_requant_scale_inv(that, wire, format, nranks, average).
+    virtual void all_reduce_scales(const uint32_t *amax_bits, fp8amp_dtype wire, fp8amp_dtype format, int nranks,
+                                   bool average, float *wire_scale_inv, float *out_scale_inv, void *stream) = 0;
     // dst = codes of f32 src scaled by comm_scale(*amax_bits) in `format`; *scale_inv_out = 1 / s.
     virtual void requantize(const float *src, int64_t n, const uint32_t *amax_bits, fp8amp_dtype format, uint8_t *dst,
                             float *scale_inv_out, unsigned long long *saturated, void *stream) = 0;
@@ -134,7 +170,7 @@ public:
     // synchronous stream, nothing to do. CUDA: a second stream of the context's device (created on
     // first use, the highest priority so that NCCL's blocks are scheduled first) and events; both
     // work under graph capture (the fork and the join are captured).
-    static constexpr int kEventSlots = 4;
+    static constexpr int kEventSlots = 6;
     // The grid of the launches that follow (until changed): at most max_blocks blocks (grid-stride
     // loops beyond), 0 for as many as the work needs. Changes no byte of any result (every value is
     // computed element by element; amaxes and saturation counts are a max and a sum). CUDA only: a

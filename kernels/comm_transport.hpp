@@ -52,20 +52,30 @@ public:
     // In-place max over ranks of count host values, synchronously (through scratch on NCCL).
     virtual void host_allreduce_max_u64(uint64_t *values, size_t count, void *scratch, void *stream) = 0;
 
-    // Device memory registered with the transport, for buffers its operations move (an experiment,
-    // opt-in: FP8AMP_COMM_NCCL_MEMORY, core/communicator.cpp). NCCL: ncclMemAlloc, then
-    // ncclCommRegister (kRegistered: zero-copy ncclSend/ncclRecv between registered buffers) or,
-    // collectively, ncclCommWindowRegister with NCCL_WIN_COLL_SYMMETRIC (kWindow: with
-    // NCCL_CTA_POLICY=2, NCCL 2.28 runs all-gathers on copy engines, without blocks). nullptr where
-    // the transport has none (MPI, local) or the NCCL in the process lacks the functions: the caller
-    // allocates as usual then. free_registered waits for `stream` first (the memory may be in use by
-    // queued work) and, for a window, is collective like the registration.
+    // Device memory registered with the transport, for the all-reduce's scratch (FP8AMP_COMM_NCCL_MEMORY,
+    // core/communicator.cpp). NCCL: ncclMemAlloc, then ncclCommRegister (kRegistered: zero-copy
+    // ncclSend/ncclRecv between registered buffers) or, collectively, ncclCommWindowRegister with
+    // NCCL_WIN_COLL_SYMMETRIC (kWindow: under NCCL_CTA_POLICY_ZERO, NCCL 2.28 runs all-gathers on
+    // copy engines, without blocks). Two steps, so that the ranks can agree between them that every
+    // one of them has the memory before any enters the collective registration:
+    // alloc_registered allocates (local; nullptr where the transport has none -- MPI, local -- or the
+    // NCCL in the process lacks the functions: the caller allocates as usual then), register_memory
+    // registers (collective for a window). free_registered waits for `stream` first (the memory may
+    // be in use by queued work), deregisters what was registered (collective for a window, like the
+    // registration) and frees.
     enum RegisteredMemory { kPlain = 0, kRegistered = 1, kWindow = 2 };
     virtual void *alloc_registered(size_t nbytes, RegisteredMemory mode) {
         (void)nbytes, (void)mode;
         return nullptr;
     }
+    virtual void register_memory(void *p) { (void)p; }
+    // Whether alloc_registered can give memory at all (NCCL with ncclMemAlloc in the process).
+    virtual bool supports_registered_memory() const { return false; }
     virtual void free_registered(void *p, void *stream) { (void)p, (void)stream; }
+    // The memory the all-reduce's scratch uses when FP8AMP_COMM_NCCL_MEMORY is not set: NCCL
+    // communicators made by fp8amp (ncclCommInitRankConfig with CTAPolicy = NCCL_CTA_POLICY_ZERO,
+    // NCCL 2.28 or later, the window functions present) answer kWindow; everything else kPlain.
+    virtual RegisteredMemory default_memory() const { return kPlain; }
 
     // MPI: how long an operation waits for its peers. Others ignore it.
     virtual void set_timeout(double seconds) { (void)seconds; }

@@ -77,6 +77,25 @@ public:
         *saturated += sat;
     }
 
+    void reduce_requantize(const uint8_t *src, int64_t stride, int nranks, int64_t n, fp8amp_dtype wire,
+                           fp8amp_dtype format, uint8_t *dst, unsigned long long *saturated, void *) override {
+        const float g = comm_requant_factor(wire, format, nranks);
+        unsigned long long sat = 0;
+        for (int64_t k = 0; k < n; ++k) {
+            const float y = comm_reduce(wire, nranks, g, [&](int j) { return src[j * stride + k]; });
+            sat += comm_saturates(format, y);
+            dst[k] = comm_encode(format, y);
+        }
+        *saturated += sat;
+    }
+
+    void all_reduce_scales(const uint32_t *amax_bits, fp8amp_dtype wire, fp8amp_dtype format, int nranks, bool average,
+                           float *wire_scale_inv, float *out_scale_inv, void *) override {
+        const float si = 1.0f / comm_scale(comm_fp8_max(wire), *amax_bits);
+        *wire_scale_inv = si;
+        *out_scale_inv = comm_requant_scale_inv(si, wire, format, nranks, average);
+    }
+
     void requantize(const float *src, int64_t n, const uint32_t *amax_bits, fp8amp_dtype format, uint8_t *dst,
                     float *scale_inv_out, unsigned long long *saturated, void *stream) override {
         quantize(src, FP8AMP_DTYPE_F32, nullptr, n, amax_bits, format, dst, scale_inv_out, saturated, stream);

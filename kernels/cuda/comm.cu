@@ -146,9 +146,9 @@ int tile_blocks(int64_t packs) {
 // goes through scaled() unchanged and is encoded as the canonical code with its sign, and its amax
 // is inf either way).
 template <fp8amp_dtype S>
-__device__ __forceinline__ void load_pack(const void *src, int64_t pack, float in_s, float x[kVec]) {
-    using T = typename cuda::Storage<S>::type;
-    const auto a = static_cast<const cuda::casting::PackN<T, kVec> *>(src)[pack];
+using SrcPack = cuda::casting::PackN<typename cuda::Storage<S>::type, kVec>;
+template <fp8amp_dtype S>
+__device__ __forceinline__ void unpack(const SrcPack<S> &a, float in_s, float x[kVec]) {
 #pragma unroll
     for (int i = 0; i < kVec; ++i) {
         if constexpr (S == FP8AMP_DTYPE_BF16) x[i] = __uint_as_float(static_cast<uint32_t>(a.v[i]) << 16);
@@ -156,6 +156,10 @@ __device__ __forceinline__ void load_pack(const void *src, int64_t pack, float i
         else if constexpr (S == FP8AMP_DTYPE_F16) x[i] = codec::decode<codec::F16>(a.v[i]);
         else x[i] = scaled(cuda::to_f32<S>(a.v[i]), in_s);
     }
+}
+template <fp8amp_dtype S>
+__device__ __forceinline__ void load_pack(const void *src, int64_t pack, float in_s, float x[kVec]) {
+    unpack<S>(static_cast<const SrcPack<S> *>(src)[pack], in_s, x);
 }
 
 // K values (a multiple of 4) scaled by s and encoded into `format` W, four codes a word, with the
@@ -179,14 +183,24 @@ __global__ void __launch_bounds__(kThreads) quantize_vec_kernel(const void *__re
     const float in_s = input_scale(S, src_scale_inv);
     const float s = comm_scale(comm_fp8_max(W), *amax_bits);
     const int64_t packs = n / kVec;
+    const int64_t step = int64_t(gridDim.x) * blockDim.x;
     unsigned long long sat = 0;
-#pragma unroll 2  // two packs' loads in flight (the pointers are __restrict__)
-    for (int64_t p = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; p < packs; p += int64_t(gridDim.x) * blockDim.x) {
+    // Two packs a thread per iteration, both loads issued before any arithmetic.
+    for (int64_t p = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; p < packs; p += 2 * step) {
+        const int64_t p1 = p + step;
+        const SrcPack<S> a = static_cast<const SrcPack<S> *>(src)[p];
+        SrcPack<S> b{};
+        if (p1 < packs) b = static_cast<const SrcPack<S> *>(src)[p1];
         float x[kVec];
-        load_pack<S>(src, p, in_s, x);
         uint32_t w[kVec / 4];
+        unpack<S>(a, in_s, x);
         encode_pack<W, kVec>(x, s, sat, w);
         reinterpret_cast<uint2 *>(dst)[p] = make_uint2(w[0], w[1]);
+        if (p1 < packs) {
+            unpack<S>(b, in_s, x);
+            encode_pack<W, kVec>(x, s, sat, w);
+            reinterpret_cast<uint2 *>(dst)[p1] = make_uint2(w[0], w[1]);
+        }
     }
     // The tail, with the software codec.
     for (int64_t k = packs * kVec + blockIdx.x * int64_t(blockDim.x) + threadIdx.x; k < n; k += int64_t(gridDim.x) * blockDim.x) {
@@ -295,6 +309,159 @@ __global__ void __launch_bounds__(kThreads) accumulate_quantize_vec_kernel(const
         dst[k] = comm_encode(O, y);
     }
     fold_count(sat, saturated);
+}
+
+// ---- the all-reduce's reduce + requantize (one pass, no amax) ----------------------------------
+
+// 16 codes per rank of one pack: the 16-byte loads of every rank, issued before any arithmetic.
+template <int NR>
+struct RankPack {
+    uint4 u[NR];
+};
+template <int NR>
+__device__ __forceinline__ RankPack<NR> load_ranks(const uint8_t *src, int64_t stride, int64_t pack) {
+    RankPack<NR> r;
+#pragma unroll
+    for (int j = 0; j < NR; ++j) r.u[j] = __ldg(reinterpret_cast<const uint4 *>(src + j * stride) + pack);
+    return r;
+}
+
+// The requantized codes of one pack of 16 elements over NR ranks (compile-time), into 4 words.
+// Fast path (no code of the pack is special, any_special4: the usual case): the sum in rank order
+// is plain float32 additions from +0 (__fadd_rn, never contracted), exactly what comm_add does when
+// no operand is a NaN and no infinity can meet its opposite; times g (finite and nonzero, so no
+// NaN); encoded by the hardware's satfinite conversion, which for a non-NaN value is the software
+// codec (encode2's comment). Otherwise the general definition, element by element (comm_add,
+// scaled, encode2 with its NaN mapping). Either way the bytes of comm_reduce + comm_encode.
+template <fp8amp_dtype W, fp8amp_dtype O, int NR>
+__device__ __forceinline__ void requantize_pack(const RankPack<NR> &r, float g, unsigned &sat, uint32_t out[4]) {
+    bool special = false;
+#pragma unroll
+    for (int j = 0; j < NR; ++j)
+        special = special || cuda::any_special4<W>(r.u[j].x) || cuda::any_special4<W>(r.u[j].y) ||
+                  cuda::any_special4<W>(r.u[j].z) || cuda::any_special4<W>(r.u[j].w);
+    float v[kCodes];
+    if (!special) {
+#pragma unroll
+        for (int j = 0; j < NR; ++j) {
+            const uint32_t w[4] = {r.u[j].x, r.u[j].y, r.u[j].z, r.u[j].w};
+#pragma unroll
+            for (int q = 0; q < 4; ++q) {
+                float d[4];
+                cuda::decode4_nonnan<W>(w[q], d);
+#pragma unroll
+                for (int k = 0; k < 4; ++k) v[4 * q + k] = __fadd_rn(j == 0 ? 0.0f : v[4 * q + k], d[k]);
+            }
+        }
+#pragma unroll
+        for (int i = 0; i < kCodes; i += 2) {
+            const float y0 = __fmul_rn(v[i], g), y1 = __fmul_rn(v[i + 1], g);
+            sat += comm_saturates(O, y0) + comm_saturates(O, y1);
+            const uint32_t pair = __nv_cvt_float2_to_fp8x2(make_float2(y0, y1), __NV_SATFINITE,
+                                                           O == FP8AMP_DTYPE_E4M3 ? __NV_E4M3 : __NV_E5M2);
+            if (i % 4 == 0) out[i / 4] = pair;
+            else out[i / 4] |= pair << 16;
+        }
+        return;
+    }
+#pragma unroll
+    for (int i = 0; i < kCodes; ++i) v[i] = 0.0f;
+#pragma unroll
+    for (int j = 0; j < NR; ++j) {
+        const uint32_t w[4] = {r.u[j].x, r.u[j].y, r.u[j].z, r.u[j].w};
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+            float d[4];
+            cuda::decode4<W>(w[q], d);
+#pragma unroll
+            for (int k = 0; k < 4; ++k) v[4 * q + k] = comm_add(v[4 * q + k], d[k]);
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < kCodes; i += 2) {
+        const float y0 = scaled(v[i], g), y1 = scaled(v[i + 1], g);
+        sat += comm_saturates(O, y0) + comm_saturates(O, y1);
+        const uint32_t pair = cuda::encode2<O>(y0, y1);
+        if (i % 4 == 0) out[i / 4] = pair;
+        else out[i / 4] |= pair << 16;
+    }
+}
+
+// dst[k] = comm_encode(O, comm_reduce(W, NR, g, rank j's code of k)) for NR ranks known at compile
+// time (1 and 2: the one-rank communicator and the two-rank benchmark; more ranks take the generic
+// kernel below). Each thread takes two packs per iteration, both packs' loads of every rank in
+// flight before any arithmetic (16 NR x 2 bytes), so that the kernel is bound by memory, not by
+// latency; the grid is not persistent (tile_blocks) unless capped (grid-stride).
+template <fp8amp_dtype W, fp8amp_dtype O, int NR>
+__global__ void __launch_bounds__(kThreads) reduce_requantize_vec_kernel(const uint8_t *__restrict__ src, int64_t stride,
+                                                                         int64_t n, uint8_t *__restrict__ dst,
+                                                                         unsigned long long *saturated) {
+    const float g = comm_requant_factor(W, O, NR);
+    const int64_t packs = n / kCodes;
+    const int64_t step = int64_t(gridDim.x) * blockDim.x;
+    unsigned sat = 0;
+    for (int64_t p = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; p < packs; p += 2 * step) {
+        const int64_t p1 = p + step;
+        const RankPack<NR> a = load_ranks<NR>(src, stride, p);
+        RankPack<NR> b{};
+        if (p1 < packs) b = load_ranks<NR>(src, stride, p1);
+        uint32_t w[4];
+        requantize_pack<W, O, NR>(a, g, sat, w);
+        reinterpret_cast<uint4 *>(dst)[p] = make_uint4(w[0], w[1], w[2], w[3]);
+        if (p1 < packs) {
+            requantize_pack<W, O, NR>(b, g, sat, w);
+            reinterpret_cast<uint4 *>(dst)[p1] = make_uint4(w[0], w[1], w[2], w[3]);
+        }
+    }
+    for (int64_t k = packs * kCodes + blockIdx.x * int64_t(blockDim.x) + threadIdx.x; k < n; k += step) {
+        const float y = comm_reduce(W, NR, g, [&](int j) { return src[j * stride + k]; });
+        sat += comm_saturates(O, y);
+        dst[k] = comm_encode(O, y);
+    }
+    fold_count(sat, saturated);
+}
+
+// Any number of ranks (a runtime loop over them; 16-byte loads), and the generic arithmetic.
+template <fp8amp_dtype W, fp8amp_dtype O>
+__global__ void __launch_bounds__(kThreads) reduce_requantize_any_kernel(const uint8_t *__restrict__ src, int64_t stride,
+                                                                         int nranks, int64_t n, uint8_t *__restrict__ dst,
+                                                                         unsigned long long *saturated) {
+    const float g = comm_requant_factor(W, O, nranks);
+    const int64_t packs = n / kCodes;
+    unsigned long long sat = 0;
+    for (int64_t p = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; p < packs; p += int64_t(gridDim.x) * blockDim.x) {
+        float v[kCodes];
+        reduce_pack<W>(src, stride, nranks, p, g, v);
+        uint32_t w[kCodes / 4];
+        encode_pack<O, kCodes>(v, 1.0f, sat, w);
+        reinterpret_cast<uint4 *>(dst)[p] = make_uint4(w[0], w[1], w[2], w[3]);
+    }
+    for (int64_t k = packs * kCodes + blockIdx.x * int64_t(blockDim.x) + threadIdx.x; k < n; k += int64_t(gridDim.x) * blockDim.x) {
+        const float y = comm_reduce(W, nranks, g, [&](int j) { return src[j * stride + k]; });
+        sat += comm_saturates(O, y);
+        dst[k] = comm_encode(O, y);
+    }
+    fold_count(sat, saturated);
+}
+
+// Unaligned pointers: element by element.
+__global__ void reduce_requantize_kernel(const uint8_t *src, int64_t stride, int nranks, int64_t n, fp8amp_dtype wire,
+                                         fp8amp_dtype format, uint8_t *dst, unsigned long long *saturated) {
+    const float g = comm_requant_factor(wire, format, nranks);
+    unsigned long long sat = 0;
+    for (int64_t k = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; k < n; k += int64_t(gridDim.x) * blockDim.x) {
+        const float y = comm_reduce(wire, nranks, g, [&](int j) { return src[j * stride + k]; });
+        sat += comm_saturates(format, y);
+        dst[k] = comm_encode(format, y);
+    }
+    fold_count(sat, saturated);
+}
+
+__global__ void all_reduce_scales_kernel(const uint32_t *amax_bits, fp8amp_dtype wire, fp8amp_dtype format, int nranks,
+                                         bool average, float *wire_scale_inv, float *out_scale_inv) {
+    const float si = 1.0f / comm_scale(comm_fp8_max(wire), *amax_bits);
+    *wire_scale_inv = si;
+    *out_scale_inv = comm_requant_scale_inv(si, wire, format, nranks, average);
 }
 
 __global__ void accumulate_quantize_kernel(const uint8_t *src, int64_t stride, int nranks, int64_t n, fp8amp_dtype wire,
@@ -442,6 +609,37 @@ public:
                 src, stride, nranks, n, wire, wire_scale_inv, average, amax_bits, format, dst, saturated);
         }
         cuda::check_launch("comm accumulate_quantize_kernel");
+    }
+    void reduce_requantize(const uint8_t *src, int64_t stride, int nranks, int64_t n, fp8amp_dtype wire,
+                           fp8amp_dtype format, uint8_t *dst, unsigned long long *saturated, void *stream) override {
+        if (n <= 0) return;
+        cuda::DeviceGuard g(device_);
+        if (accumulate_aligned(src, stride, dst, kCodes)) {
+            const int grid = capped(tile_blocks(n / kCodes));
+            with_fp8(wire, [&](auto w) {
+                with_fp8(format, [&](auto o) {
+                    constexpr fp8amp_dtype W = decltype(w)::value, O = decltype(o)::value;
+                    if (nranks == 1)
+                        reduce_requantize_vec_kernel<W, O, 1><<<grid, kThreads, 0, st(stream)>>>(src, stride, n, dst, saturated);
+                    else if (nranks == 2)
+                        reduce_requantize_vec_kernel<W, O, 2><<<grid, kThreads, 0, st(stream)>>>(src, stride, n, dst, saturated);
+                    else
+                        reduce_requantize_any_kernel<W, O><<<grid, kThreads, 0, st(stream)>>>(src, stride, nranks, n, dst,
+                                                                                              saturated);
+                });
+            });
+        } else {
+            reduce_requantize_kernel<<<capped(blocks_for(n)), kThreads, 0, st(stream)>>>(src, stride, nranks, n, wire, format,
+                                                                                         dst, saturated);
+        }
+        cuda::check_launch("comm reduce_requantize_kernel");
+    }
+    void all_reduce_scales(const uint32_t *amax_bits, fp8amp_dtype wire, fp8amp_dtype format, int nranks, bool average,
+                           float *wire_scale_inv, float *out_scale_inv, void *stream) override {
+        cuda::DeviceGuard g(device_);
+        all_reduce_scales_kernel<<<1, 1, 0, st(stream)>>>(amax_bits, wire, format, nranks, average, wire_scale_inv,
+                                                          out_scale_inv);
+        cuda::check_launch("comm all_reduce_scales_kernel");
     }
     void requantize(const float *src, int64_t n, const uint32_t *amax_bits, fp8amp_dtype format, uint8_t *dst,
                     float *scale_inv_out, unsigned long long *saturated, void *stream) override {

@@ -39,8 +39,10 @@ __device__ __forceinline__ uint32_t encode2(float a, float b) {
 // sign, and the E4M3 NaN code converts to a finite F16 pattern). About 2 instructions a code where
 // the software decode, with its subnormal branch, takes a dozen; tests/cuda/test_comm_codec.cu
 // compares the two over all 2^32 words.
+// decode4 without the NaN fix-up: exact for every code that is not a NaN (E5M2's infinities
+// included: an E5M2 code is the high byte of the F16 of the same value).
 template <fp8amp_dtype W>
-__device__ __forceinline__ void decode4(uint32_t w, float v[4]) {
+__device__ __forceinline__ void decode4_nonnan(uint32_t w, float v[4]) {
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
         const auto two = static_cast<unsigned short>(w >> (16 * h));
@@ -55,6 +57,10 @@ __device__ __forceinline__ void decode4(uint32_t w, float v[4]) {
         v[2 * h] = f.x;
         v[2 * h + 1] = f.y;
     }
+}
+template <fp8amp_dtype W>
+__device__ __forceinline__ void decode4(uint32_t w, float v[4]) {
+    decode4_nonnan<W>(w, v);
 #pragma unroll
     for (int k = 0; k < 4; ++k) {
         const uint32_t c = (w >> (8 * k)) & 0xFFu;
@@ -62,4 +68,15 @@ __device__ __forceinline__ void decode4(uint32_t w, float v[4]) {
         if (nan) v[k] = __uint_as_float(((c & 0x80u) << 24) | codec::kF32QuietNaN);
     }
 }
+
+// Whether any of the four codes of w is special: a NaN (E4M3: the low seven bits all ones) or, for
+// E5M2, any code with the exponent all ones (an infinity or a NaN: inf + -inf makes a NaN in the
+// sum). Bytewise without carries: the masked byte is at most 0x7F (E4M3) or 0x7C (E5M2), and adding
+// 1 (4) sets its bit 7 exactly when it is the special pattern.
+template <fp8amp_dtype W>
+__device__ __forceinline__ bool any_special4(uint32_t w) {
+    if constexpr (W == FP8AMP_DTYPE_E4M3) return (((w & 0x7F7F7F7Fu) + 0x01010101u) & 0x80808080u) != 0u;
+    else return (((w & 0x7C7C7C7Cu) + 0x04040404u) & 0x80808080u) != 0u;
+}
+
 }  // namespace fp8amp::kernels::cuda

@@ -13,6 +13,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <mutex>
@@ -139,18 +140,39 @@ public:
         DeviceGuard guard(device_);
         nbytes = (nbytes + (size_t(1) << 21) - 1) & ~((size_t(1) << 21) - 1);  // whole 2 MB pages (windows: 4 kB)
         void *p = nullptr;
-        call(f.mem_alloc(&p, nbytes), "ncclMemAlloc (FP8AMP_COMM_NCCL_MEMORY)");
-        void *handle = nullptr;
-        const ncclResult_t r = mode == kWindow ? f.win_reg(comm_, p, nbytes, &handle, kWinCollSymmetric)
-                                               : f.reg(comm_, p, nbytes, &handle);
-        if (r != ncclSuccess) {
-            f.mem_free(p);
-            call(r, mode == kWindow ? "ncclCommWindowRegister (FP8AMP_COMM_NCCL_MEMORY=window)"
-                                    : "ncclCommRegister (FP8AMP_COMM_NCCL_MEMORY=register)");
-        }
+        // Not through call(): running out of memory leaves the communicator usable (the caller tells
+        // the other ranks in its agreement, and every rank fails alike).
+        const ncclResult_t r = f.mem_alloc(&p, nbytes);
+        if (r != ncclSuccess || !p)
+            fail(FP8AMP_ERROR_OUT_OF_MEMORY, "ncclMemAlloc of " + std::to_string(nbytes) +
+                                                 " bytes (the all-reduce's scratch; FP8AMP_COMM_NCCL_MEMORY=plain uses "
+                                                 "the context's allocator) failed: " + ncclGetErrorString(r));
         std::lock_guard<std::mutex> lock(mutex_);
-        registered_[p] = {handle, mode};
+        registered_[p] = {nullptr, mode, nbytes, false};
         return p;
+    }
+    void register_memory(void *p) override {
+        const NcclRegistration &f = NcclRegistration::get();
+        Registered reg{};
+        {
+            std::lock_guard<std::mutex> lock(mutex_);
+            auto it = registered_.find(p);
+            if (it == registered_.end() || it->second.done) return;
+            reg = it->second;
+        }
+        check_alive();
+        DeviceGuard guard(device_);
+        void *handle = nullptr;
+        call(reg.mode == kWindow ? f.win_reg(comm_, p, reg.nbytes, &handle, kWinCollSymmetric)
+                                 : f.reg(comm_, p, reg.nbytes, &handle),
+             reg.mode == kWindow ? "ncclCommWindowRegister (the communicator's scratch; FP8AMP_COMM_NCCL_MEMORY=plain avoids it)"
+                                 : "ncclCommRegister (FP8AMP_COMM_NCCL_MEMORY=register)");
+        std::lock_guard<std::mutex> lock(mutex_);
+        auto it = registered_.find(p);
+        if (it != registered_.end()) {
+            it->second.handle = handle;
+            it->second.done = true;
+        }
     }
     void free_registered(void *p, void *stream) override {
         const NcclRegistration &f = NcclRegistration::get();
@@ -167,12 +189,20 @@ public:
         try {  // called from a Storage's release (a destructor): nothing may escape
             DeviceGuard guard(device_);
             if (cudaStreamSynchronize(static_cast<cudaStream_t>(stream)) != cudaSuccess) return;
-            if (reg.mode == kWindow) f.win_dereg(comm_, reg.handle);
-            else f.dereg(comm_, reg.handle);
+            if (reg.done) {
+                if (reg.mode == kWindow) f.win_dereg(comm_, reg.handle);
+                else f.dereg(comm_, reg.handle);
+            }
             f.mem_free(p);
         } catch (...) {
         }
     }
+    RegisteredMemory default_memory() const override { return default_memory_; }
+    bool supports_registered_memory() const override {
+        const NcclRegistration &f = NcclRegistration::get();
+        return f.mem_alloc && f.mem_free;
+    }
+    void set_default_memory(RegisteredMemory m) { default_memory_ = m; }
     void set_timeout(double seconds) override { timeout_s_ = seconds; }
     bool failed() const override { return aborted_.load() || !failure_.empty(); }
     // May come from another thread (a watchdog), as ncclCommAbort may: once, and only a flag besides.
@@ -265,7 +295,10 @@ private:
     struct Registered {
         void *handle = nullptr;
         RegisteredMemory mode = kPlain;
+        size_t nbytes = 0;
+        bool done = false;  // registered (register_memory), not only allocated
     };
+    RegisteredMemory default_memory_ = kPlain;
     std::map<void *, Registered> registered_;  // alloc_registered's blocks (under mutex_)
 };
 
@@ -283,14 +316,53 @@ void nccl_unique_id(fp8amp_comm_unique_id *id) {
     std::memcpy(id->internal, &nid, sizeof nid);
 }
 
+// Whether a communicator made here gets the copy-engine setup by default (docs/communicator.md,
+// "Data path"): its all-reduce scratch a symmetric window, and (unless NCCL_CTA_POLICY is set, which
+// NCCL itself reads) CTAPolicy = NCCL_CTA_POLICY_ZERO, under which NCCL 2.28 runs the all-gathers of
+// window memory on copy engines and leaves every multiprocessor to the conversions (measured on 2 x
+// H200 with the environment variables: 1516 us against 1908 for the default path, before the
+// single-pass requantization). Needs the library's header and the NCCL in the process at 2.28 or
+// later and its window functions; FP8AMP_COMM_NCCL_MEMORY set to anything but "window" keeps the
+// plain NCCL setup. Every input is the same on every rank of one job (the same library, the same
+// environment); where not, the all-reduce's agreement refuses the call (the memory mode is one of its
+// options) or, where only the registration functions differ, it falls back to plain memory on every
+// rank (core/communicator.cpp, registered_scratch). NCCL itself registers a window only where the
+// communicator has symmetric support and answers success with a null window otherwise (its
+// ncclCommWindowRegister), so the default is harmless where copy engines cannot be used.
+bool zero_cta_default() {
+#if defined(NCCL_CTA_POLICY_ZERO)
+    if (const char *env = std::getenv("FP8AMP_COMM_NCCL_MEMORY"))
+        if (std::strcmp(env, "window") != 0) return false;
+    int version = 0;
+    if (ncclGetVersion(&version) != ncclSuccess || version < 22800) return false;
+    const NcclRegistration &f = NcclRegistration::get();
+    return f.mem_alloc && f.mem_free && f.win_reg && f.win_dereg;
+#else
+    return false;
+#endif
+}
+
 std::unique_ptr<Transport> make_nccl_transport(const fp8amp_comm_unique_id &id, int nranks, int rank, int device) {
     DeviceGuard guard(device);
     ncclUniqueId nid;
     std::memcpy(&nid, id.internal, sizeof nid);
     ncclComm_t comm = nullptr;
-    nccl_check(ncclCommInitRank(&comm, nranks, nid, rank), "ncclCommInitRank");
+    // One rank moves nothing (the all-reduce makes no transfer): the plain setup.
+    const bool zero_cta = nranks > 1 && zero_cta_default();
+#if defined(NCCL_CTA_POLICY_ZERO)
+    if (zero_cta) {
+        ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+        if (!std::getenv("NCCL_CTA_POLICY")) config.CTAPolicy = NCCL_CTA_POLICY_ZERO;
+        nccl_check(ncclCommInitRankConfig(&comm, nranks, nid, rank, &config), "ncclCommInitRankConfig");
+    } else
+#endif
+    {
+        nccl_check(ncclCommInitRank(&comm, nranks, nid, rank), "ncclCommInitRank");
+    }
     try {
-        return std::make_unique<NcclTransport>(comm, device, true);
+        auto t = std::make_unique<NcclTransport>(comm, device, true);
+        if (zero_cta) t->set_default_memory(Transport::kWindow);
+        return t;
     } catch (...) {
         ncclCommDestroy(comm);
         throw;

@@ -6,6 +6,7 @@
 #ifndef FP8AMP_COMM_REFERENCE_H
 #define FP8AMP_COMM_REFERENCE_H
 
+#include <float.h>
 #include <stdlib.h>
 
 #include "fp8_reference.h"
@@ -18,7 +19,8 @@ static inline double quantum_ref(const format_t *f, double a) {
     return ldexp(1.0, e - f->man_bits);
 }
 
-/* x[j][k]: rank j's k-th real input value (a float32 value), j < N, k < n. Writes the wire scale
+/* The reduce-scatter (its FP8 shard requantized with the shard's own amax).
+ * x[j][k]: rank j's k-th real input value (a float32 value), j < N, k < n. Writes the wire scale
  * (scale_out), the reduced values before requantization (v, float32), the gathered codes (codes, in
  * format g) with their scale_inv (*si2_out), and wire_mean[k] = the exact mean (or sum) of the wire
  * values. Returns the wire's scale_inv. */
@@ -49,6 +51,43 @@ static inline float comm_reduce_ref(const format_t *wire, const format_t *g, int
     const float s2 = scale_ref(fp8_max_ref(g), 0, 0, amax2, 1.0f);
     *si2_out = reciprocal_ref(s2);
     for (k = 0; k < n; ++k) codes[k] = (uint8_t)encode_scaled_ref(g, mul_f32_ref((double)v[k], s2));
+    return si;
+}
+
+/* The all-reduce (docs/communicator.md, "Algorithm"): the wire as comm_reduce_ref, then the float32
+ * sum in rank order of each element's decoded codes requantized with the *wire's* scale, no new amax:
+ * y = sum * g with g = (1/N) * (fp8_max(g) / fp8_max(wire)) (the second factor a power of two), one
+ * float32 rounding, then one rounding into format g; the output's scale_inv is the wire's (the
+ * mean) or the wire's times N (the sum), divided by that power of two. Writes y (in g's scaled
+ * units, float32) to y_out, the codes, *si2_out and wire_mean as comm_reduce_ref; returns the
+ * wire's scale_inv. Plain float32 C arithmetic (x86-64: FLT_EVAL_METHOD 0). */
+static inline float comm_all_reduce_ref(const format_t *wire, const format_t *g, int N, size_t n, double *const *x,
+                                        int average, float *y_out, uint8_t *codes, float *si2_out,
+                                        double *wire_mean) {
+    double amax = 0;
+    int j;
+    size_t k;
+    for (j = 0; j < N; ++j)
+        for (k = 0; k < n; ++k)
+            if (fabs(x[j][k]) > amax) amax = fabs(x[j][k]);
+    const float s = scale_ref(fp8_max_ref(wire), 0, 0, amax, 1.0f);
+    const float si = reciprocal_ref(s);
+    const float ratio = (float)(fp8_max_ref(g) / fp8_max_ref(wire)); /* 1, 2^7 or 2^-7: exact */
+    const float gf = (1.0f / (float)N) * ratio;
+    for (k = 0; k < n; ++k) {
+        float acc = 0.0f;
+        double exact = 0;
+        for (j = 0; j < N; ++j) {
+            const double w = decode_ref(wire, encode_scaled_ref(wire, mul_f32_ref(x[j][k], s)));
+            acc = acc + (float)w;
+            exact += w * (double)si;
+        }
+        wire_mean[k] = average ? exact / N : exact;
+        y_out[k] = (float)mul_f32_ref(acc, gf);
+        codes[k] = (uint8_t)encode_scaled_ref(g, y_out[k]);
+    }
+    *si2_out = (average ? si : si * (float)N) / ratio;
+    if (*si2_out > FLT_MAX) *si2_out = FLT_MAX; /* a zero code times inf would be a NaN */
     return si;
 }
 

@@ -108,7 +108,7 @@ static void test_all_reduce_one_rank(void **state) {
         uint8_t *codes = xmalloc(3000);
         double *xs[1] = {x};
         for (k = 0; k < numel[0]; ++k) x[k] = x0[k];
-        comm_reduce_ref(&FMT_E4M3, &FMT_E4M3, 1, (size_t)numel[0], xs, 1, v, codes, &si2, wm);
+        comm_all_reduce_ref(&FMT_E4M3, &FMT_E4M3, 1, (size_t)numel[0], xs, 1, v, codes, &si2, wm);
         assert_memory_equal(p, codes, (size_t)numel[0]);
         {
             float got_si;
@@ -123,7 +123,7 @@ static void test_all_reduce_one_rank(void **state) {
         }
         p += numel[0];
         for (k = 0; k < numel[1]; ++k) x[k] = decode_ref(&FMT_BF16, x1[k]);
-        comm_reduce_ref(&FMT_E4M3, &FMT_E4M3, 1, (size_t)numel[1], xs, 1, v, codes, &si2, wm);
+        comm_all_reduce_ref(&FMT_E4M3, &FMT_E4M3, 1, (size_t)numel[1], xs, 1, v, codes, &si2, wm);
         for (k = 0; k < numel[1]; ++k) {
             float y;
             memcpy(&y, p + 4 * k, 4);
@@ -131,7 +131,7 @@ static void test_all_reduce_one_rank(void **state) {
         }
         p += 4 * numel[1];
         for (k = 0; k < numel[2]; ++k) x[k] = mul_f32_ref(decode_ref(&FMT_E4M3, x2[k]), si_in);
-        comm_reduce_ref(&FMT_E4M3, &FMT_E4M3, 1, (size_t)numel[2], xs, 1, v, codes, &si2, wm);
+        comm_all_reduce_ref(&FMT_E4M3, &FMT_E4M3, 1, (size_t)numel[2], xs, 1, v, codes, &si2, wm);
         for (k = 0; k < numel[2]; ++k) {
             uint16_t y;
             memcpy(&y, p + 2 * k, 2);

@@ -42,7 +42,8 @@ __global__ void check_kernel(uint64_t count, int pass, unsigned long long *misma
 }
 
 // decode4 (four codes of a word through the hardware's F16 conversions) against codec::decode, over
-// every 32-bit word: every code in every byte position, beside every other.
+// every 32-bit word: every code in every byte position, beside every other; and any_special4 and
+// decode4_nonnan, the all-reduce's fast path, against the same definitions.
 template <fp8amp_dtype W>
 __global__ void decode_kernel(uint64_t count, unsigned long long *mismatches, uint32_t *first_bad) {
     using F = std::conditional_t<W == FP8AMP_DTYPE_E4M3, fp8amp::codec::E4M3, fp8amp::codec::E5M2>;
@@ -51,9 +52,20 @@ __global__ void decode_kernel(uint64_t count, unsigned long long *mismatches, ui
         const uint32_t w = static_cast<uint32_t>(k);
         float v[4];
         cuda::decode4<W>(w, v);
-        bool same = true;
-        for (int i = 0; i < 4; ++i)
-            same = same && __float_as_uint(v[i]) == __float_as_uint(fp8amp::codec::decode<F>((w >> (8 * i)) & 0xFFu));
+        bool same = true, special = false;
+        for (int i = 0; i < 4; ++i) {
+            const uint32_t c = (w >> (8 * i)) & 0xFFu;
+            same = same && __float_as_uint(v[i]) == __float_as_uint(fp8amp::codec::decode<F>(c));
+            special = special || (W == FP8AMP_DTYPE_E4M3 ? (c & 0x7Fu) == 0x7Fu : (c & 0x7Cu) == 0x7Cu);
+        }
+        // The reduction's fast path: any_special4 finds exactly the words with a NaN (E5M2: also an
+        // infinity), and without one decode4_nonnan gives codec::decode's floats.
+        same = same && cuda::any_special4<W>(w) == special;
+        if (!special) {
+            float u[4];
+            cuda::decode4_nonnan<W>(w, u);
+            for (int i = 0; i < 4; ++i) same = same && __float_as_uint(u[i]) == __float_as_uint(v[i]);
+        }
         if (!same) {
             ++bad;
             atomicMin(first_bad, w);

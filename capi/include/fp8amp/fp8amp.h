@@ -1128,7 +1128,10 @@ typedef struct fp8amp_comm_unique_id {
 FP8AMP_API fp8amp_status fp8amp_comm_unique_id_create(fp8amp_context ctx, fp8amp_comm_unique_id *id);
 
 /** Creates this process's rank of an nranks communicator; collective: every rank calls it with the
- *  same id and nranks, and its own rank in 0..nranks-1. CUDA: ncclCommInitRank on ctx's device.
+ *  same id and nranks, and its own rank in 0..nranks-1. CUDA: ncclCommInitRank on ctx's device
+ *  (with NCCL 2.28 or later: ncclCommInitRankConfig with CTAPolicy NCCL_CTA_POLICY_ZERO unless
+ *  NCCL_CTA_POLICY is set, and the all-reduce's scratch a symmetric window, so that NCCL moves the
+ *  all-gathers on copy engines; FP8AMP_COMM_NCCL_MEMORY=plain keeps the plain setup: communicator.md).
  *  CPU: MPI (initialized here with MPI_THREAD_FUNNELED if the caller has not), over a duplicate of
  *  MPI_COMM_WORLD reordered by rank, which must then hold exactly nranks processes (a subset: adopt
  *  a communicator made with MPI_Comm_split). nranks 1 needs no backend at all (a local transport).
@@ -1205,10 +1208,12 @@ FP8AMP_API fp8amp_status fp8amp_comm_reduce_desc_init(fp8amp_comm_reduce_desc *d
  *  FP8 output must have a scale_inv slot (bound to a meta once), which receives its scale_inv (its
  *  meta is not touched); outputs[i] may be inputs[i] itself (in place). Algorithm: the ranks agree on
  *  a scale per tensor (an all-reduce MAX of the amaxes), quantize into wire_dtype with it, exchange
- *  FP8 chunks (a reduce-scatter of grouped sends and receives), accumulate the received codes in
- *  float32 in rank order 0..nranks-1, multiply by scale_inv / nranks, requantize each tensor's part
- *  of the reduced chunk with a scale from the agreed new amax (into the output's FP8 dtype, else
- *  wire_dtype), and all-gather those codes; a wide output gets code * scale_inv rounded to its dtype.
+ *  FP8 chunks (a reduce-scatter), accumulate the received codes in float32 in rank order
+ *  0..nranks-1, and requantize each tensor's part of the reduced chunk with the same agreed scale
+ *  (the sum of the codes times 1 / nranks, mapped onto the output's FP8 dtype, else wire_dtype: it
+ *  cannot overflow, and needs no second amax), and all-gather those codes. An FP8 output's
+ *  scale_inv is the wire's scale_inv (times nranks for the sum; times 2^7 or 2^-7 where its format's
+ *  range differs from the wire's); a wide output gets code * that scale_inv rounded to its dtype.
  *  Every rank gets identical bytes; CPU and CUDA compute the same bytes. Asynchronous on CUDA
  *  (the context's stream), except the check (desc). desc may be NULL (the defaults).
  *  Statuses: SUCCESS; INVALID_HANDLE; INVALID_ARGUMENT (n < 1, NULL arrays, a read-only output, an FP8
