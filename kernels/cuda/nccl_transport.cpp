@@ -106,7 +106,12 @@ public:
     void group_end(void *) override { call(ncclGroupEnd(), "ncclGroupEnd"); }
     void all_gather(const void *send_buf, void *recv_buf, size_t nbytes, void *stream) override {
         check_alive();
-        call(ncclAllGather(send_buf, recv_buf, nbytes, ncclUint8, comm_, static_cast<cudaStream_t>(stream)),
+        // Into window memory: on the copy-engine communicator where there is one (its CTA policy
+        // NCCL_CTA_POLICY_ZERO runs all-gathers on copy engines, and only of window memory: an
+        // all-gather of other memory there fails in NCCL's ce_coll.cc with an invalid argument, so
+        // every other collective stays on comm_).
+        ncclComm_t c = ce_comm_ && in_window(recv_buf, nbytes) ? ce_comm_ : comm_;
+        call(ncclAllGather(send_buf, recv_buf, nbytes, ncclUint8, c, static_cast<cudaStream_t>(stream)),
              "ncclAllGather");
     }
     void host_allreduce_max_u64(uint64_t *values, size_t count, void *scratch, void *stream) override {
@@ -163,7 +168,7 @@ public:
         check_alive();
         DeviceGuard guard(device_);
         void *handle = nullptr;
-        call(reg.mode == kWindow ? f.win_reg(comm_, p, reg.nbytes, &handle, kWinCollSymmetric)
+        call(reg.mode == kWindow ? f.win_reg(window_comm(), p, reg.nbytes, &handle, kWinCollSymmetric)
                                  : f.reg(comm_, p, reg.nbytes, &handle),
              reg.mode == kWindow ? "ncclCommWindowRegister (the communicator's scratch; FP8AMP_COMM_NCCL_MEMORY=plain avoids it)"
                                  : "ncclCommRegister (FP8AMP_COMM_NCCL_MEMORY=register)");
@@ -190,7 +195,7 @@ public:
             DeviceGuard guard(device_);
             if (cudaStreamSynchronize(static_cast<cudaStream_t>(stream)) != cudaSuccess) return;
             if (reg.done) {
-                if (reg.mode == kWindow) f.win_dereg(comm_, reg.handle);
+                if (reg.mode == kWindow) f.win_dereg(window_comm(), reg.handle);
                 else f.dereg(comm_, reg.handle);
             }
             f.mem_free(p);
@@ -203,6 +208,9 @@ public:
         return f.mem_alloc && f.mem_free;
     }
     void set_default_memory(RegisteredMemory m) { default_memory_ = m; }
+    // The communicator's copy-engine twin (made by ncclCommSplit with CTAPolicy NCCL_CTA_POLICY_ZERO;
+    // owned): windows are registered on it and the all-gathers into them run on it.
+    void set_ce_comm(ncclComm_t ce) { ce_comm_ = ce; }
     void set_timeout(double seconds) override { timeout_s_ = seconds; }
     bool failed() const override { return aborted_.load() || !failure_.empty(); }
     // May come from another thread (a watchdog), as ncclCommAbort may: once, and only a flag besides.
@@ -212,13 +220,21 @@ public:
     // poll and fails with COMM.
     void abort() override {
         std::lock_guard<std::mutex> lock(mutex_);
-        if (!aborted_.exchange(true) && owned_) ncclCommAbort(comm_);
+        if (!aborted_.exchange(true) && owned_) {
+            if (ce_comm_) ncclCommAbort(ce_comm_);
+            ncclCommAbort(comm_);
+        }
     }
     void destroy() override {
         if (!owned_ || aborted_.load()) return;
         DeviceGuard guard(device_);
-        if (failure_.empty()) ncclCommDestroy(comm_);
-        else ncclCommAbort(comm_);
+        if (failure_.empty()) {
+            if (ce_comm_) ncclCommDestroy(ce_comm_);
+            ncclCommDestroy(comm_);
+        } else {
+            if (ce_comm_) ncclCommAbort(ce_comm_);
+            ncclCommAbort(comm_);
+        }
     }
 
 private:
@@ -242,6 +258,8 @@ private:
                                                 ": the communicator was aborted (fp8amp_comm_abort) while it waited; "
                                                 "destroy it");
                 if (ncclCommGetAsyncError(comm_, &async) != ncclSuccess) async = ncclSuccess;
+                if (async == ncclSuccess && ce_comm_ && ncclCommGetAsyncError(ce_comm_, &async) != ncclSuccess)
+                    async = ncclSuccess;
             }
             if (async != ncclSuccess && async != ncclInProgress)
                 fail_and_abort(std::string(what) + ": NCCL reported an asynchronous error: " + ncclGetErrorString(async));
@@ -282,7 +300,20 @@ private:
         fail(FP8AMP_ERROR_NCCL, msg);
     }
 
+    ncclComm_t window_comm() const { return ce_comm_ ? ce_comm_ : comm_; }
+    // Whether [p, p + nbytes) lies in one registered window block.
+    bool in_window(const void *p, size_t nbytes) {
+        std::lock_guard<std::mutex> lock(mutex_);
+        auto it = registered_.upper_bound(const_cast<void *>(p));
+        if (it == registered_.begin()) return false;
+        --it;
+        const auto *base = static_cast<const char *>(it->first), *q = static_cast<const char *>(p);
+        // A null handle: NCCL registered no window (no symmetric support: it answers success then).
+        return it->second.mode == kWindow && it->second.done && it->second.handle && q + nbytes <= base + it->second.nbytes;
+    }
+
     ncclComm_t comm_;
+    ncclComm_t ce_comm_ = nullptr;
     int device_;
     bool owned_;
     int rank_ = 0, nranks_ = 1;
@@ -317,11 +348,12 @@ void nccl_unique_id(fp8amp_comm_unique_id *id) {
 }
 
 // Whether a communicator made here gets the copy-engine setup by default (docs/communicator.md,
-// "Data path"): its all-reduce scratch a symmetric window, and (unless NCCL_CTA_POLICY is set, which
-// NCCL itself reads) CTAPolicy = NCCL_CTA_POLICY_ZERO, under which NCCL 2.28 runs the all-gathers of
-// window memory on copy engines and leaves every multiprocessor to the conversions (measured on 2 x
-// H200 with the environment variables: 1516 us against 1908 for the default path, before the
-// single-pass requantization). Needs the library's header and the NCCL in the process at 2.28 or
+// "Data path"): its all-reduce scratch a symmetric window, registered on a split of the communicator
+// whose CTAPolicy is NCCL_CTA_POLICY_ZERO, under which NCCL 2.28 runs the all-gathers of window
+// memory on copy engines and leaves every multiprocessor to the conversions (measured on 2 x H200:
+// 1185 us against 1699 for the plain setup, docs/communicator.md). The other collectives stay on the
+// communicator itself (default policy): under the zero policy an all-gather of memory outside a window
+// fails. NCCL_CTA_POLICY in the environment would apply to both; fp8amp does not need it. Needs the library's header and the NCCL in the process at 2.28 or
 // later and its window functions; FP8AMP_COMM_NCCL_MEMORY set to anything but "window" keeps the
 // plain NCCL setup. Every input is the same on every rank of one job (the same library, the same
 // environment); where not, the all-reduce's agreement refuses the call (the memory mode is one of its
@@ -346,24 +378,35 @@ std::unique_ptr<Transport> make_nccl_transport(const fp8amp_comm_unique_id &id, 
     DeviceGuard guard(device);
     ncclUniqueId nid;
     std::memcpy(&nid, id.internal, sizeof nid);
-    ncclComm_t comm = nullptr;
+    ncclComm_t comm = nullptr, ce = nullptr;
     // One rank moves nothing (the all-reduce makes no transfer): the plain setup.
     const bool zero_cta = nranks > 1 && zero_cta_default();
+    nccl_check(ncclCommInitRank(&comm, nranks, nid, rank), "ncclCommInitRank");
 #if defined(NCCL_CTA_POLICY_ZERO)
+    // The copy-engine twin: a split of the same ranks whose CTA policy is NCCL_CTA_POLICY_ZERO (the
+    // all-reduce's all-gathers into its window scratch run on copy engines). Only it: under that
+    // policy NCCL 2.28 runs every all-gather on copy engines and refuses one of memory outside a
+    // window ("Cuda failure 'invalid argument'" in ce_coll.cc), which the reduce-scatter's and the
+    // all-gather's own exchanges are. Collective, like the init: every rank makes the same choice.
     if (zero_cta) {
         ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
-        if (!std::getenv("NCCL_CTA_POLICY")) config.CTAPolicy = NCCL_CTA_POLICY_ZERO;
-        nccl_check(ncclCommInitRankConfig(&comm, nranks, nid, rank, &config), "ncclCommInitRankConfig");
-    } else
-#endif
-    {
-        nccl_check(ncclCommInitRank(&comm, nranks, nid, rank), "ncclCommInitRank");
+        config.CTAPolicy = NCCL_CTA_POLICY_ZERO;
+        const ncclResult_t r = ncclCommSplit(comm, 0, rank, &ce, &config);
+        if (r != ncclSuccess) {
+            ncclCommDestroy(comm);
+            nccl_check(r, "ncclCommSplit (the copy-engine communicator; FP8AMP_COMM_NCCL_MEMORY=plain avoids it)");
+        }
     }
+#endif
     try {
         auto t = std::make_unique<NcclTransport>(comm, device, true);
-        if (zero_cta) t->set_default_memory(Transport::kWindow);
+        if (ce) {
+            t->set_ce_comm(ce);
+            t->set_default_memory(Transport::kWindow);
+        }
         return t;
     } catch (...) {
+        if (ce) ncclCommDestroy(ce);
         ncclCommDestroy(comm);
         throw;
     }
