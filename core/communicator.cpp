@@ -462,7 +462,7 @@ void Communicator::all_reduce(const std::vector<std::shared_ptr<Tensor>> &inputs
         const int64_t lo = piece(p).first, hi = piece(p).second;  // not a structured binding: C++17 lambdas cannot capture one (clang refuses)
         const size_t L = static_cast<size_t>(hi - lo);
         if (pair) {
-            transport_->all_gather(recv + 2 * lo + r * L, recv + 2 * lo, L, X);
+            transport_->all_gather_scratch(recv + 2 * lo + r * L, recv + 2 * lo, L, X);
             return;
         }
         transport_->group_start();
@@ -485,7 +485,7 @@ void Communicator::all_reduce(const std::vector<std::shared_ptr<Tensor>> &inputs
         if (N == 1) return;
         const int64_t lo = piece(p).first, hi = piece(p).second;  // not a structured binding: C++17 lambdas cannot capture one (clang refuses)
         const size_t L = static_cast<size_t>(hi - lo);
-        transport_->all_gather(wire + N * lo + r * L, wire + N * lo, L, X);
+        transport_->all_gather_scratch(wire + N * lo + r * L, wire + N * lo, L, X);
     };
     auto decode_piece = [&](int64_t p) {
         const int64_t lo = piece(p).first, hi = piece(p).second;  // not a structured binding: C++17 lambdas cannot capture one (clang refuses)

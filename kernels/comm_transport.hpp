@@ -33,6 +33,12 @@ public:
     virtual void group_end(void *stream) = 0;
     // recv[r * nbytes .. (r+1) * nbytes) = rank r's send; send may be recv + rank * nbytes (in place).
     virtual void all_gather(const void *send, void *recv, size_t nbytes, void *stream) = 0;
+    // The all-reduce's own all-gathers (in place, into its registered scratch): where the transport
+    // has a copy-engine path for them (NCCL, FP8AMP_COMM_NCCL_MEMORY=window), they take it; every
+    // other all-gather (the reduce-scatter's exchange, fp8amp_comm_all_gather) stays on all_gather.
+    virtual void all_gather_scratch(const void *send, void *recv, size_t nbytes, void *stream) {
+        all_gather(send, recv, nbytes, stream);
+    }
     // Host-side agreement on k 64-bit signatures and a flag, identical on every rank: same[i] tells
     // whether every rank passed the same sigs[i]; the result whether any rank passed failed.
     // Synchronous. scratch: agree_scratch_bytes(k) of device memory (NCCL; unused by the others).

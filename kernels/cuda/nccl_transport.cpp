@@ -106,10 +106,15 @@ public:
     void group_end(void *) override { call(ncclGroupEnd(), "ncclGroupEnd"); }
     void all_gather(const void *send_buf, void *recv_buf, size_t nbytes, void *stream) override {
         check_alive();
-        // Into window memory: on the copy-engine communicator where there is one (its CTA policy
-        // NCCL_CTA_POLICY_ZERO runs all-gathers on copy engines, and only of window memory: an
-        // all-gather of other memory there fails in NCCL's ce_coll.cc with an invalid argument, so
-        // every other collective stays on comm_).
+        call(ncclAllGather(send_buf, recv_buf, nbytes, ncclUint8, comm_, static_cast<cudaStream_t>(stream)),
+             "ncclAllGather");
+    }
+    // The all-reduce's in-place all-gathers into its window scratch: on the copy-engine communicator
+    // where there is one (CTA policy NCCL_CTA_POLICY_ZERO: NCCL 2.28 runs its all-gathers on copy
+    // engines). Only these: on 2 H200s (NCCL 2.28.3) the reduce-scatter's exchange, also in place in
+    // a window, failed there ("Cuda failure 'invalid argument'" in ce_coll.cc), cause not found.
+    void all_gather_scratch(const void *send_buf, void *recv_buf, size_t nbytes, void *stream) override {
+        check_alive();
         ncclComm_t c = ce_comm_ && in_window(recv_buf, nbytes) ? ce_comm_ : comm_;
         call(ncclAllGather(send_buf, recv_buf, nbytes, ncclUint8, c, static_cast<cudaStream_t>(stream)),
              "ncclAllGather");
@@ -363,8 +368,9 @@ void nccl_unique_id(fp8amp_comm_unique_id *id) {
 // ncclCommWindowRegister), so the default is harmless where copy engines cannot be used.
 bool zero_cta_default() {
 #if defined(NCCL_CTA_POLICY_ZERO)
-    if (const char *env = std::getenv("FP8AMP_COMM_NCCL_MEMORY"))
-        if (std::strcmp(env, "window") != 0) return false;
+    // Opt-in (not the default) until its reduce-scatter runs on 2 GPUs: see all_gather_scratch.
+    const char *env = std::getenv("FP8AMP_COMM_NCCL_MEMORY");
+    if (!env || std::strcmp(env, "window") != 0) return false;
     int version = 0;
     if (ncclGetVersion(&version) != ncclSuccess || version < 22800) return false;
     const NcclRegistration &f = NcclRegistration::get();
