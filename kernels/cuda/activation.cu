@@ -6,10 +6,11 @@
 // once), and the amax and counters are order-independent integer reductions. Current scaling runs
 // two passes: an amax-only pass, then the writing pass.
 //
-// Why it is shaped so (docs/performance.md, "activation kernels"): the element math costs ~35-45
-// instructions per element while a BF16 -> FP8 stream at copy bandwidth leaves an H100 ~31 issue
-// slots per element (forward; ~50 for the backward's 5 bytes), so the kernels are issue-bound and
-// everything around the math must be near-free:
+// Why it is shaped so (docs/performance.md, "activation kernels"): an element costs 29-42 SASS
+// instructions with its load and FP8 epilogue (GELU forward 32.5, backward 41.5) while a BF16 -> FP8
+// stream at copy bandwidth leaves an H100 ~32 issue slots per element (forward; ~53 for the
+// backward's 5 bytes), so the forwards are issue-bound and everything around the math must be
+// near-free:
 // - stream_kernel (no transpose): BF16 inputs, 8 elements per 16-byte load, 2 groups of loads in
 //   flight per thread, 8-byte FP8 stores. GELU/SiLU map the element index straight through (no row,
 //   no division); SwiGLU finds the row once per 8-element group by a multiply-high division
@@ -20,9 +21,9 @@
 //   registers and written to out_t as 4-byte pieces (16 threads write 64 contiguous bytes of a
 //   transposed row). Edge tiles and unaligned buffers take a per-element path in the same kernel.
 //   Replaces the separate byte transpose (out re-read, out_t written: +2 bytes per element).
-// - FP8 quantization of a group as quantize.cu's fast path: one magnitude max (the amax; a NaN is
-//   detected by it and sends the group to the per-element path with its canonical NaN), a multiply
-//   and paired satfinite conversions.
+// - FP8 quantization of a group as quantize.cu's fast path: one max.NaN per element (the amax; a NaN
+//   is detected by it and sends the group to the per-element path with its canonical NaN), a
+//   multiply and paired satfinite conversions.
 // - activation_generic_kernel: everything else (F32/F16 inputs, dy of another dtype, unaligned
 //   buffers, SwiGLU with cols % 8 != 0); 4 elements per thread step, the row by division.
 #include <cstdint>
@@ -256,6 +257,22 @@ __device__ __forceinline__ float underflow_limit() {  // half D's smallest subno
     return D == FP8AMP_DTYPE_E4M3 ? 0x1p-10f : 0x1p-17f;
 }
 
+// max(a, b), NaN if either is (PTX max.NaN, sm_80+): one FMNMX per element finds a group's amax and
+// whether it holds a NaN (fabsf is an operand modifier), where integer magnitudes took two.
+__device__ __forceinline__ float max_nan(float a, float b) {
+    float r;
+    asm("max.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
+    return r;
+}
+
+// The largest |y| of a group (+0 for zeros), or a NaN when one of them is.
+__device__ __forceinline__ float group_abs_max(const float y[kGroup]) {
+    float m = fabsf(y[0]);
+#pragma unroll
+    for (int k = 1; k < kGroup; ++k) m = max_nan(m, fabsf(y[k]));
+    return m;
+}
+
 // One element into FP8 as the CPU quantizes it (the NaN-safe path): canonical NaN, amax, scaled,
 // encoded, counted.
 template <fp8amp_dtype D>
@@ -276,16 +293,14 @@ __device__ __forceinline__ uint8_t quantize_element(float y, float scale, float 
 // path: a scale in [FLT_MIN, FLT_MAX] turns no non-NaN into a NaN); with one, element by element.
 template <fp8amp_dtype D>
 __device__ __forceinline__ uint2 quantize_group(const float y[kGroup], float scale, float fp8_max, bool stats, Tally &t) {
-    uint32_t mag = 0;
-#pragma unroll
-    for (int k = 0; k < kGroup; ++k) mag = max(mag, __float_as_uint(y[k]) & 0x7FFFFFFFu);
-    if (mag > 0x7F800000u) {
+    const float m = group_abs_max(y);
+    if (m != m) {
         uint32_t w[2] = {0u, 0u};
 #pragma unroll
         for (int k = 0; k < kGroup; ++k) w[k / 4] |= uint32_t(quantize_element<D>(y[k], scale, fp8_max, stats, t)) << (8 * (k % 4));
         return make_uint2(w[0], w[1]);
     }
-    t.amax = max(t.amax, mag);
+    t.amax = max(t.amax, __float_as_uint(m));  // a non-negative float: its bits order like its values
     float s[kGroup];
 #pragma unroll
     for (int k = 0; k < kGroup; ++k) s[k] = y[k] * scale;
@@ -305,10 +320,7 @@ __device__ __forceinline__ uint2 quantize_group(const float y[kGroup], float sca
 
 // The amax-only pass's share of a group: NaN counts as inf.
 __device__ __forceinline__ void amax_group(const float y[kGroup], Tally &t) {
-    uint32_t mag = 0;
-#pragma unroll
-    for (int k = 0; k < kGroup; ++k) mag = max(mag, __float_as_uint(y[k]) & 0x7FFFFFFFu);
-    t.amax = max(t.amax, min(mag, 0x7F800000u));
+    t.amax = max(t.amax, min(__float_as_uint(group_abs_max(y)), 0x7F800000u));  // max.NaN's NaN is positive
 }
 
 // 8 values into a wide out (run-time dtype), canonical NaN; out + i 16-byte aligned.
