@@ -9,9 +9,9 @@
 // behind our back) and explicit fused multiply-adds (ffma: __fmaf_rn / std::fma, both correctly
 // rounded); no division, no branch (selects only). e^v (v <= 0 only: every caller passes -|z|) is a
 // magic-number rounding, an FMA Cody-Waite reduction, a degree-6 minimax polynomial by FMA Horner and
-// a two-multiply scaling; GELU-tanh and SiLU are x * sigmoid(.), sigmoid from e = e^-|z| and
-// 1 / (1 + e) by an FMA Newton reciprocal. About 30 operations an element where the first version
-// needed ~55. Measured errors against float64 (a dense sweep): docs/numerics.md 8.1.
+// a two-multiply scaling (GELU's in base 2, exp2_neg: an exact-add reduction); GELU-tanh and SiLU are
+// x * sigmoid(.), sigmoid from e = e^-|z| and 1 / (1 + e) by an FMA Newton reciprocal. About 30
+// operations an element where the first version needed ~55. Measured errors against float64 (a dense sweep): docs/numerics.md 8.1.
 #pragma once
 
 #include <cmath>
@@ -115,6 +115,28 @@ FP8AMP_HD float exp_neg(float v) {
     return fmul(fmul(p, s), 0x1p-64f);
 }
 
+// 2^w for w <= 0, as exp_neg but with the argument already in base 2, so the reduction is exact
+// adds instead of the Cody-Waite FMAs (one operation fewer): GELU folds 1/ln2 into its constants.
+//   w = max(w, -150)          2^-150 and below round to +0 (a NaN w gives -150, as in exp_neg)
+//   t = w + 1.5 * 2^23        k = t - 1.5 * 2^23 = round(w), ties to even
+//   r = w - k                 exact (|r| <= 1/2: w and k are within a factor 2, or k = 0)
+//   p = 1 + r q(r)            q: degree-5 minimax of (2^r - 1) / r on |r| <= 1/2 (FMA Horner)
+//   2^w = (p * 2^(k + 64)) * 2^-64   as in exp_neg
+FP8AMP_HD float exp2_neg(float w) {
+    w = fmax_num(w, -150.0f);
+    const float t = fadd(w, 0x1.8p23f);
+    const float r = fsub(w, fsub(t, 0x1.8p23f));
+    float q = 0x1.41fb74p-13f;
+    q = ffma(q, r, 0x1.5f3ec2p-10f);
+    q = ffma(q, r, 0x1.3b2d4ep-7f);
+    q = ffma(q, r, 0x1.c6aee8p-5f);
+    q = ffma(q, r, 0x1.ebfbdcp-3f);
+    q = ffma(q, r, 0x1.62e430p-1f);
+    const float p = ffma(q, r, 1.0f);
+    const float s = codec::bits_f32((codec::f32_bits(t) << 23) + (uint32_t(127 + 64) << 23));
+    return fmul(fmul(p, s), 0x1p-64f);
+}
+
 // The logistic function through e = e^-|z| (never overflows) and d = 1 + e in [1, 2]:
 //   sigmoid(z) = 1 / d (z >= 0), e / d (z < 0);  sigmoid(z) (1 - sigmoid(z)) = e / d^2.
 // A NaN z gives e = e^-104 (finite); the callers' other operands (z itself) carry the NaN.
@@ -122,12 +144,14 @@ FP8AMP_HD float exp_neg(float v) {
 constexpr float kGeluA = 0x1.988454p+0f;   // 2 sqrt(2 / pi)
 constexpr float kGeluB = 0x1.2444f2p-4f;   // 2 sqrt(2 / pi) * 0.044715, rounded once
 constexpr float kGeluB3 = 0x1.b6676cp-3f;  // 3 * that, rounded once
+constexpr float kGeluA2 = 0x1.26aec2p+1f;  // kGeluA / ln2 (z in base 2), rounded once
+constexpr float kGeluB2 = 0x1.a5a7d0p-4f;  // kGeluB / ln2, rounded once
 
 // GELU (tanh approximation) as 0.5 x (1 + tanh(u)) = x sigmoid(2u), 2u = z = x (A + B x^2):
-//   y = (x >= 0 ? x : x e) * rcp(1 + e),  e = e^-|z|
+//   y = (x >= 0 ? x : x e) * rcp(1 + e),  e = e^-|z| = 2^-|z2|,  z2 = z / ln2 = x (A2 + B2 x^2)
 FP8AMP_HD float gelu_tanh(float x) {
-    const float z = fmul(x, ffma(kGeluB, fmul(x, x), kGeluA));
-    const float e = exp_neg(neg_abs(z));
+    const float z2 = fmul(x, ffma(kGeluB2, fmul(x, x), kGeluA2));
+    const float e = exp2_neg(neg_abs(z2));
     return fmul(x >= 0.0f ? x : fmul(x, e), rcp_1_2(fadd(1.0f, e)));
 }
 
@@ -144,8 +168,7 @@ FP8AMP_HD float grad_clamp(float x) {
 FP8AMP_HD float gelu_tanh_grad(float x) {
     x = grad_clamp(x);
     const float x2 = fmul(x, x);
-    const float z = fmul(x, ffma(kGeluB, x2, kGeluA));
-    const float e = exp_neg(neg_abs(z));
+    const float e = exp2_neg(neg_abs(fmul(x, ffma(kGeluB2, x2, kGeluA2))));
     const float rd = rcp_1_2(fadd(1.0f, e));
     const float s = x >= 0.0f ? rd : fmul(e, rd);
     return ffma(fmul(x, ffma(kGeluB3, x2, kGeluA)), fmul(fmul(e, rd), rd), s);

@@ -7,7 +7,7 @@
 // two passes: an amax-only pass, then the writing pass.
 //
 // Why it is shaped so (docs/performance.md, "activation kernels"): an element costs 29-42 SASS
-// instructions with its load and FP8 epilogue (GELU forward 32.5, backward 41.5) while a BF16 -> FP8
+// instructions with its load and FP8 epilogue (GELU forward 31.4, backward 40.4) while a BF16 -> FP8
 // stream at copy bandwidth leaves an H100 ~32 issue slots per element (forward; ~53 for the
 // backward's 5 bytes), so the forwards are issue-bound and everything around the math must be
 // near-free:
