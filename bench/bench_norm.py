@@ -19,9 +19,9 @@ than L2), for each shape [rows, d] of BF16 activations:
     formulas under torch.compile).
 Byte counts are each kernel's own essential traffic (above), so a fraction of copy below 1 is time the
 kernel spends beyond moving its bytes (the norms' y_t is written by a separate byte transpose: its extra
-read and write show up here; the activations write y_t from the same kernel). Writes bench/results/norm-<device>-<date>.json (or --out), prints a table,
-and checks fp8amp's E4M3 output against torch's within one FP8 step (not bitwise: the reduction orders
-differ).
+read and write show up here; the activations write y_t from the same kernel). Writes
+bench/results/norm-<device>-<date>.json (or --out), prints a table, and checks fp8amp's E4M3 output
+against torch's within one FP8 step (not bitwise: the reduction orders differ).
 
 Usage: python3 bench/bench_norm.py --lib build/libfp8amp.so [--shapes 16384x1024,8192x4096] [--out FILE]
        [--only norm|activation] [--fp8amp-only]
