@@ -18,12 +18,13 @@ than L2), for each shape [rows, d] of BF16 activations:
     manages), and the backward (aten's native_layer_norm_backward; autograd of rms_norm; the
     formulas under torch.compile).
 Byte counts are each kernel's own essential traffic (above), so a fraction of copy below 1 is time the
-kernel spends beyond moving its bytes (fp8amp's y_t is written by a separate byte transpose: its extra
-read and write show up here). Writes bench/results/norm-<device>-<date>.json (or --out), prints a table,
-and checks fp8amp's E4M3 output against torch's within one FP8 step (not bitwise: the reduction orders
-differ).
+kernel spends beyond moving its bytes (the norms' y_t is written by a separate byte transpose: its extra
+read and write show up here; the activations write y_t from the same kernel). Writes
+bench/results/norm-<device>-<date>.json (or --out), prints a table, and checks fp8amp's E4M3 output
+against torch's within one FP8 step (not bitwise: the reduction orders differ).
 
 Usage: python3 bench/bench_norm.py --lib build/libfp8amp.so [--shapes 16384x1024,8192x4096] [--out FILE]
+       [--only norm|activation] [--fp8amp-only]
 """
 import argparse
 import datetime
@@ -52,6 +53,8 @@ def main():
     ap.add_argument("--out")
     ap.add_argument("--commit", default=os.environ.get("FP8AMP_COMMIT", "unknown"))
     ap.add_argument("--fp8amp-only", action="store_true", help="skip the PyTorch peers")
+    ap.add_argument("--only", choices=("all", "norm", "activation"), default="all",
+                    help="run only the norm or only the activation cases (and copy)")
     args = ap.parse_args()
     lib = Lib(args.lib)
     L = lib.lib
@@ -116,7 +119,8 @@ def main():
 
         fwd = L.fp8amp_norm_forward
         bwd = L.fp8amp_norm_backward
-        for kind, desc, has_b in (("layernorm", desc_ln, True), ("rmsnorm", desc_rms, False)):
+        norm_kinds = (("layernorm", desc_ln, True), ("rmsnorm", desc_rms, False))
+        for kind, desc, has_b in (() if args.only == "activation" else norm_kinds):
             b = hb if has_b else null
             m = hmean if has_b else null
             pre = f"{kind}.{tag}"
@@ -149,7 +153,7 @@ def main():
                            "within_one_step": bool(((got - want).abs() <= step).all()),
                            "fraction_equal": float((got == want).float().mean())}
 
-        if not args.fp8amp_only:
+        if not args.fp8amp_only and args.only != "activation":
             sc = torch.tensor(scale, device="cuda")
             rms_norm = getattr(F, "rms_norm", None)
 
@@ -222,31 +226,39 @@ def main():
         e5 = torch.empty(rows, d, device="cuda", dtype=torch.uint8)
         e5t = torch.empty(d, rows, device="cuda", dtype=torch.uint8)
         yh8 = torch.empty(rows, d // 2, device="cuda", dtype=torch.uint8)
+        yh8t = torch.empty(d // 2, rows, device="cuda", dtype=torch.uint8)
         hh = [lib.wrap(ctx, x, C.BF16) for x in xs]
         dyh = [t[:, : d // 2].contiguous() for t in dys]
         hdyh = [lib.wrap(ctx, t, C.BF16) for t in dyh]
         he5, he5t, hyh8 = lib.wrap(ctx, e5, C.E5M2), lib.wrap(ctx, e5t, C.E5M2), lib.wrap(ctx, yh8, C.E4M3)
+        hyh8t, hyh8c = lib.wrap(ctx, yh8t, C.E4M3), lib.wrap(ctx, yh8, C.E4M3)
         meta5 = lib.scaling(ctx, dtype=C.E5M2, scale=1024.0)
         for h in (he5, he5t):
             lib("fp8amp_tensor_set_scaling", h, meta5)
         lib("fp8amp_tensor_set_scaling", hyh8, meta)
+        lib("fp8amp_tensor_set_scaling", hyh8t, meta)
+        lib("fp8amp_tensor_set_scaling", hyh8c, meta_cur)
         afwd, abwd = L.fp8amp_activation_forward, L.fp8amp_activation_backward
-        for name, kind in (("gelu_tanh", L.FP8AMP_ACTIVATION_GELU_TANH), ("silu", L.FP8AMP_ACTIVATION_SILU),
-                           ("swiglu", L.FP8AMP_ACTIVATION_SWIGLU)):
+        act_kinds = (("gelu_tanh", L.FP8AMP_ACTIVATION_GELU_TANH), ("silu", L.FP8AMP_ACTIVATION_SILU),
+                     ("swiglu", L.FP8AMP_ACTIVATION_SWIGLU))
+        for name, kind in (() if args.only == "norm" else act_kinds):
             glu = name == "swiglu"
             yo, dyo = (hyh8, hdyh) if glu else (hy8, hdy)
+            yot, yoc = (hyh8t, hyh8c) if glu else (hy8t, hy8c)
             lib("fp8amp_activation_forward", ctx, kind, hh[0], yo, null)
             lib("fp8amp_activation_backward", ctx, kind, dyo[0], hh[0], he5, null)
             out_b = n // 2 if glu else n
             record(f"fp8amp.{name}.{tag}.fwd.e4m3", bench(lambda i: afwd(ctx, kind, hh[i], yo, null), rot_s), 2 * n + out_b)
-            if not glu:
-                record(f"fp8amp.{name}.{tag}.fwd.e4m3+t", bench(lambda i: afwd(ctx, kind, hh[i], hy8, hy8t), rot_s),
-                       4 * n, "y_t by a separate byte transpose")
+            # +t: y and y_t written by the same (tile) kernel; bytes: x read, y and y_t written
+            record(f"fp8amp.{name}.{tag}.fwd.e4m3+t", bench(lambda i: afwd(ctx, kind, hh[i], yo, yot), rot_s),
+                   2 * n + 2 * out_b, "y_t fused (tile kernel)")
+            record(f"fp8amp.{name}.{tag}.fwd.e4m3.current", bench(lambda i: afwd(ctx, kind, hh[i], yoc, null), rot_s),
+                   4 * n + out_b, "amax pass + writing pass")
             record(f"fp8amp.{name}.{tag}.bwd.e5m2", bench(lambda i: abwd(ctx, kind, dyo[i], hh[0], he5, null), rot_s),
                    2 * out_b + 3 * n, "dy rotated, x fixed")
             record(f"fp8amp.{name}.{tag}.bwd.e5m2+t", bench(lambda i: abwd(ctx, kind, dyo[i], hh[0], he5, he5t), rot_s),
-                   2 * out_b + 4 * n, "dx_t by a separate byte transpose")
-        if not args.fp8amp_only:
+                   2 * out_b + 4 * n, "dx_t fused (tile kernel)")
+        if not args.fp8amp_only and args.only != "norm":
             sc = torch.tensor(scale, device="cuda")
             sc5 = torch.tensor(1024.0, device="cuda")
             E5 = torch.float8_e5m2
@@ -291,7 +303,7 @@ def main():
                            2 * out_b + 3 * n)
                 except Exception as e:
                     results["torch_compile_error"] = str(e)[:300]
-        for h in hh + hdyh + [he5, he5t, hyh8]:
+        for h in hh + hdyh + [he5, he5t, hyh8, hyh8t, hyh8c]:
             lib("fp8amp_tensor_destroy", h)
         lib("fp8amp_scaling_destroy", meta5)
 

@@ -3,11 +3,15 @@
 // (fp8amp_activation_forward / _backward).
 //
 // Bit identity between the CPU and CUDA needs the transcendental functions too: libm's expf/tanhf and
-// CUDA's differ in their last bits. So exp is computed here from IEEE float32 multiplies and adds
-// only (each rounded once; no FMA: __f*_rn on the device, -ffp-contract=off on the CPU): Cody-Waite
-// reduction x = k ln2 + r, |r| <= ln2 / 2, a degree-7 Taylor polynomial of e^r, and the exact scaling
-// by 2^k. Its error is at most 1.21 ulp as measured (docs/numerics.md 8.1), far below what FP8 or
-// BF16 keep.
+// CUDA's differ in their last bits. So every function here is a fixed sequence of IEEE float32
+// operations, each rounded once to nearest even, the same on both devices: multiplies and adds
+// (__f*_rn on the device; the CPU file is compiled with -ffp-contract=off, so nothing is contracted
+// behind our back) and explicit fused multiply-adds (ffma: __fmaf_rn / std::fma, both correctly
+// rounded); no division, no branch (selects only). e^v (v <= 0 only: every caller passes -|z|) is a
+// magic-number rounding, an FMA Cody-Waite reduction, a degree-6 minimax polynomial by FMA Horner and
+// a two-multiply scaling (GELU's in base 2, exp2_neg: an exact-add reduction); GELU-tanh and SiLU are
+// x * sigmoid(.), sigmoid from e = e^-|z| and 1 / (1 + e) by an FMA Newton reciprocal. About 30
+// operations an element where the first version needed ~55. Measured errors against float64 (a dense sweep): docs/numerics.md 8.1.
 #pragma once
 
 #include <cmath>
@@ -41,94 +45,178 @@ struct ActivationArgs {
 namespace act {
 
 using norm::fadd;
-using norm::fdiv;
 using norm::fmul;
 using norm::fsub;
 
-FP8AMP_HD float pow2(int k) { return codec::bits_f32(static_cast<uint32_t>(127 + k) << 23); }  // -126..127
-
-FP8AMP_HD float floor_f(float v) {
+// a * b + c rounded once (IEEE fusedMultiplyAdd): the same bits on both devices. glibc's fmaf is
+// correctly rounded (the hardware FMA where there is one), as is __fmaf_rn.
+FP8AMP_HD float ffma(float a, float b, float c) {
 #if defined(__CUDA_ARCH__)
-    return floorf(v);
+    return __fmaf_rn(a, b, c);
 #else
-    return std::floor(v);
+    return std::fma(a, b, c);
 #endif
 }
 
-// e^x in float32 from IEEE multiplies and adds (see the top). NaN stays NaN; overflow gives inf;
-// underflow goes through the subnormals to +0.
-FP8AMP_HD float exp(float x) {
-    if (x != x) return x;
-    if (x > 88.72283935546875f) return codec::bits_f32(0x7F800000u);
-    if (x < -103.97208404541015625f) return 0.0f;
-    const float kf = floor_f(fadd(fmul(x, 0x1.715476p+0f /* 1/ln2 */), 0.5f));  // round(x / ln2)
-    const int k = static_cast<int>(kf);
-    // ln2 = hi + lo, hi with 16 significant bits, so kf * hi is exact for |k| <= 150.
-    const float r = fsub(fsub(x, fmul(kf, 0.693145751953125f)), fmul(kf, 0x1.7f7d1cp-20f));
-    float p = 0x1.a01a02p-13f /* 1/5040 */;
-    p = fadd(fmul(p, r), 0x1.6c16c2p-10f /* 1/720 */);
-    p = fadd(fmul(p, r), 0x1.111112p-7f /* 1/120 */);
-    p = fadd(fmul(p, r), 0x1.555556p-5f /* 1/24 */);
-    p = fadd(fmul(p, r), 0x1.555556p-3f /* 1/6 */);
-    p = fadd(fmul(p, r), 0.5f);
-    p = fadd(fmul(p, r), 1.0f);
-    p = fadd(fmul(p, r), 1.0f);
-    // p * 2^k in two exact steps (2^k itself may not be a normal float).
-    if (k > 127) return fmul(fmul(p, pow2(127)), pow2(k - 127));
-    if (k < -126) return fmul(fmul(p, pow2(-126)), pow2(k + 126));
-    return fmul(p, pow2(k));
+// max(v, lo) with IEEE maxNum semantics (a NaN v gives lo), the same on both devices.
+FP8AMP_HD float fmax_num(float v, float lo) {
+#if defined(__CUDA_ARCH__)
+    return fmaxf(v, lo);
+#else
+    return std::fmax(v, lo);
+#endif
 }
 
-// 1 / (1 + e^-x).
-FP8AMP_HD float sigmoid(float x) { return fdiv(1.0f, fadd(1.0f, exp(-x))); }
-
-// tanh(z) = (e^2z - 1) / (e^2z + 1); +-1 beyond |z| = 10 (tanh(10) rounds to 1 in float32).
-FP8AMP_HD float tanh(float z) {
-    if (z != z) return z;
-    if (z > 10.0f) return 1.0f;
-    if (z < -10.0f) return -1.0f;
-    const float e = exp(fmul(2.0f, z));
-    return fdiv(fsub(e, 1.0f), fadd(e, 1.0f));
+// -|v| (exact: the sign bit set; an operand modifier on the GPU).
+FP8AMP_HD float neg_abs(float v) {
+#if defined(__CUDA_ARCH__)
+    return -fabsf(v);
+#else
+    return -std::fabs(v);
+#endif
 }
 
-constexpr float kGeluC0 = 0x1.988454p-1f;  // sqrt(2 / pi)
-constexpr float kGeluC1 = 0x1.6e4e26p-5f;  // 0.044715
-constexpr float kGeluC1x3 = 0x1.12ba9cp-3f;  // 3 * kGeluC1, rounded
+// 1 / d for d in [1, 2] (every caller's d is 1 + e^-|z|) without a division: a quadratic minimax first
+// guess (relative error 2^-6.6) and two Newton steps y += y (1 - d y), each two FMAs: 2^-26 before the
+// last rounding, so within 0.672 ulp (every float32 d in [1, 2]; 4.3% of them not the correctly
+// rounded 1 / d); the same bits on both devices, and six FMAs where an IEEE division costs a
+// reciprocal, five FMAs, a range check and a branch on the GPU.
+FP8AMP_HD float rcp_1_2(float d) {
+    float y = ffma(ffma(0x1.4afd6ep-2f, d, -0x1.745d1ep+0f), d, 0x1.0f83e4p+1f);
+    y = ffma(y, ffma(-d, y, 1.0f), y);
+    return ffma(y, ffma(-d, y, 1.0f), y);
+}
 
-// GELU (tanh approximation): u = c0 (x + c1 x^3), y = 0.5 x (1 + tanh(u)).
+// e^v for v <= 0 (every caller passes -|z|), in [+0, 1]: no overflow, so no branch.
+//   v = max(v, -104)                       e^-104 and below round to +0 alike; a NaN v becomes -104,
+//                                          so the callers carry the NaN through their other operands
+//   t = fma(v, 1/ln2, 1.5 * 2^23)          round(v / ln2) + 1.5 * 2^23 (the magic-number rounding:
+//   k = t - 1.5 * 2^23                     exact, |v / ln2| < 2^22), ties to even
+//   r = fma(k, -ln2_lo, fma(k, -ln2_hi, v))   |r| <= ln2 / 2 (+ a few ulp)
+//   p = 1 + r (1 + r q(r))                 q: degree-4 minimax of (e^r - 1 - r) / r^2 (FMA Horner)
+//   e^v = (p * 2^(k + 64)) * 2^-64         k in [-150, 0]: 2^(k + 64) is a normal float, the first
+//                                          product is exact, the second rounds once (into the
+//                                          subnormals where e^v is one). 2^(k + 64) is made from t's
+//                                          bits: t's low mantissa bits hold k, so bits(t) << 23 is
+//                                          k << 23 modulo 2^32.
+FP8AMP_HD float exp_neg(float v) {
+    v = fmax_num(v, -104.0f);
+    const float t = ffma(v, 0x1.715476p+0f, 0x1.8p23f);
+    const float k = fsub(t, 0x1.8p23f);
+    float r = ffma(k, -0x1.62e430p-1f, v);
+    r = ffma(k, 0x1.05c610p-29f, r);
+    float q = 0x1.6a23d0p-10f;
+    q = ffma(q, r, 0x1.123a20p-7f);
+    q = ffma(q, r, 0x1.5558f2p-5f);
+    q = ffma(q, r, 0x1.555492p-3f);
+    q = ffma(q, r, 0x1.fffffcp-2f);
+    const float p = ffma(ffma(q, r, 1.0f), r, 1.0f);
+    const float s = codec::bits_f32((codec::f32_bits(t) << 23) + (uint32_t(127 + 64) << 23));
+    return fmul(fmul(p, s), 0x1p-64f);
+}
+
+// 2^w for w <= 0, as exp_neg but with the argument already in base 2, so the reduction is exact
+// adds instead of the Cody-Waite FMAs (one operation fewer): GELU folds 1/ln2 into its constants.
+//   w = max(w, -150)          2^-150 and below round to +0 (a NaN w gives -150, as in exp_neg)
+//   t = w + 1.5 * 2^23        k = t - 1.5 * 2^23 = round(w), ties to even
+//   r = w - k                 exact (|r| <= 1/2: w and k are within a factor 2, or k = 0)
+//   p = 1 + r q(r)            q: degree-5 minimax of (2^r - 1) / r on |r| <= 1/2 (FMA Horner)
+//   2^w = (p * 2^(k + 64)) * 2^-64   as in exp_neg
+FP8AMP_HD float exp2_neg(float w) {
+    w = fmax_num(w, -150.0f);
+    const float t = fadd(w, 0x1.8p23f);
+    const float r = fsub(w, fsub(t, 0x1.8p23f));
+    float q = 0x1.41fb74p-13f;
+    q = ffma(q, r, 0x1.5f3ec2p-10f);
+    q = ffma(q, r, 0x1.3b2d4ep-7f);
+    q = ffma(q, r, 0x1.c6aee8p-5f);
+    q = ffma(q, r, 0x1.ebfbdcp-3f);
+    q = ffma(q, r, 0x1.62e430p-1f);
+    const float p = ffma(q, r, 1.0f);
+    const float s = codec::bits_f32((codec::f32_bits(t) << 23) + (uint32_t(127 + 64) << 23));
+    return fmul(fmul(p, s), 0x1p-64f);
+}
+
+// The logistic function through e = e^-|z| (never overflows) and d = 1 + e in [1, 2]:
+//   sigmoid(z) = 1 / d (z >= 0), e / d (z < 0);  sigmoid(z) (1 - sigmoid(z)) = e / d^2.
+// A NaN z gives e = e^-104 (finite); the callers' other operands (z itself) carry the NaN.
+
+constexpr float kGeluA = 0x1.988454p+0f;   // 2 sqrt(2 / pi)
+constexpr float kGeluB = 0x1.2444f2p-4f;   // 2 sqrt(2 / pi) * 0.044715, rounded once
+constexpr float kGeluB3 = 0x1.b6676cp-3f;  // 3 * that, rounded once
+constexpr float kGeluA2 = 0x1.26aec2p+1f;  // kGeluA / ln2 (z in base 2), rounded once
+constexpr float kGeluB2 = 0x1.a5a7d0p-4f;  // kGeluB / ln2, rounded once
+
+// GELU (tanh approximation) as 0.5 x (1 + tanh(u)) = x sigmoid(2u), 2u = z = x (A + B x^2):
+//   y = (x >= 0 ? x : x e) * rcp(1 + e),  e = e^-|z| = 2^-|z2|,  z2 = z / ln2 = x (A2 + B2 x^2)
 FP8AMP_HD float gelu_tanh(float x) {
-    const float u = fmul(kGeluC0, fadd(x, fmul(kGeluC1, fmul(fmul(x, x), x))));
-    return fmul(fmul(0.5f, x), fadd(1.0f, tanh(u)));
+    const float z2 = fmul(x, ffma(kGeluB2, fmul(x, x), kGeluA2));
+    const float e = exp2_neg(neg_abs(z2));
+    return fmul(x >= 0.0f ? x : fmul(x, e), rcp_1_2(fadd(1.0f, e)));
 }
-// dy/dx = 0.5 (1 + t) + 0.5 x (1 - t^2) c0 (1 + 3 c1 x^2).
+
+// A finite x beyond +-1e4 (x^2 or x^3 would overflow for x beyond ~1.8e19, and inf * 0 make a NaN)
+// gives the same gradient as +-1e4, the limit (1 or 0) to float32; +-inf likewise: f'(+inf) = 1,
+// f'(-inf) = +0. The selects keep a NaN x (every comparison with it is false).
+FP8AMP_HD float grad_clamp(float x) {
+    x = x < -1e4f ? -1e4f : x;
+    return x > 1e4f ? 1e4f : x;
+}
+
+// dy/dx = sigmoid(z) + x z' sigmoid(z) (1 - sigmoid(z)),  z' = A + 3B x^2:
+//   rd = 1 / d;  s = (x >= 0 ? rd : e rd);  s + (x z') (e rd^2)    (the last step one FMA)
 FP8AMP_HD float gelu_tanh_grad(float x) {
+    x = grad_clamp(x);
     const float x2 = fmul(x, x);
-    const float t = tanh(fmul(kGeluC0, fadd(x, fmul(kGeluC1, fmul(x2, x)))));
-    const float a = fmul(0.5f, fadd(1.0f, t));
-    const float du = fmul(kGeluC0, fadd(1.0f, fmul(kGeluC1x3, x2)));
-    return fadd(a, fmul(fmul(fmul(0.5f, x), fsub(1.0f, fmul(t, t))), du));
+    const float e = exp2_neg(neg_abs(fmul(x, ffma(kGeluB2, x2, kGeluA2))));
+    const float rd = rcp_1_2(fadd(1.0f, e));
+    const float s = x >= 0.0f ? rd : fmul(e, rd);
+    return ffma(fmul(x, ffma(kGeluB3, x2, kGeluA)), fmul(fmul(e, rd), rd), s);
 }
 
-FP8AMP_HD float silu(float x) { return fmul(x, sigmoid(x)); }
-// dy/dx = s (1 + x (1 - s)).
-FP8AMP_HD float silu_grad(float x) {
-    const float s = sigmoid(x);
-    return fmul(s, fadd(1.0f, fmul(x, fsub(1.0f, s))));
+// SiLU's shared parts: e = e^-|x|, d = 1 + e, num = (x >= 0 ? x : x e), so silu(x) = num / d. The
+// SwiGLU backward (CUDA) computes silu(a) and silu'(a) from one evaluation; the CPU calls the two
+// functions, which compute the same parts the same way (same bits).
+struct SiluParts {
+    float e, d, num;
+};
+FP8AMP_HD SiluParts silu_parts(float x) {
+    const float e = exp_neg(neg_abs(x));
+    return {e, fadd(1.0f, e), x >= 0.0f ? x : fmul(x, e)};
 }
+FP8AMP_HD float silu_of(const SiluParts &p) { return fmul(p.num, rcp_1_2(p.d)); }
+// dy/dx = s + x s (1 - s) = s + (x e) rd^2, s = sigmoid(x) (rd or e rd), rd = 1 / d. e comes from the
+// unclamped x: for |x| >= 1e4 both give e^-104 (exp_neg's clamp), so it equals e of grad_clamp(x).
+FP8AMP_HD float silu_grad_of(const SiluParts &p, float x) {
+    x = grad_clamp(x);
+    const float rd = rcp_1_2(p.d);
+    const float s = x >= 0.0f ? rd : fmul(p.e, rd);
+    return ffma(fmul(x, p.e), fmul(rd, rd), s);
+}
+FP8AMP_HD float silu(float x) { return silu_of(silu_parts(x)); }
+FP8AMP_HD float silu_grad(float x) { return silu_grad_of(silu_parts(x), x); }
 
-// The forward's output element from its inputs: x (SwiGLU: a = x[r, c], b = x[r, cols + c]).
-FP8AMP_HD float forward_value(int32_t kind, float x, float b) {
-    const float y = kind == kGeluTanh ? gelu_tanh(x) : kind == kSilu ? silu(x) : fmul(silu(x), b);
-    return norm::canonical(y);
+// The forward's output element from its inputs: x (SwiGLU: a = x[r, c], b = x[r, cols + c]); NaN
+// not yet canonical (forward_value makes it so).
+FP8AMP_HD float forward_raw(int32_t kind, float x, float b) {
+    return kind == kGeluTanh ? gelu_tanh(x) : kind == kSilu ? silu(x) : fmul(silu(x), b);
 }
+FP8AMP_HD float forward_value(int32_t kind, float x, float b) { return norm::canonical(forward_raw(kind, x, b)); }
 // The backward's output element: dx = dy * f'(x); SwiGLU, for column c of the first half (da) or of
 // the second (db, second_half): da = (dy * b) * silu'(a), db = dy * silu(a).
+FP8AMP_HD float backward_raw(int32_t kind, float dy, float x, float b, bool second_half) {
+    if (kind == kGeluTanh) return fmul(dy, gelu_tanh_grad(x));
+    if (kind == kSilu) return fmul(dy, silu_grad(x));
+    return second_half ? fmul(dy, silu(x)) : fmul(fmul(dy, b), silu_grad(x));
+}
 FP8AMP_HD float backward_value(int32_t kind, float dy, float x, float b, bool second_half) {
-    float v;
-    if (kind == kGeluTanh) v = fmul(dy, gelu_tanh_grad(x));
-    else if (kind == kSilu) v = fmul(dy, silu_grad(x));
-    else v = second_half ? fmul(dy, silu(x)) : fmul(fmul(dy, b), silu_grad(x));
-    return norm::canonical(v);
+    return norm::canonical(backward_raw(kind, dy, x, b, second_half));
+}
+// SwiGLU's two backward elements of column c from one evaluation: the same bits as backward_raw's.
+FP8AMP_HD void swiglu_backward_raw(float dy, float a, float b, float &da, float &db) {
+    const SiluParts p = silu_parts(a);
+    db = fmul(dy, silu_of(p));
+    da = fmul(fmul(dy, b), silu_grad_of(p, a));
 }
 
 }  // namespace act

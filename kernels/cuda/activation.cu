@@ -1,10 +1,31 @@
 // Fused activations on CUDA (kernels/activation.hpp): GELU (tanh), SiLU, SwiGLU forward into a wide
 // or FP8 y, backward into a wide or FP8 dx, the quantize's amax, statistics and scale_inv fused (the
-// per-block epilogue of casting_common.cuh), the transpose by the byte transpose of linear_aux.cu.
+// per-block epilogue of casting_common.cuh), and the transposed FP8 copy written by the same kernel.
 // Bit-identical to kernels/cpu/activation.cpp: each output element is the same inline arithmetic of
-// the inputs (act::forward_value / backward_value, exp from __f*_rn multiplies and adds), and the
-// amax and counters are order-independent integer reductions. Current scaling runs the kernel twice:
-// an amax-only pass, then the writing pass.
+// the inputs (act::forward_value / backward_value: IEEE float32 operations and FMAs, each rounded
+// once), and the amax and counters are order-independent integer reductions. Current scaling runs
+// two passes: an amax-only pass, then the writing pass.
+//
+// Why it is shaped so (docs/performance.md, "activation kernels"): an element costs 29-42 SASS
+// instructions with its load and FP8 epilogue (GELU forward 31.4, backward 40.4) while a BF16 -> FP8
+// stream at copy bandwidth leaves an H100 ~32 issue slots per element (forward; ~53 for the
+// backward's 5 bytes), so the forwards are issue-bound and everything around the math must be
+// near-free:
+// - stream_kernel (no transpose): BF16 inputs, 8 elements per 16-byte load, 2 groups of loads in
+//   flight per thread, 8-byte FP8 stores. GELU/SiLU map the element index straight through (no row,
+//   no division); SwiGLU finds the row once per 8-element group by a multiply-high division
+//   (FastDiv), and its backward writes da and db of the same column group from one evaluation of
+//   silu(a) / silu'(a) (one exp and two divisions for two outputs).
+// - tile_kernel ("+t": out_t requested): 64 x 64 output tiles; each tile's FP8 bytes go to out
+//   (8-byte row stores) and to a padded shared-memory tile, then 4 x 4 byte blocks are transposed in
+//   registers and written to out_t as 4-byte pieces (16 threads write 64 contiguous bytes of a
+//   transposed row). Edge tiles and unaligned buffers take a per-element path in the same kernel.
+//   Replaces the separate byte transpose (out re-read, out_t written: +2 bytes per element).
+// - FP8 quantization of a group as quantize.cu's fast path: one max.NaN per element (the amax; a NaN
+//   is detected by it and sends the group to the per-element path with its canonical NaN), a
+//   multiply and paired satfinite conversions.
+// - activation_generic_kernel: everything else (F32/F16 inputs, dy of another dtype, unaligned
+//   buffers, SwiGLU with cols % 8 != 0); 4 elements per thread step, the row by division.
 #include <cstdint>
 #include <type_traits>
 
@@ -74,7 +95,7 @@ __device__ __forceinline__ bool aligned4(const void *p, fp8amp_dtype dt) {
 // once for them and every input is read, and the output written, as one vector; otherwise each
 // element finds its own row and column.
 template <fp8amp_dtype D, bool kWrite, bool kBackward>
-__global__ void __launch_bounds__(kThreads) activation_kernel(const ActivationArgs a) {
+__global__ void __launch_bounds__(kThreads) activation_generic_kernel(const ActivationArgs a) {
     constexpr bool kFp8 = D == FP8AMP_DTYPE_E4M3 || D == FP8AMP_DTYPE_E5M2;
     const bool glu = a.kind == kSwiglu;
     const int64_t in_cols = glu ? 2 * a.cols : a.cols;
@@ -190,33 +211,452 @@ __global__ void __launch_bounds__(kThreads) activation_kernel(const ActivationAr
     }
 }
 
+
+// ---- the vectorized BF16 kernels ------------------------------------------------------------------
+
+constexpr int kGroup = 8;  // elements per group: one 16-byte BF16 load, one 8-byte FP8 store
+
+// n / d for 32-bit n by a multiply-high (Granlund-Montgomery, the round-up variant with the extra
+// add, valid for every 32-bit n and d >= 1): the SwiGLU row of a group without an integer division.
+struct FastDiv {
+    uint32_t d = 1, m = 1, s1 = 0, s2 = 0;
+};
+FastDiv make_fastdiv(uint32_t d) {
+    uint32_t l = 0;
+    while ((uint64_t(1) << l) < d) ++l;
+    FastDiv f;
+    f.d = d;
+    f.m = static_cast<uint32_t>(((uint64_t(1) << 32) * ((uint64_t(1) << l) - d)) / d + 1);
+    f.s1 = l ? 1 : 0;
+    f.s2 = l ? l - 1 : 0;
+    return f;
+}
+__device__ __forceinline__ uint32_t fast_div(uint32_t n, const FastDiv &f) {
+    const uint32_t t = __umulhi(n, f.m);
+    return (t + ((n - t) >> f.s1)) >> f.s2;
+}
+
+__device__ __forceinline__ uint4 load16(const void *p) { return __ldg(reinterpret_cast<const uint4 *>(p)); }
+
+// 8 BF16 -> float (exact: the bits shifted up).
+__device__ __forceinline__ void bf16x8(const uint4 v, float f[kGroup]) {
+    const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        f[2 * i] = __uint_as_float(w[i] << 16);
+        f[2 * i + 1] = __uint_as_float(w[i] & 0xFFFF0000u);
+    }
+}
+
+template <fp8amp_dtype D>
+__device__ __forceinline__ uint16_t fp8x2(float a, float b) {
+    return __nv_cvt_float2_to_fp8x2(make_float2(a, b), __NV_SATFINITE, D == FP8AMP_DTYPE_E4M3 ? __NV_E4M3 : __NV_E5M2);
+}
+template <fp8amp_dtype D>
+__device__ __forceinline__ float underflow_limit() {  // half D's smallest subnormal: |y| at or below rounds to 0
+    return D == FP8AMP_DTYPE_E4M3 ? 0x1p-10f : 0x1p-17f;
+}
+
+// max(a, b), NaN if either is (PTX max.NaN, sm_80+): one FMNMX per element finds a group's amax and
+// whether it holds a NaN (fabsf is an operand modifier), where integer magnitudes took two.
+__device__ __forceinline__ float max_nan(float a, float b) {
+    float r;
+    asm("max.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
+    return r;
+}
+
+// The largest |y| of a group (+0 for zeros), or a NaN when one of them is.
+__device__ __forceinline__ float group_abs_max(const float y[kGroup]) {
+    float m = fabsf(y[0]);
+#pragma unroll
+    for (int k = 1; k < kGroup; ++k) m = max_nan(m, fabsf(y[k]));
+    return m;
+}
+
+// One element into FP8 as the CPU quantizes it (the NaN-safe path): canonical NaN, amax, scaled,
+// encoded, counted.
+template <fp8amp_dtype D>
+__device__ __forceinline__ uint8_t quantize_element(float y, float scale, float fp8_max, bool stats, Tally &t) {
+    y = norm::canonical(y);
+    t.amax = max(t.amax, amax_bits_of(y));
+    const float s = scaled(y, scale);
+    const uint8_t q = from_f32<D>(s);
+    if (stats) {
+        t.saturated += (fabsf(s) > fp8_max) ? 1u : 0u;  // false for NaN
+        t.underflowed += (y != 0.0f && y == y && (q & 0x7Fu) == 0) ? 1u : 0u;
+    }
+    return q;
+}
+
+// 8 raw (not yet canonical) values into 8 FP8 codes, the same bits as quantize_element's: without a
+// NaN, one magnitude max (the amax), multiplies and paired satfinite conversions (quantize.cu's fast
+// path: a scale in [FLT_MIN, FLT_MAX] turns no non-NaN into a NaN); with one, element by element.
+template <fp8amp_dtype D>
+__device__ __forceinline__ uint2 quantize_group(const float y[kGroup], float scale, float fp8_max, bool stats, Tally &t) {
+    const float m = group_abs_max(y);
+    if (m != m) {
+        uint32_t w[2] = {0u, 0u};
+#pragma unroll
+        for (int k = 0; k < kGroup; ++k) w[k / 4] |= uint32_t(quantize_element<D>(y[k], scale, fp8_max, stats, t)) << (8 * (k % 4));
+        return make_uint2(w[0], w[1]);
+    }
+    t.amax = max(t.amax, __float_as_uint(m));  // a non-negative float: its bits order like its values
+    float s[kGroup];
+#pragma unroll
+    for (int k = 0; k < kGroup; ++k) s[k] = y[k] * scale;
+    uint32_t w[2];
+#pragma unroll
+    for (int k = 0; k < 2; ++k)
+        w[k] = uint32_t(fp8x2<D>(s[4 * k], s[4 * k + 1])) | (uint32_t(fp8x2<D>(s[4 * k + 2], s[4 * k + 3])) << 16);
+    if (stats) {
+#pragma unroll
+        for (int k = 0; k < kGroup; ++k) {
+            t.saturated += fabsf(s[k]) > fp8_max ? 1u : 0u;
+            t.underflowed += (y[k] != 0.0f && fabsf(s[k]) <= underflow_limit<D>()) ? 1u : 0u;
+        }
+    }
+    return make_uint2(w[0], w[1]);
+}
+
+// The amax-only pass's share of a group: NaN counts as inf.
+__device__ __forceinline__ void amax_group(const float y[kGroup], Tally &t) {
+    t.amax = max(t.amax, min(__float_as_uint(group_abs_max(y)), 0x7F800000u));  // max.NaN's NaN is positive
+}
+
+// 8 values into a wide out (run-time dtype), canonical NaN; out + i 16-byte aligned.
+__device__ __forceinline__ void store_wide8(void *out, fp8amp_dtype dt, size_t i, const float y[kGroup]) {
+    float v[kGroup];
+#pragma unroll
+    for (int k = 0; k < kGroup; ++k) v[k] = norm::canonical(y[k]);
+    if (dt == FP8AMP_DTYPE_F32) {
+        auto *p = reinterpret_cast<float4 *>(static_cast<float *>(out) + i);
+        p[0] = make_float4(v[0], v[1], v[2], v[3]);
+        p[1] = make_float4(v[4], v[5], v[6], v[7]);
+        return;
+    }
+    uint32_t w[4];
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+        const uint16_t lo = dt == FP8AMP_DTYPE_F16 ? from_f32<FP8AMP_DTYPE_F16>(v[2 * k]) : from_f32<FP8AMP_DTYPE_BF16>(v[2 * k]);
+        const uint16_t hi = dt == FP8AMP_DTYPE_F16 ? from_f32<FP8AMP_DTYPE_F16>(v[2 * k + 1]) : from_f32<FP8AMP_DTYPE_BF16>(v[2 * k + 1]);
+        w[k] = uint32_t(lo) | (uint32_t(hi) << 16);
+    }
+    *reinterpret_cast<uint4 *>(static_cast<uint16_t *>(out) + i) = make_uint4(w[0], w[1], w[2], w[3]);
+}
+
+// What a group's inputs are: x (a), b (SwiGLU) and dy (backward), as loaded.
+struct GroupIn {
+    uint4 x, b, dy;
+};
+
+// Output modes of stream_kernel: FP8 codes (with the epilogue), the amax only, or a wide out.
+enum OutMode : int { kOutFp8 = 0, kOutAmax = 1, kOutWide = 2 };
+
+// The streaming kernel (no transpose). Group g: GELU/SiLU elements 8g..8g+7 of x, dy and out (the
+// n % 8 tail elements one by one at the end); SwiGLU the forward's columns 8j..8j+7 of row r,
+// g = r * cols / 8 + j: a at x[r, 8j], b at x[r, cols + 8j], dy at 8g; the forward writes out at 8g,
+// the backward da at dx[r, 8j] and db at dx[r, cols + 8j]. BF16 x and dy, 16-byte aligned.
+template <int K, bool kBackward, int kMode, fp8amp_dtype D>
+__global__ void __launch_bounds__(kThreads) stream_kernel(const ActivationArgs a, const FastDiv row_div, uint64_t groups,
+                                                          uint64_t n) {
+    constexpr bool kGlu = K == kSwiglu;
+    const auto *x = static_cast<const uint16_t *>(a.x);
+    const auto *dy = static_cast<const uint16_t *>(a.dy);
+    ScalingState *meta = a.target.meta;
+    float scale = 1.0f, fp8_max = 0.0f;
+    bool stats = false;
+    if constexpr (kMode == kOutFp8) {
+        scale = quantize_scale(*meta);
+        fp8_max = meta->fp8_max;
+        stats = meta->stats_enabled;
+    }
+    Tally t;
+    const uint64_t cols = uint64_t(a.cols);
+    auto x_index = [&](uint64_t g) -> uint64_t {  // element index of a (GELU/SiLU: of x) of group g
+        if constexpr (kGlu) {
+            const uint32_t r = fast_div(uint32_t(g), row_div);
+            return uint64_t(r) * 2 * cols + (g - uint64_t(r) * row_div.d) * kGroup;
+        } else {
+            return g * kGroup;
+        }
+    };
+    auto load = [&](uint64_t g, GroupIn &in) {
+        const uint64_t xi = x_index(g);
+        in.x = load16(x + xi);
+        if constexpr (kGlu) in.b = load16(x + xi + cols);
+        if constexpr (kBackward) in.dy = load16(dy + g * kGroup);
+    };
+    auto emit = [&](uint64_t out_index, const float y[kGroup]) {
+        if constexpr (kMode == kOutAmax) {
+            amax_group(y, t);
+        } else if constexpr (kMode == kOutFp8) {
+            *reinterpret_cast<uint2 *>(static_cast<uint8_t *>(a.out) + out_index) =
+                quantize_group<D>(y, scale, fp8_max, stats, t);
+        } else {
+            store_wide8(a.out, a.out_dtype, out_index, y);
+        }
+    };
+    auto process = [&](uint64_t g, const GroupIn &in) {
+        float xv[kGroup], bv[kGroup], dv[kGroup];
+        bf16x8(in.x, xv);
+        if constexpr (kGlu) bf16x8(in.b, bv);
+        if constexpr (kBackward) bf16x8(in.dy, dv);
+        if constexpr (!kBackward) {
+            float y[kGroup];
+#pragma unroll
+            for (int k = 0; k < kGroup; ++k) y[k] = act::forward_raw(K, xv[k], kGlu ? bv[k] : 0.0f);
+            emit(g * kGroup, y);
+        } else if constexpr (!kGlu) {
+            float y[kGroup];
+#pragma unroll
+            for (int k = 0; k < kGroup; ++k) y[k] = act::backward_raw(K, dv[k], xv[k], 0.0f, false);
+            emit(g * kGroup, y);
+        } else {
+            float da[kGroup], db[kGroup];
+#pragma unroll
+            for (int k = 0; k < kGroup; ++k) act::swiglu_backward_raw(dv[k], xv[k], bv[k], da[k], db[k]);
+            const uint64_t xi = x_index(g);
+            emit(xi, da);
+            emit(xi + cols, db);
+        }
+    };
+    const uint64_t stride = uint64_t(gridDim.x) * kThreads;
+    for (uint64_t g = blockIdx.x * uint64_t(kThreads) + threadIdx.x; g < groups; g += 2 * stride) {
+        GroupIn in[2];
+        const bool two = g + stride < groups;
+        load(g, in[0]);
+        if (two) load(g + stride, in[1]);
+        process(g, in[0]);
+        if (two) process(g + stride, in[1]);
+    }
+    if constexpr (!kGlu) {  // the n % 8 tail: element by element
+        for (uint64_t e = groups * kGroup + blockIdx.x * uint64_t(kThreads) + threadIdx.x; e < n; e += stride) {
+            const float xv = to_f32<FP8AMP_DTYPE_BF16>(x[e]);
+            const float y = kBackward ? act::backward_raw(K, to_f32<FP8AMP_DTYPE_BF16>(dy[e]), xv, 0.0f, false)
+                                      : act::forward_raw(K, xv, 0.0f);
+            if constexpr (kMode == kOutAmax) {
+                t.amax = max(t.amax, amax_bits_of(y));
+            } else if constexpr (kMode == kOutFp8) {
+                static_cast<uint8_t *>(a.out)[e] = quantize_element<D>(y, scale, fp8_max, stats, t);
+            } else {
+                store_any(a.out, a.out_dtype, int64_t(e), norm::canonical(y));
+            }
+        }
+    }
+    if constexpr (kMode == kOutAmax) {
+        const uint32_t amax = block_reduce(t.amax, MaxOp());
+        if (threadIdx.x == 0) atomicMax(&meta->amax_bits, amax);
+    } else if constexpr (kMode == kOutFp8) {
+        const size_t total = size_t(kGlu && kBackward ? 2 * n : n);
+        if (stats) finish_block<true>(t, meta, scale, a.target.scale_inv, a.target.scale_inv_t, total);
+        else finish_block<false>(t, meta, scale, a.target.scale_inv, a.target.scale_inv_t, total);
+    }
+}
+
+// ---- the fused transpose: 64 x 64 output tiles ----------------------------------------------------
+
+constexpr int kTileDim = 64;
+constexpr int kTileStride = kTileDim / 4 + 1;  // words per tile row: 16 + 1 of padding (2-way conflicts at most)
+
+// Bytes i of four words, as one word (a 4x4 byte transpose, column i): quantize.cu's.
+__device__ __forceinline__ void transpose4x4(uint32_t a, uint32_t b, uint32_t c, uint32_t d, uint32_t (&col)[4]) {
+    const uint32_t ab_lo = __byte_perm(a, b, 0x5140), ab_hi = __byte_perm(a, b, 0x7362);
+    const uint32_t cd_lo = __byte_perm(c, d, 0x5140), cd_hi = __byte_perm(c, d, 0x7362);
+    col[0] = __byte_perm(ab_lo, cd_lo, 0x5410);
+    col[1] = __byte_perm(ab_lo, cd_lo, 0x7632);
+    col[2] = __byte_perm(ab_hi, cd_hi, 0x5410);
+    col[3] = __byte_perm(ab_hi, cd_hi, 0x7632);
+}
+
+// One output element (r, j) of the run-time-dtype path: the generic kernel's arithmetic.
+template <bool kBackward>
+__device__ __forceinline__ float element_raw(const ActivationArgs &a, int64_t r, int64_t j) {
+    const bool glu = a.kind == kSwiglu;
+    const int64_t in_cols = glu ? 2 * a.cols : a.cols;
+    if constexpr (!kBackward) {
+        const float x = load_any(a.x, a.x_dtype, r * in_cols + j);
+        const float b = glu ? load_any(a.x, a.x_dtype, r * in_cols + a.cols + j) : 0.0f;
+        return act::forward_raw(a.kind, x, b);
+    } else {
+        const bool second = glu && j >= a.cols;
+        const int64_t c = second ? j - a.cols : j;
+        const float dy = load_any(a.dy, a.dy_dtype, r * a.cols + c);
+        const float x = load_any(a.x, a.x_dtype, r * in_cols + c);
+        const float b = glu ? load_any(a.x, a.x_dtype, r * in_cols + a.cols + c) : 0.0f;
+        return act::backward_raw(a.kind, dy, x, b, second);
+    }
+}
+
+// Tiles cover the output [rows, out_cols]; SwiGLU's backward tiles its two halves (da, db)
+// separately, so no tile straddles them, and puts the da and db tiles of the same columns next to
+// each other (the second reads a and b again, mostly from L2). `fast`: BF16 inputs, 16-byte aligned
+// x and dy, 8-byte aligned out, 4-byte aligned out_t, rows % 4 == 0 and the forward's cols % 8 == 0;
+// a full tile then takes the vector path, an edge tile (or any tile when not fast) the per-element one.
+template <int K, bool kBackward, fp8amp_dtype D>
+__global__ void __launch_bounds__(kThreads) tile_kernel(const ActivationArgs a, bool fast) {
+    constexpr bool kGlu = K == kSwiglu;
+    constexpr int kHalves = kGlu && kBackward ? 2 : 1;
+    __shared__ uint32_t tile[kTileDim * kTileStride];
+    auto *bytes = reinterpret_cast<uint8_t *>(tile);
+    ScalingState *meta = a.target.meta;
+    const float scale = quantize_scale(*meta);
+    const float fp8_max = meta->fp8_max;
+    const bool stats = meta->stats_enabled;
+    const int64_t rows = a.rows, cols = a.cols, in_cols = kGlu ? 2 * cols : cols;
+    const int64_t out_cols = kBackward ? in_cols : cols;
+    const int64_t span = kHalves == 2 ? cols : out_cols;  // columns tiled per half
+    const int64_t tiles_c = (span + kTileDim - 1) / kTileDim, tiles_r = (rows + kTileDim - 1) / kTileDim;
+    const auto *x = static_cast<const uint16_t *>(a.x);
+    const auto *dyp = static_cast<const uint16_t *>(a.dy);
+    auto *out = static_cast<uint8_t *>(a.out);
+    auto *out_t = static_cast<uint8_t *>(a.out_t);
+    Tally t;
+    for (int64_t id = blockIdx.x; id < tiles_r * tiles_c * kHalves; id += gridDim.x) {
+        const int half = kHalves == 2 ? int(id % 2) : 0;
+        const int64_t rest = kHalves == 2 ? id / 2 : id;
+        const int64_t r0 = (rest / tiles_c) * kTileDim, cc0 = (rest % tiles_c) * kTileDim;  // cc0: in the half
+        const int64_t oc0 = half * cols + cc0;                                                // in out's row
+        const int h = rows - r0 < kTileDim ? int(rows - r0) : kTileDim;
+        const int w = span - cc0 < kTileDim ? int(span - cc0) : kTileDim;
+        if (fast && h == kTileDim && w == kTileDim) {
+            // 64 rows x 8 groups: thread p takes group p % 8 of row p / 8, p = tid and tid + 256.
+            GroupIn in[2];
+#pragma unroll
+            for (int u = 0; u < 2; ++u) {
+                const int p = threadIdx.x + u * kThreads, r = p / 8, cg = (p % 8) * kGroup;
+                const int64_t c = cc0 + cg;  // the forward's column (GELU/SiLU: out's)
+                in[u].x = load16(x + (r0 + r) * in_cols + c);
+                if constexpr (kGlu) in[u].b = load16(x + (r0 + r) * in_cols + cols + c);
+                if constexpr (kBackward) in[u].dy = load16(dyp + (r0 + r) * cols + c);
+            }
+#pragma unroll
+            for (int u = 0; u < 2; ++u) {
+                const int p = threadIdx.x + u * kThreads, r = p / 8, cg = (p % 8) * kGroup;
+                float xv[kGroup], bv[kGroup], dv[kGroup], y[kGroup];
+                bf16x8(in[u].x, xv);
+                if constexpr (kGlu) bf16x8(in[u].b, bv);
+                if constexpr (kBackward) bf16x8(in[u].dy, dv);
+#pragma unroll
+                for (int k = 0; k < kGroup; ++k) {
+                    if constexpr (!kBackward) y[k] = act::forward_raw(K, xv[k], kGlu ? bv[k] : 0.0f);
+                    else y[k] = act::backward_raw(K, dv[k], xv[k], kGlu ? bv[k] : 0.0f, half == 1);
+                }
+                const uint2 q = quantize_group<D>(y, scale, fp8_max, stats, t);
+                *reinterpret_cast<uint2 *>(out + (r0 + r) * out_cols + oc0 + cg) = q;
+                tile[r * kTileStride + cg / 4] = q.x;
+                tile[r * kTileStride + cg / 4 + 1] = q.y;
+            }
+            __syncthreads();
+            // Thread (m, wc): rows 4m..4m+3, columns 4wc..4wc+3 of the tile -> 4 bytes of out_t rows
+            // oc0 + 4wc + i at r0 + 4m; 16 consecutive threads write 64 contiguous bytes.
+            const int m = threadIdx.x % 16, wc = threadIdx.x / 16;
+            uint32_t col[4];
+            transpose4x4(tile[(4 * m) * kTileStride + wc], tile[(4 * m + 1) * kTileStride + wc],
+                         tile[(4 * m + 2) * kTileStride + wc], tile[(4 * m + 3) * kTileStride + wc], col);
+#pragma unroll
+            for (int i = 0; i < 4; ++i)
+                *reinterpret_cast<uint32_t *>(out_t + (oc0 + 4 * wc + i) * rows + r0 + 4 * m) = col[i];
+        } else {
+            for (int e = threadIdx.x; e < kTileDim * kTileDim; e += kThreads) {
+                const int r = e / kTileDim, c = e % kTileDim;
+                if (r < h && c < w) {
+                    const uint8_t q = quantize_element<D>(element_raw<kBackward>(a, r0 + r, oc0 + c), scale, fp8_max, stats, t);
+                    out[(r0 + r) * out_cols + oc0 + c] = q;
+                    bytes[r * kTileStride * 4 + c] = q;
+                }
+            }
+            __syncthreads();
+            for (int e = threadIdx.x; e < kTileDim * kTileDim; e += kThreads) {
+                const int j = e / kTileDim, r = e % kTileDim;  // consecutive threads: consecutive bytes of out_t
+                if (j < w && r < h) out_t[(oc0 + j) * rows + r0 + r] = bytes[r * kTileStride * 4 + j];
+            }
+        }
+        __syncthreads();  // the tile is reused by this block's next one
+    }
+    if (stats) finish_block<true>(t, meta, scale, a.target.scale_inv, a.target.scale_inv_t, size_t(rows * out_cols));
+    else finish_block<false>(t, meta, scale, a.target.scale_inv, a.target.scale_inv_t, size_t(rows * out_cols));
+}
+
+bool aligned_to(const void *p, size_t n) { return reinterpret_cast<uintptr_t>(p) % n == 0; }
+
+template <class F>
+void dispatch_kind(int32_t kind, F &&f) {
+    if (kind == kGeluTanh) return f(std::integral_constant<int, kGeluTanh>());
+    if (kind == kSilu) return f(std::integral_constant<int, kSilu>());
+    f(std::integral_constant<int, kSwiglu>());
+}
+
 template <bool kBackward>
 void run(int device, void *stream_raw, const ActivationArgs &a) {
     DeviceGuard guard(device);
     auto stream = static_cast<cudaStream_t>(stream_raw);
-    const int64_t in_cols = a.kind == kSwiglu ? 2 * a.cols : a.cols;
+    const bool glu = a.kind == kSwiglu;
+    const int64_t in_cols = glu ? 2 * a.cols : a.cols;
     const int64_t out_cols = kBackward ? in_cols : a.cols;
     const size_t n = static_cast<size_t>(a.rows * out_cols);
-    auto launch = [&](auto kernel) {
+    const bool fp8 = a.out_dtype == FP8AMP_DTYPE_E4M3 || a.out_dtype == FP8AMP_DTYPE_E5M2;
+    // The BF16 vector kernels: BF16 x (and dy), 16-byte aligned; SwiGLU with whole groups per row and
+    // a 32-bit group count (FastDiv).
+    const size_t fwd_n = static_cast<size_t>(a.rows * a.cols);
+    const bool vec_in = a.x_dtype == FP8AMP_DTYPE_BF16 && aligned_to(a.x, 16) &&
+                        (!kBackward || (a.dy_dtype == FP8AMP_DTYPE_BF16 && aligned_to(a.dy, 16))) &&
+                        (!glu || (a.cols % kGroup == 0 && fwd_n / kGroup < (size_t(1) << 32)));
+    const size_t groups = glu ? fwd_n / kGroup : n / kGroup;
+    const FastDiv row_div = make_fastdiv(glu ? static_cast<uint32_t>(a.cols / kGroup > 0 ? a.cols / kGroup : 1) : 1u);
+    auto launch_generic = [&](auto kernel) {
         kernel<<<persistent_grid(device, kernel, (n + 3) / 4), kThreads, 0, stream>>>(a);
         check_launch("activation_kernel");
     };
-    const bool fp8 = a.out_dtype == FP8AMP_DTYPE_E4M3 || a.out_dtype == FP8AMP_DTYPE_E5M2;
+    auto launch_stream = [&](auto kernel) {
+        kernel<<<persistent_grid(device, kernel, groups + 1), kThreads, 0, stream>>>(a, row_div, uint64_t(groups),
+                                                                                   uint64_t(glu ? fwd_n : n));
+        check_launch("activation stream_kernel");
+    };
     if (!fp8) {
-        launch(activation_kernel<FP8AMP_DTYPE_F32, true, kBackward>);
+        const size_t wide = a.out_dtype == FP8AMP_DTYPE_F32 ? 4 : 2;
+        if (vec_in && aligned_to(a.out, 16) && (wide == 4 || a.out_dtype == FP8AMP_DTYPE_BF16 || a.out_dtype == FP8AMP_DTYPE_F16)) {
+            dispatch_kind(a.kind, [&](auto k) {
+                launch_stream(stream_kernel<decltype(k)::value, kBackward, kOutWide, FP8AMP_DTYPE_E4M3>);
+            });
+        } else {
+            launch_generic(activation_generic_kernel<FP8AMP_DTYPE_F32, true, kBackward>);
+        }
         return;
     }
+    const bool vec_out = vec_in && aligned_to(a.out, 8);
     auto run_fp8 = [&](auto dd) {
         constexpr fp8amp_dtype D = decltype(dd)::value;
         if (a.target.current) {
             check(cudaMemsetAsync(&a.target.meta->amax_bits, 0, sizeof(uint32_t), stream), "cudaMemsetAsync");
-            launch(activation_kernel<D, false, kBackward>);
+            if (vec_in) {
+                dispatch_kind(a.kind, [&](auto k) { launch_stream(stream_kernel<decltype(k)::value, kBackward, kOutAmax, D>); });
+            } else {
+                launch_generic(activation_generic_kernel<D, false, kBackward>);
+            }
         }
-        launch(activation_kernel<D, true, kBackward>);
+        if (a.out_t && vec_in) {  // the fused transpose (any shape; the fast tiles where aligned)
+            // Fast tiles: rows of whole 16-byte loads and 8-byte stores (cols % 8; SwiGLU's vec_in
+            // already asks it), 4-byte y_t pieces (rows % 4).
+            const bool fast = vec_out && aligned_to(a.out_t, 4) && a.rows % 4 == 0 && a.cols % kGroup == 0;
+            dispatch_kind(a.kind, [&](auto k) {
+                const auto kernel = tile_kernel<decltype(k)::value, kBackward, D>;
+                const size_t tiles = size_t((a.rows + kTileDim - 1) / kTileDim) *
+                                     size_t(((glu && kBackward ? a.cols : out_cols) + kTileDim - 1) / kTileDim) *
+                                     (glu && kBackward ? 2 : 1);
+                kernel<<<persistent_grid(device, kernel, tiles * kThreads), kThreads, 0, stream>>>(a, fast);
+                check_launch("activation tile_kernel");
+            });
+            return;
+        }
+        if (vec_out) {
+            dispatch_kind(a.kind, [&](auto k) { launch_stream(stream_kernel<decltype(k)::value, kBackward, kOutFp8, D>); });
+        } else {
+            launch_generic(activation_generic_kernel<D, true, kBackward>);
+        }
+        if (a.out_t) transpose_bytes(device, stream_raw, a.out, a.out_t, static_cast<size_t>(a.rows), static_cast<size_t>(out_cols));
     };
     if (a.out_dtype == FP8AMP_DTYPE_E4M3) run_fp8(std::integral_constant<fp8amp_dtype, FP8AMP_DTYPE_E4M3>());
     else run_fp8(std::integral_constant<fp8amp_dtype, FP8AMP_DTYPE_E5M2>());
-    if (a.out_t) transpose_bytes(device, stream_raw, a.out, a.out_t, static_cast<size_t>(a.rows), static_cast<size_t>(out_cols));
 }
 
 }  // namespace

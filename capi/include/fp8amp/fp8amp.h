@@ -1396,7 +1396,7 @@ typedef enum fp8amp_activation {
 } fp8amp_activation;
 
 /** y = kind(x), element by element (SwiGLU: per pair of halves), in float32 with exp computed from
- *  IEEE multiplies and adds only (docs/numerics.md 8), each operation rounded once. x is F32, F16 or
+ *  IEEE multiplies, adds and fused multiply-adds only (docs/numerics.md 8), each rounded once. x is F32, F16 or
  *  BF16, read as [rows, in_cols] (in_cols its last extent). y has x's shape (SwiGLU: the last extent
  *  halved) and is wide (F32/F16/BF16: rounded once) or E4M3/E5M2 bound to a scaling meta: quantized
  *  exactly as fp8amp_quantize quantizes the F32 y (delayed or current scaling, amax recorded with NaN
