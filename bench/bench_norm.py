@@ -24,6 +24,7 @@ and checks fp8amp's E4M3 output against torch's within one FP8 step (not bitwise
 differ).
 
 Usage: python3 bench/bench_norm.py --lib build/libfp8amp.so [--shapes 16384x1024,8192x4096] [--out FILE]
+       [--fp8amp-only: no PyTorch peers] [--norm-only: no activation cases]
 """
 import argparse
 import datetime
@@ -52,6 +53,7 @@ def main():
     ap.add_argument("--out")
     ap.add_argument("--commit", default=os.environ.get("FP8AMP_COMMIT", "unknown"))
     ap.add_argument("--fp8amp-only", action="store_true", help="skip the PyTorch peers")
+    ap.add_argument("--norm-only", action="store_true", help="only the norms (skip the activations' cases)")
     args = ap.parse_args()
     lib = Lib(args.lib)
     L = lib.lib
@@ -231,8 +233,9 @@ def main():
             lib("fp8amp_tensor_set_scaling", h, meta5)
         lib("fp8amp_tensor_set_scaling", hyh8, meta)
         afwd, abwd = L.fp8amp_activation_forward, L.fp8amp_activation_backward
-        for name, kind in (("gelu_tanh", L.FP8AMP_ACTIVATION_GELU_TANH), ("silu", L.FP8AMP_ACTIVATION_SILU),
-                           ("swiglu", L.FP8AMP_ACTIVATION_SWIGLU)):
+        acts = () if args.norm_only else (("gelu_tanh", L.FP8AMP_ACTIVATION_GELU_TANH),
+                                          ("silu", L.FP8AMP_ACTIVATION_SILU), ("swiglu", L.FP8AMP_ACTIVATION_SWIGLU))
+        for name, kind in acts:
             glu = name == "swiglu"
             yo, dyo = (hyh8, hdyh) if glu else (hy8, hdy)
             lib("fp8amp_activation_forward", ctx, kind, hh[0], yo, null)
@@ -275,7 +278,7 @@ def main():
                     dx = torch.cat([g * b * s_ * (1 + a * (1 - s_)), g * a * s_], dim=-1)
                 return (dx * sc5).clamp(-57344, 57344).to(E5), dx.abs().max()
 
-            for name in ("gelu_tanh", "silu", "swiglu"):
+            for name, _ in acts:
                 glu = name == "swiglu"
                 out_b = n // 2 if glu else n
                 dyo = dyh if glu else dys
