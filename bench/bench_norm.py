@@ -18,8 +18,8 @@ than L2), for each shape [rows, d] of BF16 activations:
     manages), and the backward (aten's native_layer_norm_backward; autograd of rms_norm; the
     formulas under torch.compile).
 Byte counts are each kernel's own essential traffic (above), so a fraction of copy below 1 is time the
-kernel spends beyond moving its bytes (fp8amp's y_t is written by a separate byte transpose: its extra
-read and write show up here). Writes bench/results/norm-<device>-<date>.json (or --out), prints a table,
+kernel spends beyond moving its bytes (where fp8amp's y_t is written by a separate byte transpose --
+the activations', the norms' past d = 2048 -- its extra read and write show up here). Writes bench/results/norm-<device>-<date>.json (or --out), prints a table,
 and checks fp8amp's E4M3 output against torch's within one FP8 step (not bitwise: the reduction orders
 differ).
 
@@ -127,7 +127,7 @@ def main():
                    3 * n)
             record(f"fp8amp.{pre}.fwd.e4m3+t",
                    bench(lambda i: fwd(ctx, desc, hx[i], hg, b, hy8, hy8t, m, hrstd), rot_s), 4 * n,
-                   "y_t by a separate byte transpose")
+                   "y_t written by the forward (d <= 2048, rows % 32 == 0), else by a separate byte transpose")
             record(f"fp8amp.{pre}.fwd.bf16", bench(lambda i: fwd(ctx, desc, hx[i], hg, b, hybf, null, m, hrstd), rot_s),
                    4 * n)
             record(f"fp8amp.{pre}.fwd.e4m3.current",

@@ -34,14 +34,21 @@
 // rows would need 128+ KB a tile, or 16-byte runs) the byte transpose of linear_aux.cu writes it.
 //
 // Backward: one block per row chunk (norm::chunks(rows) blocks: 264, two per SM of an H100, one
-// wave), each row slot walking its sub-chunk of the chunk's rows. Per row: dy and x in registers,
-// both dot products in one group reduction, then dx written in one pass while the slot's column
+// wave), each row slot walking its sub-chunk of the chunk's rows. Per row: dy and x in registers
+// (the next row's loaded while this one is computed), both dot products in one group reduction, then dx written in one pass while the slot's column
 // partials (dy * xhat, dy) accumulate in shared memory (each column's partial owned by one thread,
 // float4 laid out by lane so the accesses are conflict-free; 16 KB per piece of a lane, 64 KB up to
 // d = 8192). At the end the block adds its slots' partials in slot order and writes one partial row
-// per chunk; a finishing kernel adds the chunks in order (a tile of 32 columns x up to 256 chunks
+// per chunk; a finishing kernel adds the chunks in order (a tile of 32 columns x all 264 chunks
 // staged in shared memory by float4 loads, then one warp's sequential sums). Rows past 12 pieces a
 // lane (d > 24576; one slot a block) keep the partials in the partial buffer itself.
+//
+// Registers (ptxas -v, sm_90, BF16): the forward is held to 64 registers (4 blocks a SM) where a
+// lane's raw pieces take at most 16 registers (BF16 up to 4 pieces: d <= 8192), spilling a few dozen
+// bytes at 4 pieces (ptxas would otherwise take 128 registers, 2 blocks a SM); 8 pieces take 119.
+// The fused-y_t variant and the backward take 128 (the backward's grid is 2 blocks a SM anyway) and
+// the backward spills a few hundred bytes at 4 and 8 pieces (the 8-piece variant loads the next row
+// only after the current one: two copies would not fit).
 //
 // Tried and measured slower on an H100 before this design (docs/performance.md): one warp per row
 // with the old 256-lane order (8 lane sums a thread) -- the order, not the warp, was the cost.
@@ -64,7 +71,7 @@ static_assert(norm::kPiece == 8, "pieces of 8 elements");
 constexpr int kMaxPieces = 8;        // register pieces of a lane (forward and backward)
 constexpr int kMaxSmemPieces = 12;   // backward: partials in shared memory up to 12 pieces a lane
 constexpr int kFinishCols = 32;      // finishing kernel: columns a block
-constexpr int kFinishChunks = 256;   // finishing kernel: chunks staged at once
+constexpr int kFinishChunks = int(norm::kMaxChunks);  // finishing kernel: chunks staged at once (all)
 constexpr int kTile = 32;            // forward with a fused y_t: rows a block stages (32-byte runs of y_t)
 
 template <fp8amp_dtype D>
@@ -279,6 +286,13 @@ __device__ __forceinline__ void for_pieces(int64_t d, int j, int n_lanes, F &&f)
 
 // ---- forward ---------------------------------------------------------------------------------------
 
+// Blocks a SM the forward is compiled for: 4 (64 registers: 32 warps, 2-8 KB of a row in flight
+// each) where the row's raw pieces take at most 16 registers, else 2. ptxas would take 128 registers
+// for the 16-register case too (spilling a little either way); the occupancy matters more here.
+constexpr int fwd_min_blocks(fp8amp_dtype s, int pieces, bool t) {
+    return !t && (s == FP8AMP_DTYPE_F32 ? 8 : 4) * (pieces > 0 ? pieces : 1) <= 16 ? 4 : 2;
+}
+
 // norm.hpp's run-time choices in forms without a per-element select, bit for bit the same for every
 // float (NaN included; NaN results are stored canonical): xhat(x, mean, rstd, rms) is
 // (x - mean) * rstd with mean = +0 for RMSNorm (x - (+0) == x); weight(g, zc) is c + g with
@@ -290,7 +304,7 @@ __device__ __forceinline__ float weight_c(bool zero_centered) { return zero_cent
 // tiles of kTile consecutive rows (slot s: rows s, s + slots, ...), stages their codes in dynamic shared
 // memory (kTile * d bytes) and writes y_t's columns as kTile-byte runs (whole 32-byte sectors).
 template <fp8amp_dtype S, fp8amp_dtype D, int kPieces, bool kWrite, bool kT = false>
-__global__ void __launch_bounds__(kThreads, 2) norm_forward_kernel(const NormForwardArgs a) {
+__global__ void __launch_bounds__(kThreads, fwd_min_blocks(S, kPieces, kT)) norm_forward_kernel(const NormForwardArgs a) {
     using SrcT = typename Storage<S>::type;
     constexpr bool kFp8 = is_fp8_v<D>;
     constexpr int kW = kWords<S>;
@@ -536,16 +550,37 @@ __global__ void __launch_bounds__(kThreads, 2) norm_backward_kernel(const NormBa
     const int64_t c0 = norm::chunk_begin(k, a.rows, n_chunks), c1 = norm::chunk_begin(k + 1, a.rows, n_chunks);
     const int64_t r0 = c0 + norm::chunk_begin(pl.slot, c1 - c0, n_slots);
     const int64_t r1 = c0 + norm::chunk_begin(pl.slot + 1, c1 - c0, n_slots);
+    // kPrefetch: the next row's dy, x, mean and rstd are loaded while this row is computed (a slot walks
+    // its rows one after another, so its loads would otherwise wait on its own arithmetic); not for 8
+    // pieces of BF16 (or 4+ of F32), whose two copies would not fit in the registers.
+    constexpr bool kPrefetch = kPieces > 0 && kPieces * (kWords<SDY> + kWords<SX>) <= 32;
+    uint32_t rdy[kCache][kWords<SDY>], rx[kCache][kWords<SX>];
+    float cur_mean = 0.0f, cur_rstd = 0.0f;
+    auto fetch = [&](int64_t rr, uint32_t (&ddy)[kCache][kWords<SDY>], uint32_t (&dxx)[kCache][kWords<SX>],
+                     float &m, float &rs) {
+        m = rms ? 0.0f : a.mean[rr];
+        rs = a.rstd[rr];
+        for_pieces<kPieces>(d, pl.j, n_lanes, [&](int p, int64_t i0, int left) {
+            load_raw<SDY>(dy + rr * d, i0, left, vdy, ddy[p]);
+            load_raw<SX>(x + rr * d, i0, left, vx, dxx[p]);
+        });
+    };
+    if constexpr (kPrefetch)
+        if (r0 < r1) fetch(r0, rdy, rx, cur_mean, cur_rstd);
     for (int64_t r = r0; r < r1; ++r) {
-        const float mean = rms ? 0.0f : a.mean[r], rstd = a.rstd[r];
+        uint32_t ndy[kCache][kWords<SDY>], nx[kCache][kWords<SX>];
+        float next_mean = 0.0f, next_rstd = 0.0f;
+        if constexpr (kPrefetch) {
+            if (r + 1 < r1) fetch(r + 1, ndy, nx, next_mean, next_rstd);
+        } else if constexpr (kPieces > 0) {
+            fetch(r, rdy, rx, cur_mean, cur_rstd);
+        } else {
+            cur_mean = rms ? 0.0f : a.mean[r];
+            cur_rstd = a.rstd[r];
+        }
+        const float mean = cur_mean, rstd = cur_rstd;
         const DyT *dyr = dy + r * d;
         const XT *xr = x + r * d;
-        uint32_t rdy[kCache][kWords<SDY>], rx[kCache][kWords<SX>];
-        if constexpr (kPieces > 0)
-            for_pieces<kPieces>(d, pl.j, n_lanes, [&](int p, int64_t i0, int left) {
-                load_raw<SDY>(dyr, i0, left, vdy, rdy[p]);
-                load_raw<SX>(xr, i0, left, vx, rx[p]);
-            });
         auto load = [&](int p, int64_t i0, int left) -> int {
             if constexpr (kPieces > 0) {
                 return p;
@@ -610,6 +645,19 @@ __global__ void __launch_bounds__(kThreads, 2) norm_backward_kernel(const NormBa
                 }
             }
         });
+        if constexpr (kPrefetch) {
+            if (r + 1 < r1) {
+#pragma unroll
+                for (int p = 0; p < kCache; ++p) {
+#pragma unroll
+                    for (int q = 0; q < kWords<SDY>; ++q) rdy[p][q] = ndy[p][q];
+#pragma unroll
+                    for (int q = 0; q < kWords<SX>; ++q) rx[p][q] = nx[p][q];
+                }
+                cur_mean = next_mean;
+                cur_rstd = next_rstd;
+            }
+        }
     }
     if (P == 0) return;
     // The chunk's partial: its slots' partials added in slot order from +0.
@@ -629,7 +677,7 @@ __global__ void __launch_bounds__(kThreads, 2) norm_backward_kernel(const NormBa
 }
 
 // out[c] = the sum over chunks, in order from +0, of partial[(2k + arr) * d + c] (arr = blockIdx.y:
-// dgamma, dbeta). A block stages 32 columns x up to 256 chunks in shared memory (float4 loads when
+// dgamma, dbeta). A block stages 32 columns x all its chunks (264 at most) in shared memory (float4 loads when
 // d % 4 == 0, all in flight at once), then one warp adds them in chunk order.
 __global__ void __launch_bounds__(kThreads) norm_column_finish_kernel(const float *partial, int64_t n_chunks, int64_t d,
                                                                       float *dgamma, float *dbeta) {
