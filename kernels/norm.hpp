@@ -6,17 +6,23 @@
 // kernels (kernels/cuda/norm.cu, through the __f*_rn intrinsics, which nvcc never contracts into an
 // FMA). Every float32 operation is rounded once, to nearest even.
 //
-// Reduction orders (docs/numerics.md section 7):
-// - A row's sum (mean, variance, the backward's two dot products): the d elements are dealt to
-//   kLanes = 256 lanes in pieces of kPiece = 4 consecutive elements (piece k = elements 4k..4k+3
-//   goes to lane k % 256); each lane adds its elements in increasing index order, starting from +0;
-//   then the 256 lane sums are combined by the fixed tree of tree_sum() below: within each group of
-//   32 lanes, halving strides 16, 8, 4, 2, 1 (lane l += lane l + s), then across the 8 groups, strides
-//   4, 2, 1. This is the order of a 256-thread CUDA block that reduces with warp shuffles and then
-//   across its 8 warps, so the GPU pays nothing for it.
+// Reduction orders (docs/numerics.md section 7.2):
+// - A row's sum (mean, variance, the backward's two dot products): the row is cut into pieces of
+//   kPiece = 8 consecutive elements (piece k = elements 8k..8k+7) dealt round robin to
+//   lanes(d) = 32 * groups(d) lanes (piece k goes to lane k % lanes), groups(d) = 1, 2, 4, 8 for
+//   d <= 1024, <= 2048, <= 4096, longer. Each lane adds its elements in increasing index order,
+//   starting from +0; then the lane sums are combined by the fixed tree of tree_sum() below: within
+//   each group of 32 lanes, halving strides 16, 8, 4, 2, 1 (lane l += lane l + s), then across the
+//   groups, strides groups/2, ..., 1. On CUDA a row belongs to groups(d) warps (one warp per row up
+//   to d = 1024, 8 warps at d > 4096): each thread is a lane holding its pieces in registers (16-byte
+//   loads of BF16), the warp tree is a butterfly of shuffles (the same additions: fadd commutes
+//   exactly), the group tree one shared-memory exchange behind a named barrier.
 // - A column sum over rows (dgamma, dbeta): the rows are split into chunks(rows) chunks of
-//   consecutive rows (chunk_begin); each chunk's partial sum adds its rows in increasing order from
-//   +0, and the result adds the chunk partials in increasing chunk order from +0.
+//   consecutive rows (chunk_begin); chunk k's rows into slots(d) = 8 / groups(d) sub-chunks of
+//   consecutive rows (chunk_begin again, over the chunk's rows). A sub-chunk's partial adds its rows in
+//   increasing order from +0; a chunk's partial adds its sub-chunk partials in increasing order from
+//   +0; the result adds the chunk partials in increasing chunk order from +0. (On CUDA a chunk is a
+//   256-thread block, a sub-chunk the groups(d) warps of one of its row slots.)
 #pragma once
 
 #include <cmath>
@@ -71,9 +77,13 @@ struct NormBackwardArgs {
 
 namespace norm {
 
-constexpr int kLanes = 256;     // lanes of a row reduction (= threads of a CUDA block)
-constexpr int kPiece = 4;       // consecutive elements a lane takes at a time
-constexpr int64_t kMaxChunks = 512;  // row chunks of the column sums
+constexpr int kPiece = 8;            // consecutive elements a lane takes at a time
+constexpr int kMaxGroups = 8;        // warps of a row (groups of 32 lanes) at most
+constexpr int kMaxLanes = 32 * kMaxGroups;
+constexpr int kBlockWarps = 8;       // warps of a CUDA block: slots(d) rows at a time
+// Row chunks of the column sums: 2 blocks on each of an H100's 132 SMs, one wave (the order must not
+// depend on the device, so this is a constant).
+constexpr int64_t kMaxChunks = 264;
 
 // ---- float32 operations, each rounded once (rounded.hpp: no FMA contraction on either device) ----
 using rounded::fadd;
@@ -82,15 +92,20 @@ using rounded::fmul;
 using rounded::fsqrt;
 using rounded::fsub;
 
-// The lane of element i of a row.
-FP8AMP_HD int lane_of(int64_t i) { return static_cast<int>((i / kPiece) % kLanes); }
+// The groups of 32 lanes (= warps) of a row of d, and its lanes.
+FP8AMP_HD int groups(int64_t d) { return d <= 1024 ? 1 : d <= 2048 ? 2 : d <= 4096 ? 4 : 8; }
+FP8AMP_HD int lanes(int64_t d) { return 32 * groups(d); }
+// The row slots of a block (rows a CUDA block normalizes at once) = the sub-chunks of a chunk.
+FP8AMP_HD int slots(int64_t d) { return kBlockWarps / groups(d); }
+// The lane of element i of a row of `n_lanes` lanes.
+FP8AMP_HD int lane_of(int64_t i, int n_lanes) { return static_cast<int>((i / kPiece) % n_lanes); }
 
-// Combines 256 lane sums (p is clobbered) in the fixed order described at the top.
-FP8AMP_HD float tree_sum(float *p) {
-    for (int w = 0; w < kLanes / 32; ++w)
+// Combines the 32 * n_groups lane sums p[] (clobbered) in the fixed order described at the top.
+FP8AMP_HD float tree_sum(float *p, int n_groups) {
+    for (int w = 0; w < n_groups; ++w)
         for (int s = 16; s > 0; s /= 2)
             for (int l = 0; l < s; ++l) p[32 * w + l] = fadd(p[32 * w + l], p[32 * w + l + s]);
-    for (int s = 4; s > 0; s /= 2)
+    for (int s = n_groups / 2; s > 0; s /= 2)
         for (int w = 0; w < s; ++w) p[32 * w] = fadd(p[32 * w], p[32 * (w + s)]);
     return p[0];
 }
@@ -130,7 +145,7 @@ FP8AMP_HD float dx_value(float g, float xh, float c1, float c2, float rstd, bool
     return canonical(fmul(fsub(t, fmul(xh, c2)), rstd));
 }
 
-// Column sums: the chunks of rows.
+// Column sums: the chunks of rows (and, with n_chunks = slots(d) over a chunk's rows, its sub-chunks).
 FP8AMP_HD int64_t chunks(int64_t rows) { return rows < kMaxChunks ? rows : kMaxChunks; }
 FP8AMP_HD int64_t chunk_begin(int64_t k, int64_t rows, int64_t n_chunks) {
     return static_cast<int64_t>((static_cast<unsigned long long>(k) * static_cast<unsigned long long>(rows)) /

@@ -22,19 +22,20 @@ bool is_fp8(fp8amp_dtype d) { return d == FP8AMP_DTYPE_E4M3 || d == FP8AMP_DTYPE
 // mean (LayerNorm; 0 for RMSNorm) and rstd of row r, in the order of norm.hpp.
 void row_stats(const NormForwardArgs &a, int64_t r, float &mean, float &rstd) {
     const int64_t base = r * a.d;
-    float p[kLanes];
+    const int g = groups(a.d), n = lanes(a.d);
+    float p[kMaxLanes];
     mean = 0.0f;
     if (!a.rms) {
-        std::fill(p, p + kLanes, 0.0f);
-        for (int64_t i = 0; i < a.d; ++i) p[lane_of(i)] = fadd(p[lane_of(i)], load_element(a.x, a.x_dtype, base + i));
-        mean = mean_of(tree_sum(p), a.d);
+        std::fill(p, p + n, 0.0f);
+        for (int64_t i = 0; i < a.d; ++i) p[lane_of(i, n)] = fadd(p[lane_of(i, n)], load_element(a.x, a.x_dtype, base + i));
+        mean = mean_of(tree_sum(p, g), a.d);
     }
-    std::fill(p, p + kLanes, 0.0f);
+    std::fill(p, p + n, 0.0f);
     for (int64_t i = 0; i < a.d; ++i) {
         const float v = load_element(a.x, a.x_dtype, base + i);
-        p[lane_of(i)] = fadd(p[lane_of(i)], a.rms ? square(v) : centered_square(v, mean));
+        p[lane_of(i, n)] = fadd(p[lane_of(i, n)], a.rms ? square(v) : centered_square(v, mean));
     }
-    rstd = rstd_of(tree_sum(p), a.d, a.eps);
+    rstd = rstd_of(tree_sum(p, g), a.d, a.eps);
 }
 
 float y_at(const NormForwardArgs &a, int64_t r, int64_t i, float mean, float rstd) {
@@ -105,43 +106,54 @@ void norm_forward(const NormForwardArgs &a) {
     }
 }
 
-size_t norm_backward_scratch_floats(int64_t, int64_t d) { return 2 * static_cast<size_t>(d); }
+size_t norm_backward_scratch_floats(int64_t, int64_t d) { return 4 * static_cast<size_t>(d); }
 
 void norm_backward(const NormBackwardArgs &a, float *scratch) {
-    float *pg = scratch, *pb = scratch + a.d;  // this chunk's partial column sums
+    // The partial column sums of the current sub-chunk (sg, sb) and chunk (cg, cb): norm.hpp's order.
+    float *sg = scratch, *sb = scratch + a.d, *cg = scratch + 2 * a.d, *cb = scratch + 3 * a.d;
     std::fill(a.dgamma, a.dgamma + a.d, 0.0f);
     if (a.dbeta) std::fill(a.dbeta, a.dbeta + a.d, 0.0f);
-    const int64_t n_chunks = chunks(a.rows);
+    const int64_t n_chunks = chunks(a.rows), n_slots = slots(a.d);
+    const int g = groups(a.d), n = lanes(a.d);
     const float fd = static_cast<float>(a.d);
-    float p1[kLanes], p2[kLanes];
+    float p1[kMaxLanes], p2[kMaxLanes];
     for (int64_t k = 0; k < n_chunks; ++k) {
-        std::fill(pg, pg + 2 * a.d, 0.0f);
-        const int64_t r1 = chunk_begin(k + 1, a.rows, n_chunks);
-        for (int64_t r = chunk_begin(k, a.rows, n_chunks); r < r1; ++r) {
-            const float mean = a.rms ? 0.0f : a.mean[r], rstd = a.rstd[r];
-            const int64_t base = r * a.d;
-            std::fill(p1, p1 + kLanes, 0.0f);
-            std::fill(p2, p2 + kLanes, 0.0f);
-            for (int64_t i = 0; i < a.d; ++i) {
-                const float g = fmul(load_element(a.dy, a.dy_dtype, base + i), weight(load_element(a.gamma, a.gamma_dtype, i), a.zero_centered));
-                const float xh = xhat(load_element(a.x, a.x_dtype, base + i), mean, rstd, a.rms);
-                if (!a.rms) p1[lane_of(i)] = fadd(p1[lane_of(i)], g);
-                p2[lane_of(i)] = fadd(p2[lane_of(i)], fmul(g, xh));
+        std::fill(cg, cg + 2 * a.d, 0.0f);  // cg and cb
+        const int64_t c0 = chunk_begin(k, a.rows, n_chunks), c1 = chunk_begin(k + 1, a.rows, n_chunks);
+        for (int64_t s = 0; s < n_slots; ++s) {
+            std::fill(sg, sg + 2 * a.d, 0.0f);  // sg and sb
+            const int64_t r0 = c0 + chunk_begin(s, c1 - c0, n_slots), r1 = c0 + chunk_begin(s + 1, c1 - c0, n_slots);
+            for (int64_t r = r0; r < r1; ++r) {
+                const float mean = a.rms ? 0.0f : a.mean[r], rstd = a.rstd[r];
+                const int64_t base = r * a.d;
+                std::fill(p1, p1 + n, 0.0f);
+                std::fill(p2, p2 + n, 0.0f);
+                for (int64_t i = 0; i < a.d; ++i) {
+                    const float gv = fmul(load_element(a.dy, a.dy_dtype, base + i),
+                                          weight(load_element(a.gamma, a.gamma_dtype, i), a.zero_centered));
+                    const float xh = xhat(load_element(a.x, a.x_dtype, base + i), mean, rstd, a.rms);
+                    if (!a.rms) p1[lane_of(i, n)] = fadd(p1[lane_of(i, n)], gv);
+                    p2[lane_of(i, n)] = fadd(p2[lane_of(i, n)], fmul(gv, xh));
+                }
+                const float c1v = a.rms ? 0.0f : fdiv(tree_sum(p1, g), fd);
+                const float c2v = fdiv(tree_sum(p2, g), fd);
+                for (int64_t i = 0; i < a.d; ++i) {
+                    const float dy = load_element(a.dy, a.dy_dtype, base + i);
+                    const float gv = fmul(dy, weight(load_element(a.gamma, a.gamma_dtype, i), a.zero_centered));
+                    const float xh = xhat(load_element(a.x, a.x_dtype, base + i), mean, rstd, a.rms);
+                    store_element(a.dx, a.dx_dtype, base + i, dx_value(gv, xh, c1v, c2v, rstd, a.rms));
+                    sg[i] = fadd(sg[i], fmul(dy, xh));
+                    sb[i] = fadd(sb[i], dy);
+                }
             }
-            const float c1 = a.rms ? 0.0f : fdiv(tree_sum(p1), fd);
-            const float c2 = fdiv(tree_sum(p2), fd);
             for (int64_t i = 0; i < a.d; ++i) {
-                const float dy = load_element(a.dy, a.dy_dtype, base + i);
-                const float g = fmul(dy, weight(load_element(a.gamma, a.gamma_dtype, i), a.zero_centered));
-                const float xh = xhat(load_element(a.x, a.x_dtype, base + i), mean, rstd, a.rms);
-                store_element(a.dx, a.dx_dtype, base + i, dx_value(g, xh, c1, c2, rstd, a.rms));
-                pg[i] = fadd(pg[i], fmul(dy, xh));
-                pb[i] = fadd(pb[i], dy);
+                cg[i] = fadd(cg[i], sg[i]);
+                cb[i] = fadd(cb[i], sb[i]);
             }
         }
         for (int64_t i = 0; i < a.d; ++i) {
-            a.dgamma[i] = fadd(a.dgamma[i], pg[i]);
-            if (a.dbeta) a.dbeta[i] = fadd(a.dbeta[i], pb[i]);
+            a.dgamma[i] = fadd(a.dgamma[i], cg[i]);
+            if (a.dbeta) a.dbeta[i] = fadd(a.dbeta[i], cb[i]);
         }
     }
     // Canonical NaN, as the GPU's finishing pass stores them.

@@ -1,25 +1,57 @@
 // Fused LayerNorm / RMSNorm on CUDA (kernels/norm.hpp): the forward writes y (wide, or FP8 with the
 // amax, statistics and scale_inv of a quantize fused), the backward dx and the column sums dgamma,
 // dbeta. Bit-identical to kernels/cpu/norm.cpp: the same inline arithmetic (norm.hpp, __f*_rn), and
-// the same summation orders -- a 256-thread block is the 256 lanes of a row sum (thread j takes the
-// pieces of 4 elements k = j, j + 256, ...), reduced by warp shuffles then across the 8 warps, which
-// is norm::tree_sum's order; the column sums add rows in order within a chunk (one block per chunk)
-// and the chunks in order (a finishing kernel).
+// the same summation orders (norm.hpp's header, docs/numerics.md 7.2).
 //
-// Forward: one block per row (a persistent grid walks the rows). A thread keeps its elements of the
-// row in registers when the row fits (kPieces pieces of 4 per thread: d <= kPieces * 1024), so x is
-// read from memory once; longer rows are read again from L1/L2 in the later passes. A piece moves as
-// one 8/16-byte load and one 4-byte FP8 store when the rows are aligned. Current scaling runs the
-// kernel twice: a pass that only reduces y's amax into the meta, then the writing pass (as
-// quantize.cu does with its amax kernel). y_t is written by the byte transpose of linear_aux.cu.
-// Backward: one block per row chunk; the chunk's column partials stay in registers when the row fits
-// (d <= 4096), else they are accumulated in the partial buffer itself (each column owned by one
-// thread, so no atomics); the row's two dot products share one block reduction.
+// Why this shape. These kernels move 3-6 bytes an element and do 20-30 operations an element, so
+// they are fast only with many bytes in flight on every SM and few instructions and barriers per row.
+// The previous design (one 256-thread block per row, 4 elements a thread, the row's sums through
+// three block-wide barriers each) had a 2 KB row in flight per block and a serial
+// load -> reduce -> reduce -> write chain per row: 15-45% of copy bandwidth.
 //
-// Tried and measured slower on an H100 (docs/performance.md): one warp per row (8 rows a block, no
-// block barrier, the same summation order through 8 lane sums a thread) -- 1.6x slower at d = 1024
-// and 1.4-2x at d = 4096..12288, whether the row was kept in registers (80-128 registers) or read
-// again from L1/L2.
+// A row belongs to groups(d) warps (1 warp up to d = 1024, 2, 4, then 8 warps past d = 4096); a
+// 256-thread block holds slots(d) = 8 / groups(d) rows at once, one per group of warps. Thread j of a
+// row (a lane of the order: j = warp-in-group * 32 + lane) takes the pieces of 8 consecutive
+// elements k = j, j + lanes, ... -- one 16-byte load each for BF16/F16 (two for F32) -- and keeps
+// them in registers as loaded (raw, kPieces pieces at most: d <= 8 * kPieces * lanes), so x is read
+// from memory once and all its loads are issued before the first addition. The lane sums are one
+// warp butterfly (every lane gets the total; the same additions as the tree of norm::tree_sum since
+// fadd commutes exactly) and, for groups(d) > 1, one exchange through shared memory behind a named
+// barrier of the row's warps only (double-buffered, so one barrier per sum). No block-wide barrier
+// is on a row's path; the other rows of the block and the other blocks (a non-persistent grid of
+// several waves) fill the latency.
+//
+// Forward: pass 1 sums x (LayerNorm) or x^2 (RMSNorm) from the registers, pass 2 (LayerNorm) sums
+// (x - mean)^2, the write pass computes y with gamma / beta read per piece (L1/L2 hits) and stores 8
+// FP8 codes as one 8-byte store (16 bytes for BF16 y). The FP8 conversion is the hardware's two at a
+// time (cvt.rn.satfinite.*x2), a NaN made the positive quiet code explicitly; the amax is a max over
+// |y|'s bits, clamped to inf once per thread. Current scaling runs the kernel twice: a pass that only
+// reduces y's amax into the meta, then the writing pass (as quantize.cu does with its amax kernel).
+// Rows longer than 8 * 8 * 256 = 16384 elements are read again from L1/L2 in each pass.
+// y_t: for d <= 2048 (d % 4 == 0, rows % 32 == 0) the forward writes it itself -- a block takes
+// tiles of 32 rows, stages their codes in shared memory (32 * d bytes) and writes each column's 32
+// codes as one 32-byte run (a whole sector; 4 x 4 byte transposes with __byte_perm). Otherwise (longer
+// rows would need 128+ KB a tile, or 16-byte runs) the byte transpose of linear_aux.cu writes it.
+//
+// Backward: one block per row chunk (norm::chunks(rows) blocks: 264, two per SM of an H100, one
+// wave), each row slot walking its sub-chunk of the chunk's rows. Per row: dy and x in registers
+// (the next row's loaded while this one is computed), both dot products in one group reduction, then dx written in one pass while the slot's column
+// partials (dy * xhat, dy) accumulate in shared memory (each column's partial owned by one thread,
+// float4 laid out by lane so the accesses are conflict-free; 16 KB per piece of a lane, 64 KB up to
+// d = 8192). At the end the block adds its slots' partials in slot order and writes one partial row
+// per chunk; a finishing kernel adds the chunks in order (a tile of 32 columns x all 264 chunks
+// staged in shared memory by float4 loads, then one warp's sequential sums). Rows past 12 pieces a
+// lane (d > 24576; one slot a block) keep the partials in the partial buffer itself.
+//
+// Registers (ptxas -v, sm_90, BF16): the forward is held to 64 registers (4 blocks a SM) where a
+// lane's raw pieces take at most 16 registers (BF16 up to 4 pieces: d <= 8192), spilling a few dozen
+// bytes at 4 pieces (ptxas would otherwise take 128 registers, 2 blocks a SM); 8 pieces take 119.
+// The fused-y_t variant and the backward take 128 (the backward's grid is 2 blocks a SM anyway) and
+// the backward spills a few hundred bytes at 4 and 8 pieces (the 8-piece variant loads the next row
+// only after the current one: two copies would not fit).
+//
+// Tried and measured slower on an H100 before this design (docs/performance.md): one warp per row
+// with the old 256-lane order (8 lane sums a thread) -- the order, not the warp, was the cost.
 #include <cstdint>
 #include <type_traits>
 
@@ -33,160 +65,255 @@ namespace fp8amp::kernels::cuda {
 namespace {
 
 using namespace casting;
-static_assert(kThreads == norm::kLanes, "a block is the lanes of a row sum");
-static_assert(norm::kPiece == 4, "pieces of 4 elements");
+static_assert(kThreads == norm::kBlockWarps * 32, "a block is kBlockWarps warps");
+static_assert(norm::kPiece == 8, "pieces of 8 elements");
 
-constexpr int kRowsPerPass = norm::kLanes * norm::kPiece;  // elements a block covers with one piece each
-
-__device__ __forceinline__ float load_wide(const void *p, fp8amp_dtype dt, int64_t i) {
-    switch (dt) {
-    case FP8AMP_DTYPE_F32: return to_f32<FP8AMP_DTYPE_F32>(static_cast<const float *>(p)[i]);
-    case FP8AMP_DTYPE_F16: return to_f32<FP8AMP_DTYPE_F16>(static_cast<const uint16_t *>(p)[i]);
-    default: return to_f32<FP8AMP_DTYPE_BF16>(static_cast<const uint16_t *>(p)[i]);
-    }
-}
-
-__device__ __forceinline__ void store_wide(void *p, fp8amp_dtype dt, int64_t i, float v) {
-    switch (dt) {
-    case FP8AMP_DTYPE_F32: static_cast<float *>(p)[i] = from_f32<FP8AMP_DTYPE_F32>(v); return;
-    case FP8AMP_DTYPE_F16: static_cast<uint16_t *>(p)[i] = from_f32<FP8AMP_DTYPE_F16>(v); return;
-    default: static_cast<uint16_t *>(p)[i] = from_f32<FP8AMP_DTYPE_BF16>(v); return;
-    }
-}
-
-// Two block sums at once (the backward's two dot products), each in norm::tree_sum's order: the
-// same additions as two block_sum calls, with half the barriers. red2: 18 floats of shared memory.
-__device__ __forceinline__ void block_sum2(float &a, float &b, float *red2) {
-    for (int s = 16; s > 0; s /= 2) {
-        a = norm::fadd(a, __shfl_down_sync(0xFFFFFFFFu, a, s));
-        b = norm::fadd(b, __shfl_down_sync(0xFFFFFFFFu, b, s));
-    }
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    __syncthreads();  // red2[] may still be read by the previous sum
-    if (lane == 0) red2[warp] = a, red2[9 + warp] = b;
-    __syncthreads();
-    if (warp == 0) {
-        a = lane < kThreads / 32 ? red2[lane] : 0.0f;
-        b = lane < kThreads / 32 ? red2[9 + lane] : 0.0f;
-        for (int s = 4; s > 0; s /= 2) {
-            a = norm::fadd(a, __shfl_down_sync(0xFFFFFFFFu, a, s));
-            b = norm::fadd(b, __shfl_down_sync(0xFFFFFFFFu, b, s));
-        }
-        if (lane == 0) red2[8] = a, red2[17] = b;
-    }
-    __syncthreads();
-    a = red2[8], b = red2[17];
-}
-
-struct Piece {
-    float v[4];
-};
-
-// A row's piece of 4 consecutive elements i0..i0+3 (i0 % 4 == 0) as floats; elements at or past d
-// read as 0 and are never used. vec: the row is 4-element aligned (d % 4 == 0 and an aligned base),
-// so a whole piece is one 8- or 16-byte load -- the loads of a warp then cover one contiguous span.
-template <fp8amp_dtype S>
-__device__ __forceinline__ void load_piece(const typename Storage<S>::type *row, int64_t i0, int64_t d, bool vec,
-                                           float f[4]) {
-    if (vec && i0 + 4 <= d) {
-        if constexpr (S == FP8AMP_DTYPE_F32) {
-            const float4 v = *reinterpret_cast<const float4 *>(row + i0);
-            f[0] = to_f32<S>(v.x), f[1] = to_f32<S>(v.y), f[2] = to_f32<S>(v.z), f[3] = to_f32<S>(v.w);
-        } else {
-            const uint2 v = *reinterpret_cast<const uint2 *>(row + i0);
-            f[0] = to_f32<S>(uint16_t(v.x & 0xFFFFu)), f[1] = to_f32<S>(uint16_t(v.x >> 16));
-            f[2] = to_f32<S>(uint16_t(v.y & 0xFFFFu)), f[3] = to_f32<S>(uint16_t(v.y >> 16));
-        }
-        return;
-    }
-#pragma unroll
-    for (int e = 0; e < 4; ++e) f[e] = i0 + e < d ? to_f32<S>(row[i0 + e]) : 0.0f;
-}
-
-// Stores a piece of a wide output (F32/F16/BF16 chosen at run time) at element i (the piece's first).
-__device__ __forceinline__ void store_wide_piece(void *p, fp8amp_dtype dt, int64_t i, int64_t left, bool vec,
-                                                 const float f[4]) {
-    if (vec && left >= 4) {
-        if (dt == FP8AMP_DTYPE_F32) {
-            *reinterpret_cast<float4 *>(static_cast<float *>(p) + i) = make_float4(f[0], f[1], f[2], f[3]);
-        } else {
-            uint16_t h[4];
-#pragma unroll
-            for (int e = 0; e < 4; ++e)
-                h[e] = dt == FP8AMP_DTYPE_F16 ? from_f32<FP8AMP_DTYPE_F16>(f[e]) : from_f32<FP8AMP_DTYPE_BF16>(f[e]);
-            *reinterpret_cast<uint2 *>(static_cast<uint16_t *>(p) + i) =
-                make_uint2(uint32_t(h[0]) | (uint32_t(h[1]) << 16), uint32_t(h[2]) | (uint32_t(h[3]) << 16));
-        }
-        return;
-    }
-#pragma unroll  // constant indices keep f[] in registers
-    for (int e = 0; e < 4; ++e)
-        if (e < left) store_wide(p, dt, i + e, f[e]);
-}
-
-// Whether p + 4k elements of `size` bytes are 4-element aligned for every k (with d % 4 == 0).
-__device__ __forceinline__ bool piece_aligned(const void *p, int64_t d, size_t size) {
-    return d % 4 == 0 && reinterpret_cast<uintptr_t>(p) % (4 * size) == 0;
-}
-
-__device__ __forceinline__ size_t wide_size(fp8amp_dtype dt) { return dt == FP8AMP_DTYPE_F32 ? 4 : 2; }
-
-// The block's sum of one value per thread, in norm::tree_sum's order, returned to every thread.
-// red: 9 floats of shared memory.
-__device__ __forceinline__ float block_sum(float v, float *red) {
-    for (int s = 16; s > 0; s /= 2) v = norm::fadd(v, __shfl_down_sync(0xFFFFFFFFu, v, s));
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    __syncthreads();  // red[] may still be read by the previous sum
-    if (lane == 0) red[warp] = v;
-    __syncthreads();
-    if (warp == 0) {
-        v = lane < kThreads / 32 ? red[lane] : 0.0f;
-        for (int s = 4; s > 0; s /= 2) v = norm::fadd(v, __shfl_down_sync(0xFFFFFFFFu, v, s));
-        if (lane == 0) red[8] = v;
-    }
-    __syncthreads();
-    return red[8];
-}
-
-// Calls f(i0, p) for this thread's pieces of a row of d, in increasing order: pieces
-// k = threadIdx.x + p * 256 (p = 0, 1, ...), elements i0 = 4k..4k+3 (some may be past d at the end).
-// kPieces > 0: at most kPieces pieces (the launch guarantees d <= kPieces * 1024), p indexes a
-// register cache of 4 floats per piece; kPieces == 0: any d, p is 0.
-template <int kPieces, class F>
-__device__ __forceinline__ void for_pieces(int64_t d, F &&f) {
-    if constexpr (kPieces > 0) {
-#pragma unroll
-        for (int p = 0; p < kPieces; ++p) {
-            const int64_t i0 = (int64_t(threadIdx.x) + int64_t(p) * kThreads) * 4;
-            if (i0 < d) f(i0, p);
-        }
-    } else {
-        for (int64_t i0 = int64_t(threadIdx.x) * 4; i0 < d; i0 += kRowsPerPass) f(i0, 0);
-    }
-}
+constexpr int kMaxPieces = 8;        // register pieces of a lane (forward and backward)
+constexpr int kMaxSmemPieces = 12;   // backward: partials in shared memory up to 12 pieces a lane
+constexpr int kFinishCols = 32;      // finishing kernel: columns a block
+constexpr int kFinishChunks = int(norm::kMaxChunks);  // finishing kernel: chunks staged at once (all)
+constexpr int kTile = 32;            // forward with a fused y_t: rows a block stages (32-byte runs of y_t)
 
 template <fp8amp_dtype D>
 constexpr bool is_fp8_v = D == FP8AMP_DTYPE_E4M3 || D == FP8AMP_DTYPE_E5M2;
 
-// The weight (gamma or 1 + gamma) and beta of a piece's columns (0 past d).
-__device__ __forceinline__ void load_affine(const NormForwardArgs &a, int64_t i0, float w[4], float b[4]) {
+// ---- raw pieces: 8 elements as loaded (BF16/F16: 4 words of 2; F32: 8 words) ------------------------
+
+template <fp8amp_dtype S>
+constexpr int kWords = S == FP8AMP_DTYPE_F32 ? 8 : 4;
+
+// How the pieces of a row can be loaded: 2 = whole 16-byte vectors (BF16/F16: d % 8 == 0 and a
+// 16-byte aligned base; F32: d % 4 == 0 and 16-byte aligned: two float4), 1 = 8-byte halves
+// (BF16/F16 with d % 4 == 0 and an 8-byte aligned base), 0 = element by element.
+__device__ __forceinline__ int vec_mode(const void *p, int64_t d, int size) {
+    const uintptr_t a = reinterpret_cast<uintptr_t>(p);
+    if (size == 4) return d % 4 == 0 && a % 16 == 0 ? 2 : 0;
+    if (size == 2) return d % 8 == 0 && a % 16 == 0 ? 2 : d % 4 == 0 && a % 8 == 0 ? 1 : 0;
+    return d % 8 == 0 && a % 8 == 0 ? 2 : d % 4 == 0 && a % 4 == 0 ? 1 : 0;  // FP8 stores
+}
+
+// Loads the piece at element i0 of a row (left = min(8, d - i0) elements exist; the rest read as 0).
+template <fp8amp_dtype S>
+__device__ __forceinline__ void load_raw(const typename Storage<S>::type *row, int64_t i0, int left, int vec,
+                                         uint32_t (&w)[kWords<S>]) {
+    if constexpr (S == FP8AMP_DTYPE_F32) {
+        if (left == 8 && vec == 2) {
+            const float4 a = __ldg(reinterpret_cast<const float4 *>(row + i0));
+            const float4 b = __ldg(reinterpret_cast<const float4 *>(row + i0 + 4));
+            w[0] = __float_as_uint(a.x), w[1] = __float_as_uint(a.y), w[2] = __float_as_uint(a.z);
+            w[3] = __float_as_uint(a.w), w[4] = __float_as_uint(b.x), w[5] = __float_as_uint(b.y);
+            w[6] = __float_as_uint(b.z), w[7] = __float_as_uint(b.w);
+            return;
+        }
 #pragma unroll
-    for (int e = 0; e < 4; ++e) {
-        const bool in = i0 + e < a.d;
-        w[e] = in ? norm::weight(load_wide(a.gamma, a.gamma_dtype, i0 + e), a.zero_centered) : 0.0f;
-        b[e] = in && a.beta ? load_wide(a.beta, a.beta_dtype, i0 + e) : 0.0f;
+        for (int e = 0; e < 8; ++e) w[e] = e < left ? __float_as_uint(row[i0 + e]) : 0u;
+    } else {
+        if (left == 8 && vec == 2) {
+            const uint4 v = __ldg(reinterpret_cast<const uint4 *>(row + i0));
+            w[0] = v.x, w[1] = v.y, w[2] = v.z, w[3] = v.w;
+            return;
+        }
+        if (left == 8 && vec == 1) {
+            const uint2 a = __ldg(reinterpret_cast<const uint2 *>(row + i0));
+            const uint2 b = __ldg(reinterpret_cast<const uint2 *>(row + i0 + 4));
+            w[0] = a.x, w[1] = a.y, w[2] = b.x, w[3] = b.y;
+            return;
+        }
+#pragma unroll
+        for (int h = 0; h < 4; ++h) {
+            const uint32_t lo = 2 * h < left ? row[i0 + 2 * h] : 0u;
+            const uint32_t hi = 2 * h + 1 < left ? row[i0 + 2 * h + 1] : 0u;
+            w[h] = lo | (hi << 16);
+        }
     }
 }
 
-// y of one row into D (E4M3/E5M2; F32 stands for any wide dtype, a.y_dtype, chosen at run time).
-// kWrite false: only y's amax (current scaling's first pass). Loads and stores move whole pieces
-// (8/16-byte loads, 4-byte FP8 stores) when the rows are aligned.
-template <fp8amp_dtype S, fp8amp_dtype D, int kPieces, bool kWrite>
-__global__ void __launch_bounds__(kThreads) norm_forward_kernel(const NormForwardArgs a) {
+// Element e of a raw piece as a float. No NaN canonicalization (to_f32 does it): a NaN input only
+// ever reaches outputs through arithmetic, whose NaN results are stored canonical.
+template <fp8amp_dtype S>
+__device__ __forceinline__ float raw_at(const uint32_t (&w)[kWords<S>], int e) {
+    if constexpr (S == FP8AMP_DTYPE_F32) return __uint_as_float(w[e]);
+    const uint32_t v = w[e / 2];
+    if constexpr (S == FP8AMP_DTYPE_BF16) return __uint_as_float(e % 2 ? v & 0xFFFF0000u : v << 16);
+    return __half2float(__ushort_as_half(static_cast<unsigned short>(e % 2 ? v >> 16 : v & 0xFFFFu)));
+}
+
+// A parameter vector's 8 elements at i0 (gamma or beta; its dtype chosen at run time) as floats,
+// 0 past d; vec: 16-byte aligned base.
+__device__ __forceinline__ void load_param(const void *p, fp8amp_dtype dt, int64_t i0, int left, bool vec, float f[8]) {
+    if (dt == FP8AMP_DTYPE_F32) {
+        const float *q = static_cast<const float *>(p) + i0;
+        if (left == 8 && vec) {
+            const float4 a = __ldg(reinterpret_cast<const float4 *>(q)), b = __ldg(reinterpret_cast<const float4 *>(q + 4));
+            f[0] = a.x, f[1] = a.y, f[2] = a.z, f[3] = a.w, f[4] = b.x, f[5] = b.y, f[6] = b.z, f[7] = b.w;
+            return;
+        }
+#pragma unroll
+        for (int e = 0; e < 8; ++e) f[e] = e < left ? __ldg(q + e) : 0.0f;
+        return;
+    }
+    const uint16_t *q = static_cast<const uint16_t *>(p) + i0;
+    uint32_t w[4];
+    if (left == 8 && vec) {
+        const uint4 v = __ldg(reinterpret_cast<const uint4 *>(q));
+        w[0] = v.x, w[1] = v.y, w[2] = v.z, w[3] = v.w;
+    } else {
+#pragma unroll
+        for (int h = 0; h < 4; ++h)
+            w[h] = (2 * h < left ? uint32_t(__ldg(q + 2 * h)) : 0u) | ((2 * h + 1 < left ? uint32_t(__ldg(q + 2 * h + 1)) : 0u) << 16);
+    }
+    if (dt == FP8AMP_DTYPE_BF16) {
+#pragma unroll
+        for (int e = 0; e < 8; ++e) f[e] = raw_at<FP8AMP_DTYPE_BF16>(w, e);
+    } else {
+#pragma unroll
+        for (int e = 0; e < 8; ++e) f[e] = raw_at<FP8AMP_DTYPE_F16>(w, e);
+    }
+}
+
+// Stores 8 values of a wide output (F32/F16/BF16, chosen at run time) at element `base` (the piece's
+// first, `left` of them in the row); vec as vec_mode for the output's element size.
+__device__ __forceinline__ void store_wide8(void *p, fp8amp_dtype dt, int64_t base, int left, int vec, const float f[8]) {
+    if (dt == FP8AMP_DTYPE_F32) {
+        float *q = static_cast<float *>(p) + base;
+        if (left == 8 && vec == 2) {
+            float c[8];
+#pragma unroll
+            for (int e = 0; e < 8; ++e) c[e] = from_f32<FP8AMP_DTYPE_F32>(f[e]);
+            reinterpret_cast<float4 *>(q)[0] = make_float4(c[0], c[1], c[2], c[3]);
+            reinterpret_cast<float4 *>(q)[1] = make_float4(c[4], c[5], c[6], c[7]);
+            return;
+        }
+#pragma unroll
+        for (int e = 0; e < 8; ++e)
+            if (e < left) q[e] = from_f32<FP8AMP_DTYPE_F32>(f[e]);
+        return;
+    }
+    uint16_t h[8];
+#pragma unroll
+    for (int e = 0; e < 8; ++e) h[e] = dt == FP8AMP_DTYPE_F16 ? from_f32<FP8AMP_DTYPE_F16>(f[e]) : from_f32<FP8AMP_DTYPE_BF16>(f[e]);
+    uint16_t *q = static_cast<uint16_t *>(p) + base;
+    uint32_t w[4];
+#pragma unroll
+    for (int k = 0; k < 4; ++k) w[k] = uint32_t(h[2 * k]) | (uint32_t(h[2 * k + 1]) << 16);
+    if (left == 8 && vec == 2) {
+        *reinterpret_cast<uint4 *>(q) = make_uint4(w[0], w[1], w[2], w[3]);
+    } else if (left == 8 && vec == 1) {
+        reinterpret_cast<uint2 *>(q)[0] = make_uint2(w[0], w[1]);
+        reinterpret_cast<uint2 *>(q)[1] = make_uint2(w[2], w[3]);
+    } else {
+#pragma unroll
+        for (int e = 0; e < 8; ++e)
+            if (e < left) q[e] = h[e];
+    }
+}
+
+__device__ __forceinline__ size_t wide_size(fp8amp_dtype dt) { return dt == FP8AMP_DTYPE_F32 ? 4 : 2; }
+
+// ---- the group reductions -------------------------------------------------------------------------
+
+// Where a thread stands: its row slot, its place in the row's group of warps, its lane of the order.
+struct Place {
+    int groups, slot, member, lane, j;
+    __device__ Place(int64_t d) {
+        groups = norm::groups(d);
+        const int warp = threadIdx.x / 32;
+        lane = threadIdx.x % 32;
+        slot = warp / groups;
+        member = warp % groups;
+        j = member * 32 + lane;
+    }
+};
+
+// The warps of one row slot only (named barrier 1 + slot; 0 is __syncthreads).
+__device__ __forceinline__ void slot_barrier(const Place &pl) {
+    asm volatile("bar.sync %0, %1;" ::"r"(1 + pl.slot), "r"(32 * pl.groups) : "memory");
+}
+
+// Shared memory of the group sums: [parity][value][warp], double-buffered so that one barrier a sum
+// suffices (a buffer is written again only after the next sum's barrier, which every reader of the
+// previous one has passed).
+struct GroupScratch {
+    float v[2][2][norm::kBlockWarps];
+};
+
+// The row sums of n = 1 or 2 values (one term per lane each) in norm::tree_sum's order, returned to
+// every thread of the row.
+template <int N>
+__device__ __forceinline__ void group_sum(float (&v)[N], const Place &pl, GroupScratch &gs, int &parity) {
+#pragma unroll
+    for (int s = 16; s > 0; s /= 2)
+#pragma unroll
+        for (int n = 0; n < N; ++n) v[n] = norm::fadd(v[n], __shfl_xor_sync(0xFFFFFFFFu, v[n], s));
+    if (pl.groups == 1) return;
+    const int base = pl.slot * pl.groups;
+    if (pl.lane == 0)
+#pragma unroll
+        for (int n = 0; n < N; ++n) gs.v[parity][n][base + pl.member] = v[n];
+    slot_barrier(pl);
+#pragma unroll
+    for (int n = 0; n < N; ++n) {
+        float q[norm::kMaxGroups];
+#pragma unroll
+        for (int w = 0; w < norm::kMaxGroups; ++w) q[w] = w < pl.groups ? gs.v[parity][n][base + (w < pl.groups ? w : 0)] : 0.0f;
+#pragma unroll
+        for (int s = norm::kMaxGroups / 2; s > 0; s /= 2)
+            if (s < pl.groups)
+#pragma unroll
+                for (int w = 0; w < s; ++w) q[w] = norm::fadd(q[w], q[w + s]);
+        v[n] = q[0];
+    }
+    parity ^= 1;
+}
+
+// Calls f(p, i0, left) for the pieces of lane j of a row of d: piece k = j + p * lanes, elements
+// i0 = 8k .. 8k + left - 1. kPieces > 0: p < kPieces (the launch guarantees that they cover d), for
+// a register cache indexed by p; 0: any d, p counts up.
+template <int kPieces, class F>
+__device__ __forceinline__ void for_pieces(int64_t d, int j, int n_lanes, F &&f) {
+    if constexpr (kPieces > 0) {
+#pragma unroll
+        for (int p = 0; p < kPieces; ++p) {
+            const int64_t i0 = (int64_t(j) + int64_t(p) * n_lanes) * norm::kPiece;
+            if (i0 < d) f(p, i0, d - i0 >= 8 ? 8 : int(d - i0));
+        }
+    } else {
+        int p = 0;
+        for (int64_t i0 = int64_t(j) * norm::kPiece; i0 < d; i0 += int64_t(n_lanes) * norm::kPiece, ++p)
+            f(p, i0, d - i0 >= 8 ? 8 : int(d - i0));
+    }
+}
+
+// ---- forward ---------------------------------------------------------------------------------------
+
+// Blocks a SM the forward is compiled for: 4 (64 registers: 32 warps, 2-8 KB of a row in flight
+// each) where the row's raw pieces take at most 16 registers, else 2. ptxas would take 128 registers
+// for the 16-register case too (spilling a little either way); the occupancy matters more here.
+constexpr int fwd_min_blocks(fp8amp_dtype s, int pieces, bool t) {
+    return !t && (s == FP8AMP_DTYPE_F32 ? 8 : 4) * (pieces > 0 ? pieces : 1) <= 16 ? 4 : 2;
+}
+
+// norm.hpp's run-time choices in forms without a per-element select, bit for bit the same for every
+// float (NaN included; NaN results are stored canonical): xhat(x, mean, rstd, rms) is
+// (x - mean) * rstd with mean = +0 for RMSNorm (x - (+0) == x); weight(g, zc) is c + g with
+// c = 1 or -0 (-0 + g == g); y without beta is t + (-0) (== t); RMSNorm's dx term g - c1 has c1 = +0.
+__device__ __forceinline__ float weight_c(bool zero_centered) { return zero_centered ? 1.0f : -0.0f; }
+
+// y into D (E4M3/E5M2; F32 stands for any wide dtype, a.y_dtype, chosen at run time). kWrite false:
+// only y's amax (current scaling's first pass). kT (FP8, fused_t_ok): y_t too -- the block takes
+// tiles of kTile consecutive rows (slot s: rows s, s + slots, ...), stages their codes in dynamic shared
+// memory (kTile * d bytes) and writes y_t's columns as kTile-byte runs (whole 32-byte sectors).
+template <fp8amp_dtype S, fp8amp_dtype D, int kPieces, bool kWrite, bool kT = false>
+__global__ void __launch_bounds__(kThreads, fwd_min_blocks(S, kPieces, kT)) norm_forward_kernel(const NormForwardArgs a) {
     using SrcT = typename Storage<S>::type;
     constexpr bool kFp8 = is_fp8_v<D>;
-    constexpr int kCache = kPieces > 0 ? kPieces * 4 : 4;
-    __shared__ float red[9];
+    constexpr int kW = kWords<S>;
+    constexpr int kCache = kPieces > 0 ? kPieces : 1;
+    __shared__ GroupScratch gs;
+    const int64_t d = a.d;
+    const Place pl(d);
+    const int n_lanes = 32 * pl.groups, n_slots = norm::kBlockWarps / pl.groups;
+    int parity = 0;
     ScalingState *meta = a.target.meta;
     float scale = 1.0f, fp8_max = 0.0f;
     bool stats = false;
@@ -196,104 +323,179 @@ __global__ void __launch_bounds__(kThreads) norm_forward_kernel(const NormForwar
         stats = kWrite && meta->stats_enabled;
     }
     const auto *x = static_cast<const SrcT *>(a.x);
-    const int64_t d = a.d;
-    const bool vec_x = piece_aligned(a.x, d, sizeof(SrcT));
-    const bool vec_y = piece_aligned(a.y, d, kFp8 ? 1 : wide_size(a.y_dtype));
-    // Short rows: the weight and bias of this thread's columns stay in registers across the rows the
-    // block normalizes (8 or 16 floats; for longer rows the registers are worth more as the row cache).
-    constexpr bool kAffineCache = kPieces > 0 && kPieces <= 2;
-    float gw[kAffineCache ? kCache : 1], gb[kAffineCache ? kCache : 1];
-    if constexpr (kAffineCache) for_pieces<kPieces>(d, [&](int64_t i0, int p) { load_affine(a, i0, gw + 4 * p, gb + 4 * p); });
-    Tally t;
-    for (int64_t r = blockIdx.x; r < a.rows; r += gridDim.x) {
+    const int vx = vec_mode(a.x, d, sizeof(SrcT));
+    const int vy = vec_mode(a.y, d, kFp8 ? 1 : int(wide_size(a.y_dtype)));
+    const bool vg = reinterpret_cast<uintptr_t>(a.gamma) % 16 == 0;
+    const bool vb = reinterpret_cast<uintptr_t>(a.beta) % 16 == 0;
+    const bool has_beta = a.beta != nullptr, rms = a.rms;
+    const float wc = weight_c(a.zero_centered);
+    uint32_t amax = 0, saturated = 0, underflowed = 0;  // amax: max of |y|'s bits (NaN above inf)
+    extern __shared__ uint32_t stage[];  // kT: [kTile][d / 4] words of codes
+    // Row r (ti: its place in the tile, kT).
+    auto do_row = [&](int64_t r, int ti) {
         const SrcT *xr = x + r * d;
-        float v[kCache];
-        // The piece's values: from the register cache (filled by the first pass), or read again.
-        auto piece = [&](int64_t i0, int p, bool first) -> float * {
+        uint32_t raw[kCache][kW];
+        if constexpr (kPieces > 0)  // every load of the row in flight before the first addition
+            for_pieces<kPieces>(d, pl.j, n_lanes, [&](int p, int64_t i0, int left) { load_raw<S>(xr, i0, left, vx, raw[p]); });
+        auto piece = [&](int p, int64_t i0, int left) -> const uint32_t(&)[kW] {
             if constexpr (kPieces > 0) {
-                if (first) load_piece<S>(xr, i0, d, vec_x, v + 4 * p);
-                return v + 4 * p;
+                return raw[p];
             } else {
-                load_piece<S>(xr, i0, d, vec_x, v + 0);  // kCache is 4 here
-                return v;
+                load_raw<S>(xr, i0, left, vx, raw[0]);
+                return raw[0];
             }
         };
-        float mean = 0.0f, acc = 0.0f;
-        if (!a.rms) {
-            for_pieces<kPieces>(d, [&](int64_t i0, int p) {
-                const float *f = piece(i0, p, true);
+        // Pass 1: sum(x) (LayerNorm) or sum(x^2) (RMSNorm). A piece's missing elements read as +0, and
+        // adding +0 (or +0 squared) to a lane sum that started from +0 changes no bit.
+        float acc[1] = {0.0f};
+        if (rms) {
+            for_pieces<kPieces>(d, pl.j, n_lanes, [&](int p, int64_t i0, int left) {
+                const auto &w = piece(p, i0, left);
 #pragma unroll
-                for (int e = 0; e < 4; ++e)
-                    if (i0 + e < d) acc = norm::fadd(acc, f[e]);
-            });
-            mean = norm::mean_of(block_sum(acc, red), d);
-            acc = 0.0f;
-            for_pieces<kPieces>(d, [&](int64_t i0, int p) {
-                const float *f = piece(i0, p, false);
-#pragma unroll
-                for (int e = 0; e < 4; ++e)
-                    if (i0 + e < d) acc = norm::fadd(acc, norm::centered_square(f[e], mean));
+                for (int e = 0; e < 8; ++e) acc[0] = norm::fadd(acc[0], norm::square(raw_at<S>(w, e)));
             });
         } else {
-            for_pieces<kPieces>(d, [&](int64_t i0, int p) {
-                const float *f = piece(i0, p, true);
+            for_pieces<kPieces>(d, pl.j, n_lanes, [&](int p, int64_t i0, int left) {
+                const auto &w = piece(p, i0, left);
 #pragma unroll
-                for (int e = 0; e < 4; ++e)
-                    if (i0 + e < d) acc = norm::fadd(acc, norm::square(f[e]));
+                for (int e = 0; e < 8; ++e) acc[0] = norm::fadd(acc[0], raw_at<S>(w, e));
             });
         }
-        const float rstd = norm::rstd_of(block_sum(acc, red), d, a.eps);
-        if (kWrite && threadIdx.x == 0) {
+        group_sum<1>(acc, pl, gs, parity);
+        float mean = 0.0f, rstd;
+        if (!rms) {
+            mean = norm::mean_of(acc[0], d);
+            acc[0] = 0.0f;
+            for_pieces<kPieces>(d, pl.j, n_lanes, [&](int p, int64_t i0, int left) {
+                const auto &w = piece(p, i0, left);
+                if (left == 8) {
+#pragma unroll
+                    for (int e = 0; e < 8; ++e) acc[0] = norm::fadd(acc[0], norm::centered_square(raw_at<S>(w, e), mean));
+                } else {
+#pragma unroll
+                    for (int e = 0; e < 8; ++e) {
+                        const float t = norm::centered_square(raw_at<S>(w, e), mean);
+                        acc[0] = norm::fadd(acc[0], e < left ? t : 0.0f);
+                    }
+                }
+            });
+            group_sum<1>(acc, pl, gs, parity);
+        }
+        rstd = norm::rstd_of(acc[0], d, a.eps);
+        if (kWrite && pl.j == 0) {
             if (a.mean) a.mean[r] = norm::canonical(mean);
             if (a.rstd) a.rstd[r] = norm::canonical(rstd);
         }
-        for_pieces<kPieces>(d, [&](int64_t i0, int p) {
-            const float *f = piece(i0, p, false);
-            float wl[4], bl[4];
-            const float *w = wl, *b = bl;
-            if constexpr (kAffineCache) {
-                w = gw + 4 * p, b = gb + 4 * p;
+        for_pieces<kPieces>(d, pl.j, n_lanes, [&](int p, int64_t i0, int left) {
+            const auto &w = piece(p, i0, left);
+            float g[8], b[8], y[8];
+            load_param(a.gamma, a.gamma_dtype, i0, left, vg, g);
+            if (has_beta) {
+                load_param(a.beta, a.beta_dtype, i0, left, vb, b);
             } else {
-                load_affine(a, i0, wl, bl);
+#pragma unroll
+                for (int e = 0; e < 8; ++e) b[e] = -0.0f;
             }
-            float y[4];
 #pragma unroll
-            for (int e = 0; e < 4; ++e) y[e] = norm::y_value(norm::xhat(f[e], mean, rstd, a.rms), w[e], b[e], a.beta != nullptr);
-            const int64_t left = d - i0, base = r * d + i0;
+            for (int e = 0; e < 8; ++e) {  // canonical below (the FP8 path: the NaN code)
+                const float xh = norm::xhat(raw_at<S>(w, e), mean, rstd, false);
+                y[e] = norm::fadd(norm::fmul(xh, norm::fadd(wc, g[e])), b[e]);
+            }
+            const int64_t base = r * d + i0;
             if constexpr (kFp8) {
-                uint32_t packed = 0;
+                if (left == 8) {
 #pragma unroll
-                for (int e = 0; e < 4; ++e) {
-                    if (e >= left) break;
-                    t.amax = max(t.amax, amax_bits_of(y[e]));
-                    if constexpr (kWrite) {
-                        const float sv = scaled(y[e], scale);
-                        const uint8_t q = from_f32<D>(sv);
-                        packed |= uint32_t(q) << (8 * e);
-                        if (stats) {
-                            t.saturated += (fabsf(sv) > fp8_max) ? 1u : 0u;  // false for NaN
-                            t.underflowed += (y[e] != 0.0f && y[e] == y[e] && (q & 0x7Fu) == 0) ? 1u : 0u;
-                        }
-                    }
+                    for (int e = 0; e < 8; ++e) amax = max(amax, __float_as_uint(y[e]) & 0x7FFFFFFFu);
+                } else {
+#pragma unroll
+                    for (int e = 0; e < 8; ++e)
+                        if (e < left) amax = max(amax, __float_as_uint(y[e]) & 0x7FFFFFFFu);
                 }
                 if constexpr (kWrite) {
+                    // scaled(canonical(y)): y * scale, never NaN but for a NaN y (and then it is the
+                    // positive quiet code either way); two codes a conversion.
+                    constexpr __nv_fp8_interpretation_t kFmt = D == FP8AMP_DTYPE_E4M3 ? __NV_E4M3 : __NV_E5M2;
+                    constexpr uint32_t kNaN = D == FP8AMP_DTYPE_E4M3 ? codec::E4M3::kQuietNaN : codec::E5M2::kQuietNaN;
+                    float sv[8];
+#pragma unroll
+                    for (int e = 0; e < 8; ++e) sv[e] = norm::fmul(y[e], scale);
+                    uint32_t word[2] = {0u, 0u};
+#pragma unroll
+                    for (int e = 0; e < 8; e += 2) {
+                        uint32_t q = __nv_cvt_float2_to_fp8x2(make_float2(sv[e], sv[e + 1]), __NV_SATFINITE, kFmt);
+                        if (sv[e] != sv[e]) q = (q & 0xFF00u) | kNaN;
+                        if (sv[e + 1] != sv[e + 1]) q = (q & 0x00FFu) | (kNaN << 8);
+                        word[e / 4] |= q << (8 * (e % 4));
+                    }
+                    if (stats) {
+#pragma unroll
+                        for (int e = 0; e < 8; ++e) {
+                            if (e >= left) break;
+                            const uint32_t q = (word[e / 4] >> (8 * (e % 4))) & 0xFFu;
+                            saturated += (fabsf(sv[e]) > fp8_max) ? 1u : 0u;  // false for NaN
+                            underflowed += (y[e] != 0.0f && y[e] == y[e] && (q & 0x7Fu) == 0) ? 1u : 0u;
+                        }
+                    }
+                    if constexpr (kT) {  // d % 4 == 0: the piece's words are word-aligned in the tile
+                        uint32_t *st = stage + size_t(ti) * (d / 4) + i0 / 4;
+                        st[0] = word[0];
+                        if (left > 4) st[1] = word[1];
+                    }
                     auto *out = static_cast<uint8_t *>(a.y) + base;
-                    if (vec_y && left >= 4) {
-                        *reinterpret_cast<uint32_t *>(out) = packed;
+                    if (left == 8 && vy == 2) {
+                        *reinterpret_cast<uint2 *>(out) = make_uint2(word[0], word[1]);
+                    } else if (left == 8 && vy == 1) {
+                        reinterpret_cast<uint32_t *>(out)[0] = word[0];
+                        reinterpret_cast<uint32_t *>(out)[1] = word[1];
                     } else {
-                        for (int e = 0; e < 4; ++e)
-                            if (e < left) out[e] = uint8_t(packed >> (8 * e));
+#pragma unroll
+                        for (int e = 0; e < 8; ++e)
+                            if (e < left) out[e] = uint8_t(word[e / 4] >> (8 * (e % 4)));
                     }
                 }
             } else {
-                store_wide_piece(a.y, a.y_dtype, base, left, vec_y, y);
+#pragma unroll
+                for (int e = 0; e < 8; ++e) y[e] = norm::canonical(y[e]);
+                store_wide8(a.y, a.y_dtype, base, left, vy, y);
             }
         });
+    };
+    if constexpr (kT) {
+        const int64_t n_tiles = a.rows / kTile, quads = d / 4;
+        for (int64_t tile = blockIdx.x; tile < n_tiles; tile += gridDim.x) {
+            for (int ti = pl.slot; ti < kTile; ti += n_slots) do_row(tile * kTile + ti, ti);
+            __syncthreads();
+            // Column quad q: the tile's 32 words of it (conflict-free: a warp reads consecutive words of a
+            // row), transposed 4 x 4 bytes at a time into 32-byte runs of its 4 columns.
+            for (int64_t q = threadIdx.x; q < quads; q += kThreads) {
+                uint32_t w[kTile];
+#pragma unroll
+                for (int i = 0; i < kTile; ++i) w[i] = stage[size_t(i) * quads + q];
+#pragma unroll
+                for (int c = 0; c < 4; ++c) {
+                    uint32_t o[kTile / 4];
+                    const uint32_t sel = uint32_t(c) | (uint32_t(c + 4) << 4);
+#pragma unroll
+                    for (int k = 0; k < kTile / 4; ++k)
+                        o[k] = __byte_perm(__byte_perm(w[4 * k], w[4 * k + 1], sel), __byte_perm(w[4 * k + 2], w[4 * k + 3], sel), 0x5410);
+                    auto *dst = reinterpret_cast<uint4 *>(static_cast<uint8_t *>(a.y_t) + (4 * q + c) * a.rows + tile * kTile);
+#pragma unroll
+                    for (int k = 0; k < kTile / 16; ++k) dst[k] = make_uint4(o[4 * k], o[4 * k + 1], o[4 * k + 2], o[4 * k + 3]);
+                }
+            }
+            __syncthreads();  // the tile is staged again
+        }
+    } else {
+        for (int64_t r = int64_t(blockIdx.x) * n_slots + pl.slot; r < a.rows; r += int64_t(gridDim.x) * n_slots) do_row(r, 0);
     }
     if constexpr (kFp8) {
+        Tally t;
+        t.amax = amax > 0x7F800000u ? 0x7F800000u : amax;  // amax_bits_of: NaN as inf
+        t.saturated = saturated;
+        t.underflowed = underflowed;
         if constexpr (!kWrite) {
-            const uint32_t amax = block_reduce(t.amax, MaxOp());
-            if (threadIdx.x == 0) atomicMax(&meta->amax_bits, amax);
+            const uint32_t m = block_reduce(t.amax, MaxOp());
+            if (threadIdx.x == 0) atomicMax(&meta->amax_bits, m);
         } else if (stats) {
             finish_block<true>(t, meta, scale, a.target.scale_inv, a.target.scale_inv_t, size_t(a.rows * d));
         } else {
@@ -302,133 +504,241 @@ __global__ void __launch_bounds__(kThreads) norm_forward_kernel(const NormForwar
     }
 }
 
-// One block per chunk of rows: dx of each row, and the chunk's column partials of dgamma (dy * xhat)
-// and dbeta (dy), written to partial[(2k + 0 / 1) * d + column]. Pieces move as whole vectors when
-// aligned, as in the forward; the weight of this thread's columns stays in registers (kPieces > 0).
+// ---- backward --------------------------------------------------------------------------------------
+
+// One block per chunk of rows (norm::chunk_begin), slot s of the block on sub-chunk s. dx of each row;
+// the chunk's column partials of dgamma (dy * xhat) and dbeta (dy) into partial[(2k + 0 / 1) * d + c].
+// smem_pieces > 0: the slots' partials in dynamic shared memory, float4 sp[slot][array][piece][half][lane]
+// (smem_pieces = the pieces of a lane); 0: one slot (groups(d) == 8), partials accumulated in the
+// partial buffer itself (each column owned by one thread).
 template <fp8amp_dtype SDY, fp8amp_dtype SX, int kPieces>
-__global__ void __launch_bounds__(kThreads) norm_backward_kernel(const NormBackwardArgs a, float *partial,
-                                                                 int64_t n_chunks) {
+__global__ void __launch_bounds__(kThreads, 2) norm_backward_kernel(const NormBackwardArgs a, float *partial,
+                                                                 int64_t n_chunks, int smem_pieces) {
     using DyT = typename Storage<SDY>::type;
     using XT = typename Storage<SX>::type;
-    constexpr int kCache = kPieces > 0 ? kPieces * 4 : 4;
-    __shared__ float red2[18];
-    const int64_t k = blockIdx.x, d = a.d;
+    constexpr int kCache = kPieces > 0 ? kPieces : 1;
+    extern __shared__ float4 sp[];
+    __shared__ GroupScratch gs;
+    const int64_t d = a.d, k = blockIdx.x;
+    const Place pl(d);
+    const int n_lanes = 32 * pl.groups, n_slots = norm::kBlockWarps / pl.groups;
+    const int n_arrays = a.dbeta ? 2 : 1;
+    int parity = 0;
     const float fd = static_cast<float>(d);
+    const bool rms = a.rms;
+    const float wc = weight_c(a.zero_centered);
+    const int vdy = vec_mode(a.dy, d, sizeof(DyT)), vx = vec_mode(a.x, d, sizeof(XT));
+    const int vdx = vec_mode(a.dx, d, int(wide_size(a.dx_dtype)));
+    const bool vg = reinterpret_cast<uintptr_t>(a.gamma) % 16 == 0;
+    const int P = smem_pieces;
+    float4 *mine = sp + size_t(pl.slot) * 2 * P * 2 * n_lanes;  // this slot's partials
+    auto at = [&](int arr, int p, int h) -> float4 & { return mine[((arr * P + p) * 2 + h) * n_lanes + pl.j]; };
     float *pg = partial + (2 * k) * d, *pb = partial + (2 * k + 1) * d;
-    const bool vec_dy = piece_aligned(a.dy, d, sizeof(DyT)), vec_x = piece_aligned(a.x, d, sizeof(XT));
-    const bool vec_dx = piece_aligned(a.dx, d, wide_size(a.dx_dtype));
-    auto weights = [&](int64_t i0, float w[4]) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e)
-            w[e] = i0 + e < d ? norm::weight(load_wide(a.gamma, a.gamma_dtype, i0 + e), a.zero_centered) : 0.0f;
-    };
-    float rg[kCache], rb[kCache], gw[kCache];  // the partials and weights in registers (kPieces > 0)
-#pragma unroll
-    for (int s = 0; s < kCache; ++s) rg[s] = rb[s] = 0.0f;
-    if constexpr (kPieces > 0) {
-        for_pieces<kPieces>(d, [&](int64_t i0, int p) { weights(i0, gw + 4 * p); });
+    if (P > 0) {
+        for (int arr = 0; arr < n_arrays; ++arr)
+            for (int p = 0; p < P; ++p) at(arr, p, 0) = at(arr, p, 1) = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     } else {
-        for_pieces<0>(d, [&](int64_t i0, int) {
-            for (int e = 0; e < 4 && i0 + e < d; ++e) pg[i0 + e] = pb[i0 + e] = 0.0f;
+        for_pieces<0>(d, pl.j, n_lanes, [&](int, int64_t i0, int left) {
+            for (int e = 0; e < left; ++e) {
+                pg[i0 + e] = 0.0f;
+                if (a.dbeta) pb[i0 + e] = 0.0f;
+            }
         });
     }
     const auto *dy = static_cast<const DyT *>(a.dy);
     const auto *x = static_cast<const XT *>(a.x);
-    const int64_t r1 = norm::chunk_begin(k + 1, a.rows, n_chunks);
-    for (int64_t r = norm::chunk_begin(k, a.rows, n_chunks); r < r1; ++r) {
-        const float mean = a.rms ? 0.0f : a.mean[r], rstd = a.rstd[r];
-        const int64_t base = r * d;
-        float cdy[kCache], cxh[kCache];  // dy and xhat of the row (kPieces > 0)
-        // This piece's dy, xhat and weight: loaded, or (second pass, kPieces > 0) from the cache.
-        auto load = [&](int64_t i0, int p, float *dyv, float *xh, float *w) {
-            float xv[4];
-            load_piece<SDY>(dy + base, i0, d, vec_dy, dyv);
-            load_piece<SX>(x + base, i0, d, vec_x, xv);
-#pragma unroll
-            for (int e = 0; e < 4; ++e) xh[e] = norm::xhat(xv[e], mean, rstd, a.rms);
+    const int64_t c0 = norm::chunk_begin(k, a.rows, n_chunks), c1 = norm::chunk_begin(k + 1, a.rows, n_chunks);
+    const int64_t r0 = c0 + norm::chunk_begin(pl.slot, c1 - c0, n_slots);
+    const int64_t r1 = c0 + norm::chunk_begin(pl.slot + 1, c1 - c0, n_slots);
+    // kPrefetch: the next row's dy, x, mean and rstd are loaded while this row is computed (a slot walks
+    // its rows one after another, so its loads would otherwise wait on its own arithmetic); not for 8
+    // pieces of BF16 (or 4+ of F32), whose two copies would not fit in the registers.
+    constexpr bool kPrefetch = kPieces > 0 && kPieces * (kWords<SDY> + kWords<SX>) <= 32;
+    uint32_t rdy[kCache][kWords<SDY>], rx[kCache][kWords<SX>];
+    float cur_mean = 0.0f, cur_rstd = 0.0f;
+    auto fetch = [&](int64_t rr, uint32_t (&ddy)[kCache][kWords<SDY>], uint32_t (&dxx)[kCache][kWords<SX>],
+                     float &m, float &rs) {
+        m = rms ? 0.0f : a.mean[rr];
+        rs = a.rstd[rr];
+        for_pieces<kPieces>(d, pl.j, n_lanes, [&](int p, int64_t i0, int left) {
+            load_raw<SDY>(dy + rr * d, i0, left, vdy, ddy[p]);
+            load_raw<SX>(x + rr * d, i0, left, vx, dxx[p]);
+        });
+    };
+    if constexpr (kPrefetch)
+        if (r0 < r1) fetch(r0, rdy, rx, cur_mean, cur_rstd);
+    for (int64_t r = r0; r < r1; ++r) {
+        uint32_t ndy[kCache][kWords<SDY>], nx[kCache][kWords<SX>];
+        float next_mean = 0.0f, next_rstd = 0.0f;
+        if constexpr (kPrefetch) {
+            if (r + 1 < r1) fetch(r + 1, ndy, nx, next_mean, next_rstd);
+        } else if constexpr (kPieces > 0) {
+            fetch(r, rdy, rx, cur_mean, cur_rstd);
+        } else {
+            cur_mean = rms ? 0.0f : a.mean[r];
+            cur_rstd = a.rstd[r];
+        }
+        const float mean = cur_mean, rstd = cur_rstd;
+        const DyT *dyr = dy + r * d;
+        const XT *xr = x + r * d;
+        auto load = [&](int p, int64_t i0, int left) -> int {
             if constexpr (kPieces > 0) {
-#pragma unroll
-                for (int e = 0; e < 4; ++e) w[e] = gw[4 * p + e];
+                return p;
             } else {
-                weights(i0, w);
+                load_raw<SDY>(dyr, i0, left, vdy, rdy[0]);
+                load_raw<SX>(xr, i0, left, vx, rx[0]);
+                return 0;
             }
         };
-        float acc1 = 0.0f, acc2 = 0.0f;
-        for_pieces<kPieces>(d, [&](int64_t i0, int p) {
-            float dyv[4], xh[4], w[4];
-            load(i0, p, dyv, xh, w);
+        float acc[2] = {0.0f, 0.0f};
+        for_pieces<kPieces>(d, pl.j, n_lanes, [&](int p, int64_t i0, int left) {
+            const int c = load(p, i0, left);
+            float w[8];
+            load_param(a.gamma, a.gamma_dtype, i0, left, vg, w);
+            // a missing element: g = +0 (adds nothing); g * xhat may be NaN (xhat of 0): skipped
+            auto body = [&](auto full) {
 #pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                if (i0 + e >= d) break;
-                const float g = norm::fmul(dyv[e], w[e]);
-                if (!a.rms) acc1 = norm::fadd(acc1, g);
-                acc2 = norm::fadd(acc2, norm::fmul(g, xh[e]));
-            }
-            if constexpr (kPieces > 0) {
-#pragma unroll
-                for (int e = 0; e < 4; ++e) cdy[4 * p + e] = dyv[e], cxh[4 * p + e] = xh[e];
-            }
+                for (int e = 0; e < 8; ++e) {
+                    const float g = norm::fmul(raw_at<SDY>(rdy[c], e), norm::fadd(wc, w[e]));
+                    const float xh = norm::xhat(raw_at<SX>(rx[c], e), mean, rstd, false);
+                    acc[0] = norm::fadd(acc[0], g);  // unused by RMSNorm
+                    acc[1] = norm::fadd(acc[1], decltype(full)::value || e < left ? norm::fmul(g, xh) : 0.0f);
+                }
+            };
+            if (left == 8) body(std::true_type());
+            else body(std::false_type());
         });
-        block_sum2(acc1, acc2, red2);
-        const float c1 = a.rms ? 0.0f : norm::fdiv(acc1, fd);
-        const float c2 = norm::fdiv(acc2, fd);
-        for_pieces<kPieces>(d, [&](int64_t i0, int p) {
-            float dyv[4], xh[4], w[4], dx[4];
-            if constexpr (kPieces > 0) {
+        group_sum<2>(acc, pl, gs, parity);
+        const float c1v = rms ? 0.0f : norm::fdiv(acc[0], fd);
+        const float c2v = norm::fdiv(acc[1], fd);
+        for_pieces<kPieces>(d, pl.j, n_lanes, [&](int p, int64_t i0, int left) {
+            const int c = load(p, i0, left);
+            float w[8], dyv[8], xh[8], dx[8];
+            load_param(a.gamma, a.gamma_dtype, i0, left, vg, w);
 #pragma unroll
-                for (int e = 0; e < 4; ++e) dyv[e] = cdy[4 * p + e], xh[e] = cxh[4 * p + e], w[e] = gw[4 * p + e];
-            } else {
-                load(i0, p, dyv, xh, w);
+            for (int e = 0; e < 8; ++e) {
+                dyv[e] = raw_at<SDY>(rdy[c], e);
+                xh[e] = norm::xhat(raw_at<SX>(rx[c], e), mean, rstd, false);
+                dx[e] = norm::dx_value(norm::fmul(dyv[e], norm::fadd(wc, w[e])), xh[e], c1v, c2v, rstd, false);
             }
+            store_wide8(a.dx, a.dx_dtype, r * d + i0, left, vdx, dx);
+            if (P > 0) {  // the partials of missing elements are never read
 #pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                const float g = norm::fmul(dyv[e], w[e]);
-                dx[e] = norm::dx_value(g, xh[e], c1, c2, rstd, a.rms);
-                if (i0 + e >= d) continue;
-                if constexpr (kPieces > 0) {
-                    rg[4 * p + e] = norm::fadd(rg[4 * p + e], norm::fmul(dyv[e], xh[e]));
-                    rb[4 * p + e] = norm::fadd(rb[4 * p + e], dyv[e]);
-                } else {
+                for (int h = 0; h < 2; ++h) {
+                    float4 &g4 = at(0, p, h);
+                    g4.x = norm::fadd(g4.x, norm::fmul(dyv[4 * h + 0], xh[4 * h + 0]));
+                    g4.y = norm::fadd(g4.y, norm::fmul(dyv[4 * h + 1], xh[4 * h + 1]));
+                    g4.z = norm::fadd(g4.z, norm::fmul(dyv[4 * h + 2], xh[4 * h + 2]));
+                    g4.w = norm::fadd(g4.w, norm::fmul(dyv[4 * h + 3], xh[4 * h + 3]));
+                    if (a.dbeta) {
+                        float4 &b4 = at(1, p, h);
+                        b4.x = norm::fadd(b4.x, dyv[4 * h + 0]);
+                        b4.y = norm::fadd(b4.y, dyv[4 * h + 1]);
+                        b4.z = norm::fadd(b4.z, dyv[4 * h + 2]);
+                        b4.w = norm::fadd(b4.w, dyv[4 * h + 3]);
+                    }
+                }
+            } else {
+                for (int e = 0; e < left; ++e) {
                     pg[i0 + e] = norm::fadd(pg[i0 + e], norm::fmul(dyv[e], xh[e]));
-                    pb[i0 + e] = norm::fadd(pb[i0 + e], dyv[e]);
+                    if (a.dbeta) pb[i0 + e] = norm::fadd(pb[i0 + e], dyv[e]);
                 }
             }
-            store_wide_piece(a.dx, a.dx_dtype, base + i0, d - i0, vec_dx, dx);
         });
+        if constexpr (kPrefetch) {
+            if (r + 1 < r1) {
+#pragma unroll
+                for (int p = 0; p < kCache; ++p) {
+#pragma unroll
+                    for (int q = 0; q < kWords<SDY>; ++q) rdy[p][q] = ndy[p][q];
+#pragma unroll
+                    for (int q = 0; q < kWords<SX>; ++q) rx[p][q] = nx[p][q];
+                }
+                cur_mean = next_mean;
+                cur_rstd = next_rstd;
+            }
+        }
     }
-    if constexpr (kPieces > 0)
-        for_pieces<kPieces>(d, [&](int64_t i0, int p) {
-            for (int e = 0; e < 4; ++e)
-            if (i0 + e < d) pg[i0 + e] = rg[4 * p + e], pb[i0 + e] = rb[4 * p + e];
-        });
+    if (P == 0) return;
+    // The chunk's partial: its slots' partials added in slot order from +0.
+    __syncthreads();
+    for (int64_t col = threadIdx.x; col < d; col += kThreads) {
+        const int64_t piece = col / norm::kPiece;
+        const int jj = int(piece % n_lanes), p = int(piece / n_lanes), h = int(col % 8) / 4, e = int(col % 4);
+        for (int arr = 0; arr < n_arrays; ++arr) {
+            float s = 0.0f;
+            for (int slot = 0; slot < n_slots; ++slot) {
+                const float4 *q = sp + size_t(slot) * 2 * P * 2 * n_lanes + ((arr * P + p) * 2 + h) * n_lanes + jj;
+                s = norm::fadd(s, reinterpret_cast<const float *>(q)[e]);
+            }
+            partial[(2 * k + arr) * d + col] = s;
+        }
+    }
 }
 
-// dgamma[c] = sum over chunks, in order from +0, of the partials (dbeta likewise).
+// out[c] = the sum over chunks, in order from +0, of partial[(2k + arr) * d + c] (arr = blockIdx.y:
+// dgamma, dbeta). A block stages 32 columns x all its chunks (264 at most) in shared memory (float4 loads when
+// d % 4 == 0, all in flight at once), then one warp adds them in chunk order.
 __global__ void __launch_bounds__(kThreads) norm_column_finish_kernel(const float *partial, int64_t n_chunks, int64_t d,
                                                                       float *dgamma, float *dbeta) {
-    for (int64_t c = blockIdx.x * int64_t(kThreads) + threadIdx.x; c < d; c += int64_t(gridDim.x) * kThreads) {
-        float sg = 0.0f, sb = 0.0f;
-        for (int64_t k = 0; k < n_chunks; ++k) {
-            sg = norm::fadd(sg, partial[(2 * k) * d + c]);
-            sb = norm::fadd(sb, partial[(2 * k + 1) * d + c]);
+    __shared__ float tile[kFinishChunks][kFinishCols + 1];
+    const int arr = blockIdx.y;
+    float *out = arr == 0 ? dgamma : dbeta;
+    const int64_t col0 = int64_t(blockIdx.x) * kFinishCols;
+    const bool vec = d % 4 == 0;
+    float acc = 0.0f;
+    for (int64_t k0 = 0; k0 < n_chunks; k0 += kFinishChunks) {
+        const int kn = int(n_chunks - k0 < kFinishChunks ? n_chunks - k0 : kFinishChunks);
+        if (vec) {
+#pragma unroll 8
+            for (int idx = threadIdx.x; idx < kn * (kFinishCols / 4); idx += kThreads) {
+                const int kk = idx / (kFinishCols / 4), cc = 4 * (idx % (kFinishCols / 4));
+                const int64_t c = col0 + cc;
+                float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+                if (c < d) v = __ldg(reinterpret_cast<const float4 *>(partial + (2 * (k0 + kk) + arr) * d + c));
+                tile[kk][cc] = v.x, tile[kk][cc + 1] = v.y, tile[kk][cc + 2] = v.z, tile[kk][cc + 3] = v.w;
+            }
+        } else {
+#pragma unroll 8
+            for (int idx = threadIdx.x; idx < kn * kFinishCols; idx += kThreads) {
+                const int kk = idx / kFinishCols, cc = idx % kFinishCols;
+                const int64_t c = col0 + cc;
+                tile[kk][cc] = c < d ? __ldg(partial + (2 * (k0 + kk) + arr) * d + c) : 0.0f;
+            }
         }
-        dgamma[c] = norm::canonical(sg);
-        if (dbeta) dbeta[c] = norm::canonical(sb);
+        __syncthreads();
+        if (threadIdx.x < kFinishCols)
+            for (int kk = 0; kk < kn; ++kk) acc = norm::fadd(acc, tile[kk][threadIdx.x]);
+        __syncthreads();
     }
+    if (threadIdx.x < kFinishCols && col0 + threadIdx.x < d) out[col0 + threadIdx.x] = norm::canonical(acc);
 }
 
-// The register pieces per thread for a row of d: the smallest of 1, 2, 4, 8 (at most kMax) that holds
-// it, or 0 (the row is re-read). kMax is a template argument so that larger variants are not compiled.
-template <int kMax, class F>
+// The register pieces of a lane for a row of d: the smallest of 1, 2, 4, 8 that holds it, or 0 (the
+// row is read again in each pass).
+inline int64_t lane_pieces(int64_t d) {
+    const int64_t per = int64_t(norm::lanes(d)) * norm::kPiece;
+    return (d + per - 1) / per;
+}
+
+template <class F>
 void dispatch_pieces(int64_t d, F &&f) {
-    const int64_t pieces = (d + kRowsPerPass - 1) / kRowsPerPass;
+    const int64_t pieces = lane_pieces(d);
     if (pieces <= 1) return f(std::integral_constant<int, 1>());
     if (pieces <= 2) return f(std::integral_constant<int, 2>());
     if (pieces <= 4) return f(std::integral_constant<int, 4>());
-    if constexpr (kMax >= 8) {
-        if (pieces <= 8) return f(std::integral_constant<int, 8>());
-    }
+    if (pieces <= kMaxPieces) return f(std::integral_constant<int, 8>());
     f(std::integral_constant<int, 0>());
+}
+
+// A grid of one block per `n_slots` rows, at most `waves` waves of resident blocks (a block past
+// that walks further rows).
+template <class Kernel>
+unsigned row_grid(int device, Kernel kernel, int64_t rows, int n_slots, int waves) {
+    const int per_sm = resident_blocks_per_sm(reinterpret_cast<const void *>(kernel), device, kThreads);
+    const int64_t wanted = (rows + n_slots - 1) / n_slots;
+    const int64_t cap = int64_t(multiprocessor_count(device)) * (per_sm > 0 ? per_sm : 1) * waves;
+    return static_cast<unsigned>(wanted < 1 ? 1 : wanted < cap ? wanted : cap);
 }
 
 }  // namespace
@@ -438,28 +748,54 @@ void norm_forward(int device, void *stream_raw, const NormForwardArgs &a) {
     auto stream = static_cast<cudaStream_t>(stream_raw);
     const bool fp8 = a.y_dtype == FP8AMP_DTYPE_E4M3 || a.y_dtype == FP8AMP_DTYPE_E5M2;
     const size_t rows = static_cast<size_t>(a.rows);
-    auto with_kernel = [&](auto s, auto dd, auto write, auto &&go) {
+    const int n_slots = norm::slots(a.d);
+    // y_t written by the forward itself: rows of whole 32-row tiles, 32-byte aligned runs, codes of a
+    // tile in at most 64 KB of shared memory (d <= 2048: one or two warps a row, so 1-4 register pieces).
+    const bool fused_t = fp8 && a.y_t && a.d <= 2048 && a.d % 4 == 0 && a.rows % kTile == 0 &&
+                         reinterpret_cast<uintptr_t>(a.y_t) % 16 == 0;
+    auto with_kernel = [&](auto s, auto dd, auto write) {
         constexpr fp8amp_dtype S = decltype(s)::value, D = decltype(dd)::value;
         constexpr bool W = decltype(write)::value;
-        dispatch_pieces<8>(a.d, [&](auto p) { go(norm_forward_kernel<S, D, decltype(p)::value, W>, rows * kThreads); });
-    };
-    auto launch = [&](auto kernel, size_t threads) {
-        kernel<<<persistent_grid(device, kernel, threads), kThreads, 0, stream>>>(a);
-        check_launch("norm_forward_kernel");
+        if constexpr (W && is_fp8_v<D>) {
+            if (fused_t) {
+                const size_t smem = size_t(kTile) * size_t(a.d);
+                auto go = [&](auto kernel) {
+                    if (smem > 48 * 1024)
+                        check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)),
+                              "cudaFuncSetAttribute(norm_forward_kernel)");
+                    const int64_t tiles = a.rows / kTile;
+                    const int64_t cap = int64_t(multiprocessor_count(device)) * 16;
+                    kernel<<<unsigned(tiles < cap ? tiles : cap), kThreads, smem, stream>>>(a);
+                    check_launch("norm_forward_kernel");
+                };
+                const int64_t pieces = lane_pieces(a.d);
+                if (pieces <= 1) go(norm_forward_kernel<S, D, 1, true, true>);
+                else if (pieces <= 2) go(norm_forward_kernel<S, D, 2, true, true>);
+                else go(norm_forward_kernel<S, D, 4, true, true>);
+                return;
+            }
+        }
+        dispatch_pieces(a.d, [&](auto p) {
+            const auto kernel = norm_forward_kernel<S, D, decltype(p)::value, W>;
+            // Up to 16 waves: enough blocks that the scheduler overlaps one block's reductions and
+            // epilogue with another's loads, few enough that the per-block epilogue atomics stay rare.
+            kernel<<<row_grid(device, kernel, a.rows, n_slots, 16), kThreads, 0, stream>>>(a);
+            check_launch("norm_forward_kernel");
+        });
     };
     dispatch_src(a.x_dtype, [&](auto s) {
-        if (!fp8) return with_kernel(s, std::integral_constant<fp8amp_dtype, FP8AMP_DTYPE_F32>(), std::true_type(), launch);
+        if (!fp8) return with_kernel(s, std::integral_constant<fp8amp_dtype, FP8AMP_DTYPE_F32>(), std::true_type());
         auto run_fp8 = [&](auto dd) {
             if (a.target.current) {
                 check(cudaMemsetAsync(&a.target.meta->amax_bits, 0, sizeof(uint32_t), stream), "cudaMemsetAsync");
-                with_kernel(s, dd, std::false_type(), launch);
+                with_kernel(s, dd, std::false_type());
             }
-            with_kernel(s, dd, std::true_type(), launch);
+            with_kernel(s, dd, std::true_type());
         };
         if (a.y_dtype == FP8AMP_DTYPE_E4M3) run_fp8(std::integral_constant<fp8amp_dtype, FP8AMP_DTYPE_E4M3>());
         else run_fp8(std::integral_constant<fp8amp_dtype, FP8AMP_DTYPE_E5M2>());
     });
-    if (fp8 && a.y_t) transpose_bytes(device, stream_raw, a.y, a.y_t, rows, static_cast<size_t>(a.d));
+    if (fp8 && a.y_t && !fused_t) transpose_bytes(device, stream_raw, a.y, a.y_t, rows, static_cast<size_t>(a.d));
 }
 
 size_t norm_backward_partial_floats(int64_t rows, int64_t d) {
@@ -470,23 +806,26 @@ void norm_backward(int device, void *stream_raw, const NormBackwardArgs &a, floa
     DeviceGuard guard(device);
     auto stream = static_cast<cudaStream_t>(stream_raw);
     const int64_t n_chunks = norm::chunks(a.rows);
+    const int64_t pieces = lane_pieces(a.d);
+    // The slots' partials in shared memory: 2 arrays x pieces x 8 floats x 256 threads.
+    const int smem_pieces = pieces <= kMaxSmemPieces ? int(pieces) : 0;
+    const size_t smem = size_t(smem_pieces) * 2 * norm::kPiece * kThreads * sizeof(float);
     dispatch_src(a.dy_dtype, [&](auto sdy) {
         constexpr fp8amp_dtype SDY = decltype(sdy)::value;
         dispatch_src(a.x_dtype, [&](auto sx) {
             constexpr fp8amp_dtype SX = decltype(sx)::value;
-            // The dy/xhat cache and two partials in registers up to 4 pieces (d <= 4096; 8 pieces would
-            // take over 200 registers and leave one block per SM).
-            const unsigned grid = static_cast<unsigned>(n_chunks);
-            dispatch_pieces<4>(a.d, [&](auto p) {
-                norm_backward_kernel<SDY, SX, decltype(p)::value><<<grid, kThreads, 0, stream>>>(a, partial, n_chunks);
+            dispatch_pieces(a.d, [&](auto p) {
+                const auto kernel = norm_backward_kernel<SDY, SX, decltype(p)::value>;
+                if (smem > 48 * 1024)
+                    check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)),
+                          "cudaFuncSetAttribute(norm_backward_kernel)");
+                kernel<<<static_cast<unsigned>(n_chunks), kThreads, smem, stream>>>(a, partial, n_chunks, smem_pieces);
                 check_launch("norm_backward_kernel");
             });
         });
     });
-    const auto finish = norm_column_finish_kernel;
-    const size_t blocks = (static_cast<size_t>(a.d) + kThreads - 1) / kThreads;
-    finish<<<static_cast<unsigned>(blocks < 65535 ? blocks : 65535), kThreads, 0, stream>>>(partial, n_chunks, a.d,
-                                                                                           a.dgamma, a.dbeta);
+    const dim3 grid(static_cast<unsigned>((a.d + kFinishCols - 1) / kFinishCols), a.dbeta ? 2u : 1u);
+    norm_column_finish_kernel<<<grid, kThreads, 0, stream>>>(partial, n_chunks, a.d, a.dgamma, a.dbeta);
     check_launch("norm_column_finish_kernel");
 }
 

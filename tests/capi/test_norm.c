@@ -564,7 +564,15 @@ static void test_backward_vs_float64(void **state) {
 static void test_cpu_cuda_identical(void **state) {
     (void)state;
     SKIP_WITHOUT_CUDA();
-    const shape_t shapes[] = {{1, 1}, {3, 7}, {17, 1023}, {256, 1024}, {300, 4096}, {7, 8193}, {1030, 9}, {2048, 768}, {64, 12288}};
+    /* Every path of the CUDA kernels (kernels/cuda/norm.cu): 1, 2, 4, 8 warps a row; 1, 2, 4, 8 register
+     * pieces a lane and rows read again (d = 20000); the backward's partials in shared memory and, past
+     * 24576, in the partial buffer; whole 16-byte pieces, 8-byte halves (d % 8 == 4) and element by element
+     * (odd d) with a partial last piece; more rows than chunks (264) and chunks of fewer rows than slots;
+     * y_t written by the forward itself (rows % 32 == 0, d % 4 == 0, d <= 2048) or by the byte transpose. */
+    const shape_t shapes[] = {{1, 1},     {3, 7},      {17, 1023}, {256, 1024}, {300, 4096}, {7, 8193},
+                              {1030, 9},  {2048, 768}, {64, 12288}, {40, 300},  {33, 1536},  {5, 2044},
+                              {7, 3001},  {3, 5000},   {3, 20000}, {2, 30001},  {531, 100},  {270, 2052},
+                              {32, 2044}, {96, 20}};
     for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; ++s)
         for (int k = 0; k < 4; ++k) {
             problem_t p;

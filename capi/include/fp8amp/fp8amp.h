@@ -1356,7 +1356,7 @@ FP8AMP_API fp8amp_status fp8amp_norm_forward(fp8amp_context ctx, const fp8amp_no
  *  rounded once into dx's dtype. Over the rows, in a fixed order of row chunks: dgamma = sum of
  *  dy * xhat, dbeta = sum of dy (written, not accumulated). A NaN result is the positive NaN. CPU and
  *  CUDA compute the same bytes. Asynchronous on CUDA; allocates scratch through the context (CUDA:
- *  min(rows, 512) * 2 * d floats; CPU: 2 * d).
+ *  min(rows, 264) * 2 * d floats; CPU: 4 * d).
  *  @param ctx    the context
  *  @param desc   the forward's options, or NULL for the defaults
  *  @param dy     the gradient of y, x's shape, F32/F16/BF16
