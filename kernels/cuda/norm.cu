@@ -716,6 +716,18 @@ __global__ void __launch_bounds__(kThreads) norm_column_finish_kernel(const floa
 
 // The register pieces of a lane for a row of d: the smallest of 1, 2, 4, 8 that holds it, or 0 (the
 // row is read again in each pass).
+// Lets kernel take smem bytes of dynamic shared memory: beyond 48 KB *including its static shared
+// memory* a launch needs the opt-in attribute, else it fails with cudaErrorInvalidValue (the backward
+// at d = 4099 did on an H100: 48 KB of partials plus its static GroupScratch).
+template <class K>
+void allow_dynamic_smem(K kernel, size_t smem, const char *what) {
+    if (smem == 0) return;
+    cudaFuncAttributes attr{};
+    check(cudaFuncGetAttributes(&attr, kernel), what);
+    if (attr.sharedSizeBytes + smem > 48 * 1024)
+        check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)), what);
+}
+
 inline int64_t lane_pieces(int64_t d) {
     const int64_t per = int64_t(norm::lanes(d)) * norm::kPiece;
     return (d + per - 1) / per;
@@ -760,9 +772,7 @@ void norm_forward(int device, void *stream_raw, const NormForwardArgs &a) {
             if (fused_t) {
                 const size_t smem = size_t(kTile) * size_t(a.d);
                 auto go = [&](auto kernel) {
-                    if (smem > 48 * 1024)
-                        check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)),
-                              "cudaFuncSetAttribute(norm_forward_kernel)");
+                    allow_dynamic_smem(kernel, smem, "norm_forward_kernel");
                     const int64_t tiles = a.rows / kTile;
                     const int64_t cap = int64_t(multiprocessor_count(device)) * 16;
                     kernel<<<unsigned(tiles < cap ? tiles : cap), kThreads, smem, stream>>>(a);
@@ -816,9 +826,7 @@ void norm_backward(int device, void *stream_raw, const NormBackwardArgs &a, floa
             constexpr fp8amp_dtype SX = decltype(sx)::value;
             dispatch_pieces(a.d, [&](auto p) {
                 const auto kernel = norm_backward_kernel<SDY, SX, decltype(p)::value>;
-                if (smem > 48 * 1024)
-                    check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)),
-                          "cudaFuncSetAttribute(norm_backward_kernel)");
+                allow_dynamic_smem(kernel, smem, "norm_backward_kernel");
                 kernel<<<static_cast<unsigned>(n_chunks), kThreads, smem, stream>>>(a, partial, n_chunks, smem_pieces);
                 check_launch("norm_backward_kernel");
             });
