@@ -11,33 +11,9 @@
 #include <math.h>
 
 #include "test_util.h"
+#include "byte_counter.h"
 
 enum { K = 96, N = 64, M = 48 };
-
-typedef struct {
-    size_t live;
-    int allocs, frees;
-} byte_counter;
-
-static void *count_alloc(void *user, size_t nbytes, fp8amp_device device, void *stream) {
-    void *p = NULL;
-    (void)device;
-    (void)stream;
-    byte_counter *c = (byte_counter *)user;
-    if (posix_memalign(&p, 256, nbytes ? nbytes : 1) != 0) return NULL;
-    c->live += nbytes;
-    c->allocs++;
-    return p;
-}
-
-static void count_free(void *user, void *ptr, size_t nbytes, fp8amp_device device, void *stream) {
-    (void)device;
-    (void)stream;
-    byte_counter *c = (byte_counter *)user;
-    c->live -= nbytes;
-    c->frees++;
-    free(ptr);
-}
 
 static uint16_t bf16_of(float f) {
     uint32_t u;

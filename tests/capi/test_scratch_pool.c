@@ -6,32 +6,7 @@
  * is the Linears' own buffers plus one pool the size of the largest need, not the sum; a Linear at rest
  * holds no transient buffer of its own; fp8amp_context_scratch_bytes / _release_scratch. */
 #include "test_util.h"
-
-/* Allocator hooks that count the bytes live (host memory, 256-byte aligned; CPU contexts only). */
-typedef struct {
-    size_t live;
-    int allocs, frees;
-} byte_counter;
-
-static void *count_alloc(void *user, size_t nbytes, fp8amp_device device, void *stream) {
-    void *p = NULL;
-    (void)device;
-    (void)stream;
-    byte_counter *c = (byte_counter *)user;
-    if (posix_memalign(&p, 256, nbytes ? nbytes : 1) != 0) return NULL;
-    c->live += nbytes;
-    c->allocs++;
-    return p;
-}
-
-static void count_free(void *user, void *ptr, size_t nbytes, fp8amp_device device, void *stream) {
-    (void)device;
-    (void)stream;
-    byte_counter *c = (byte_counter *)user;
-    c->live -= nbytes;
-    c->frees++;
-    free(ptr);
-}
+#include "byte_counter.h"
 
 /* Layer shapes: in (K), out (N), rows (M). All multiples of 16 (CUDA's FP8 GEMMs). The first is the
  * largest in every dimension, so its needs bound every scratch slot. */
