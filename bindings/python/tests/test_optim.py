@@ -19,6 +19,7 @@ class AdamRef:
         self.v = np.zeros_like(self.p)
         self.t = 0
         self.b1, self.b2, self.eps, self.wd, self.adamw, self.lr = b1, b2, eps, wd, adamw, lr
+        self.min_root = np.full_like(self.p, np.inf)  # per element, the smallest sqrt(v_hat) so far
 
     def step(self, g, lr=None):
         lr = self.lr if lr is None else lr
@@ -30,7 +31,9 @@ class AdamRef:
             g = g + self.wd * self.p
         self.m = self.b1 * self.m + (1 - self.b1) * g
         self.v = self.b2 * self.v + (1 - self.b2) * g * g
-        denom = np.sqrt(self.v) / np.sqrt(1 - self.b2 ** self.t) + self.eps
+        root = np.sqrt(self.v) / np.sqrt(1 - self.b2 ** self.t)
+        self.min_root = np.minimum(self.min_root, root)
+        denom = root + self.eps
         self.p -= lr / (1 - self.b1 ** self.t) * self.m / denom
 
 
@@ -62,8 +65,16 @@ def test_o1_matches_float64_adam_over_many_steps(ctx, rng, adamw):
         opt.step(lr=lr)
     assert opt.step_count == 60 and not opt.found_inf
     for p, r in zip(params, refs):
-        # float32 arithmetic over 60 steps: each step moves p by <= lr, rounded at 2^-24
-        np.testing.assert_array_less(np.abs(p.numpy() - r.p), 2e-6 * (1 + np.abs(r.p)))
+        # float32 arithmetic over 60 steps: each step moves p by <= lr, rounded at 2^-24 -- where
+        # the update is well conditioned. Where sqrt(v_hat) came near eps (Adam's L2 gradient
+        # g + wd * p cancelled to ~1e-7 at a first step: its float32 rounding, 2^-24 of wd * p, is
+        # then a few percent of g, and g / (|g| + eps) passes that on times eps / |g|: 1.2e-5 here
+        # with seed 1795678250398857148, as plain float32 NumPy gives too), float32 cannot meet the
+        # bound: such elements (sqrt(v_hat) below 1e-5 = 1000 eps at some step; about 1 in 10^4)
+        # are left out, and there must be few of them.
+        ok = r.min_root >= 1e-5
+        assert (~ok).sum() <= max(2, ok.size // 1000)
+        np.testing.assert_array_less(np.abs(p.numpy() - r.p)[ok], (2e-6 * (1 + np.abs(r.p)))[ok])
 
 
 def test_o2_tracks_float64_adam_at_state_precision(ctx, rng):
