@@ -26,6 +26,7 @@ reduction orders differ).
 
 Usage: python3 bench/bench_norm.py --lib build/libfp8amp.so [--shapes 16384x1024,8192x4096] [--out FILE]
        [--only norm|activation] [--norm-only (= --only norm)] [--fp8amp-only: no PyTorch peers]
+       [--warmup N --reps N: calls a case; 1 and 1 to profile each kernel under ncu]
 """
 import argparse
 import datetime
@@ -42,8 +43,11 @@ from fp8amp_bench import bench as _bench
 FP8 = torch.float8_e4m3fn
 
 
+WARMUP, REPS = 5, 40  # --warmup / --reps (1 / 1 under a profiler: every kernel launched a few times only)
+
+
 def bench(fn, rotations=1):
-    return _bench(fn, rotations=rotations, warmup=5, reps=40)
+    return _bench(fn, rotations=rotations, warmup=WARMUP, reps=REPS)
 
 
 def main():
@@ -57,7 +61,11 @@ def main():
     ap.add_argument("--only", choices=("all", "norm", "activation"), default="all",
                     help="run only the norm or only the activation cases (and copy)")
     ap.add_argument("--norm-only", action="store_true", help="= --only norm")
+    ap.add_argument("--warmup", type=int, default=WARMUP, help="untimed calls a case (default %(default)s)")
+    ap.add_argument("--reps", type=int, default=REPS, help="timed calls a case, median taken (default %(default)s)")
     args = ap.parse_args()
+    global WARMUP, REPS
+    WARMUP, REPS = args.warmup, args.reps
     if args.norm_only:
         args.only = "norm"
     lib = Lib(args.lib)
