@@ -51,6 +51,7 @@ def bench(fn, rotations=1):
 
 
 def main():
+    global WARMUP, REPS
     ap = argparse.ArgumentParser()
     ap.add_argument("--lib", required=True)
     ap.add_argument("--shapes", default="16384x1024,8192x4096,4096x8192,2048x12288")
@@ -64,7 +65,6 @@ def main():
     ap.add_argument("--warmup", type=int, default=WARMUP, help="untimed calls a case (default %(default)s)")
     ap.add_argument("--reps", type=int, default=REPS, help="timed calls a case, median taken (default %(default)s)")
     args = ap.parse_args()
-    global WARMUP, REPS
     WARMUP, REPS = args.warmup, args.reps
     if args.norm_only:
         args.only = "norm"
