@@ -53,10 +53,10 @@ add_custom_command(
   COMMAND ${CMAKE_COMMAND} -E make_directory ${FP8AMP_JAVA_GEN}/src/org/fp8amp/swig
   COMMAND ${SWIG_EXECUTABLE} -java ${FP8AMP_SWIG_WORDSIZE} -Werror -package org.fp8amp.swig
           -outdir ${FP8AMP_JAVA_GEN}/src/org/fp8amp/swig -o ${FP8AMP_JAVA_GEN}/fp8amp_java_wrap.c
-          -I${PROJECT_SOURCE_DIR}/capi/include -I${FP8AMP_GENERATED_INCLUDE_DIR}
+          -I${PROJECT_SOURCE_DIR}/capi/include
           ${FP8AMP_JAVA_DIR}/fp8amp_java.i
   DEPENDS ${FP8AMP_JAVA_DIR}/fp8amp_java.i ${PROJECT_SOURCE_DIR}/bindings/swig/fp8amp.i
-          ${PROJECT_SOURCE_DIR}/capi/include/fp8amp/fp8amp.h ${FP8AMP_GENERATED_INCLUDE_DIR}/fp8amp/version.h
+          ${PROJECT_SOURCE_DIR}/capi/include/fp8amp/fp8amp.h ${PROJECT_SOURCE_DIR}/capi/include/fp8amp/version.h
   COMMENT "SWIG: the Java binding's JNI wrapper and org.fp8amp.swig"
   VERBATIM)
 

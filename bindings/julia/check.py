@@ -1,6 +1,6 @@
 """Checks FP8AMP.jl's generated ccall layer against the C header, without Julia (ctest julia.wrappers).
 
-    python3 bindings/julia/check.py --include BUILD/include [--lib BUILD/libfp8amp.so] [--self-test]
+    python3 bindings/julia/check.py [--lib BUILD/libfp8amp.so] [--self-test]
 
 1. Stale: generate.py is run again and its output must equal the committed src/libfp8amp_api.jl.
 2. Independently of generate.py, the Julia text is parsed here (its own small parser of `const`,
@@ -453,8 +453,8 @@ def self_test(text, header, facts):
 
 def main(argv):
     ap = argparse.ArgumentParser(description="Checks FP8AMP.jl's generated layer against fp8amp.h.")
-    ap.add_argument("--include", action="append", default=[], required=True,
-                    help="a folder holding the generated fp8amp/version.h")
+    ap.add_argument("--include", action="append", default=[],
+                    help="a folder searched after capi/include (repeatable; capi/include holds every header)")
     ap.add_argument("--lib", help="libfp8amp.so: every exported fp8amp_* symbol must have a wrapper")
     ap.add_argument("--self-test", action="store_true", help="also check that broken copies are caught")
     a = ap.parse_args(argv)
@@ -467,8 +467,8 @@ def main(argv):
     if fresh != committed:
         diff = list(difflib.unified_diff(committed.splitlines(), fresh.splitlines(), "committed", "generated",
                                          lineterm="", n=1))
-        failures.append("src/libfp8amp_api.jl is stale: run python3 bindings/julia/generate.py --include "
-                        "<build>/include and commit it. First differences:\n" + "\n".join(diff[:30]))
+        failures.append("src/libfp8amp_api.jl is stale: run python3 bindings/julia/generate.py and commit it. "
+                        "First differences:\n" + "\n".join(diff[:30]))
     header = Header(a.include)
     facts = c_facts(header)
     exported = exported_symbols(a.lib) if a.lib else None

@@ -1,10 +1,10 @@
 """Generates bindings/julia/src/libfp8amp_api.jl, the raw `ccall` layer of FP8AMP.jl, from the public
 C header: every function, enum, struct, handle type and integer macro of fp8amp.h, nothing by hand.
 
-    python3 bindings/julia/generate.py --include BUILD/include [-o OUT]
+    python3 bindings/julia/generate.py [--include DIR ...] [-o OUT]
 
---include names the folder holding the generated fp8amp/version.h (a CMake build's include/, or an
-install prefix's include/); capi/include of this tree is always searched first. Without -o the file
+The headers are this tree's capi/include (fp8amp.h, version.h, dlpack.h), always searched first;
+--include adds folders after it. Without -o the file
 is written in place. check.py (ctest julia.wrappers) regenerates it and fails when the committed
 file differs, so run this after every header change and commit the result.
 
@@ -279,8 +279,8 @@ def generate(include_dirs):
 
 def main(argv):
     ap = argparse.ArgumentParser(description="Generates FP8AMP.jl's ccall layer from fp8amp.h.")
-    ap.add_argument("--include", action="append", default=[], required=True,
-                    help="a folder holding the generated fp8amp/version.h (repeatable)")
+    ap.add_argument("--include", action="append", default=[],
+                    help="a folder searched after capi/include (repeatable; capi/include holds every header)")
     ap.add_argument("-o", "--output", default=OUT)
     a = ap.parse_args(argv)
     text = generate(a.include)

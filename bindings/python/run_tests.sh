@@ -18,7 +18,7 @@ trap 'rm -rf "$work"' EXIT
 # Build from a copy, so the source tree gets no build/ or egg-info folders.
 cp -r "$src/bindings/python" "$work/pkg"
 rm -rf "$work/pkg/build" "$work/pkg/src/fp8amp/_fp8amp_cffi"* "$work/pkg/src/"*.egg-info
-# The public headers: capi/include and the generated fp8amp/version.h in the build folder's include/.
+# The public headers: capi/include (the build folder's include/ holds a copy of version.h only).
 FP8AMP_INCLUDE_DIR="$src/capi/include:$libdir/include" FP8AMP_LIB_DIR="$libdir" \
   "$py" -m pip install -q --no-build-isolation --no-deps --target "$work/site" "$work/pkg" >"$work/pip.log" 2>&1 \
   || { cat "$work/pip.log"; exit 1; }

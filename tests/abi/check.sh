@@ -31,7 +31,7 @@ trap 'rm -rf "$work"' EXIT
 
 consumers() {
   local cc=${CC:-cc}
-  # The current header includes fp8amp/version.h, which CMake generated into BUILD_DIR/include.
+  # The current header includes fp8amp/version.h (beside it; BUILD_DIR/include holds CMake's copy).
   local gen="$build/include"
   bash "$here/newer_header.sh" "$src" "$work/newer" "$gen"
   local seed

@@ -4,7 +4,7 @@
 # embedded in fp8amp_linear_desc, docs/api.md 1.6). The types follow the growth rule: a new field
 # begins at or after the old sizeof -- fp8amp_linear_desc's int64_t lands at 80, past its tail padding
 # (76..80). tests/abi/consumer.c compiled with -DABI_NEWER against it is a newer binary on this library.
-# Its version (minor 99) goes into OUT/fp8amp/version.h, made from the build's generated one.
+# Its version (minor 99) goes into OUT/fp8amp/version.h, made from the build's copy of version.h.
 # Usage: newer_header.sh SOURCE_DIR OUT GENERATED_INCLUDE_DIR (the build folder's include/)
 set -euo pipefail
 src=$1

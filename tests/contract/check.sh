@@ -8,7 +8,7 @@
 #     (0.1 for major 0, M.0 otherwise). A release that bumps the minor needs a new node for its new
 #     symbols (docs/api.md 1.6); the released nodes themselves are checked by tests/abi.
 #   check.sh version-header VERSION INCLUDE_DIR
-#     The generated INCLUDE_DIR/fp8amp/version.h defines VERSION's major, minor and patch.
+#     INCLUDE_DIR/fp8amp/version.h defines VERSION's major, minor and patch.
 #   check.sh dlpack SOURCE_DIR
 #     capi/include/fp8amp/dlpack.h is DLPack v1.1's header byte for byte (dmlc/dlpack, tag v1.1,
 #     include/dlpack/dlpack.h, git blob 5533f74f...): update it by copying a release, never by editing.
@@ -35,7 +35,7 @@ case $mode in
   version-header)
     split_version "$2"
     h="$3/fp8amp/version.h"
-    [ -f "$h" ] || fail "no $h (CMake generates it from capi/include/fp8amp/version.h.in)"
+    [ -f "$h" ] || fail "no $h (CMake copies capi/include/fp8amp/version.h there)"
     for part in MAJOR:$major MINOR:$minor PATCH:$patch; do
       grep -qE "^#define FP8AMP_VERSION_${part%%:*} ${part#*:}\$" "$h" || fail "$h does not define FP8AMP_VERSION_${part%%:*} ${part#*:}"
     done

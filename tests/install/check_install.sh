@@ -10,7 +10,7 @@ trap 'rm -rf "$prefix"' EXIT
 cmake --install "$build" --prefix "$prefix" >/dev/null
 libdir=$(dirname "$(find "$prefix" -name 'libfp8amp.so.0' | head -n 1)")
 test -f "$prefix/include/fp8amp/fp8amp.h"
-# fp8amp.h includes the generated version.h; its DLPack functions need DLPack's dlpack.h: both installed.
+# fp8amp.h includes version.h; its DLPack functions need DLPack's dlpack.h: both installed.
 test -f "$prefix/include/fp8amp/version.h"
 test -f "$prefix/include/fp8amp/dlpack.h"
 test -n "$(find "$prefix" -name LICENSE.dlpack)"
