@@ -288,12 +288,44 @@ void *Communicator::registered_scratch(size_t slot, size_t nbytes) {
     return p;
 }
 
-void Communicator::exchange_agreement(bool check, const char *op, bool failed, const Signature &sig) {
+void Communicator::prepare_exchange(bool check, void *stream) {
+    if (!check || nranks() == 1) return;
+    scratch(4, Transport::agree_scratch_bytes(3));
+    void *S = ctx_->stream();
+    if (!stream || stream == S) return;
+    // The exchange's stream waits for what S holds now (the scratch may be new, in S's order): slot 0,
+    // recorded and waited at once.
+    compute_->record(0, S);
+    compute_->wait(0, stream);
+}
+
+void Communicator::exchange_agreement(bool check, const char *op, bool failed, const Signature &sig, void *stream) {
     if (!check || nranks() == 1) return;
     const uint64_t sigs[3] = {sig.shapes, sig.dtypes, sig.options};
     bool same[3] = {true, true, true};
+    void *S = ctx_->stream();
     void *s = scratch(4, Transport::agree_scratch_bytes(3));
-    const bool any_failed = transport_->agree(sigs, 3, failed, same, s, ctx_->stream());
+    bool any_failed = false;
+    if (!stream || stream == S) {
+        any_failed = transport_->agree(sigs, 3, failed, same, s, S);
+    } else {
+        // Beside the context's stream (the all-reduce's amax pass runs there meanwhile): ordered after
+        // what S held before the call's own work by prepare_exchange, and joined back (slot 1)
+        // whatever the outcome, so that the call stays ordered on S. The host waits here only for
+        // this stream's exchange.
+        try {
+            any_failed = transport_->agree(sigs, 3, failed, same, s, stream);
+        } catch (...) {
+            try {
+                compute_->record(1, stream);
+                compute_->wait(1, S);
+            } catch (...) {
+            }
+            throw;
+        }
+        compute_->record(1, stream);
+        compute_->wait(1, S);
+    }
     if (failed) return;  // the caller rethrows its own error
     const std::string where = std::string(op) + " on rank " + std::to_string(rank()) + " of " + std::to_string(nranks());
     if (any_failed)
@@ -319,7 +351,26 @@ void Communicator::all_reduce(const std::vector<std::shared_ptr<Tensor>> &inputs
     std::vector<fp8amp_dtype> gather(n);
     int64_t P = 0;      // the pipeline's piece: part of the options the ranks agree on
     bool pair = false;  // two ranks, the reduce-scatter half as all-gathers (exchange_mode): agreed too
-    agreed(o.check, "fp8amp_comm_all_reduce", [&] {
+    // The streams: the context's (S) converts; the transport's operations go on a second one (X) where
+    // the device has one (CUDA), ordered against S by events, so that converting one piece overlaps
+    // moving another. Every hand-over is an event (no host synchronization), and S waits for X's
+    // last operation before the call returns, so the call is capturable and its results are ordered
+    // on S as before.
+    void *S = ctx_->stream();
+    void *X = S;
+    uint32_t *amax_in = nullptr;
+    // 1a. The amax pass beside the check: the local amaxes (on S) do not depend on the check, so they
+    // are enqueued once this rank's arguments are valid and run while the check's exchange goes on X
+    // (agreed_beside): the host waits for the check alone, and the amax pass hides it. They write only
+    // the communicator's scratch, so a refused call still changes nothing the caller sees.
+    auto amax_pass = [&] {
+        amax_in = static_cast<uint32_t *>(scratch(0, 16 * n));
+        compute_->memset_async(amax_in, 0, 4 * n, S);
+        for (size_t i = 0; i < n; ++i)
+            compute_->amax(inputs[i]->data(), inputs[i]->dtype(), inputs[i]->scale_inv(), inputs[i]->numel(),
+                           amax_in + i, S);
+    };
+    agreed_beside(o.check, "fp8amp_comm_all_reduce", [&] {
         Signature sig;
         Hash shapes, dtypes, options;
         shapes.add(n);
@@ -363,7 +414,8 @@ void Communicator::all_reduce(const std::vector<std::shared_ptr<Tensor>> &inputs
         // The piece size decides how many transport operations the call makes, so every rank must use
         // the same (FP8AMP_COMM_PIECE_ELEMENTS set on some ranks only would otherwise hang them).
         const int64_t chunk = chunk_elements(offset[n], N);
-        P = piece_elements(chunk, compute_->side_stream(ctx_->stream()) != ctx_->stream());
+        X = compute_->side_stream(S);
+        P = piece_elements(chunk, X != S);
         pair = N == 2 && exchange_mode() == Exchange::Auto;
         // The scratch's memory too: registering a window is collective (registered_scratch).
         options.add(static_cast<uint64_t>(P)).add(pair).add(static_cast<uint64_t>(memory_));
@@ -375,23 +427,15 @@ void Communicator::all_reduce(const std::vector<std::shared_ptr<Tensor>> &inputs
         scratch(0, 16 * n);
         if (memory_ == Transport::kPlain) scratch(1, static_cast<size_t>(chunk) * N * 2, true);
         return sig;
-    });
+    }, amax_pass, X);
 
-    // The streams: the context's (S) converts; the transport's operations go on a second one (X) where
-    // the device has one (CUDA), ordered against S by events, so that converting one piece overlaps
-    // moving another. Every hand-over is an event (no host synchronization), and S waits for X's
-    // last operation before the call returns, so the call is capturable and its results are ordered
-    // on S as before.
-    void *S = ctx_->stream();
-    void *X = compute_->side_stream(S);
     const int64_t total = offset[n];
     const int64_t C = chunk_elements(total, N);  // chunk per rank
     const int64_t pieces = C > 0 ? (C + P - 1) / P : 0;
     const int blocks = grid_blocks();
     // Small per-tensor values: the agreed amax of the inputs, the wire's and the output's scale_inv
     // (16 n bytes: amax_in, an unused word, wire_si, out_si).
-    auto *small = static_cast<uint32_t *>(scratch(0, 16 * n));
-    uint32_t *amax_in = small;
+    auto *small = amax_in;
     float *wire_si = reinterpret_cast<float *>(small + 2 * n), *out_si = reinterpret_cast<float *>(small + 3 * n);
     // One allocation of 2 N C bytes: `wire` (the first N C) and `recv` (the next N C), so that the
     // two-rank layout below may address one rank's codes in each from one base and a stride.
@@ -502,11 +546,8 @@ void Communicator::all_reduce(const std::vector<std::shared_ptr<Tensor>> &inputs
         }
     };
 
-    // 1. One scale per tensor for all ranks: the max of the amaxes; from it the wire's scale_inv and
-    // the output's (comm_requant_scale_inv), before any piece.
-    compute_->memset_async(small, 0, 4 * n, S);
-    for (size_t i = 0; i < n; ++i)
-        compute_->amax(inputs[i]->data(), inputs[i]->dtype(), inputs[i]->scale_inv(), inputs[i]->numel(), amax_in + i, S);
+    // 1b. One scale per tensor for all ranks: the max of the amaxes (the pass above, on S); from it
+    // the wire's scale_inv and the output's (comm_requant_scale_inv), before any piece.
     compute_->record(0, S);
     compute_->wait(0, X);
     transport_->allreduce_max_u32(amax_in, n, X);

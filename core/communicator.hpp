@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "comm.hpp"
@@ -62,11 +63,23 @@ public:
     // nothing (the operation's own agreement follows) but whose failure takes part in that agreement.
     template <class Validate>
     void agreed(bool check, const char *op, Validate &&validate, bool local_only = false);
+    // The same with local work beside the exchange: `beside` (enqueued on the context's stream once
+    // `validate` succeeded; its failure counts as a refusal) runs while the exchange goes on
+    // `stream` (the all-reduce: its amax pass on the context's stream, the check on the transfer
+    // stream; docs/communicator.md, "Bad input"). Nothing `beside` writes may be visible to the caller
+    // when the exchange fails: only scratch.
+    template <class Validate, class Beside>
+    void agreed_beside(bool check, const char *op, Validate &&validate, Beside &&beside, void *stream);
 
 private:
     Communicator(std::shared_ptr<const Context> ctx, std::unique_ptr<kernels::CommCompute> compute,
                  std::unique_ptr<Transport> transport);
-    void exchange_agreement(bool check, const char *op, bool failed, const Signature &sig);
+    // stream: where the exchange goes (nullptr: the context's stream); another stream is ordered after
+    // the context's work so far and joined back to it whatever the outcome.
+    void exchange_agreement(bool check, const char *op, bool failed, const Signature &sig, void *stream = nullptr);
+    // Before work beside an exchange on `stream`: its scratch, and `stream` ordered after the context's
+    // stream as it is now.
+    void prepare_exchange(bool check, void *stream);
     // Grow-only scratch slot of the context's device memory.
     void *scratch(size_t slot, size_t nbytes, bool zero = false);
     // The same in memory registered with the transport (memory_), agreed between the ranks when it
@@ -87,9 +100,30 @@ private:
 
 template <class Validate>
 void Communicator::agreed(bool check, const char *op, Validate &&validate, bool local_only) {
+    if (local_only) {
+        try {
+            validate();
+        } catch (...) {
+            if (check && nranks() > 1) {
+                try {
+                    exchange_agreement(true, op, true, Signature{});
+                } catch (...) {
+                }
+            }
+            throw;
+        }
+        return;
+    }
+    agreed_beside(check, op, std::forward<Validate>(validate), [] {}, nullptr);
+}
+
+template <class Validate, class Beside>
+void Communicator::agreed_beside(bool check, const char *op, Validate &&validate, Beside &&beside, void *stream) {
     Signature sig;
     try {
         sig = validate();
+        prepare_exchange(check, stream);
+        beside();
     } catch (...) {
         // Tell the others (they fail too), then report this rank's own reason.
         if (check && nranks() > 1) {
@@ -100,7 +134,7 @@ void Communicator::agreed(bool check, const char *op, Validate &&validate, bool 
         }
         throw;
     }
-    if (!local_only) exchange_agreement(check, op, false, sig);
+    exchange_agreement(check, op, false, sig, stream);
 }
 
 }  // namespace fp8amp::core
