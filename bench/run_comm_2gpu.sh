@@ -12,8 +12,14 @@
 # communicator with CTAPolicy NCCL_CTA_POLICY_ZERO, i.e. copy-engine all-gathers; opt-in),
 # simple (NCCL_PROTO=Simple: NCCL's kernels with its Simple protocol for the all-gathers, which
 # picked LL before; copy-engine collectives have no protocol); in each, the
-# library's default piece and pieces of 8M, 16M, 32M and 64M elements (16, 8, 4, 2 pieces of each
-# rank's 128M-element chunk).
+# library's default schedule (P = 3C/8 = 48M elements of each rank's 128M-element chunk with the
+# taper D = 3: pieces of 16M, 48M, 48M, 16M), pieces of 32M, 48M and 64M with the default taper
+# (32M: 10.7M + 4 x 26.7M + 10.7M; 64M: 21M + 2 x 43M + 21M), the taper's variants taper1 (no taper:
+# 48M, 48M, 32M), taper2 (edges of 24M: 24M + 2 x 40M + 24M), taper4 (edges of 12M: 12M + 3 x 34.7M +
+# 12M), p64M.taper4 (16M + 2 x 48M + 16M, the default's pieces by another P), p64M.taper8 (8M + 2 x
+# 56M + 8M), p32M.taper2 (16M + 3 x 32M + 16M) and old4x32M (4 equal pieces of 32M: the default before
+# the taper). FP8AMP_COMM_PIECE_ELEMENTS and FP8AMP_COMM_PIECE_TAPER (read at every call) are the
+# two knobs (core/communicator.cpp, piece_bounds; docs/communicator.md "Pipeline").
 #
 # Without SWEEP=quick (about 6-9 minutes): the longer sweep below (grids, sendrecv, NCCL p2p
 # settings, registered memory).
@@ -100,8 +106,8 @@ echo "ctest $(( $(date +%s) - t0 )) s"
 # NCCL's INIT lines (channel counts: "... coll channels, ... p2p channels, ... p2p channels per peer")
 # go to $X/nccl/ for every process.
 if [ "${SWEEP:-}" = quick ]; then
-  : "${PIECES:=8388608,16777216,33554432,67108864}"
-  VARIANTS=${VARIANTS-}
+  : "${PIECES:=33554432,50331648,67108864}"
+  : "${VARIANTS:=old4x32M:FP8AMP_COMM_PIECE_ELEMENTS=33554432,FP8AMP_COMM_PIECE_TAPER=1;taper1:FP8AMP_COMM_PIECE_TAPER=1;taper2:FP8AMP_COMM_PIECE_TAPER=2;taper4:FP8AMP_COMM_PIECE_TAPER=4;p64M.taper4:FP8AMP_COMM_PIECE_ELEMENTS=67108864,FP8AMP_COMM_PIECE_TAPER=4;p64M.taper8:FP8AMP_COMM_PIECE_ELEMENTS=67108864,FP8AMP_COMM_PIECE_TAPER=8;p32M.taper2:FP8AMP_COMM_PIECE_ELEMENTS=33554432,FP8AMP_COMM_PIECE_TAPER=2}"
   : "${NCCL_ENVS:=default;window:FP8AMP_COMM_NCCL_MEMORY=window;simple:NCCL_PROTO=Simple}"
   NAME=comm-2gpu-quick
 else

@@ -48,21 +48,33 @@ int64_t chunk_elements(int64_t total, int N) {
     return (c + 15) / 16 * 16;
 }
 
-// The all-reduce's pipeline piece (docs/communicator.md, "Pipeline"): each rank chunk of C elements is
-// moved in pieces of this many (a multiple of 16), so that converting one piece overlaps moving
-// another. Which piece an element travels in changes nothing in its value (the scales are agreed for
-// the whole bucket first, the sum is per element), so the bytes do not depend on it: the tests run
-// with small pieces too (FP8AMP_COMM_PIECE_ELEMENTS). Default, where the device overlaps (CUDA): C
-// in about kTargetPieces pieces of at least kMinPiece elements; one piece where nothing overlaps
-// (CPU, whose transports are synchronous). Measured with the earlier two-half pipeline (the halves
-// separated by an agreement) on 2 x H200 (NVLink, 256M BF16 elements, C = 128M, docs/communicator.md):
-// pieces of 1M elements 7.5 ms, 4M 3.0 ms, 8M (16 pieces) 2.42 ms, 16M 1.99 ms, 64M (2 pieces) 1.92
-// ms. Since the pipeline runs end to end (no agreement between the halves), only the first piece's
-// quantization and the last piece's decoding run beside nothing, so 4 pieces halve that bubble
-// against 2 for two more NCCL operations a half: the default is 4, by that reasoning, not yet measured
-// (bench/run_comm_2gpu.sh SWEEP=quick times 2, 4, 8 and 16).
-constexpr int64_t kTargetPieces = 4;
+// The all-reduce's pipeline pieces (docs/communicator.md, "Pipeline"): each rank chunk of C elements is
+// moved in pieces (multiples of 16 elements), so that converting one piece overlaps moving another.
+// Which piece an element travels in changes nothing in its value (the scales are agreed for the whole
+// bucket first, the sum is per element), so the bytes do not depend on the schedule: the tests run
+// with small pieces too (FP8AMP_COMM_PIECE_ELEMENTS, FP8AMP_COMM_PIECE_TAPER).
+//
+// The schedule is a function of C, P (piece_elements) and the taper D (piece_taper), values every
+// rank has (C) or agrees on with the check (P, D), so it needs no agreement of its own:
+//  - D = 1, or C <= P: pieces of P, the last one shorter (the schedule before the taper);
+//  - D >= 2: a first and a last piece of E = P / D (rounded up to a multiple of 16; if that is not
+//    below P, as D = 1), the C - 2 E elements between them in m = ceil((C - 2 E) / P) pieces of equal
+//    length rounded up to 16 (the last of them shorter by the rounding; never empty, since P is a
+//    multiple of 16 and m pieces of P cover the rest).
+// Why a taper: the first piece's quantization and the last piece's decoding run beside no transfer
+// (the pipeline's two bubbles), and the transfer stream idles for them; smaller edge pieces shrink
+// them without adding transport operations (each costs a fixed ~17 us on the copy-engine path,
+// fitted to the 2-H200 sweep: bench/comm_pipeline_model.py).
+//
+// P: FP8AMP_COMM_PIECE_ELEMENTS when set (read at every call), else where the device overlaps (CUDA)
+// 3 C / 8 and at least kMinPiece elements, so that with the default taper (kTaper = 3) a large chunk
+// goes in 4 pieces of C/8, 3C/8, 3C/8, C/8 (the model's best for the 2-H200 benchmark: ~990 us of
+// pipeline against ~1030 for 4 equal pieces, 1.7x NCCL bf16 expected -- to be confirmed by
+// bench/run_comm_2gpu.sh); one piece where nothing overlaps (CPU, whose transports are synchronous).
+// Measured with 4 equal pieces (taper 1) on 2 x H200 with the copy-engine setup: pieces of 32M
+// elements (4 a chunk) 1164-1180 us, 64M 1195, 16M 1278, 8M 1530 (docs/communicator.md).
 constexpr int64_t kMinPiece = int64_t(1) << 22;
+constexpr int64_t kTaper = 3;
 
 int64_t round16(int64_t v) { return (v + 15) / 16 * 16; }
 
@@ -74,7 +86,39 @@ int64_t piece_elements(int64_t C, bool overlap) {
         if (end != env && *end == '\0' && v > 0) return std::min(C, round16(v));
     }
     if (!overlap) return C;
-    return std::min(C, std::max(round16((C + kTargetPieces - 1) / kTargetPieces), kMinPiece));
+    return std::min(C, std::max(round16((3 * C + 7) / 8), kMinPiece));
+}
+
+// D: FP8AMP_COMM_PIECE_TAPER (an integer >= 1, read at every call), else kTaper.
+int64_t piece_taper() {
+    if (const char *env = std::getenv("FP8AMP_COMM_PIECE_TAPER")) {
+        char *end = nullptr;
+        const long long v = std::strtoll(env, &end, 10);
+        if (end != env && *end == '\0' && v >= 1 && v <= (1LL << 30)) return v;
+    }
+    return kTaper;
+}
+
+// The pieces' bounds: piece p is [bounds[p], bounds[p + 1]); bounds.front() = 0, bounds.back() = C.
+std::vector<int64_t> piece_bounds(int64_t C, int64_t P, int64_t D) {
+    std::vector<int64_t> b{0};
+    if (C <= 0) return b;
+    const int64_t E = round16((P + D - 1) / D);
+    if (D <= 1 || C <= P || E >= P) {
+        for (int64_t lo = P; lo < C; lo += P) b.push_back(lo);
+        b.push_back(C);
+        return b;
+    }
+    const int64_t rest = C - 2 * E;
+    b.push_back(E);
+    if (rest > 0) {
+        const int64_t m = (rest + P - 1) / P;
+        const int64_t M = round16((rest + m - 1) / m);
+        for (int64_t k = 1; k < m; ++k) b.push_back(E + k * M);
+        b.push_back(C - E);
+    }
+    b.push_back(C);
+    return b;
 }
 
 // How the all-reduce's reduce-scatter half moves the codes (docs/communicator.md, "Data path"). Two
@@ -339,7 +383,7 @@ void Communicator::exchange_agreement(bool check, const char *op, bool failed, c
     if (!same[2])
         fail(FP8AMP_ERROR_INVALID_ARGUMENT,
              where + ": the ranks passed different options (wire_dtype, average; for the all-reduce also the "
-                     "pipeline piece, FP8AMP_COMM_PIECE_ELEMENTS, the exchange, FP8AMP_COMM_EXCHANGE, and the scratch's "
+                     "pipeline's pieces, FP8AMP_COMM_PIECE_ELEMENTS and FP8AMP_COMM_PIECE_TAPER, the exchange, FP8AMP_COMM_EXCHANGE, and the scratch's "
                      "memory, FP8AMP_COMM_NCCL_MEMORY); nothing was exchanged");
 }
 
@@ -349,7 +393,7 @@ void Communicator::all_reduce(const std::vector<std::shared_ptr<Tensor>> &inputs
     const int N = nranks(), r = rank();
     std::vector<int64_t> offset(n + 1, 0);
     std::vector<fp8amp_dtype> gather(n);
-    int64_t P = 0;      // the pipeline's piece: part of the options the ranks agree on
+    int64_t P = 0, D = 1;  // the pipeline's piece and taper: part of the options the ranks agree on
     bool pair = false;  // two ranks, the reduce-scatter half as all-gathers (exchange_mode): agreed too
     // The streams: the context's (S) converts; the transport's operations go on a second one (X) where
     // the device has one (CUDA), ordered against S by events, so that converting one piece overlaps
@@ -416,9 +460,10 @@ void Communicator::all_reduce(const std::vector<std::shared_ptr<Tensor>> &inputs
         const int64_t chunk = chunk_elements(offset[n], N);
         X = compute_->side_stream(S);
         P = piece_elements(chunk, X != S);
+        D = piece_taper();
         pair = N == 2 && exchange_mode() == Exchange::Auto;
         // The scratch's memory too: registering a window is collective (registered_scratch).
-        options.add(static_cast<uint64_t>(P)).add(pair).add(static_cast<uint64_t>(memory_));
+        options.add(static_cast<uint64_t>(P)).add(static_cast<uint64_t>(D)).add(pair).add(static_cast<uint64_t>(memory_));
         sig.shapes = shapes.h;
         sig.dtypes = dtypes.h;
         sig.options = options.h;
@@ -431,7 +476,8 @@ void Communicator::all_reduce(const std::vector<std::shared_ptr<Tensor>> &inputs
 
     const int64_t total = offset[n];
     const int64_t C = chunk_elements(total, N);  // chunk per rank
-    const int64_t pieces = C > 0 ? (C + P - 1) / P : 0;
+    const std::vector<int64_t> bounds = piece_bounds(C, P, D);
+    const int64_t pieces = static_cast<int64_t>(bounds.size()) - 1;
     const int blocks = grid_blocks();
     // Small per-tensor values: the agreed amax of the inputs, the wire's and the output's scale_inv
     // (16 n bytes: amax_in, an unused word, wire_si, out_si).
@@ -461,7 +507,7 @@ void Communicator::all_reduce(const std::vector<std::shared_ptr<Tensor>> &inputs
     //    (no copy to itself);
     //  - all-gather half: piece-major, wire[N lo, N lo + N L), rank j's codes at block j: one
     //    in-place all-gather per piece.
-    auto piece = [&](int64_t p) { return std::make_pair(p * P, std::min(p * P + P, C)); };
+    auto piece = [&](int64_t p) { return std::make_pair(bounds[p], bounds[p + 1]); };
     // The codes of every rank for element k of this rank's piece p: rank j's at base + j * stride.
     auto codes_of = [&](int64_t lo, int64_t hi, int64_t k) -> std::pair<const uint8_t *, int64_t> {
         if (!pair) return {recv + lo + k, C};
