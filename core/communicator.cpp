@@ -651,6 +651,7 @@ void Communicator::all_reduce(const std::vector<std::shared_ptr<Tensor>> &inputs
 void Communicator::reduce_scatter(const std::shared_ptr<Tensor> &input, const std::shared_ptr<Tensor> &output,
                                   const CommReduceOptions &o) {
     const int N = nranks(), r = rank();
+    const size_t xs = exchange_slot();
     bool pair = false;  // two ranks: the exchange as one all-gather (exchange_mode), agreed
     agreed(o.check, "fp8amp_comm_reduce_scatter", [&] {
         Signature sig;
@@ -683,9 +684,9 @@ void Communicator::reduce_scatter(const std::shared_ptr<Tensor> &input, const st
         const size_t k = static_cast<size_t>(output->numel());
         scratch(0, 16);
         if (pair) {
-            scratch(1, static_cast<size_t>(round16(static_cast<int64_t>(k))) * 3, true);
+            scratch(xs, static_cast<size_t>(round16(static_cast<int64_t>(k))) * 3, true);
         } else {
-            scratch(1, k * N);
+            scratch(xs, k * N);
             scratch(2, k * N);
         }
         if (output->dtype() != FP8AMP_DTYPE_F32 && !is_fp8(output->dtype())) scratch(3, k * sizeof(float));
@@ -721,7 +722,7 @@ void Communicator::reduce_scatter(const std::shared_ptr<Tensor> &input, const st
     };
     if (pair) {
         const int64_t K = round16(k);
-        auto *B = static_cast<uint8_t *>(scratch(1, static_cast<size_t>(K) * 3, true));
+        auto *B = static_cast<uint8_t *>(scratch(xs, static_cast<size_t>(K) * 3, true));
         quantize_slice(1 - r, B + r * K);
         quantize_slice(r, B + 2 * K);
         transport_->all_gather(B + r * K, B, static_cast<size_t>(K), stream);
@@ -729,7 +730,7 @@ void Communicator::reduce_scatter(const std::shared_ptr<Tensor> &input, const st
         codes = r == 0 ? own : peer;
         stride = r == 0 ? peer - own : own - peer;
     } else {
-        auto *wire = static_cast<uint8_t *>(scratch(1, total));
+        auto *wire = static_cast<uint8_t *>(scratch(xs, total));
         auto *recv = static_cast<uint8_t *>(scratch(2, total));
         for (int j = 0; j < N; ++j) quantize_slice(j, (j == r ? recv : wire) + static_cast<size_t>(j) * k);
         if (N > 1) {
@@ -761,6 +762,7 @@ void Communicator::reduce_scatter(const std::shared_ptr<Tensor> &input, const st
 void Communicator::all_gather(const std::shared_ptr<Tensor> &input, const std::shared_ptr<Tensor> &output,
                               const std::shared_ptr<Tensor> &output_scale_inv, bool check) {
     const int N = nranks();
+    const size_t xs = exchange_slot();
     agreed(check, "fp8amp_comm_all_gather", [&] {
         Signature sig;
         Hash shapes, dtypes;
@@ -800,7 +802,7 @@ void Communicator::all_gather(const std::shared_ptr<Tensor> &input, const std::s
         dtypes.add(static_cast<uint64_t>(input->dtype()));
         sig.shapes = shapes.h;
         sig.dtypes = dtypes.h;
-        scratch(1, input->nbytes() * N);
+        scratch(xs, input->nbytes() * N);
         scratch(0, sizeof(float) * N);
         return sig;
     });
@@ -808,7 +810,7 @@ void Communicator::all_gather(const std::shared_ptr<Tensor> &input, const std::s
     // Gathered through scratch, so that a failure leaves the output unchanged.
     const size_t bytes = input->nbytes();
     const bool fp8 = is_fp8(input->dtype());
-    auto *buf = static_cast<uint8_t *>(scratch(1, bytes * N));
+    auto *buf = static_cast<uint8_t *>(scratch(xs, bytes * N));
     auto *scales = static_cast<float *>(scratch(0, sizeof(float) * N));
     transport_->all_gather(input->data(), buf, bytes, stream);
     if (fp8) transport_->all_gather(input->scale_inv(), scales, sizeof(float), stream);

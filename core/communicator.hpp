@@ -90,7 +90,17 @@ private:
     std::unique_ptr<kernels::CommCompute> compute_;
     std::unique_ptr<Transport> transport_;
     std::shared_ptr<Storage> saturated_;  // unsigned long long, on the device
-    static constexpr size_t kSlots = 5;
+    // Slots: 0 small values, 1 the all-reduce's codes (the exchanges' too while it is plain memory),
+    // 2 and 3 the reduce-scatter's, 4 the agreements', 5 the reduce-scatter's and all-gather's
+    // exchange while slot 1 is a window (exchange_slot).
+    static constexpr size_t kSlots = 6;
+    // Where the reduce-scatter and the all-gather put what they exchange: slot 1, shared with the
+    // all-reduce, unless the all-reduce's scratch is a symmetric window (memory_ kWindow): then a
+    // plain block of its own, so that only the all-reduce's all-gathers ever name window memory
+    // (NCCL sends an all-gather between windows to copy engines under NCCL_CTA_POLICY_ZERO, which
+    // fails on the legacy default stream: docs/communicator.md, "Data path"), and so that the two do
+    // not take turns growing and re-registering one block.
+    size_t exchange_slot() const { return memory_ == Transport::kWindow ? 5 : 1; }
     std::shared_ptr<Storage> scratch_[kSlots];
     bool registered_[kSlots] = {};  // whether scratch_[slot] came from the transport (alloc_registered)
     // Where the all-reduce's scratch comes from (FP8AMP_COMM_NCCL_MEMORY when the communicator was made,
