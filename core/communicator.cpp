@@ -146,6 +146,9 @@ Exchange exchange_mode() {
 // nothing and keep the full grid. The bytes do not depend on it (every value is computed element by
 // element; the amax and the saturation count are a max and a sum), so it is not agreed.
 constexpr int kGridBlocks = 0;
+// Multiprocessors the all-reduce's amax pass leaves free while the check's exchange runs beside it
+// (NCCL's all-reduce of 7 words takes one block, on one channel; a second one for slack).
+constexpr int kCheckFreeSms = 2;
 int grid_blocks() {
     if (const char *env = std::getenv("FP8AMP_COMM_GRID_BLOCKS")) {
         char *end = nullptr;
@@ -407,9 +410,16 @@ void Communicator::all_reduce(const std::vector<std::shared_ptr<Tensor>> &inputs
     // are enqueued once this rank's arguments are valid and run while the check's exchange goes on X
     // (agreed_beside): the host waits for the check alone, and the amax pass hides it. They write only
     // the communicator's scratch, so a refused call still changes nothing the caller sees.
+    // With the check beside it, the amax kernels leave kCheckFreeSms multiprocessors empty for NCCL's
+    // block (set_amax_free_sms; CUDA): otherwise that block would start only once the pass drained.
     auto amax_pass = [&] {
         amax_in = static_cast<uint32_t *>(scratch(0, 16 * n));
         compute_->memset_async(amax_in, 0, 4 * n, S);
+        struct FreeSms {
+            kernels::CommCompute &c;
+            ~FreeSms() { c.set_amax_free_sms(0); }
+        } reset{*compute_};
+        compute_->set_amax_free_sms(o.check && N > 1 && X != S ? kCheckFreeSms : 0);
         for (size_t i = 0; i < n; ++i)
             compute_->amax(inputs[i]->data(), inputs[i]->dtype(), inputs[i]->scale_inv(), inputs[i]->numel(),
                            amax_in + i, S);
