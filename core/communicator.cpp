@@ -48,21 +48,33 @@ int64_t chunk_elements(int64_t total, int N) {
     return (c + 15) / 16 * 16;
 }
 
-// The all-reduce's pipeline piece (docs/communicator.md, "Pipeline"): each rank chunk of C elements is
-// moved in pieces of this many (a multiple of 16), so that converting one piece overlaps moving
-// another. Which piece an element travels in changes nothing in its value (the scales are agreed for
-// the whole bucket first, the sum is per element), so the bytes do not depend on it: the tests run
-// with small pieces too (FP8AMP_COMM_PIECE_ELEMENTS). Default, where the device overlaps (CUDA): C
-// in about kTargetPieces pieces of at least kMinPiece elements; one piece where nothing overlaps
-// (CPU, whose transports are synchronous). Measured with the earlier two-half pipeline (the halves
-// separated by an agreement) on 2 x H200 (NVLink, 256M BF16 elements, C = 128M, docs/communicator.md):
-// pieces of 1M elements 7.5 ms, 4M 3.0 ms, 8M (16 pieces) 2.42 ms, 16M 1.99 ms, 64M (2 pieces) 1.92
-// ms. Since the pipeline runs end to end (no agreement between the halves), only the first piece's
-// quantization and the last piece's decoding run beside nothing, so 4 pieces halve that bubble
-// against 2 for two more NCCL operations a half: the default is 4, by that reasoning, not yet measured
-// (bench/run_comm_2gpu.sh SWEEP=quick times 2, 4, 8 and 16).
-constexpr int64_t kTargetPieces = 4;
+// The all-reduce's pipeline pieces (docs/communicator.md, "Pipeline"): each rank chunk of C elements is
+// moved in pieces (multiples of 16 elements), so that converting one piece overlaps moving another.
+// Which piece an element travels in changes nothing in its value (the scales are agreed for the whole
+// bucket first, the sum is per element), so the bytes do not depend on the schedule: the tests run
+// with small pieces too (FP8AMP_COMM_PIECE_ELEMENTS, FP8AMP_COMM_PIECE_TAPER).
+//
+// The schedule is a function of C, P (piece_elements) and the taper D (piece_taper), values every
+// rank has (C) or agrees on with the check (P, D), so it needs no agreement of its own:
+//  - D = 1, or C <= P: pieces of P, the last one shorter (the schedule before the taper);
+//  - D >= 2: a first and a last piece of E = P / D (rounded up to a multiple of 16; if that is not
+//    below P, as D = 1), the C - 2 E elements between them in m = ceil((C - 2 E) / P) pieces of equal
+//    length rounded up to 16 (the last of them shorter by the rounding; never empty, since P is a
+//    multiple of 16 and m pieces of P cover the rest).
+// Why a taper: the first piece's quantization and the last piece's decoding run beside no transfer
+// (the pipeline's two bubbles), and the transfer stream idles for them; smaller edge pieces shrink
+// them without adding transport operations (each costs a fixed ~17 us on the copy-engine path,
+// fitted to the 2-H200 sweep: bench/comm_pipeline_model.py).
+//
+// P: FP8AMP_COMM_PIECE_ELEMENTS when set (read at every call), else where the device overlaps (CUDA)
+// 3 C / 8 and at least kMinPiece elements, so that with the default taper (kTaper = 3) a large chunk
+// goes in 4 pieces of C/8, 3C/8, 3C/8, C/8 (the model's best for the 2-H200 benchmark: ~990 us of
+// pipeline against ~1030 for 4 equal pieces, 1.7x NCCL bf16 expected -- to be confirmed by
+// bench/run_comm_2gpu.sh); one piece where nothing overlaps (CPU, whose transports are synchronous).
+// Measured with 4 equal pieces (taper 1) on 2 x H200 with the copy-engine setup: pieces of 32M
+// elements (4 a chunk) 1164-1180 us, 64M 1195, 16M 1278, 8M 1530 (docs/communicator.md).
 constexpr int64_t kMinPiece = int64_t(1) << 22;
+constexpr int64_t kTaper = 3;
 
 int64_t round16(int64_t v) { return (v + 15) / 16 * 16; }
 
@@ -74,7 +86,39 @@ int64_t piece_elements(int64_t C, bool overlap) {
         if (end != env && *end == '\0' && v > 0) return std::min(C, round16(v));
     }
     if (!overlap) return C;
-    return std::min(C, std::max(round16((C + kTargetPieces - 1) / kTargetPieces), kMinPiece));
+    return std::min(C, std::max(round16((3 * C + 7) / 8), kMinPiece));
+}
+
+// D: FP8AMP_COMM_PIECE_TAPER (an integer >= 1, read at every call), else kTaper.
+int64_t piece_taper() {
+    if (const char *env = std::getenv("FP8AMP_COMM_PIECE_TAPER")) {
+        char *end = nullptr;
+        const long long v = std::strtoll(env, &end, 10);
+        if (end != env && *end == '\0' && v >= 1 && v <= (1LL << 30)) return v;
+    }
+    return kTaper;
+}
+
+// The pieces' bounds: piece p is [bounds[p], bounds[p + 1]); bounds.front() = 0, bounds.back() = C.
+std::vector<int64_t> piece_bounds(int64_t C, int64_t P, int64_t D) {
+    std::vector<int64_t> b{0};
+    if (C <= 0) return b;
+    const int64_t E = round16((P + D - 1) / D);
+    if (D <= 1 || C <= P || E >= P) {
+        for (int64_t lo = P; lo < C; lo += P) b.push_back(lo);
+        b.push_back(C);
+        return b;
+    }
+    const int64_t rest = C - 2 * E;
+    b.push_back(E);
+    if (rest > 0) {
+        const int64_t m = (rest + P - 1) / P;
+        const int64_t M = round16((rest + m - 1) / m);
+        for (int64_t k = 1; k < m; ++k) b.push_back(E + k * M);
+        b.push_back(C - E);
+    }
+    b.push_back(C);
+    return b;
 }
 
 // How the all-reduce's reduce-scatter half moves the codes (docs/communicator.md, "Data path"). Two
@@ -102,6 +146,9 @@ Exchange exchange_mode() {
 // nothing and keep the full grid. The bytes do not depend on it (every value is computed element by
 // element; the amax and the saturation count are a max and a sum), so it is not agreed.
 constexpr int kGridBlocks = 0;
+// Multiprocessors the all-reduce's amax pass leaves free while the check's exchange runs beside it
+// (NCCL's all-reduce of 7 words takes one block, on one channel; a second one for slack).
+constexpr int kCheckFreeSms = 2;
 int grid_blocks() {
     if (const char *env = std::getenv("FP8AMP_COMM_GRID_BLOCKS")) {
         char *end = nullptr;
@@ -288,12 +335,44 @@ void *Communicator::registered_scratch(size_t slot, size_t nbytes) {
     return p;
 }
 
-void Communicator::exchange_agreement(bool check, const char *op, bool failed, const Signature &sig) {
+void Communicator::prepare_exchange(bool check, void *stream) {
+    if (!check || nranks() == 1) return;
+    scratch(4, Transport::agree_scratch_bytes(3));
+    void *S = ctx_->stream();
+    if (!stream || stream == S) return;
+    // The exchange's stream waits for what S holds now (the scratch may be new, in S's order): slot 0,
+    // recorded and waited at once.
+    compute_->record(0, S);
+    compute_->wait(0, stream);
+}
+
+void Communicator::exchange_agreement(bool check, const char *op, bool failed, const Signature &sig, void *stream) {
     if (!check || nranks() == 1) return;
     const uint64_t sigs[3] = {sig.shapes, sig.dtypes, sig.options};
     bool same[3] = {true, true, true};
+    void *S = ctx_->stream();
     void *s = scratch(4, Transport::agree_scratch_bytes(3));
-    const bool any_failed = transport_->agree(sigs, 3, failed, same, s, ctx_->stream());
+    bool any_failed = false;
+    if (!stream || stream == S) {
+        any_failed = transport_->agree(sigs, 3, failed, same, s, S);
+    } else {
+        // Beside the context's stream (the all-reduce's amax pass runs there meanwhile): ordered after
+        // what S held before the call's own work by prepare_exchange, and joined back (slot 1)
+        // whatever the outcome, so that the call stays ordered on S. The host waits here only for
+        // this stream's exchange.
+        try {
+            any_failed = transport_->agree(sigs, 3, failed, same, s, stream);
+        } catch (...) {
+            try {
+                compute_->record(1, stream);
+                compute_->wait(1, S);
+            } catch (...) {
+            }
+            throw;
+        }
+        compute_->record(1, stream);
+        compute_->wait(1, S);
+    }
     if (failed) return;  // the caller rethrows its own error
     const std::string where = std::string(op) + " on rank " + std::to_string(rank()) + " of " + std::to_string(nranks());
     if (any_failed)
@@ -307,7 +386,7 @@ void Communicator::exchange_agreement(bool check, const char *op, bool failed, c
     if (!same[2])
         fail(FP8AMP_ERROR_INVALID_ARGUMENT,
              where + ": the ranks passed different options (wire_dtype, average; for the all-reduce also the "
-                     "pipeline piece, FP8AMP_COMM_PIECE_ELEMENTS, the exchange, FP8AMP_COMM_EXCHANGE, and the scratch's "
+                     "pipeline's pieces, FP8AMP_COMM_PIECE_ELEMENTS and FP8AMP_COMM_PIECE_TAPER, the exchange, FP8AMP_COMM_EXCHANGE, and the scratch's "
                      "memory, FP8AMP_COMM_NCCL_MEMORY); nothing was exchanged");
 }
 
@@ -317,9 +396,35 @@ void Communicator::all_reduce(const std::vector<std::shared_ptr<Tensor>> &inputs
     const int N = nranks(), r = rank();
     std::vector<int64_t> offset(n + 1, 0);
     std::vector<fp8amp_dtype> gather(n);
-    int64_t P = 0;      // the pipeline's piece: part of the options the ranks agree on
+    int64_t P = 0, D = 1;  // the pipeline's piece and taper: part of the options the ranks agree on
     bool pair = false;  // two ranks, the reduce-scatter half as all-gathers (exchange_mode): agreed too
-    agreed(o.check, "fp8amp_comm_all_reduce", [&] {
+    // The streams: the context's (S) converts; the transport's operations go on a second one (X) where
+    // the device has one (CUDA), ordered against S by events, so that converting one piece overlaps
+    // moving another. Every hand-over is an event (no host synchronization), and S waits for X's
+    // last operation before the call returns, so the call is capturable and its results are ordered
+    // on S as before.
+    void *S = ctx_->stream();
+    void *X = S;
+    uint32_t *amax_in = nullptr;
+    // 1a. The amax pass beside the check: the local amaxes (on S) do not depend on the check, so they
+    // are enqueued once this rank's arguments are valid and run while the check's exchange goes on X
+    // (agreed_beside): the host waits for the check alone, and the amax pass hides it. They write only
+    // the communicator's scratch, so a refused call still changes nothing the caller sees.
+    // With the check beside it, the amax kernels leave kCheckFreeSms multiprocessors empty for NCCL's
+    // block (set_amax_free_sms; CUDA): otherwise that block would start only once the pass drained.
+    auto amax_pass = [&] {
+        amax_in = static_cast<uint32_t *>(scratch(0, 16 * n));
+        compute_->memset_async(amax_in, 0, 4 * n, S);
+        struct FreeSms {
+            kernels::CommCompute &c;
+            ~FreeSms() { c.set_amax_free_sms(0); }
+        } reset{*compute_};
+        compute_->set_amax_free_sms(o.check && N > 1 && X != S ? kCheckFreeSms : 0);
+        for (size_t i = 0; i < n; ++i)
+            compute_->amax(inputs[i]->data(), inputs[i]->dtype(), inputs[i]->scale_inv(), inputs[i]->numel(),
+                           amax_in + i, S);
+    };
+    agreed_beside(o.check, "fp8amp_comm_all_reduce", [&] {
         Signature sig;
         Hash shapes, dtypes, options;
         shapes.add(n);
@@ -363,10 +468,12 @@ void Communicator::all_reduce(const std::vector<std::shared_ptr<Tensor>> &inputs
         // The piece size decides how many transport operations the call makes, so every rank must use
         // the same (FP8AMP_COMM_PIECE_ELEMENTS set on some ranks only would otherwise hang them).
         const int64_t chunk = chunk_elements(offset[n], N);
-        P = piece_elements(chunk, compute_->side_stream(ctx_->stream()) != ctx_->stream());
+        X = compute_->side_stream(S);
+        P = piece_elements(chunk, X != S);
+        D = piece_taper();
         pair = N == 2 && exchange_mode() == Exchange::Auto;
         // The scratch's memory too: registering a window is collective (registered_scratch).
-        options.add(static_cast<uint64_t>(P)).add(pair).add(static_cast<uint64_t>(memory_));
+        options.add(static_cast<uint64_t>(P)).add(static_cast<uint64_t>(D)).add(pair).add(static_cast<uint64_t>(memory_));
         sig.shapes = shapes.h;
         sig.dtypes = dtypes.h;
         sig.options = options.h;
@@ -375,23 +482,16 @@ void Communicator::all_reduce(const std::vector<std::shared_ptr<Tensor>> &inputs
         scratch(0, 16 * n);
         if (memory_ == Transport::kPlain) scratch(1, static_cast<size_t>(chunk) * N * 2, true);
         return sig;
-    });
+    }, amax_pass, X);
 
-    // The streams: the context's (S) converts; the transport's operations go on a second one (X) where
-    // the device has one (CUDA), ordered against S by events, so that converting one piece overlaps
-    // moving another. Every hand-over is an event (no host synchronization), and S waits for X's
-    // last operation before the call returns, so the call is capturable and its results are ordered
-    // on S as before.
-    void *S = ctx_->stream();
-    void *X = compute_->side_stream(S);
     const int64_t total = offset[n];
     const int64_t C = chunk_elements(total, N);  // chunk per rank
-    const int64_t pieces = C > 0 ? (C + P - 1) / P : 0;
+    const std::vector<int64_t> bounds = piece_bounds(C, P, D);
+    const int64_t pieces = static_cast<int64_t>(bounds.size()) - 1;
     const int blocks = grid_blocks();
     // Small per-tensor values: the agreed amax of the inputs, the wire's and the output's scale_inv
     // (16 n bytes: amax_in, an unused word, wire_si, out_si).
-    auto *small = static_cast<uint32_t *>(scratch(0, 16 * n));
-    uint32_t *amax_in = small;
+    auto *small = amax_in;
     float *wire_si = reinterpret_cast<float *>(small + 2 * n), *out_si = reinterpret_cast<float *>(small + 3 * n);
     // One allocation of 2 N C bytes: `wire` (the first N C) and `recv` (the next N C), so that the
     // two-rank layout below may address one rank's codes in each from one base and a stride.
@@ -417,7 +517,7 @@ void Communicator::all_reduce(const std::vector<std::shared_ptr<Tensor>> &inputs
     //    (no copy to itself);
     //  - all-gather half: piece-major, wire[N lo, N lo + N L), rank j's codes at block j: one
     //    in-place all-gather per piece.
-    auto piece = [&](int64_t p) { return std::make_pair(p * P, std::min(p * P + P, C)); };
+    auto piece = [&](int64_t p) { return std::make_pair(bounds[p], bounds[p + 1]); };
     // The codes of every rank for element k of this rank's piece p: rank j's at base + j * stride.
     auto codes_of = [&](int64_t lo, int64_t hi, int64_t k) -> std::pair<const uint8_t *, int64_t> {
         if (!pair) return {recv + lo + k, C};
@@ -502,11 +602,8 @@ void Communicator::all_reduce(const std::vector<std::shared_ptr<Tensor>> &inputs
         }
     };
 
-    // 1. One scale per tensor for all ranks: the max of the amaxes; from it the wire's scale_inv and
-    // the output's (comm_requant_scale_inv), before any piece.
-    compute_->memset_async(small, 0, 4 * n, S);
-    for (size_t i = 0; i < n; ++i)
-        compute_->amax(inputs[i]->data(), inputs[i]->dtype(), inputs[i]->scale_inv(), inputs[i]->numel(), amax_in + i, S);
+    // 1b. One scale per tensor for all ranks: the max of the amaxes (the pass above, on S); from it
+    // the wire's scale_inv and the output's (comm_requant_scale_inv), before any piece.
     compute_->record(0, S);
     compute_->wait(0, X);
     transport_->allreduce_max_u32(amax_in, n, X);
@@ -564,6 +661,7 @@ void Communicator::all_reduce(const std::vector<std::shared_ptr<Tensor>> &inputs
 void Communicator::reduce_scatter(const std::shared_ptr<Tensor> &input, const std::shared_ptr<Tensor> &output,
                                   const CommReduceOptions &o) {
     const int N = nranks(), r = rank();
+    const size_t xs = exchange_slot();
     bool pair = false;  // two ranks: the exchange as one all-gather (exchange_mode), agreed
     agreed(o.check, "fp8amp_comm_reduce_scatter", [&] {
         Signature sig;
@@ -596,9 +694,9 @@ void Communicator::reduce_scatter(const std::shared_ptr<Tensor> &input, const st
         const size_t k = static_cast<size_t>(output->numel());
         scratch(0, 16);
         if (pair) {
-            scratch(1, static_cast<size_t>(round16(static_cast<int64_t>(k))) * 3, true);
+            scratch(xs, static_cast<size_t>(round16(static_cast<int64_t>(k))) * 3, true);
         } else {
-            scratch(1, k * N);
+            scratch(xs, k * N);
             scratch(2, k * N);
         }
         if (output->dtype() != FP8AMP_DTYPE_F32 && !is_fp8(output->dtype())) scratch(3, k * sizeof(float));
@@ -634,7 +732,7 @@ void Communicator::reduce_scatter(const std::shared_ptr<Tensor> &input, const st
     };
     if (pair) {
         const int64_t K = round16(k);
-        auto *B = static_cast<uint8_t *>(scratch(1, static_cast<size_t>(K) * 3, true));
+        auto *B = static_cast<uint8_t *>(scratch(xs, static_cast<size_t>(K) * 3, true));
         quantize_slice(1 - r, B + r * K);
         quantize_slice(r, B + 2 * K);
         transport_->all_gather(B + r * K, B, static_cast<size_t>(K), stream);
@@ -642,7 +740,7 @@ void Communicator::reduce_scatter(const std::shared_ptr<Tensor> &input, const st
         codes = r == 0 ? own : peer;
         stride = r == 0 ? peer - own : own - peer;
     } else {
-        auto *wire = static_cast<uint8_t *>(scratch(1, total));
+        auto *wire = static_cast<uint8_t *>(scratch(xs, total));
         auto *recv = static_cast<uint8_t *>(scratch(2, total));
         for (int j = 0; j < N; ++j) quantize_slice(j, (j == r ? recv : wire) + static_cast<size_t>(j) * k);
         if (N > 1) {
@@ -674,6 +772,7 @@ void Communicator::reduce_scatter(const std::shared_ptr<Tensor> &input, const st
 void Communicator::all_gather(const std::shared_ptr<Tensor> &input, const std::shared_ptr<Tensor> &output,
                               const std::shared_ptr<Tensor> &output_scale_inv, bool check) {
     const int N = nranks();
+    const size_t xs = exchange_slot();
     agreed(check, "fp8amp_comm_all_gather", [&] {
         Signature sig;
         Hash shapes, dtypes;
@@ -713,7 +812,7 @@ void Communicator::all_gather(const std::shared_ptr<Tensor> &input, const std::s
         dtypes.add(static_cast<uint64_t>(input->dtype()));
         sig.shapes = shapes.h;
         sig.dtypes = dtypes.h;
-        scratch(1, input->nbytes() * N);
+        scratch(xs, input->nbytes() * N);
         scratch(0, sizeof(float) * N);
         return sig;
     });
@@ -721,7 +820,7 @@ void Communicator::all_gather(const std::shared_ptr<Tensor> &input, const std::s
     // Gathered through scratch, so that a failure leaves the output unchanged.
     const size_t bytes = input->nbytes();
     const bool fp8 = is_fp8(input->dtype());
-    auto *buf = static_cast<uint8_t *>(scratch(1, bytes * N));
+    auto *buf = static_cast<uint8_t *>(scratch(xs, bytes * N));
     auto *scales = static_cast<float *>(scratch(0, sizeof(float) * N));
     transport_->all_gather(input->data(), buf, bytes, stream);
     if (fp8) transport_->all_gather(input->scale_inv(), scales, sizeof(float), stream);

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "comm.hpp"
@@ -62,11 +63,23 @@ public:
     // nothing (the operation's own agreement follows) but whose failure takes part in that agreement.
     template <class Validate>
     void agreed(bool check, const char *op, Validate &&validate, bool local_only = false);
+    // The same with local work beside the exchange: `beside` (enqueued on the context's stream once
+    // `validate` succeeded; its failure counts as a refusal) runs while the exchange goes on
+    // `stream` (the all-reduce: its amax pass on the context's stream, the check on the transfer
+    // stream; docs/communicator.md, "Bad input"). Nothing `beside` writes may be visible to the caller
+    // when the exchange fails: only scratch.
+    template <class Validate, class Beside>
+    void agreed_beside(bool check, const char *op, Validate &&validate, Beside &&beside, void *stream);
 
 private:
     Communicator(std::shared_ptr<const Context> ctx, std::unique_ptr<kernels::CommCompute> compute,
                  std::unique_ptr<Transport> transport);
-    void exchange_agreement(bool check, const char *op, bool failed, const Signature &sig);
+    // stream: where the exchange goes (nullptr: the context's stream); another stream is ordered after
+    // the context's work so far and joined back to it whatever the outcome.
+    void exchange_agreement(bool check, const char *op, bool failed, const Signature &sig, void *stream = nullptr);
+    // Before work beside an exchange on `stream`: its scratch, and `stream` ordered after the context's
+    // stream as it is now.
+    void prepare_exchange(bool check, void *stream);
     // Grow-only scratch slot of the context's device memory.
     void *scratch(size_t slot, size_t nbytes, bool zero = false);
     // The same in memory registered with the transport (memory_), agreed between the ranks when it
@@ -77,7 +90,17 @@ private:
     std::unique_ptr<kernels::CommCompute> compute_;
     std::unique_ptr<Transport> transport_;
     std::shared_ptr<Storage> saturated_;  // unsigned long long, on the device
-    static constexpr size_t kSlots = 5;
+    // Slots: 0 small values, 1 the all-reduce's codes (the exchanges' too while it is plain memory),
+    // 2 and 3 the reduce-scatter's, 4 the agreements', 5 the reduce-scatter's and all-gather's
+    // exchange while slot 1 is a window (exchange_slot).
+    static constexpr size_t kSlots = 6;
+    // Where the reduce-scatter and the all-gather put what they exchange: slot 1, shared with the
+    // all-reduce, unless the all-reduce's scratch is a symmetric window (memory_ kWindow): then a
+    // plain block of its own, so that only the all-reduce's all-gathers ever name window memory
+    // (NCCL sends an all-gather between windows to copy engines under NCCL_CTA_POLICY_ZERO, which
+    // fails on the legacy default stream: docs/communicator.md, "Data path"), and so that the two do
+    // not take turns growing and re-registering one block.
+    size_t exchange_slot() const { return memory_ == Transport::kWindow ? 5 : 1; }
     std::shared_ptr<Storage> scratch_[kSlots];
     bool registered_[kSlots] = {};  // whether scratch_[slot] came from the transport (alloc_registered)
     // Where the all-reduce's scratch comes from (FP8AMP_COMM_NCCL_MEMORY when the communicator was made,
@@ -87,9 +110,30 @@ private:
 
 template <class Validate>
 void Communicator::agreed(bool check, const char *op, Validate &&validate, bool local_only) {
+    if (local_only) {
+        try {
+            validate();
+        } catch (...) {
+            if (check && nranks() > 1) {
+                try {
+                    exchange_agreement(true, op, true, Signature{});
+                } catch (...) {
+                }
+            }
+            throw;
+        }
+        return;
+    }
+    agreed_beside(check, op, std::forward<Validate>(validate), [] {}, nullptr);
+}
+
+template <class Validate, class Beside>
+void Communicator::agreed_beside(bool check, const char *op, Validate &&validate, Beside &&beside, void *stream) {
     Signature sig;
     try {
         sig = validate();
+        prepare_exchange(check, stream);
+        beside();
     } catch (...) {
         // Tell the others (they fail too), then report this rank's own reason.
         if (check && nranks() > 1) {
@@ -100,7 +144,7 @@ void Communicator::agreed(bool check, const char *op, Validate &&validate, bool 
         }
         throw;
     }
-    if (!local_only) exchange_agreement(check, op, false, sig);
+    exchange_agreement(check, op, false, sig, stream);
 }
 
 }  // namespace fp8amp::core

@@ -177,6 +177,11 @@ public:
     // grid smaller than the device leaves multiprocessors (and memory bandwidth) to the NCCL kernels
     // running on the other stream beside the conversions.
     virtual void set_grid_limit(int max_blocks) { (void)max_blocks; }
+    // The amaxes of wide inputs that follow (until changed) run beside a collective on the transfer
+    // stream (the all-reduce's check, core/communicator.cpp): CUDA leaves k multiprocessors free of
+    // their blocks, so that NCCL's kernel can start while they run (0: the usual grid). Changes no
+    // byte (a max).
+    virtual void set_amax_free_sms(int k) { (void)k; }
     virtual void *side_stream(void *stream) { return stream; }
     virtual void record(int slot, void *stream) { (void)slot, (void)stream; }
     virtual void wait(int slot, void *stream) { (void)slot, (void)stream; }

@@ -33,9 +33,10 @@ public:
     virtual void group_end(void *stream) = 0;
     // recv[r * nbytes .. (r+1) * nbytes) = rank r's send; send may be recv + rank * nbytes (in place).
     virtual void all_gather(const void *send, void *recv, size_t nbytes, void *stream) = 0;
-    // The all-reduce's own all-gathers (in place, into its registered scratch): where the transport
-    // has a copy-engine path for them (NCCL, FP8AMP_COMM_NCCL_MEMORY=window), they take it; every
-    // other all-gather (the reduce-scatter's exchange, fp8amp_comm_all_gather) stays on all_gather.
+    // The all-reduce's own all-gathers (in place, into its registered scratch, on its transfer
+    // stream): where the transport has a copy-engine path that accepts them (NCCL with its copy-engine
+    // split, the default where NCCL 2.28+ supports it), they take it; every other all-gather (the
+    // reduce-scatter's exchange, fp8amp_comm_all_gather) stays on all_gather.
     virtual void all_gather_scratch(const void *send, void *recv, size_t nbytes, void *stream) {
         all_gather(send, recv, nbytes, stream);
     }
@@ -79,8 +80,9 @@ public:
     virtual bool supports_registered_memory() const { return false; }
     virtual void free_registered(void *p, void *stream) { (void)p, (void)stream; }
     // The memory the all-reduce's scratch uses when FP8AMP_COMM_NCCL_MEMORY is not set: NCCL
-    // communicators made by fp8amp (ncclCommInitRankConfig with CTAPolicy = NCCL_CTA_POLICY_ZERO,
-    // NCCL 2.28 or later, the window functions present) answer kWindow; everything else kPlain.
+    // communicators made by fp8amp with their copy-engine split (a split with CTAPolicy =
+    // NCCL_CTA_POLICY_ZERO: NCCL 2.28 or later, the window functions present, use_copy_engine_split)
+    // answer kWindow; everything else kPlain.
     virtual RegisteredMemory default_memory() const { return kPlain; }
 
     // MPI: how long an operation waits for its peers. Others ignore it.

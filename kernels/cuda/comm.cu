@@ -4,9 +4,11 @@
 // synchronizes except to_host/from_host.
 //
 // Speed (issue 17): the large conversions run at memory bandwidth --
-//  - amax of a wide input and dequantize are the library's own kernels (kernels/cuda/quantize.cu:
-//    cuda::amax, cuda::dequantize with its per-block result table), whose results are the comm's
-//    (amax_bits_of of each value; scaled() then one rounding into the destination) bit for bit;
+//  - dequantize is the library's own kernel (kernels/cuda/quantize.cu: cuda::dequantize with its
+//    per-block result table), whose results are the comm's (scaled() then one rounding into the
+//    destination) bit for bit; the amax of a wide input is wide_amax_kernel (cuda::amax's bits, but
+//    not persistent, so that the check's NCCL kernel can run beside it), cuda::amax where the input
+//    is not aligned for its packs;
 //  - quantize and the fused accumulate + requantize move 16-byte packs, and encode two values per
 //    instruction with the hardware conversion cvt.rn.satfinite.{e4m3,e5m2}x2.f32 (encode2, comm_codec.cuh),
 //    which gives the software codec's bytes for every float32 that is not a NaN (why: encode2's
@@ -229,6 +231,81 @@ __global__ void __launch_bounds__(kThreads) amax_vec_kernel(const void *src, con
     for (int64_t k = packs * kVec + blockIdx.x * int64_t(blockDim.x) + threadIdx.x; k < n; k += int64_t(gridDim.x) * blockDim.x)
         m = max(m, amax_bits_of(load_real(src, S, s, k)));
     fold_max(m, amax);
+}
+
+// The amax of a wide input (F32, F16, BF16) for the all-reduce's first pass: max of amax_bits_of(value)
+// -- cuda::amax's bits (kernels/cuda/quantize.cu), computed the same way (16-bit formats reduced on
+// their bit patterns, magnitudes ordering like their bits, NaN above inf, converted once). Each block
+// takes tiles of kT * kAmaxPacks packs (64 kB of BF16 with 256 threads), with kAmaxInFlight packs'
+// loads issued before any arithmetic, and folds them with one atomic. Two launches: alone, a grid of
+// 256-thread blocks, a tile each, that retire (not persistent); beside the all-reduce's check
+// (core/communicator.cpp, agreed_beside: its NCCL exchange on the higher-priority transfer stream),
+// kAmaxWideThreads-thread blocks on all multiprocessors but set_amax_free_sms' k, grid-stride over
+// the tiles (see kAmaxWideThreads). (Tiles, not a grid-stride walk per thread, so that one block's
+// loads stay within a few contiguous runs.)
+constexpr int kAmaxPacks = 16;
+constexpr int kAmaxInFlight = 4;
+// Beside a collective (set_amax_free_sms): one block of kAmaxWideThreads a multiprocessor on all but
+// k of them, each forced alone on its multiprocessor by its dynamic shared memory (more than half of a
+// multiprocessor's), so that k multiprocessors stay empty for NCCL's block -- which, with up to 640
+// threads and 96 registers each, fits only on an (almost) empty one, and which the block scheduler
+// would otherwise give one only once the amax grid drained: a block that retires frees too little,
+// and the next amax block takes its place. 1024 threads x 4 loads of 16 bytes in flight a
+// multiprocessor still cover the memory latency.
+constexpr int kAmaxWideThreads = 1024;
+
+template <fp8amp_dtype S>
+__device__ __forceinline__ uint32_t wide_pack_amax(const SrcPack<S> &a) {
+    if constexpr (S == FP8AMP_DTYPE_F16 || S == FP8AMP_DTYPE_BF16) {
+        uint32_t w[kVec / 2];
+        memcpy(w, a.v, sizeof w);
+        uint32_t m2 = 0;
+#pragma unroll
+        for (int k = 0; k < kVec / 2; ++k) m2 = __vmaxu2(m2, w[k] & 0x7FFF7FFFu);
+        const uint32_t code = max(m2 & 0xFFFFu, m2 >> 16);
+        if constexpr (S == FP8AMP_DTYPE_BF16) return min(code << 16, 0x7F800000u);
+        else return code > 0x7C00u ? 0x7F800000u : __float_as_uint(__half2float(__ushort_as_half(static_cast<unsigned short>(code))));
+    } else {
+        uint32_t m = 0;
+#pragma unroll
+        for (int k = 0; k < kVec; ++k) m = max(m, amax_bits_of(a.v[k]));
+        return m;
+    }
+}
+
+template <fp8amp_dtype S, int kT>
+__global__ void __launch_bounds__(kT) wide_amax_kernel(const void *__restrict__ src, int64_t n, uint32_t *amax) {
+    const auto *in = static_cast<const SrcPack<S> *>(src);
+    const int64_t packs = n / kVec;
+    const int64_t tile = int64_t(kT) * kAmaxPacks;
+    uint32_t m = 0;
+    for (int64_t base = blockIdx.x * tile; base < packs; base += int64_t(gridDim.x) * tile) {
+#pragma unroll
+        for (int u0 = 0; u0 < kAmaxPacks; u0 += kAmaxInFlight) {
+            SrcPack<S> a[kAmaxInFlight];
+#pragma unroll
+            for (int u = 0; u < kAmaxInFlight; ++u) {
+                const int64_t p = base + int64_t(u0 + u) * kT + threadIdx.x;
+                if (p < packs) a[u] = in[p];
+                else a[u] = SrcPack<S>{};
+            }
+#pragma unroll
+            for (int u = 0; u < kAmaxInFlight; ++u) m = max(m, wide_pack_amax<S>(a[u]));
+        }
+    }
+    // The tail (n % kVec elements), by the first block.
+    if (blockIdx.x == 0)
+        for (int64_t k = packs * kVec + threadIdx.x; k < n; k += kT) m = max(m, amax_bits_of(load_real(src, S, 1.0f, k)));
+    // One atomic a block: the warps' maxima through shared memory.
+    __shared__ uint32_t warp_max[kT / 32];
+    for (int o = 16; o > 0; o >>= 1) m = max(m, __shfl_xor_sync(0xffffffffu, m, o));
+    if ((threadIdx.x & 31) == 0) warp_max[threadIdx.x / 32] = m;
+    __syncthreads();
+    if (threadIdx.x < 32) {
+        m = threadIdx.x < kT / 32 ? warp_max[threadIdx.x] : 0u;
+        for (int o = 16; o > 0; o >>= 1) m = max(m, __shfl_xor_sync(0xffffffffu, m, o));
+        if (threadIdx.x == 0 && m) atomicMax(amax, m);
+    }
 }
 
 // The reduced values of kCodes consecutive elements (comm_reduce's arithmetic, rank by rank over 16-
@@ -537,12 +614,32 @@ public:
     void amax(const void *src, fp8amp_dtype dtype, const float *src_scale_inv, int64_t n, uint32_t *amax_bits,
               void *stream) override {
         if (n <= 0) return;
-        if (dtype == FP8AMP_DTYPE_F32 || dtype == FP8AMP_DTYPE_F16 || dtype == FP8AMP_DTYPE_BF16) {
+        const bool wide = dtype == FP8AMP_DTYPE_F32 || dtype == FP8AMP_DTYPE_F16 || dtype == FP8AMP_DTYPE_BF16;
+        if (wide && !aligned(src, kVec * dtype_bytes(dtype))) {
             // max of amax_bits_of(value): the comm's amax of a wide input, bit for bit.
             cuda::amax(device_, stream, src, dtype, static_cast<size_t>(n), amax_bits);
             return;
         }
         cuda::DeviceGuard g(device_);
+        if (wide) {
+            const int64_t tiles = (n / kVec + int64_t(kThreads) * kAmaxPacks - 1) / (int64_t(kThreads) * kAmaxPacks);
+            const int grid = capped(static_cast<int>(tiles < 1 ? 1 : (tiles > (int64_t(1) << 20) ? (int64_t(1) << 20) : tiles)));
+            const int sms = amax_free_sms_ > 0 ? cuda::multiprocessor_count(device_) : 0;
+            with_dtype(dtype, [&](auto d) {
+                constexpr fp8amp_dtype S = decltype(d)::value;
+                if constexpr (S == FP8AMP_DTYPE_F32 || S == FP8AMP_DTYPE_F16 || S == FP8AMP_DTYPE_BF16) {
+                    if (sms > amax_free_sms_) {
+                        const auto kernel = wide_amax_kernel<S, kAmaxWideThreads>;
+                        const int smem = alone_smem(reinterpret_cast<const void *>(kernel));
+                        kernel<<<sms - amax_free_sms_, kAmaxWideThreads, smem, st(stream)>>>(src, n, amax_bits);
+                    } else {
+                        wide_amax_kernel<S, kThreads><<<grid, kThreads, 0, st(stream)>>>(src, n, amax_bits);
+                    }
+                }
+            });
+            cuda::check_launch("comm wide_amax_kernel");
+            return;
+        }
         if (aligned(src, kVec)) {
             with_fp8(dtype, [&](auto d) {
                 amax_vec_kernel<decltype(d)::value><<<capped(tile_blocks(n / kVec)), kThreads, 0, st(stream)>>>(
@@ -672,6 +769,7 @@ public:
     }
 
     void set_grid_limit(int max_blocks) override { max_blocks_ = max_blocks > 0 ? max_blocks : 0; }
+    void set_amax_free_sms(int k) override { amax_free_sms_ = k > 0 ? k : 0; }
 
     void *side_stream(void *) override {
         if (!side_) {
@@ -704,8 +802,38 @@ private:
             cuda::check(cudaEventCreateWithFlags(&events_[slot], cudaEventDisableTiming), "cudaEventCreateWithFlags");
         return events_[slot];
     }
+    // Dynamic shared memory that keeps a block of `kernel` alone on its multiprocessor: more than half
+    // of a multiprocessor's (opted in once per kernel); 0 where the device does not allow as much in
+    // one block (the grid then relies on the scheduler spreading one block a multiprocessor).
+    int alone_smem(const void *kernel) {
+        for (int i = 0; i < kAloneSlots; ++i) {
+            if (alone_[i].kernel == kernel) return alone_[i].smem;
+            if (!alone_[i].kernel) {
+                int per_sm = 0, optin = 0;
+                cuda::check(cudaDeviceGetAttribute(&per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, device_),
+                            "cudaDeviceGetAttribute");
+                cuda::check(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device_),
+                            "cudaDeviceGetAttribute");
+                int smem = per_sm / 2 + 1024;
+                if (smem > optin - 1024) smem = 0;  // leave room for the kernel's static shared memory
+                if (smem > 0)
+                    cuda::check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
+                                "cudaFuncSetAttribute (comm wide_amax_kernel)");
+                alone_[i] = {kernel, smem};
+                return smem;
+            }
+        }
+        return 0;
+    }
+    static constexpr int kAloneSlots = 4;
+    struct Alone {
+        const void *kernel = nullptr;
+        int smem = 0;
+    };
+    Alone alone_[kAloneSlots];
     int device_;
     int max_blocks_ = 0;  // set_grid_limit's cap, 0: none
+    int amax_free_sms_ = 0;  // set_amax_free_sms
     cudaStream_t side_ = nullptr;
     cudaEvent_t events_[kEventSlots] = {};
 };

@@ -110,12 +110,12 @@ public:
              "ncclAllGather");
     }
     // The all-reduce's in-place all-gathers into its window scratch: on the copy-engine communicator
-    // where there is one (CTA policy NCCL_CTA_POLICY_ZERO: NCCL 2.28 runs its all-gathers on copy
-    // engines). Only these: on 2 H200s (NCCL 2.28.3) the reduce-scatter's exchange, also in place in
-    // a window, failed there ("Cuda failure 'invalid argument'" in ce_coll.cc), cause not found.
+    // where there is one (CTA policy NCCL_CTA_POLICY_ZERO: NCCL 2.28 runs an all-gather whose send and
+    // receive buffers both lie in symmetric windows on copy engines), when copy_engine_ok says NCCL's
+    // copy-engine path can take it; everything else on the default-policy communicator.
     void all_gather_scratch(const void *send_buf, void *recv_buf, size_t nbytes, void *stream) override {
         check_alive();
-        ncclComm_t c = ce_comm_ && in_window(recv_buf, nbytes) ? ce_comm_ : comm_;
+        ncclComm_t c = ce_comm_ && copy_engine_ok(send_buf, recv_buf, nbytes, stream) ? ce_comm_ : comm_;
         call(ncclAllGather(send_buf, recv_buf, nbytes, ncclUint8, c, static_cast<cudaStream_t>(stream)),
              "ncclAllGather");
     }
@@ -306,6 +306,23 @@ private:
     }
 
     ncclComm_t window_comm() const { return ce_comm_ ? ce_comm_ : comm_; }
+    // Whether NCCL's copy-engine all-gather (ncclCeAllGather, src/ce_coll.cc of NCCL 2.28) can take
+    // this one; docs/communicator.md, "Data path", says where each condition comes from:
+    //  - a stream other than the legacy default stream: NCCL issues the copies with
+    //    cudaMemcpyBatchAsync (CUDA 12.8+ runtime and driver, outside graph capture), which refuses
+    //    the legacy NULL stream with cudaErrorInvalidValue -- NCCL then fails with "Cuda failure
+    //    'invalid argument'" in ce_coll.cc. This is what failed on 2 H200s: the reduce-scatter's
+    //    exchange on the context's stream, the default stream in the C tests, while the all-reduce's
+    //    all-gathers (on the communicator's own transfer stream) passed;
+    //  - at least one byte (NCCL drops an empty collective anyway);
+    //  - both buffers inside registered symmetric windows of this communicator (NCCL picks the
+    //    copy-engine path only then, and addresses the peers' copies at the receive buffer's offset
+    //    in its window: the whole receive range, nranks * nbytes, must lie in the window).
+    bool copy_engine_ok(const void *send_buf, const void *recv_buf, size_t nbytes, void *stream) {
+        const auto s = static_cast<cudaStream_t>(stream);
+        if (s == nullptr || s == cudaStreamLegacy || nbytes == 0) return false;
+        return in_window(recv_buf, nbytes * static_cast<size_t>(nranks_)) && in_window(send_buf, nbytes);
+    }
     // Whether [p, p + nbytes) lies in one registered window block.
     bool in_window(const void *p, size_t nbytes) {
         std::lock_guard<std::mutex> lock(mutex_);
@@ -352,25 +369,28 @@ void nccl_unique_id(fp8amp_comm_unique_id *id) {
     std::memcpy(id->internal, &nid, sizeof nid);
 }
 
-// Whether a communicator made here gets the copy-engine setup by default (docs/communicator.md,
-// "Data path"): its all-reduce scratch a symmetric window, registered on a split of the communicator
-// whose CTAPolicy is NCCL_CTA_POLICY_ZERO, under which NCCL 2.28 runs the all-gathers of window
-// memory on copy engines and leaves every multiprocessor to the conversions (measured on 2 x H200:
-// 1185 us against 1699 for the plain setup, docs/communicator.md). The other collectives stay on the
-// communicator itself (default policy): under the zero policy an all-gather of memory outside a window
-// fails. NCCL_CTA_POLICY in the environment would apply to both; fp8amp does not need it. Needs the library's header and the NCCL in the process at 2.28 or
-// later and its window functions; FP8AMP_COMM_NCCL_MEMORY set to anything but "window" keeps the
-// plain NCCL setup. Every input is the same on every rank of one job (the same library, the same
-// environment); where not, the all-reduce's agreement refuses the call (the memory mode is one of its
-// options) or, where only the registration functions differ, it falls back to plain memory on every
-// rank (core/communicator.cpp, registered_scratch). NCCL itself registers a window only where the
-// communicator has symmetric support and answers success with a null window otherwise (its
-// ncclCommWindowRegister), so the default is harmless where copy engines cannot be used.
-bool zero_cta_default() {
+// Whether a communicator made here gets the copy-engine setup (docs/communicator.md, "Data path"): its
+// all-reduce scratch a symmetric window, registered on a split of the communicator whose CTAPolicy is
+// NCCL_CTA_POLICY_ZERO, under which NCCL 2.28 runs the all-reduce's all-gathers of window memory on
+// copy engines and leaves every multiprocessor to the conversions (measured on 2 x H200: 1180-1204 us
+// against 1674 for the plain setup, docs/communicator.md). The default where NCCL can: the library's
+// header and the NCCL in the process at 2.28 or later with its window functions, and
+// FP8AMP_COMM_NCCL_MEMORY unset or "window" (any other value, e.g. "plain", keeps the plain NCCL
+// setup). Only the all-gathers that NCCL's copy-engine path accepts go to the split
+// (NcclTransport::copy_engine_ok: not on the legacy default stream, where cudaMemcpyBatchAsync fails
+// -- the cause of the reduce-scatter's failure on 2 H200s --, both buffers in a window); every other
+// collective stays on the communicator itself (default policy). NCCL_CTA_POLICY in the environment
+// would apply to both communicators; fp8amp does not need it. Every input is the same on every rank
+// of one job (the same library, the same environment); where not, the all-reduce's agreement refuses
+// the call (the memory mode is one of its options) or, where only the registration functions differ,
+// it falls back to plain memory on every rank (core/communicator.cpp, registered_scratch). NCCL
+// itself registers a window only where the communicator has symmetric support and answers success
+// with a null window otherwise (its ncclCommWindowRegister), so the default is harmless where copy
+// engines cannot be used.
+bool use_copy_engine_split() {
 #if defined(NCCL_CTA_POLICY_ZERO)
-    // Opt-in (not the default) until its reduce-scatter runs on 2 GPUs: see all_gather_scratch.
     const char *env = std::getenv("FP8AMP_COMM_NCCL_MEMORY");
-    if (!env || std::strcmp(env, "window") != 0) return false;
+    if (env && std::strcmp(env, "window") != 0) return false;
     int version = 0;
     if (ncclGetVersion(&version) != ncclSuccess || version < 22800) return false;
     const NcclRegistration &f = NcclRegistration::get();
@@ -386,14 +406,13 @@ std::unique_ptr<Transport> make_nccl_transport(const fp8amp_comm_unique_id &id, 
     std::memcpy(&nid, id.internal, sizeof nid);
     ncclComm_t comm = nullptr, ce = nullptr;
     // One rank moves nothing (the all-reduce makes no transfer): the plain setup.
-    const bool zero_cta = nranks > 1 && zero_cta_default();
+    const bool zero_cta = nranks > 1 && use_copy_engine_split();
     nccl_check(ncclCommInitRank(&comm, nranks, nid, rank), "ncclCommInitRank");
 #if defined(NCCL_CTA_POLICY_ZERO)
     // The copy-engine twin: a split of the same ranks whose CTA policy is NCCL_CTA_POLICY_ZERO (the
-    // all-reduce's all-gathers into its window scratch run on copy engines). Only it: under that
-    // policy NCCL 2.28 runs every all-gather on copy engines and refuses one of memory outside a
-    // window ("Cuda failure 'invalid argument'" in ce_coll.cc), which the reduce-scatter's and the
-    // all-gather's own exchanges are. Collective, like the init: every rank makes the same choice.
+    // all-reduce's all-gathers into its window scratch run on copy engines). Only those go there
+    // (all_gather_scratch, copy_engine_ok); every other collective stays on the default-policy
+    // communicator. Collective, like the init: every rank makes the same choice.
     if (zero_cta) {
         ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
         config.CTAPolicy = NCCL_CTA_POLICY_ZERO;

@@ -450,6 +450,28 @@ static void test_mismatch(fp8amp_comm comm) {
             free(saved);
             OK(fp8amp_comm_set_timeout(comm, 300.0));
         }
+        /* A taper that differs (FP8AMP_COMM_PIECE_TAPER, read at each call, set on one rank only): the
+         * first and last pieces' length, so the number and bounds of the pieces, so agreed like the
+         * piece. In pieces of 16 elements on every rank, so that the taper could change the schedule
+         * on the even ranks (5: edges of 16, the default 3 or a set value; the odd rank's 1: equal
+         * pieces -- the same here, since 16 / D rounds up to 16, but agreed all the same). */
+        {
+            const char *env = getenv("FP8AMP_COMM_PIECE_TAPER"), *penv = getenv("FP8AMP_COMM_PIECE_ELEMENTS");
+            char *saved = env ? strdup(env) : NULL, *psaved = penv ? strdup(penv) : NULL;
+            OK(fp8amp_comm_set_timeout(comm, 20.0));
+            setenv("FP8AMP_COMM_PIECE_ELEMENTS", "16", 1);
+            setenv("FP8AMP_COMM_PIECE_TAPER", odd ? "1" : "5", 1);
+            EXPECT(fp8amp_comm_all_reduce(comm, 1, ins, outs, NULL), FP8AMP_ERROR_INVALID_ARGUMENT);
+            CHECK(strstr(fp8amp_last_error_message(), "FP8AMP_COMM_PIECE_TAPER") != NULL, "message: %s",
+                  fp8amp_last_error_message());
+            if (saved) setenv("FP8AMP_COMM_PIECE_TAPER", saved, 1);
+            else unsetenv("FP8AMP_COMM_PIECE_TAPER");
+            if (psaved) setenv("FP8AMP_COMM_PIECE_ELEMENTS", psaved, 1);
+            else unsetenv("FP8AMP_COMM_PIECE_ELEMENTS");
+            free(saved);
+            free(psaved);
+            OK(fp8amp_comm_set_timeout(comm, 300.0));
+        }
         /* The reduce-scatter half's exchange (FP8AMP_COMM_EXCHANGE, read at each call) set on one rank
          * only: with two ranks it changes the transport operations (one all-gather a piece or grouped
          * sends and receives), so it is agreed like an option; with more ranks there is one way (and
