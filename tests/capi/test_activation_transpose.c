@@ -69,6 +69,9 @@ typedef struct {
     size_t x, dy, out, out_t;
 } offsets_t;
 
+/* Set: the FP8 runs' metas count no statistics (the kernels' production path), else they do. */
+static int g_stats_off = 0;
+
 /* One forward (dy NULL) or backward on `device`; FP8 out with a fresh meta (mode, scale) and,
  * with_t, its transpose. */
 static void run_act(fp8amp_device device, int kind, int64_t rows, int64_t cols, fp8amp_dtype x_dt, const void *x,
@@ -92,6 +95,7 @@ static void run_act(fp8amp_device device, int kind, int64_t rows, int64_t cols, 
     fp8amp_scaling s = NULL;
     if (fp8) {
         s = counting_meta(ctx, out_dt, mode, scale);
+        if (g_stats_off) EXPECT_OK(fp8amp_scaling_enable_stats(s, 0));
         EXPECT_OK(fp8amp_tensor_set_scaling(out, s));
         if (with_t) {
             out_t = tensor_at(ctx, out_dt, ts, off.out_t, poison, &owners[3]);
@@ -214,6 +218,31 @@ static void test_bf16_stream_matches_cpu(void **state) {
                 }
 }
 
+/* BF16 inputs large enough that the streaming kernel's threads take whole packs of groups (4 groups
+ * of 8 elements per step in the forwards, 2 in the backwards: the persistent grid of an H100/H200
+ * runs at most ~2^18 threads, so with 2^20 groups most threads take whole packs) as well as single
+ * groups and the n % 8 tail (GELU/SiLU forwards 4096 x 2055). An input NaN or -inf (1 element in 100)
+ * makes a NaN output, so about a quarter of the 32-element packs take the pack's NaN fix-up and the
+ * others the fast path. FP8 out under delayed scaling without statistics (the production path),
+ * under current scaling (the amax-only pass) with statistics, and a wide out. */
+static void test_bf16_stream_large_matches_cpu(void **state) {
+    (void)state;
+    SKIP_WITHOUT_CUDA();
+    const offsets_t none = {0, 0, 0, 0};
+    for (int kind = 0; kind < 3; ++kind)
+        for (int backward = 0; backward < 2; ++backward) {
+            const int64_t cols = kind == SWIGLU || backward ? 2056 : 2055;
+            g_stats_off = 1;
+            check_problem(kind, 4096, cols, FP8AMP_DTYPE_BF16, FP8AMP_DTYPE_BF16, backward, FP8AMP_DTYPE_E4M3,
+                          FP8AMP_SCALING_DELAYED, 0, none);
+            g_stats_off = 0;
+            check_problem(kind, 4096, cols, FP8AMP_DTYPE_BF16, FP8AMP_DTYPE_BF16, backward, FP8AMP_DTYPE_E5M2,
+                          FP8AMP_SCALING_CURRENT, 0, none);
+            check_problem(kind, 4096, cols, FP8AMP_DTYPE_BF16, FP8AMP_DTYPE_BF16, backward, FP8AMP_DTYPE_BF16,
+                          FP8AMP_SCALING_DELAYED, 0, none);
+        }
+}
+
 /* Unaligned buffers (the per-element paths of the tile kernel, the generic kernel) and inputs of
  * other dtypes (F32, F16, BF16 x with F32 dy: the generic kernel and the separate transpose). */
 static void test_unaligned_and_other_dtypes_match_cpu(void **state) {
@@ -245,6 +274,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_bf16_fused_transpose_matches_cpu),
         cmocka_unit_test(test_bf16_stream_matches_cpu),
+        cmocka_unit_test(test_bf16_stream_large_matches_cpu),
         cmocka_unit_test(test_unaligned_and_other_dtypes_match_cpu),
     };
     return run_tests_sharded(tests, sizeof tests / sizeof tests[0], test_setup_rng, NULL);
