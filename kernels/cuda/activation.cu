@@ -4,7 +4,10 @@
 // Bit-identical to kernels/cpu/activation.cpp: each output element is the same inline arithmetic of
 // the inputs (act::forward_value / backward_value: IEEE float32 operations and FMAs, each rounded
 // once), and the amax and counters are order-independent integer reductions. Current scaling runs
-// two passes: an amax-only pass, then the writing pass.
+// two passes: an amax-only pass, then the writing pass. For GELU/SiLU forwards of BF16 x the amax
+// pass reads x at copy speed: a thread's amax is f of its largest input when that is at least 0.5
+// (exact: f is non-decreasing on x >= 0 and |f| < f(0.5) on x < 0 over all BF16 inputs, a tested
+// property of the shared arithmetic), else f of every element as before.
 //
 // Why it is shaped so (docs/performance.md, "activation kernels"): an element costs 29-42 SASS
 // instructions with its load and FP8 epilogue (GELU forward 31.4, backward 40.4) while a BF16 -> FP8
@@ -405,6 +408,10 @@ __device__ __forceinline__ uint32_t fix_nan_codes(uint32_t w) {
     return w;
 }
 
+// BF16 bits of 0.5: from an input this large up, GELU's and SiLU's amax is f of the largest input
+// (stream_kernel's amax-only pass; the property is tested over every BF16 input).
+constexpr int32_t kAmaxExtremesMin = 0x3F00;
+
 // Groups a thread takes per step of the main loop: its loads all in flight before the math, and
 // the loop's control, the NaN test and the amax update paid once per pack. The forwards take 4
 // (32 elements, 64 bytes of BF16 loads per thread: GELU/SiLU 16 registers of input); the backwards,
@@ -536,8 +543,47 @@ __global__ void __launch_bounds__(kThreads) stream_kernel(const ActivationArgs a
             step(g, stride, std::integral_constant<int, kUnroll>(), st);
         for (; g < groups; g += stride) step(g, stride, std::integral_constant<int, 1>(), st);
     };
-    if (kMode == kOutFp8 && stats) main_loop(std::true_type());
-    else main_loop(std::false_type());
+    if constexpr (kMode == kOutAmax && !kGlu && !kBackward) {
+        // GELU/SiLU amax from the inputs' extremes (docs/performance.md, "the current-scaling amax
+        // pass"): f is non-decreasing over the non-negative BF16 values and |f| of every negative one
+        // is below f(0.5), both checked over all 2^16 BF16 inputs (tests/capi/test_activation.c,
+        // test_amax_from_extremes_holds). So when this thread's largest input x_max is at least 0.5,
+        // its amax is f(x_max) exactly; an input NaN or -inf (f gives NaN) makes it inf. That takes
+        // two packed 16-bit maxima per two inputs instead of the activation: copy speed. Otherwise
+        // (inputs all below 0.5: rare) the thread evaluates f of each of its elements as before.
+        uint32_t smax = 0x80008000u, umax = 0u;  // per 16-bit half: signed max (the largest x >= +0,
+                                                 // +NaN above +inf), unsigned max (>= 0xFF80: -inf/-NaN)
+        uint32_t g = first;
+        for (; g + (kUnroll - 1) * stride < groups; g += kUnroll * stride) {
+            uint4 v[kUnroll];
+#pragma unroll
+            for (int u = 0; u < kUnroll; ++u) v[u] = __ldg(x4 + g + u * stride);
+#pragma unroll
+            for (int u = 0; u < kUnroll; ++u) {
+                smax = __vmaxs2(__vmaxs2(smax, v[u].x), __vmaxs2(v[u].y, __vmaxs2(v[u].z, v[u].w)));
+                umax = __vmaxu2(__vmaxu2(umax, v[u].x), __vmaxu2(v[u].y, __vmaxu2(v[u].z, v[u].w)));
+            }
+        }
+        for (; g < groups; g += stride) {
+            const uint4 v = __ldg(x4 + g);
+            smax = __vmaxs2(__vmaxs2(smax, v.x), __vmaxs2(v.y, __vmaxs2(v.z, v.w)));
+            umax = __vmaxu2(__vmaxu2(umax, v.x), __vmaxu2(v.y, __vmaxu2(v.z, v.w)));
+        }
+        const int32_t lo = int16_t(smax & 0xFFFFu), hi = int16_t(smax >> 16);
+        const int32_t xmax = lo > hi ? lo : hi;  // BF16 bits of the largest input >= +0, or < 0: none
+        const uint32_t umax16 = max(umax & 0xFFFFu, umax >> 16);
+        if (xmax > 0x7F80 || umax16 >= 0xFF80u) {  // a NaN (either sign) or -inf among the inputs
+            t.amax = 0x7F800000u;
+        } else if (xmax >= kAmaxExtremesMin) {
+            t.amax = amax_bits_of(act::forward_raw(K, __uint_as_float(uint32_t(xmax) << 16), 0.0f));
+        } else {
+            main_loop(std::false_type());
+        }
+    } else if (kMode == kOutFp8 && stats) {
+        main_loop(std::true_type());
+    } else {
+        main_loop(std::false_type());
+    }
     if constexpr (!kGlu) {  // the n % 8 tail: element by element
         for (uint64_t e = uint64_t(groups) * kGroup + first; e < n; e += stride) {
             const float xv = to_f32<FP8AMP_DTYPE_BF16>(x[e]);
