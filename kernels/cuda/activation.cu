@@ -254,31 +254,6 @@ __device__ __forceinline__ void bf16x8(const uint4 v, float f[kGroup]) {
     }
 }
 
-// 4 values into 4 FP8 codes (a in the low byte), the same bits as __nv_cvt_float2_to_fp8x2 twice (satfinite): two paired
-// conversions whose halves the hardware merges into one register (F2FP ... MERGE_C), where building
-// the word from two 16-bit results in C++ cost a PRMT and a MOV per word.
-template <fp8amp_dtype D>
-__device__ __forceinline__ uint32_t fp8x4(float a, float b, float c, float d) {
-    uint32_t w;
-    if constexpr (D == FP8AMP_DTYPE_E4M3) {
-        asm("{\n\t.reg .b16 lo, hi;\n\t"
-            "cvt.rn.satfinite.e4m3x2.f32 lo, %2, %1;\n\t"
-            "cvt.rn.satfinite.e4m3x2.f32 hi, %4, %3;\n\t"
-            "mov.b32 %0, {lo, hi};\n\t}"
-            : "=r"(w) : "f"(a), "f"(b), "f"(c), "f"(d));
-    } else {
-        asm("{\n\t.reg .b16 lo, hi;\n\t"
-            "cvt.rn.satfinite.e5m2x2.f32 lo, %2, %1;\n\t"
-            "cvt.rn.satfinite.e5m2x2.f32 hi, %4, %3;\n\t"
-            "mov.b32 %0, {lo, hi};\n\t}"
-            : "=r"(w) : "f"(a), "f"(b), "f"(c), "f"(d));
-    }
-    return w;
-}
-template <fp8amp_dtype D>
-__device__ __forceinline__ float underflow_limit() {  // half D's smallest subnormal: |y| at or below rounds to 0
-    return D == FP8AMP_DTYPE_E4M3 ? 0x1p-10f : 0x1p-17f;
-}
 
 // max(a, b), NaN if either is (PTX max.NaN, sm_80+): one FMNMX per element finds a group's amax and
 // whether it holds a NaN (fabsf is an operand modifier), where integer magnitudes took two.
