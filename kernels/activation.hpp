@@ -116,22 +116,23 @@ FP8AMP_HD float exp_neg(float v) {
 }
 
 // 2^w for w <= 0, as exp_neg but with the argument already in base 2, so the reduction is exact
-// adds instead of the Cody-Waite FMAs (one operation fewer): GELU folds 1/ln2 into its constants.
+// adds instead of the Cody-Waite FMAs (two operations fewer): GELU folds 1/ln2 into its constants.
 //   w = max(w, -150)          2^-150 and below round to +0 (a NaN w gives -150, as in exp_neg)
 //   t = w + 1.5 * 2^23        k = t - 1.5 * 2^23 = round(w), ties to even
 //   r = w - k                 exact (|r| <= 1/2: w and k are within a factor 2, or k = 0)
-//   p = 1 + r q(r)            q: degree-5 minimax of (2^r - 1) / r on |r| <= 1/2 (FMA Horner)
+//   p = 1 + r q(r)            q: degree-4 minimax of (2^r - 1) / r on |r| <= 1/2 (FMA Horner;
+//                             relative error 2^-23.1 before the roundings, 2.04 ulp in all: one FMA
+//                             fewer than degree 5's 0.95 ulp, GELU's error within 1 ulp of before)
 //   2^w = (p * 2^(k + 64)) * 2^-64   as in exp_neg
 FP8AMP_HD float exp2_neg(float w) {
     w = fmax_num(w, -150.0f);
     const float t = fadd(w, 0x1.8p23f);
     const float r = fsub(w, fsub(t, 0x1.8p23f));
-    float q = 0x1.41fb74p-13f;
-    q = ffma(q, r, 0x1.5f3ec2p-10f);
-    q = ffma(q, r, 0x1.3b2d4ep-7f);
-    q = ffma(q, r, 0x1.c6aee8p-5f);
-    q = ffma(q, r, 0x1.ebfbdcp-3f);
-    q = ffma(q, r, 0x1.62e430p-1f);
+    float q = 0x1.5bb99ep-10f;
+    q = ffma(q, r, 0x1.3ceafap-7f);
+    q = ffma(q, r, 0x1.c6b756p-5f);
+    q = ffma(q, r, 0x1.ebf9bap-3f);
+    q = ffma(q, r, 0x1.62e42ap-1f);
     const float p = ffma(q, r, 1.0f);
     const float s = codec::bits_f32((codec::f32_bits(t) << 23) + (uint32_t(127 + 64) << 23));
     return fmul(fmul(p, s), 0x1p-64f);

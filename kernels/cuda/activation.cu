@@ -4,16 +4,20 @@
 // Bit-identical to kernels/cpu/activation.cpp: each output element is the same inline arithmetic of
 // the inputs (act::forward_value / backward_value: IEEE float32 operations and FMAs, each rounded
 // once), and the amax and counters are order-independent integer reductions. Current scaling runs
-// two passes: an amax-only pass, then the writing pass.
+// two passes: an amax-only pass, then the writing pass. For GELU/SiLU forwards of BF16 x the amax
+// pass reads x at copy speed: a thread's amax is f of its largest input when that is at least 0.5
+// (exact: f is non-decreasing on x >= 0 and |f| < f(0.5) on x < 0 over all BF16 inputs, a tested
+// property of the shared arithmetic), else f of every element as before.
 //
 // Why it is shaped so (docs/performance.md, "activation kernels"): an element costs 29-42 SASS
 // instructions with its load and FP8 epilogue (GELU forward 31.4, backward 40.4) while a BF16 -> FP8
 // stream at copy bandwidth leaves an H100 ~32 issue slots per element (forward; ~53 for the
 // backward's 5 bytes), so the forwards are issue-bound and everything around the math must be
 // near-free:
-// - stream_kernel (no transpose): BF16 inputs, 8 elements per 16-byte load, 2 groups of loads in
-//   flight per thread, 8-byte FP8 stores. GELU/SiLU map the element index straight through (no row,
-//   no division); SwiGLU finds the row once per 8-element group by a multiply-high division
+// - stream_kernel (no transpose): BF16 inputs, 8 elements (a group) per 16-byte load, packs of 4
+//   groups per thread step in the forwards (2 in the backwards), 8-byte FP8 stores; 32-bit group
+//   indices, so an address is one wide multiply-add. GELU/SiLU map the element index straight through
+//   (no row, no division); SwiGLU finds the row once per group by a multiply-high division
 //   (FastDiv), and its backward writes da and db of the same column group from one evaluation of
 //   silu(a) / silu'(a) (one exp and two divisions for two outputs).
 // - tile_kernel ("+t": out_t requested): 64 x 64 output tiles; each tile's FP8 bytes go to out
@@ -21,9 +25,11 @@
 //   registers and written to out_t as 4-byte pieces (16 threads write 64 contiguous bytes of a
 //   transposed row). Edge tiles and unaligned buffers take a per-element path in the same kernel.
 //   Replaces the separate byte transpose (out re-read, out_t written: +2 bytes per element).
-// - FP8 quantization of a group as quantize.cu's fast path: one max.NaN per element (the amax; a NaN
-//   is detected by it and sends the group to the per-element path with its canonical NaN), a
-//   multiply and paired satfinite conversions.
+// - FP8 quantization as quantize.cu's fast path: one max.NaN per element (the amax, and NaN found by
+//   the same chain), a multiply and paired satfinite conversions merged into 32-bit words (fp8x4).
+//   stream_kernel tests NaN once per pack: a pack that holds one (rare) has its NaN codes replaced by
+//   the canonical NaN's code (fix_nan_codes) and records amax inf; the tile kernel sends a group with
+//   a NaN to the per-element path.
 // - activation_generic_kernel: everything else (F32/F16 inputs, dy of another dtype, unaligned
 //   buffers, SwiGLU with cols % 8 != 0); 4 elements per thread step, the row by division.
 #include <cstdint>
@@ -248,14 +254,6 @@ __device__ __forceinline__ void bf16x8(const uint4 v, float f[kGroup]) {
     }
 }
 
-template <fp8amp_dtype D>
-__device__ __forceinline__ uint16_t fp8x2(float a, float b) {
-    return __nv_cvt_float2_to_fp8x2(make_float2(a, b), __NV_SATFINITE, D == FP8AMP_DTYPE_E4M3 ? __NV_E4M3 : __NV_E5M2);
-}
-template <fp8amp_dtype D>
-__device__ __forceinline__ float underflow_limit() {  // half D's smallest subnormal: |y| at or below rounds to 0
-    return D == FP8AMP_DTYPE_E4M3 ? 0x1p-10f : 0x1p-17f;
-}
 
 // max(a, b), NaN if either is (PTX max.NaN, sm_80+): one FMNMX per element finds a group's amax and
 // whether it holds a NaN (fabsf is an operand modifier), where integer magnitudes took two.
@@ -306,8 +304,7 @@ __device__ __forceinline__ uint2 quantize_group(const float y[kGroup], float sca
     for (int k = 0; k < kGroup; ++k) s[k] = y[k] * scale;
     uint32_t w[2];
 #pragma unroll
-    for (int k = 0; k < 2; ++k)
-        w[k] = uint32_t(fp8x2<D>(s[4 * k], s[4 * k + 1])) | (uint32_t(fp8x2<D>(s[4 * k + 2], s[4 * k + 3])) << 16);
+    for (int k = 0; k < 2; ++k) w[k] = fp8x4<D>(s[4 * k], s[4 * k + 1], s[4 * k + 2], s[4 * k + 3]);
     if (stats) {
 #pragma unroll
         for (int k = 0; k < kGroup; ++k) {
@@ -316,11 +313,6 @@ __device__ __forceinline__ uint2 quantize_group(const float y[kGroup], float sca
         }
     }
     return make_uint2(w[0], w[1]);
-}
-
-// The amax-only pass's share of a group: NaN counts as inf.
-__device__ __forceinline__ void amax_group(const float y[kGroup], Tally &t) {
-    t.amax = max(t.amax, min(__float_as_uint(group_abs_max(y)), 0x7F800000u));  // max.NaN's NaN is positive
 }
 
 // 8 values into a wide out (run-time dtype), canonical NaN; out + i 16-byte aligned.
@@ -352,16 +344,76 @@ struct GroupIn {
 // Output modes of stream_kernel: FP8 codes (with the epilogue), the amax only, or a wide out.
 enum OutMode : int { kOutFp8 = 0, kOutAmax = 1, kOutWide = 2 };
 
+// 8 raw values into 8 FP8 codes by the fast path only (a multiply and half a paired satfinite
+// conversion each), statistics included when kStats: right for every group without a NaN. The
+// caller finds NaN for a whole pack of groups at once (one max.NaN chain) and, in the rare pack that
+// holds one, fixes the NaN codes (fix_nan_codes). The statistics of the fast path are right for a
+// NaN group too (a NaN is neither saturated nor underflowed: both comparisons are false for it).
+template <fp8amp_dtype D, bool kStats>
+__device__ __forceinline__ uint2 encode_group(const float y[kGroup], float scale, float fp8_max, Tally &t) {
+    float s[kGroup];
+#pragma unroll
+    for (int k = 0; k < kGroup; ++k) s[k] = y[k] * scale;
+    uint32_t w[2];
+#pragma unroll
+    for (int k = 0; k < 2; ++k) w[k] = fp8x4<D>(s[4 * k], s[4 * k + 1], s[4 * k + 2], s[4 * k + 3]);
+    if constexpr (kStats) {
+#pragma unroll
+        for (int k = 0; k < kGroup; ++k) {
+            t.saturated += fabsf(s[k]) > fp8_max ? 1u : 0u;
+            t.underflowed += (y[k] != 0.0f && fabsf(s[k]) <= underflow_limit<D>()) ? 1u : 0u;
+        }
+    }
+    return make_uint2(w[0], w[1]);
+}
+
+// The rare path of a pack that holds a NaN: its fast codes are right but for the NaN elements (a
+// satfinite conversion never makes a NaN code of anything else), whose code becomes the one
+// quantize_element gives the canonical NaN; the pack's amax is then inf (amax_bits_of(NaN)).
+template <fp8amp_dtype D>
+__device__ __forceinline__ bool is_nan_code(uint32_t c) {  // c: one code, in the low byte
+    return D == FP8AMP_DTYPE_E4M3 ? (c & 0x7Fu) == 0x7Fu : (c & 0x7Fu) > 0x7Cu;
+}
+template <fp8amp_dtype D>
+__device__ __forceinline__ uint32_t fix_nan_codes(uint32_t w) {
+    const uint32_t canon = from_f32<D>(codec::bits_f32(codec::kF32QuietNaN));
+#pragma unroll
+    for (int k = 0; k < 4; ++k)
+        if (is_nan_code<D>((w >> (8 * k)) & 0xFFu)) w = (w & ~(0xFFu << (8 * k))) | (canon << (8 * k));
+    return w;
+}
+
+// BF16 bits of 0.5: from an input this large up, GELU's and SiLU's amax is f of the largest input
+// (stream_kernel's amax-only pass; the property is tested over every BF16 input).
+constexpr int32_t kAmaxExtremesMin = 0x3F00;
+
+// Groups a thread takes per step of the main loop: its loads all in flight before the math, and
+// the loop's control, the NaN test and the amax update paid once per pack. The forwards take 4
+// (32 elements, 64 bytes of BF16 loads per thread: GELU/SiLU 16 registers of input); the backwards,
+// with twice (SwiGLU three times) the input registers per group, keep 2.
+template <int K, bool kBackward>
+constexpr int stream_unroll() {
+    return kBackward ? 2 : 4;
+}
+
 // The streaming kernel (no transpose). Group g: GELU/SiLU elements 8g..8g+7 of x, dy and out (the
 // n % 8 tail elements one by one at the end); SwiGLU the forward's columns 8j..8j+7 of row r,
-// g = r * cols / 8 + j: a at x[r, 8j], b at x[r, cols + 8j], dy at 8g; the forward writes out at 8g,
-// the backward da at dx[r, 8j] and db at dx[r, cols + 8j]. BF16 x and dy, 16-byte aligned.
+// g = r * d + j (d = cols / 8): a at x[r, 8j], b at x[r, cols + 8j], dy at 8g; the forward writes out
+// at 8g, the backward da at dx[r, 8j] and db at dx[r, cols + 8j]. BF16 x and dy, 16-byte aligned;
+// groups < 2^31 (32-bit group indices: each address is one wide multiply-add from its base).
+// Thread i takes groups i, i + stride, ... (stride = the grid's threads), kUnroll of them per step
+// (coalesced: a warp's loads of one step are 512 contiguous bytes), then the last ones one at a time.
 template <int K, bool kBackward, int kMode, fp8amp_dtype D>
-__global__ void __launch_bounds__(kThreads) stream_kernel(const ActivationArgs a, const FastDiv row_div, uint64_t groups,
+__global__ void __launch_bounds__(kThreads) stream_kernel(const ActivationArgs a, const FastDiv row_div, uint32_t groups,
                                                           uint64_t n) {
     constexpr bool kGlu = K == kSwiglu;
+    constexpr int kOuts = kGlu && kBackward ? 2 : 1;  // output groups per input group (da, db)
+    constexpr int kUnroll = stream_unroll<K, kBackward>();
     const auto *x = static_cast<const uint16_t *>(a.x);
     const auto *dy = static_cast<const uint16_t *>(a.dy);
+    const auto *x4 = static_cast<const uint4 *>(a.x);
+    const auto *dy4 = static_cast<const uint4 *>(a.dy);
+    auto *out2 = static_cast<uint2 *>(a.out);  // FP8 out, 8 codes per uint2
     ScalingState *meta = a.target.meta;
     float scale = 1.0f, fp8_max = 0.0f;
     bool stats = false;
@@ -371,66 +423,144 @@ __global__ void __launch_bounds__(kThreads) stream_kernel(const ActivationArgs a
         stats = meta->stats_enabled;
     }
     Tally t;
-    const uint64_t cols = uint64_t(a.cols);
-    auto x_index = [&](uint64_t g) -> uint64_t {  // element index of a (GELU/SiLU: of x) of group g
-        if constexpr (kGlu) {
-            const uint32_t r = fast_div(uint32_t(g), row_div);
-            return uint64_t(r) * 2 * cols + (g - uint64_t(r) * row_div.d) * kGroup;
-        } else {
-            return g * kGroup;
-        }
+    const uint32_t d = row_div.d;  // SwiGLU: groups per row of the forward's output
+    // The 16-byte unit of x holding a (GELU/SiLU: x) of group g; b is d units further.
+    auto x_unit = [&](uint32_t g) -> uint32_t {
+        if constexpr (kGlu) return g + fast_div(g, row_div) * d;  // r * 2d + (g - r * d)
+        else return g;
     };
-    auto load = [&](uint64_t g, GroupIn &in) {
-        const uint64_t xi = x_index(g);
-        in.x = load16(x + xi);
-        if constexpr (kGlu) in.b = load16(x + xi + cols);
-        if constexpr (kBackward) in.dy = load16(dy + g * kGroup);
+    auto load = [&](uint32_t g, GroupIn &in) {
+        const uint32_t xu = x_unit(g);
+        in.x = __ldg(x4 + xu);
+        if constexpr (kGlu) in.b = __ldg(x4 + xu + d);
+        if constexpr (kBackward) in.dy = __ldg(dy4 + g);
     };
-    auto emit = [&](uint64_t out_index, const float y[kGroup]) {
-        if constexpr (kMode == kOutAmax) {
-            amax_group(y, t);
-        } else if constexpr (kMode == kOutFp8) {
-            *reinterpret_cast<uint2 *>(static_cast<uint8_t *>(a.out) + out_index) =
-                quantize_group<D>(y, scale, fp8_max, stats, t);
-        } else {
-            store_wide8(a.out, a.out_dtype, out_index, y);
-        }
-    };
-    auto process = [&](uint64_t g, const GroupIn &in) {
+    // y[o]: output group o of input group `in` (raw: NaN not yet canonical).
+    auto compute = [&](const GroupIn &in, float (&y)[kOuts][kGroup]) {
         float xv[kGroup], bv[kGroup], dv[kGroup];
         bf16x8(in.x, xv);
         if constexpr (kGlu) bf16x8(in.b, bv);
         if constexpr (kBackward) bf16x8(in.dy, dv);
-        if constexpr (!kBackward) {
-            float y[kGroup];
 #pragma unroll
-            for (int k = 0; k < kGroup; ++k) y[k] = act::forward_raw(K, xv[k], kGlu ? bv[k] : 0.0f);
-            emit(g * kGroup, y);
-        } else if constexpr (!kGlu) {
-            float y[kGroup];
-#pragma unroll
-            for (int k = 0; k < kGroup; ++k) y[k] = act::backward_raw(K, dv[k], xv[k], 0.0f, false);
-            emit(g * kGroup, y);
-        } else {
-            float da[kGroup], db[kGroup];
-#pragma unroll
-            for (int k = 0; k < kGroup; ++k) act::swiglu_backward_raw(dv[k], xv[k], bv[k], da[k], db[k]);
-            const uint64_t xi = x_index(g);
-            emit(xi, da);
-            emit(xi + cols, db);
+        for (int k = 0; k < kGroup; ++k) {
+            if constexpr (!kBackward) y[0][k] = act::forward_raw(K, xv[k], kGlu ? bv[k] : 0.0f);
+            else if constexpr (!kGlu) y[0][k] = act::backward_raw(K, dv[k], xv[k], 0.0f, false);
+            else act::swiglu_backward_raw(dv[k], xv[k], bv[k], y[0][k], y[1][k]);
         }
     };
-    const uint64_t stride = uint64_t(gridDim.x) * kThreads;
-    for (uint64_t g = blockIdx.x * uint64_t(kThreads) + threadIdx.x; g < groups; g += 2 * stride) {
-        GroupIn in[2];
-        const bool two = g + stride < groups;
-        load(g, in[0]);
-        if (two) load(g + stride, in[1]);
-        process(g, in[0]);
-        if (two) process(g + stride, in[1]);
+    // The 8-element unit of out written by output group o of input group g.
+    auto out_unit = [&](uint32_t g, int o) -> uint32_t {
+        if constexpr (kGlu && kBackward) return x_unit(g) + (o ? d : 0u);
+        else return g;
+    };
+    // kU groups g, g + stride, ... (all < groups).
+    auto step = [&](uint32_t g, uint32_t stride, auto nu, auto st) {
+        constexpr int kU = decltype(nu)::value;
+        [[maybe_unused]] constexpr bool kStats = decltype(st)::value;
+        GroupIn in[kU];
+#pragma unroll
+        for (int u = 0; u < kU; ++u) load(g + u * stride, in[u]);
+        if constexpr (kMode == kOutFp8) {
+            uint2 q[kU][kOuts];
+            float m = 0.0f;  // the pack's largest |y|, NaN if it holds one
+#pragma unroll
+            for (int u = 0; u < kU; ++u) {
+                float y[kOuts][kGroup];
+                compute(in[u], y);
+#pragma unroll
+                for (int o = 0; o < kOuts; ++o) {
+#pragma unroll
+                    for (int k = 0; k < kGroup; ++k) m = max_nan(m, fabsf(y[o][k]));
+                    q[u][o] = encode_group<D, kStats>(y[o], scale, fp8_max, t);
+                }
+            }
+            if (m != m) {  // rare: canonical NaN codes, amax inf
+#pragma unroll
+                for (int u = 0; u < kU; ++u)
+#pragma unroll
+                    for (int o = 0; o < kOuts; ++o) q[u][o] = make_uint2(fix_nan_codes<D>(q[u][o].x), fix_nan_codes<D>(q[u][o].y));
+                t.amax = max(t.amax, 0x7F800000u);
+            } else {
+                t.amax = max(t.amax, __float_as_uint(m));  // a non-negative float: its bits order like its values
+            }
+#pragma unroll
+            for (int u = 0; u < kU; ++u)
+#pragma unroll
+                for (int o = 0; o < kOuts; ++o) out2[out_unit(g + u * stride, o)] = q[u][o];
+        } else if constexpr (kMode == kOutAmax) {  // NaN counts as inf (max.NaN's NaN is positive)
+            float m = 0.0f;
+#pragma unroll
+            for (int u = 0; u < kU; ++u) {
+                float y[kOuts][kGroup];
+                compute(in[u], y);
+#pragma unroll
+                for (int o = 0; o < kOuts; ++o)
+#pragma unroll
+                    for (int k = 0; k < kGroup; ++k) m = max_nan(m, fabsf(y[o][k]));
+            }
+            t.amax = max(t.amax, min(__float_as_uint(m), 0x7F800000u));
+        } else {
+#pragma unroll
+            for (int u = 0; u < kU; ++u) {
+                float y[kOuts][kGroup];
+                compute(in[u], y);
+#pragma unroll
+                for (int o = 0; o < kOuts; ++o) store_wide8(a.out, a.out_dtype, size_t(out_unit(g + u * stride, o)) * kGroup, y[o]);
+            }
+        }
+    };
+    const uint32_t stride = gridDim.x * uint32_t(kThreads);
+    const uint32_t first = blockIdx.x * uint32_t(kThreads) + threadIdx.x;
+    auto main_loop = [&](auto st) {
+        uint32_t g = first;
+        // Whole packs: groups g .. g + (kUnroll - 1) stride all exist (no overflow: groups < 2^31).
+        for (; g + (kUnroll - 1) * stride < groups; g += kUnroll * stride)
+            step(g, stride, std::integral_constant<int, kUnroll>(), st);
+        for (; g < groups; g += stride) step(g, stride, std::integral_constant<int, 1>(), st);
+    };
+    if constexpr (kMode == kOutAmax && !kGlu && !kBackward) {
+        // GELU/SiLU amax from the inputs' extremes (docs/performance.md, "the current-scaling amax
+        // pass"): f is non-decreasing over the non-negative BF16 values and |f| of every negative one
+        // is below f(0.5), both checked over all 2^16 BF16 inputs (tests/capi/test_activation.c,
+        // test_amax_from_extremes_holds). So when this thread's largest input x_max is at least 0.5,
+        // its amax is f(x_max) exactly; an input NaN or -inf (f gives NaN) makes it inf. That takes
+        // two packed 16-bit maxima per two inputs instead of the activation: copy speed. Otherwise
+        // (inputs all below 0.5: rare) the thread evaluates f of each of its elements as before.
+        uint32_t smax = 0x80008000u, umax = 0u;  // per 16-bit half: signed max (the largest x >= +0,
+                                                 // +NaN above +inf), unsigned max (>= 0xFF80: -inf/-NaN)
+        uint32_t g = first;
+        for (; g + (kUnroll - 1) * stride < groups; g += kUnroll * stride) {
+            uint4 v[kUnroll];
+#pragma unroll
+            for (int u = 0; u < kUnroll; ++u) v[u] = __ldg(x4 + g + u * stride);
+#pragma unroll
+            for (int u = 0; u < kUnroll; ++u) {
+                smax = __vmaxs2(__vmaxs2(smax, v[u].x), __vmaxs2(v[u].y, __vmaxs2(v[u].z, v[u].w)));
+                umax = __vmaxu2(__vmaxu2(umax, v[u].x), __vmaxu2(v[u].y, __vmaxu2(v[u].z, v[u].w)));
+            }
+        }
+        for (; g < groups; g += stride) {
+            const uint4 v = __ldg(x4 + g);
+            smax = __vmaxs2(__vmaxs2(smax, v.x), __vmaxs2(v.y, __vmaxs2(v.z, v.w)));
+            umax = __vmaxu2(__vmaxu2(umax, v.x), __vmaxu2(v.y, __vmaxu2(v.z, v.w)));
+        }
+        const int32_t lo = int16_t(smax & 0xFFFFu), hi = int16_t(smax >> 16);
+        const int32_t xmax = lo > hi ? lo : hi;  // BF16 bits of the largest input >= +0, or < 0: none
+        const uint32_t umax16 = max(umax & 0xFFFFu, umax >> 16);
+        if (xmax > 0x7F80 || umax16 >= 0xFF80u) {  // a NaN (either sign) or -inf among the inputs
+            t.amax = 0x7F800000u;
+        } else if (xmax >= kAmaxExtremesMin) {
+            t.amax = amax_bits_of(act::forward_raw(K, __uint_as_float(uint32_t(xmax) << 16), 0.0f));
+        } else {
+            main_loop(std::false_type());
+        }
+    } else if (kMode == kOutFp8 && stats) {
+        main_loop(std::true_type());
+    } else {
+        main_loop(std::false_type());
     }
     if constexpr (!kGlu) {  // the n % 8 tail: element by element
-        for (uint64_t e = groups * kGroup + blockIdx.x * uint64_t(kThreads) + threadIdx.x; e < n; e += stride) {
+        for (uint64_t e = uint64_t(groups) * kGroup + first; e < n; e += stride) {
             const float xv = to_f32<FP8AMP_DTYPE_BF16>(x[e]);
             const float y = kBackward ? act::backward_raw(K, to_f32<FP8AMP_DTYPE_BF16>(dy[e]), xv, 0.0f, false)
                                       : act::forward_raw(K, xv, 0.0f);
@@ -595,20 +725,20 @@ void run(int device, void *stream_raw, const ActivationArgs &a) {
     const int64_t out_cols = kBackward ? in_cols : a.cols;
     const size_t n = static_cast<size_t>(a.rows * out_cols);
     const bool fp8 = a.out_dtype == FP8AMP_DTYPE_E4M3 || a.out_dtype == FP8AMP_DTYPE_E5M2;
-    // The BF16 vector kernels: BF16 x (and dy), 16-byte aligned; SwiGLU with whole groups per row and
-    // a 32-bit group count (FastDiv).
+    // The BF16 vector kernels: BF16 x (and dy), 16-byte aligned; SwiGLU with whole groups per row;
+    // fewer than 2^31 groups (stream_kernel's 32-bit group indices; SwiGLU's FastDiv).
     const size_t fwd_n = static_cast<size_t>(a.rows * a.cols);
+    const size_t groups = glu ? fwd_n / kGroup : n / kGroup;
     const bool vec_in = a.x_dtype == FP8AMP_DTYPE_BF16 && aligned_to(a.x, 16) &&
                         (!kBackward || (a.dy_dtype == FP8AMP_DTYPE_BF16 && aligned_to(a.dy, 16))) &&
-                        (!glu || (a.cols % kGroup == 0 && fwd_n / kGroup < (size_t(1) << 32)));
-    const size_t groups = glu ? fwd_n / kGroup : n / kGroup;
+                        (!glu || a.cols % kGroup == 0) && groups < (size_t(1) << 31);
     const FastDiv row_div = make_fastdiv(glu ? static_cast<uint32_t>(a.cols / kGroup > 0 ? a.cols / kGroup : 1) : 1u);
     auto launch_generic = [&](auto kernel) {
         kernel<<<persistent_grid(device, kernel, (n + 3) / 4), kThreads, 0, stream>>>(a);
         check_launch("activation_kernel");
     };
     auto launch_stream = [&](auto kernel) {
-        kernel<<<persistent_grid(device, kernel, groups + 1), kThreads, 0, stream>>>(a, row_div, uint64_t(groups),
+        kernel<<<persistent_grid(device, kernel, groups + 1), kThreads, 0, stream>>>(a, row_div, uint32_t(groups),
                                                                                    uint64_t(glu ? fwd_n : n));
         check_launch("activation stream_kernel");
     };

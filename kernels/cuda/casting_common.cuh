@@ -4,6 +4,7 @@
 // by each kernel's own occupancy, asked once; compile-time dispatch over dtypes and flags).
 #pragma once
 
+#include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
@@ -21,6 +22,41 @@ template <class T, int N>
 struct alignas(sizeof(T) * N) PackN {
     T v[N];
 };
+
+// The FP8 fast path's conversions, shared by quantize.cu and the fused activations: satfinite pairs
+// (a non-NaN never becomes a NaN code; a NaN's code is left to the callers' NaN handling).
+template <fp8amp_dtype D>
+__device__ __forceinline__ uint16_t fp8x2(float a, float b) {
+    return __nv_cvt_float2_to_fp8x2(make_float2(a, b), __NV_SATFINITE, D == FP8AMP_DTYPE_E4M3 ? __NV_E4M3 : __NV_E5M2);
+}
+
+// 4 values into 4 FP8 codes (a in the low byte), the same bits as fp8x2 twice: two paired satfinite
+// conversions whose halves the hardware merges into one register (F2FP ... MERGE_C), where building
+// the word from two 16-bit results in C++ cost a PRMT and a MOV per word.
+template <fp8amp_dtype D>
+__device__ __forceinline__ uint32_t fp8x4(float a, float b, float c, float d) {
+    uint32_t w;
+    if constexpr (D == FP8AMP_DTYPE_E4M3) {
+        asm("{\n\t.reg .b16 lo, hi;\n\t"
+            "cvt.rn.satfinite.e4m3x2.f32 lo, %2, %1;\n\t"
+            "cvt.rn.satfinite.e4m3x2.f32 hi, %4, %3;\n\t"
+            "mov.b32 %0, {lo, hi};\n\t}"
+            : "=r"(w) : "f"(a), "f"(b), "f"(c), "f"(d));
+    } else {
+        asm("{\n\t.reg .b16 lo, hi;\n\t"
+            "cvt.rn.satfinite.e5m2x2.f32 lo, %2, %1;\n\t"
+            "cvt.rn.satfinite.e5m2x2.f32 hi, %4, %3;\n\t"
+            "mov.b32 %0, {lo, hi};\n\t}"
+            : "=r"(w) : "f"(a), "f"(b), "f"(c), "f"(d));
+    }
+    return w;
+}
+
+// Half the smallest subnormal of D: |y| at or below it rounds to zero.
+template <fp8amp_dtype D>
+__device__ __forceinline__ float underflow_limit() {
+    return D == FP8AMP_DTYPE_E4M3 ? 0x1p-10f : 0x1p-17f;
+}
 
 // Block-wide reduction of one value; the result is valid in thread 0.
 template <class Op>

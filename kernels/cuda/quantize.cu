@@ -110,16 +110,7 @@ __device__ __forceinline__ float fast_to_f32(typename Storage<S>::type v) {
     if constexpr (S == FP8AMP_DTYPE_BF16) return __uint_as_float(static_cast<uint32_t>(v) << 16);
 }
 
-template <fp8amp_dtype D>
-__device__ __forceinline__ uint16_t fp8x2(float a, float b) {
-    return __nv_cvt_float2_to_fp8x2(make_float2(a, b), __NV_SATFINITE, D == FP8AMP_DTYPE_E4M3 ? __NV_E4M3 : __NV_E5M2);
-}
-
-// Half the smallest subnormal of D: |y| at or below it rounds to zero.
-template <fp8amp_dtype D>
-__device__ __forceinline__ float underflow_limit() {
-    return D == FP8AMP_DTYPE_E4M3 ? 0x1p-10f : 0x1p-17f;
-}
+// fp8x2 and underflow_limit: casting_common.cuh (shared with the fused activations).
 
 // Quantizes one pack; returns false (and writes nothing) when the pack holds a NaN.
 template <fp8amp_dtype S, fp8amp_dtype D, bool kStats, class SrcPack, int kN = int(sizeof(SrcPack::v) / sizeof(SrcPack::v[0]))>

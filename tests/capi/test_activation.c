@@ -340,6 +340,42 @@ static void test_nan_and_inf(void **state) {
     }
 }
 
+/* CUDA's current-scaling amax pass for BF16 x (kernels/cuda/activation.cu, stream_kernel) takes
+ * GELU's and SiLU's amax as f(x_max) when the largest input x_max is at least 0.5, without evaluating
+ * f elsewhere. That is exact only while the shared arithmetic keeps two properties, checked here over
+ * all 2^16 BF16 inputs with the CPU reference (CUDA computes the same bits): f is non-decreasing and
+ * non-negative over the non-negative BF16 values (+0 up to +inf), and |f(x)| <= f(0.5) for every
+ * negative finite x (and -0). A change of the arithmetic that breaks either fails here (with 0.25
+ * in place of 0.5 the GELU check fails: |GELU| of negative inputs reaches 0.17 > GELU(0.25)). */
+static void test_amax_from_extremes_holds(void **state) {
+    (void)state;
+    uint16_t *x = xmalloc(65536 * sizeof(uint16_t));
+    for (uint32_t c = 0; c < 65536; ++c) x[c] = (uint16_t)c;
+    for (int kind = 0; kind < 2; ++kind) {
+        run_t f;
+        run_act(cpu_device(), kind, 1, 65536, FP8AMP_DTYPE_BF16, x, 0, NULL, FP8AMP_DTYPE_F32, 0, 1.0f, 0, &f);
+        const float *y = f.out;
+        const float f_half = y[0x3F00]; /* f(0.5) */
+        assert_true(f_half > 0.3f && f_half < 0.35f);
+        for (uint32_t c = 0x0000; c < 0x7F80; ++c) { /* +0 .. the largest finite, then +inf */
+            if (!(y[c] >= 0.0f && y[c] <= y[c + 1])) {
+                print_error("kind %d: f not non-decreasing at BF16 0x%04x: %a > %a\n", kind, (unsigned)c, (double)y[c],
+                            (double)y[c + 1]);
+                fail();
+            }
+        }
+        for (uint32_t c = 0x8000; c < 0xFF80; ++c) { /* -0 .. the most negative finite */
+            if (!(fabsf(y[c]) <= f_half)) {
+                print_error("kind %d: |f| of BF16 0x%04x is %a, above f(0.5) %a\n", kind, (unsigned)c, (double)fabsf(y[c]),
+                            (double)f_half);
+                fail();
+            }
+        }
+        run_free(&f);
+    }
+    free(x);
+}
+
 static void test_cpu_cuda_identical(void **state) {
     (void)state;
     SKIP_WITHOUT_CUDA();
@@ -473,6 +509,7 @@ int main(void) {
         DEVICE_TESTS(test_fp8_output_is_quantized_f32),
         DEVICE_TESTS(test_nan_and_inf),
         DEVICE_TESTS(test_bad_input),
+        cmocka_unit_test(test_amax_from_extremes_holds),
         cmocka_unit_test(test_cpu_cuda_identical),
     };
     return run_tests_sharded(tests, sizeof tests / sizeof tests[0], test_setup_rng, NULL);

@@ -69,6 +69,11 @@ typedef struct {
     size_t x, dy, out, out_t;
 } offsets_t;
 
+/* Set: the FP8 runs' metas count no statistics (the kernels' production path), else they do. */
+static int g_stats_off = 0;
+/* Set: check_problem's x lies in [-8, 0.49] (and tiny values), no NaN or inf. */
+static int g_x_below_half = 0;
+
 /* One forward (dy NULL) or backward on `device`; FP8 out with a fresh meta (mode, scale) and,
  * with_t, its transpose. */
 static void run_act(fp8amp_device device, int kind, int64_t rows, int64_t cols, fp8amp_dtype x_dt, const void *x,
@@ -92,6 +97,7 @@ static void run_act(fp8amp_device device, int kind, int64_t rows, int64_t cols, 
     fp8amp_scaling s = NULL;
     if (fp8) {
         s = counting_meta(ctx, out_dt, mode, scale);
+        if (g_stats_off) EXPECT_OK(fp8amp_scaling_enable_stats(s, 0));
         EXPECT_OK(fp8amp_tensor_set_scaling(out, s));
         if (with_t) {
             out_t = tensor_at(ctx, out_dt, ts, off.out_t, poison, &owners[3]);
@@ -160,7 +166,14 @@ static void check_problem(int kind, int64_t rows, int64_t cols, fp8amp_dtype x_d
     const int64_t in_cols = kind == SWIGLU ? 2 * cols : cols, out_cols = backward ? in_cols : cols;
     const size_t n = (size_t)(rows * out_cols);
     void *x = xmalloc((size_t)(rows * in_cols) * 4), *dy = xmalloc((size_t)(rows * cols) * 4);
-    gen(x_dt, x, (size_t)(rows * in_cols), -8.0, 8.0);
+    if (g_x_below_half) {
+        for (size_t i = 0; i < (size_t)(rows * in_cols); ++i) /* no NaN, no inf: the amax is a value */
+            put_value(x_dt, x, i,
+                      test_rng_u64() % 16 ? test_rng_uniform(-8.0, 0.49)
+                                          : ldexp(test_rng_uniform(-1.0, 1.0), -(int)(test_rng_u64() % 30)));
+    } else {
+        gen(x_dt, x, (size_t)(rows * in_cols), -8.0, 8.0);
+    }
     gen(dy_dt, dy, (size_t)(rows * cols), -2.0, 2.0);
     const float scale = (float)ldexp(test_rng_uniform(1.0, 2.0), (int)(test_rng_u64() % 10) - 2);
     const int fp8 = out_dt == FP8AMP_DTYPE_E4M3 || out_dt == FP8AMP_DTYPE_E5M2;
@@ -214,6 +227,49 @@ static void test_bf16_stream_matches_cpu(void **state) {
                 }
 }
 
+/* BF16 inputs large enough that the streaming kernel's threads take whole packs of groups (4 groups
+ * of 8 elements per step in the forwards, 2 in the backwards: the persistent grid of an H100/H200
+ * runs at most ~2^18 threads, so with 2^20 groups most threads take whole packs) as well as single
+ * groups and the n % 8 tail (GELU/SiLU forwards 4096 x 2055). An input NaN or -inf (1 element in 100)
+ * makes a NaN output, so about a quarter of the 32-element packs take the pack's NaN fix-up and the
+ * others the fast path. FP8 out under delayed scaling without statistics (the production path),
+ * under current scaling (the amax-only pass) with statistics, and a wide out. */
+static void test_bf16_stream_large_matches_cpu(void **state) {
+    (void)state;
+    SKIP_WITHOUT_CUDA();
+    const offsets_t none = {0, 0, 0, 0};
+    for (int kind = 0; kind < 3; ++kind)
+        for (int backward = 0; backward < 2; ++backward) {
+            const int64_t cols = kind == SWIGLU || backward ? 2056 : 2055;
+            g_stats_off = 1;
+            check_problem(kind, 4096, cols, FP8AMP_DTYPE_BF16, FP8AMP_DTYPE_BF16, backward, FP8AMP_DTYPE_E4M3,
+                          FP8AMP_SCALING_DELAYED, 0, none);
+            g_stats_off = 0;
+            check_problem(kind, 4096, cols, FP8AMP_DTYPE_BF16, FP8AMP_DTYPE_BF16, backward, FP8AMP_DTYPE_E5M2,
+                          FP8AMP_SCALING_CURRENT, 0, none);
+            check_problem(kind, 4096, cols, FP8AMP_DTYPE_BF16, FP8AMP_DTYPE_BF16, backward, FP8AMP_DTYPE_BF16,
+                          FP8AMP_SCALING_DELAYED, 0, none);
+        }
+}
+
+/* The current-scaling amax pass of the GELU/SiLU forwards with BF16 x (stream_kernel) takes a
+ * thread's amax from its largest input when that is at least 0.5 (test_activation.c,
+ * test_amax_from_extremes_holds, checks why that is exact); with inputs all below 0.5 every thread
+ * evaluates f of each element instead. That path, byte for byte against the CPU (amax, scale, codes),
+ * small shapes and whole packs; the other tests cover the first (and an input NaN or -inf). */
+static void test_bf16_current_amax_inputs_below_half(void **state) {
+    (void)state;
+    SKIP_WITHOUT_CUDA();
+    const offsets_t none = {0, 0, 0, 0};
+    const shape_t shapes[4] = {{17, 1023}, {64, 64}, {5, 13}, {4096, 2055}};
+    g_x_below_half = 1;
+    for (int kind = 0; kind < 2; ++kind)
+        for (int s = 0; s < 4; ++s)
+            check_problem(kind, shapes[s].rows, shapes[s].cols, FP8AMP_DTYPE_BF16, FP8AMP_DTYPE_BF16, 0,
+                          s % 2 ? FP8AMP_DTYPE_E5M2 : FP8AMP_DTYPE_E4M3, FP8AMP_SCALING_CURRENT, 0, none);
+    g_x_below_half = 0;
+}
+
 /* Unaligned buffers (the per-element paths of the tile kernel, the generic kernel) and inputs of
  * other dtypes (F32, F16, BF16 x with F32 dy: the generic kernel and the separate transpose). */
 static void test_unaligned_and_other_dtypes_match_cpu(void **state) {
@@ -245,6 +301,8 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_bf16_fused_transpose_matches_cpu),
         cmocka_unit_test(test_bf16_stream_matches_cpu),
+        cmocka_unit_test(test_bf16_stream_large_matches_cpu),
+        cmocka_unit_test(test_bf16_current_amax_inputs_below_half),
         cmocka_unit_test(test_unaligned_and_other_dtypes_match_cpu),
     };
     return run_tests_sharded(tests, sizeof tests / sizeof tests[0], test_setup_rng, NULL);
