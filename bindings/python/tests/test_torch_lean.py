@@ -176,10 +176,14 @@ def test_release_scratch_does_not_wait_for_the_device(rng):
     (x, t), = _micro_batches(tdev, int(rng.integers(2**31)), 1)
     (model(x) - t).square().mean().backward()
     torch.cuda.synchronize()
-    assert ctx.scratch_bytes() > 0
+    pool = ctx.scratch_bytes()
+    assert pool > 0
+    before = torch.cuda.memory_allocated()
     torch.cuda._sleep(2_000_000_000)  # about a second of spinning on the current stream
     ctx.release_scratch()
     busy = not torch.cuda.current_stream().query()
     torch.cuda.synchronize()
     assert busy, "release_scratch waited for the device"
     assert ctx.scratch_bytes() == 0
+    # the pool and the cuBLASLt workspace went back to torch's caching allocator
+    assert before - torch.cuda.memory_allocated() > pool
