@@ -187,3 +187,20 @@ def test_release_scratch_does_not_wait_for_the_device(rng):
     assert ctx.scratch_bytes() == 0
     # the pool and the cuBLASLt workspace went back to torch's caching allocator
     assert before - torch.cuda.memory_allocated() > pool
+
+
+def test_lean_level_is_checked():
+    """fp8amp.Linear.lean takes 0, 1 or 2 (InvalidArgumentError otherwise, nothing changed);
+    fp8amp.torch.Linear(lean=...) refuses anything else with a TypeError."""
+    import fp8amp
+    import fp8amp.torch as ft
+
+    lin = fp8amp.Linear(fp8amp.Context("cpu"), 32, 16)
+    assert lin.lean == 0
+    lin.lean = 2
+    with pytest.raises(fp8amp.InvalidArgumentError, match="lean"):
+        lin.lean = 3
+    assert lin.lean == 2
+    with pytest.raises(TypeError, match="lean"):
+        ft.Linear(32, 16, lean=5)
+    assert ft.Linear(32, 16, lean=0).fp8amp_linear.lean == 0
