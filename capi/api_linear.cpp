@@ -1,5 +1,6 @@
 // The extern "C" functions of the FP8 Linear layer (see capi/api.cpp for the boundary's rules).
 #include <cstring>
+#include <string>
 
 #include "boundary.hpp"
 #include "context.hpp"
@@ -90,7 +91,7 @@ FP8AMP_API fp8amp_status fp8amp_linear_scaling(fp8amp_linear lin, fp8amp_linear_
 }
 
 FP8AMP_API fp8amp_status fp8amp_linear_weight_changed(fp8amp_linear lin) {
-    FP8AMP_GUARD({ lookup<Linear>(lin, "lin")->weight_changed(); });
+    FP8AMP_GUARD({ lookup<Linear>(lin, "lin")->note_weight_written(); });
 }
 
 FP8AMP_API fp8amp_status fp8amp_linear_forward(fp8amp_linear lin, fp8amp_tensor x, fp8amp_tensor y, int32_t training) {
@@ -114,6 +115,23 @@ FP8AMP_API fp8amp_status fp8amp_linear_backward(fp8amp_linear lin, fp8amp_tensor
 
 FP8AMP_API fp8amp_status fp8amp_linear_release_buffers(fp8amp_linear lin) {
     FP8AMP_GUARD({ lookup<Linear>(lin, "lin")->release_buffers(); });
+}
+
+FP8AMP_API fp8amp_status fp8amp_linear_set_lean(fp8amp_linear lin, int32_t lean) {
+    FP8AMP_GUARD({
+        auto l = lookup<Linear>(lin, "lin");
+        if (lean < 0 || lean > 2)
+            fail(FP8AMP_ERROR_INVALID_ARGUMENT, "lean is " + std::to_string(lean) + ", not 0, 1 or 2");
+        l->set_lean(lean);
+    });
+}
+
+FP8AMP_API fp8amp_status fp8amp_linear_get_lean(fp8amp_linear lin, int32_t *out) {
+    FP8AMP_GUARD({
+        auto l = lookup<Linear>(lin, "lin");
+        require(out, "out");
+        *out = l->lean();
+    });
 }
 
 FP8AMP_API fp8amp_status fp8amp_linear_memory_bytes(fp8amp_linear lin, size_t *out) {

@@ -105,7 +105,11 @@ std::shared_ptr<Storage> Context::allocate(size_t nbytes) const {
 void Context::synchronize() const { backend_->synchronize(); }
 
 Storage &Context::gemm_workspace() const {
-    if (!gemm_workspace_) gemm_workspace_ = allocate(backend_->gemm_workspace_bytes());
+    if (!gemm_workspace_) {
+        gemm_workspace_ = allocate(backend_->gemm_workspace_bytes());
+        workspace_stream_ = backend_->stream();
+    }
+    if (workspace_stream_ != backend_->stream()) workspace_crossed_ = true;
     return *gemm_workspace_;
 }
 
@@ -145,16 +149,22 @@ size_t Context::scratch_bytes() const {
 }
 
 void Context::release_scratch() const {
-    // The host waits for the queued work first: it may still read the slots, and the allocator may
-    // tie a block to the stream it was allocated on rather than the one that used it last.
-    bool any = false;
-    for (const auto &s : scratch_) any = any || s != nullptr;
-    if (!any) return;
-    backend_->synchronize();
+    // Each block goes back in the order of the stream it was allocated on, without a host wait (as
+    // when a slot grows, free_scratch_slot): a stream-ordered allocator (torch's caching allocator)
+    // hands it out again only after the work queued there, which includes every call that used it
+    // unless the context's stream changed since; cudaFree (the CUDA backend's own allocator) waits for
+    // the device anyway. A block used on another stream since it was allocated may still be read
+    // there: then the host waits for the device first, once (issue 18: the front releases at every
+    // step, where a wait would stall the host's lead over the GPU).
+    bool crossed = workspace_crossed_ && gemm_workspace_ != nullptr;
+    for (size_t i = 0; i < kScratchSlots; ++i) crossed = crossed || (scratch_[i] && scratch_crossed_[i]);
+    if (crossed) backend_->synchronize();
     for (size_t i = 0; i < kScratchSlots; ++i) {
         scratch_[i].reset();
         scratch_crossed_[i] = false;
     }
+    gemm_workspace_.reset();
+    workspace_crossed_ = false;
 }
 
 }  // namespace fp8amp::core

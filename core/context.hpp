@@ -71,12 +71,14 @@ public:
     // one). The pointer is valid until the next call that asks the same slot for more, or until
     // release_scratch. A call must ask each slot once: a second, larger request would free the
     // memory that the call's first request described.
-    static constexpr size_t kScratchSlots = 5;
+    static constexpr size_t kScratchSlots = 7;
     void *scratch(size_t slot, size_t nbytes) const;
     // The bytes the scratch slots hold now (fp8amp_context_scratch_bytes).
     size_t scratch_bytes() const;
-    // Gives the scratch slots' memory back to the allocator (fp8amp_context_release_scratch); the next
-    // call that needs a slot allocates it again.
+    // Gives the scratch slots' memory and the GEMM workspace back to the allocator
+    // (fp8amp_context_release_scratch), in the order of the stream each was allocated on: the host
+    // waits for the device only when one was used on another stream since (see free_scratch_slot).
+    // The next call that needs them allocates them again.
     void release_scratch() const;
 
 private:
@@ -91,6 +93,9 @@ private:
     // The stream each slot was allocated on, and whether a call used it on another (free_scratch_slot).
     mutable void *scratch_stream_[kScratchSlots] = {};
     mutable bool scratch_crossed_[kScratchSlots] = {};
+    // The same for the GEMM workspace (used by the GEMMs of every Linear of the context).
+    mutable void *workspace_stream_ = nullptr;
+    mutable bool workspace_crossed_ = false;
     void free_scratch_slot(size_t slot) const;
 };
 

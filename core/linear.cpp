@@ -19,7 +19,12 @@ constexpr size_t kScratchFp8T = 1;    // dY8 transposed (backward)
 constexpr size_t kScratchStage = 2;   // a staged GEMM output (y or dX)
 constexpr size_t kScratchWeight = 3;  // a scaled F16 weight dequantized (forward), dY in BF16 (backward)
 constexpr size_t kScratchColSum = 4;  // the bias gradient's partial column sums (backward)
-static_assert(kScratchColSum < Context::kScratchSlots, "one slot each");
+// Lean Linears (fp8amp_linear_set_lean) only: the FP32 weight-gradient sum of a backward that does not
+// accumulate; the FP8 weight of a training forward (and the row-major copy a backward's W8^T
+// quantize writes beside it, before the sum is written).
+constexpr size_t kScratchWgrad = 5;
+constexpr size_t kScratchW8T = 6;  // lean: the backward's W8^T
+static_assert(kScratchW8T < Context::kScratchSlots, "one slot each");
 
 std::string shape_string(const std::vector<int64_t> &shape) {
     std::string s = "[";
@@ -353,20 +358,25 @@ fp8amp_gemm_kind Linear::choose_kind(int64_t m, bool training, const Tensor &y) 
 }
 
 // The weight's E4M3 copy (and its transpose), re-made only when the weight was written since.
-void Linear::refresh_weight_fp8(bool need_transpose) {
+// transient (a lean training forward): the copy the forward GEMM reads is made in the context's
+// scratch, shared by all Linears, without the transpose (the lean backward makes W8^T itself, see
+// lean_weight_fp8t), and nothing is cached: re-made at every such forward, one quantize of the weight
+// more where it did not change since (a second micro-batch, a layer used twice); at a step's first
+// forward the optimizer's update made any copy stale anyway.
+const Tensor &Linear::refresh_weight_fp8(bool need_transpose, bool transient) {
     const int64_t n = desc_.out_features, k = desc_.in_features;
     const uint64_t version = weight_->version();
     if (desc_.weight_dtype == FP8AMP_DTYPE_E4M3) {  // the weight is its own FP8 copy; only the transpose
-        if (need_transpose && !(weight_fp8t_valid_ && weight_fp8_version_ == version)) {
+        if (need_transpose && !transient && !(weight_fp8t_valid_ && weight_fp8_version_ == version)) {
             Tensor &wt = buffer(w8t_, FP8AMP_DTYPE_E4M3, k, n);
             steps_.transpose_bytes(weight_->data(), wt.data(), static_cast<size_t>(n), static_cast<size_t>(k));
             wt.mark_written();
             weight_fp8t_valid_ = true;
             weight_fp8_version_ = version;
         }
-        return;
+        return *weight_;
     }
-    if (weight_fp8_version_ == version && (weight_fp8t_valid_ || !need_transpose)) return;
+    if (!transient && weight_fp8_version_ == version && (weight_fp8t_valid_ || !need_transpose)) return *w8_;
     const void *src = weight_->data();
     fp8amp_dtype src_dtype = weight_->dtype();
     if (weight_->scaling()) {  // a scaled 16-bit weight: its true value first
@@ -376,11 +386,51 @@ void Linear::refresh_weight_fp8(bool need_transpose) {
         src = w32.data();
         src_dtype = FP8AMP_DTYPE_F32;
     }
+    if (transient) {
+        w8_.reset();  // a kept copy (an inference forward's) is not kept through training
+        Tensor &w8 = scratch(w8s_, kScratchWgrad, FP8AMP_DTYPE_E4M3, n, k, weight_meta_);
+        quantize(src, src_dtype, static_cast<size_t>(n), static_cast<size_t>(k), w8, nullptr);
+        weight_fp8_version_ = kStale;
+        weight_fp8t_valid_ = false;
+        return w8;
+    }
     Tensor &w8 = buffer(w8_, FP8AMP_DTYPE_E4M3, n, k, weight_meta_);
     Tensor *w8t = need_transpose ? &buffer(w8t_, FP8AMP_DTYPE_E4M3, k, n, weight_meta_) : nullptr;
     quantize(src, src_dtype, static_cast<size_t>(n), static_cast<size_t>(k), w8, w8t);
     weight_fp8_version_ = version;
     weight_fp8t_valid_ = need_transpose;
+    return w8;
+}
+
+// A lean backward's W8^T (for the dX GEMM), made from the weight as the forward's W8 was -- the same
+// bits: the weight is unchanged since (backward() checks) and its WEIGHT meta is current scaling, so
+// the scale is the weight's amax again -- in the context's scratch (slot kScratchW8T; the row-major
+// copy the quantize also writes goes to slot kScratchWgrad, which backward() has already asked for
+// the weight-gradient sum at its full size, so no slot grows after it was described). An E4M3
+// weight's is a transpose of its codes. What this saves is the forward keeping W8^T (1 byte per
+// parameter of every layer not yet backed) through the backward of the layers after it; what it
+// costs is one quantize of the weight per backward.
+const Tensor &Linear::lean_weight_fp8t() {
+    const int64_t n = desc_.out_features, k = desc_.in_features;
+    if (desc_.weight_dtype == FP8AMP_DTYPE_E4M3) {
+        Tensor &wt = scratch(w8ts_, kScratchW8T, FP8AMP_DTYPE_E4M3, k, n);
+        steps_.transpose_bytes(weight_->data(), wt.data(), static_cast<size_t>(n), static_cast<size_t>(k));
+        wt.mark_written();
+        return wt;
+    }
+    const void *src = weight_->data();
+    fp8amp_dtype src_dtype = weight_->dtype();
+    if (weight_->scaling()) {
+        Tensor &w32 = scratch(w_f32_, kScratchWeight, FP8AMP_DTYPE_F32, n, k);
+        steps_.dequantize(*weight_, w32.data(), FP8AMP_DTYPE_F32);
+        w32.mark_written();
+        src = w32.data();
+        src_dtype = FP8AMP_DTYPE_F32;
+    }
+    Tensor &w8 = scratch(w8s_, kScratchWgrad, FP8AMP_DTYPE_E4M3, n, k, weight_meta_);
+    Tensor &wt = scratch(w8ts_, kScratchW8T, FP8AMP_DTYPE_E4M3, k, n, weight_meta_);
+    quantize(src, src_dtype, static_cast<size_t>(n), static_cast<size_t>(k), w8, &wt);
+    return wt;
 }
 
 // The weight in the non-FP8 GEMMs' operand dtype (the weight itself when it already is).
@@ -525,11 +575,10 @@ void Linear::forward(const Tensor &x, Tensor &y, bool training) {
     steps_.clear();
     note_stream();
     if (kind == FP8AMP_GEMM_KIND_FP8) {
-        refresh_weight_fp8(training);
+        const Tensor &w8 = refresh_weight_fp8(training, lean_ != 0 && training);
         Tensor &x8 = scratch(x8_, kScratchFp8, FP8AMP_DTYPE_E4M3, m, k, input_meta_);
         Tensor *x8t = training ? &saved_buffer(x8t_, x8t_pending_, FP8AMP_DTYPE_E4M3, k, m, input_meta_) : nullptr;
         quantize(x.data(), x.dtype(), static_cast<size_t>(m), static_cast<size_t>(k), x8, x8t);
-        const Tensor &w8 = desc_.weight_dtype == FP8AMP_DTYPE_E4M3 ? *weight_ : *w8_;
         run_gemm({m, n, k, x8.data(), FP8AMP_DTYPE_E4M3, true, x8.scale_inv(), w8.data(), FP8AMP_DTYPE_E4M3, true,
                   w8.scale_inv(), y.data(), y.dtype(), false, true, true});
     } else {
@@ -556,6 +605,9 @@ void Linear::forward(const Tensor &x, Tensor &y, bool training) {
     if (x_wide_pending_) x_wide_ = std::move(x_wide_pending_);
     saved_ = training;  // an inference forward leaves none
     if (training) {
+        saved_lean_ = lean_ != 0;
+        saved_weight_version_ = weight_->version();
+        weight_written_since_forward_ = false;
         saved_m_ = m;
         saved_x_shape_.assign(x.shape(), x.shape() + x.ndim());  // reuses the vectors' memory
         saved_y_shape_.assign(y.shape(), y.shape() + y.ndim());
@@ -587,6 +639,14 @@ void Linear::backward(const Tensor &dy, Tensor *dx, bool accumulate) {
     // dy is read while the gradients are written (the bias gradient's column sums, fused into dY's
     // quantize on the FP8 path, a pass of their own after the weight gradient on the wide path).
     check_not_own(dy, "dy", {{weight_grad_.get(), "weight gradient"}, {bias_grad_.get(), "bias gradient"}});
+    // A lean forward kept no FP8 copy of the weight: the backward's dX GEMM re-makes W8^T from the
+    // weight, which must still be the one the forward read (else dX would silently use another).
+    const bool remake_w8t = saved_lean_ && kind_ == FP8AMP_GEMM_KIND_FP8 && dx;
+    if (remake_w8t && (weight_written_since_forward_ || weight_->version() != saved_weight_version_))
+        fail(FP8AMP_ERROR_INVALID_ARGUMENT,
+             "the weight was written since the training forward, and this Linear is lean "
+             "(fp8amp_linear_set_lean): its backward re-makes the weight's FP8 copy from the weight, so it "
+             "would not back that forward. Run the training forward again, or write the weight after the backward");
     const int64_t m = saved_m_;
     const bool e4m3_weight = desc_.weight_dtype == FP8AMP_DTYPE_E4M3;
     // The weight gradient is summed in FP32: into weight_grad itself when it is F32, else into the
@@ -597,9 +657,15 @@ void Linear::backward(const Tensor &dy, Tensor *dx, bool accumulate) {
     // leaves the saved forward for a retry, as "a failed call changes nothing" promises.
     steps_.clear();
     note_stream();
-    Tensor &wsum = direct_wgrad ? *weight_grad_ : buffer(wgrad_acc_, FP8AMP_DTYPE_F32, n, k);
-    // release_buffers gave the sum back: accumulating starts from the delivered gradient's value (its
-    // E4M3 codes dequantized, its BF16 values widened), the one rounding more a given-back sum costs.
+    // Lean level 2, a backward that does not accumulate sums in the context's scratch and keeps no
+    // sum: the same bits now, and a later accumulating backward starts from the delivered gradient.
+    const bool scratch_sum = lean_ >= 2 && !direct_wgrad && !accumulate;
+    Tensor &wsum = direct_wgrad ? *weight_grad_
+                   : scratch_sum ? scratch(wsum_s_, kScratchWgrad, FP8AMP_DTYPE_F32, n, k)
+                                 : buffer(wgrad_acc_, FP8AMP_DTYPE_F32, n, k);
+    // release_buffers gave the sum back (or a lean backward kept none): accumulating starts from the
+    // delivered gradient's value (its E4M3 codes dequantized, its BF16 values widened), the one
+    // rounding more a given-back sum costs.
     const bool reload = accumulate && !direct_wgrad && wgrad_sum_released_;
     if (reload) {
         if (desc_.wgrad_dtype == FP8AMP_DTYPE_E4M3)
@@ -631,8 +697,9 @@ void Linear::backward(const Tensor &dy, Tensor *dx, bool accumulate) {
         dy8.mark_written();
         dy8t.mark_written();
         if (dx) {
-            const float *wt_scale_inv = e4m3_weight ? weight_->scale_inv() : w8t_->scale_inv();
-            run_gemm({m, k, n, dy8.data(), gdtype, true, dy8.scale_inv(), w8t_->data(), FP8AMP_DTYPE_E4M3, true,
+            const Tensor &w8t = remake_w8t ? lean_weight_fp8t() : *w8t_;
+            const float *wt_scale_inv = e4m3_weight ? weight_->scale_inv() : w8t.scale_inv();
+            run_gemm({m, k, n, dy8.data(), gdtype, true, dy8.scale_inv(), w8t.data(), FP8AMP_DTYPE_E4M3, true,
                       wt_scale_inv, dx->data(), dx->dtype(), false, false, false});
         }
         run_gemm({n, k, m, dy8t.data(), gdtype, true, dy8t.scale_inv(), x8t_->data(), FP8AMP_DTYPE_E4M3, true,
@@ -682,10 +749,31 @@ void Linear::backward(const Tensor &dy, Tensor *dx, bool accumulate) {
     }
     if (bias_grad_) bias_grad_->mark_written();
     run_steps(backward_replay_);
-    wgrad_sum_valid_ = !direct_wgrad;
-    wgrad_sum_released_ = false;
+    wgrad_sum_valid_ = !direct_wgrad && !scratch_sum;
+    wgrad_sum_released_ = scratch_sum;  // the sum was in the scratch: the next accumulation reloads
     if (wgrad_meta_) wgrad_scale_fitted_ = true;
     saved_ = false;
+    if (lean_ != 0) release_after_backward();
+}
+
+// Lean: what a backward read and nothing later needs goes back as soon as it ran -- the saved input,
+// the weight's transposed FP8 copy or wide copy (re-made by the next training forward), a kept FP32
+// sum that a non-accumulating backward replaced -- in the stream's order as in release_buffers (on a
+// stream-ordered allocator such as torch's, no host wait; cudaFree, the CUDA backend's own
+// allocator's, waits for the device: lean is for allocator hooks). A buffer used on another stream
+// since it was allocated makes the host wait first, as in release_buffers. What this saves is
+// memory at the training peak (issue 18): the backward of the last layers runs while the earlier
+// layers' saved inputs are still alive, and without lean every Linear backed so far would still hold
+// its FP32 sum (4 bytes per parameter), its saved input and its weight copies.
+void Linear::release_after_backward() {
+    if (buffers_crossed_) ctx_->synchronize();  // (kept set: what stays may still be used there)
+    x8t_.reset();
+    x_wide_.reset();
+    w8t_.reset();
+    w_wide_.reset();
+    weight_fp8t_valid_ = false;
+    weight_wide_version_ = kStale;
+    if (!wgrad_sum_valid_) wgrad_acc_.reset();
 }
 
 }  // namespace fp8amp::core

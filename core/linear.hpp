@@ -41,6 +41,11 @@ public:
     fp8amp_gemm_kind gemm_kind() const { return kind_; }
     uint64_t graph_replays() const { return forward_replay_.replays() + backward_replay_.replays(); }
 
+    // fp8amp_linear_weight_changed: the caller wrote the weight behind the Linear's back.
+    void note_weight_written() {
+        weight_changed();
+        weight_written_since_forward_ = true;
+    }
     void weight_changed() {
         weight_fp8_version_ = kStale;
         weight_wide_version_ = kStale;
@@ -54,13 +59,22 @@ public:
     void release_buffers();
     // fp8amp_linear_memory_bytes: the bytes of the context's memory its tensors hold now.
     size_t memory_bytes() const;
+    // fp8amp_linear_set_lean: what only one call or one forward-backward pair needs is not kept
+    // beyond it (1), nor the FP32 weight-gradient sum of a non-accumulating backward (2); 0: off
+    // (docs/linear.md section 5).
+    void set_lean(int32_t lean) { lean_ = lean; }
+    int32_t lean() const { return lean_; }
 
 private:
     static constexpr uint64_t kStale = ~uint64_t{0};
 
     Linear() = default;
     fp8amp_gemm_kind choose_kind(int64_t m, bool training, const Tensor &y) const;
-    void refresh_weight_fp8(bool need_transpose);
+    // Returns the FP8 weight the forward GEMM reads (the weight itself when it is E4M3); transient:
+    // made in the context's scratch, no transpose, nothing cached (a lean training forward).
+    const Tensor &refresh_weight_fp8(bool need_transpose, bool transient = false);
+    // A lean backward's W8^T, made from the weight in the context's scratch (the forward kept none).
+    const Tensor &lean_weight_fp8t();
     void refresh_weight_wide();
     const Tensor *bias_for(fp8amp_dtype bias_dtype);
     // A [rows, cols] tensor of the context kept in `slot`, (re)made when its dtype or shape changes.
@@ -110,6 +124,18 @@ private:
     // release_buffers gave a valid sum back: an accumulating backward starts from the delivered
     // gradient's value instead (cleared by the next backward).
     bool wgrad_sum_released_ = false;
+    // Lean (fp8amp_linear_set_lean), level 1: a training forward quantizes the weight into the
+    // context's scratch (w8s_) and keeps no transpose, the backward re-makes W8^T in the scratch
+    // (w8ts_) and gives back the saved input and the weight copies; level 2 also: a backward that
+    // does not accumulate sums the weight gradient in the scratch (wsum_s_) instead of wgrad_acc_.
+    int32_t lean_ = 0;
+    std::shared_ptr<Tensor> w8s_, w8ts_, wsum_s_;
+    // The saved forward was lean (its backward makes W8^T itself), the weight's version it read, and
+    // whether fp8amp_linear_weight_changed was called since (a lean backward then refuses to run).
+    bool saved_lean_ = false;
+    uint64_t saved_weight_version_ = 0;
+    bool weight_written_since_forward_ = false;
+    void release_after_backward();
     // The stream the Linear's own buffers were last allocated on, and whether a call ran on another
     // since (release_buffers then waits for the device before freeing: see there).
     void *buffers_stream_ = nullptr;

@@ -184,14 +184,20 @@ typedef struct {
     fp8amp_dtype weight_dtype, wgrad_dtype;
     fp8amp_gemm_policy policy;
     fp8amp_opt_level level; /* of the optimizer cases */
+    int32_t lean;           /* fp8amp_linear_set_lean (0: not set) */
 } cfg_t;
 
 static const cfg_t kConfigs[] = {
-    {"bf16 weight, e4m3 wgrad, fp8", FP8AMP_DTYPE_BF16, FP8AMP_DTYPE_E4M3, FP8AMP_GEMM_ALWAYS_FP8, FP8AMP_OPT_LEVEL_O1},
-    {"scaled f16 weight (O2), fp8", FP8AMP_DTYPE_F16, FP8AMP_DTYPE_E4M3, FP8AMP_GEMM_ALWAYS_FP8, FP8AMP_OPT_LEVEL_O2},
-    {"e4m3 weight (O3), fp8", FP8AMP_DTYPE_E4M3, FP8AMP_DTYPE_E4M3, FP8AMP_GEMM_ALWAYS_FP8, FP8AMP_OPT_LEVEL_O3},
-    {"f32 weight, f32 wgrad, never fp8", FP8AMP_DTYPE_F32, FP8AMP_DTYPE_F32, FP8AMP_GEMM_NEVER_FP8, FP8AMP_OPT_LEVEL_O1},
-    {"bf16 weight, bf16 wgrad, never fp8", FP8AMP_DTYPE_BF16, FP8AMP_DTYPE_BF16, FP8AMP_GEMM_NEVER_FP8, FP8AMP_OPT_LEVEL_O1},
+    {"bf16 weight, e4m3 wgrad, fp8", FP8AMP_DTYPE_BF16, FP8AMP_DTYPE_E4M3, FP8AMP_GEMM_ALWAYS_FP8, FP8AMP_OPT_LEVEL_O1, 0},
+    {"scaled f16 weight (O2), fp8", FP8AMP_DTYPE_F16, FP8AMP_DTYPE_E4M3, FP8AMP_GEMM_ALWAYS_FP8, FP8AMP_OPT_LEVEL_O2, 0},
+    {"e4m3 weight (O3), fp8", FP8AMP_DTYPE_E4M3, FP8AMP_DTYPE_E4M3, FP8AMP_GEMM_ALWAYS_FP8, FP8AMP_OPT_LEVEL_O3, 0},
+    {"f32 weight, f32 wgrad, never fp8", FP8AMP_DTYPE_F32, FP8AMP_DTYPE_F32, FP8AMP_GEMM_NEVER_FP8, FP8AMP_OPT_LEVEL_O1, 0},
+    {"bf16 weight, bf16 wgrad, never fp8", FP8AMP_DTYPE_BF16, FP8AMP_DTYPE_BF16, FP8AMP_GEMM_NEVER_FP8, FP8AMP_OPT_LEVEL_O1, 0},
+    /* lean Linears (issue 18): the W8 / W8^T / FP32 sum in the context's scratch, the saved input given back */
+    {"scaled f16 weight (O2), fp8, lean 1", FP8AMP_DTYPE_F16, FP8AMP_DTYPE_E4M3, FP8AMP_GEMM_ALWAYS_FP8, FP8AMP_OPT_LEVEL_O2, 1},
+    {"e4m3 weight (O3), fp8, lean 2", FP8AMP_DTYPE_E4M3, FP8AMP_DTYPE_E4M3, FP8AMP_GEMM_ALWAYS_FP8, FP8AMP_OPT_LEVEL_O3, 2},
+    {"bf16 weight, e4m3 wgrad, fp8, lean 2", FP8AMP_DTYPE_BF16, FP8AMP_DTYPE_E4M3, FP8AMP_GEMM_ALWAYS_FP8, FP8AMP_OPT_LEVEL_O1, 2},
+    {"bf16 weight, bf16 wgrad, never fp8, lean 2", FP8AMP_DTYPE_BF16, FP8AMP_DTYPE_BF16, FP8AMP_GEMM_NEVER_FP8, FP8AMP_OPT_LEVEL_O1, 2},
 };
 
 /* The host data of a case, drawn once per test: every run of the case uploads the same values. */
@@ -253,6 +259,7 @@ static inline void rig_make(rig_t *r, arena_t *a, fp8amp_device dev, const cfg_t
     desc.policy = cfg->policy;
     desc.recipe.amax_history_len = HIST; /* DELAYED (the default): amax recorded in the metas shows */
     EXPECT_OK(fp8amp_linear_create(r->ctx, &desc, &r->lin));
+    if (cfg->lean) EXPECT_OK(fp8amp_linear_set_lean(r->lin, cfg->lean));
     EXPECT_OK(fp8amp_linear_weight(r->lin, &r->w));
     w_src = f32_2d(r->ctx, dm.N, dm.K, d->w);
     EXPECT_OK(fp8amp_cast(r->ctx, w_src, r->w));

@@ -12,8 +12,9 @@
  *   - a retry without failure succeeds, and the run continues (the rest of the forward/backward,
  *     another forward/backward, a step) to exactly the bytes of a run that never failed.
  * The Linear cases run for BF16, scaled F16 (O1/O2) and E4M3 (O3) weights on the FP8 path, and F32 /
- * BF16 weight gradients on the non-FP8 path, each on a fresh Linear (first call: every cache is
- * made) and on a warm one whose next call has more rows (buffers re-made larger).
+ * BF16 weight gradients on the non-FP8 path, and for lean Linears (fp8amp_linear_set_lean levels 1
+ * and 2: W8, W8^T and the FP32 sum in the context's scratch), each on a fresh Linear (first call:
+ * every cache is made) and on a warm one whose next call has more rows (buffers re-made larger).
  *
  * Covered: allocations through the context's hook (tensors, the Linear's buffers and the context's
  * scratch, scale_inv slots, the GEMM workspace on CUDA). Host allocations (std::bad_alloc, turned

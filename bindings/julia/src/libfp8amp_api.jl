@@ -384,6 +384,14 @@ function fp8amp_linear_release_buffers(lin)
     ccall((:fp8amp_linear_release_buffers, libfp8amp), fp8amp_status, (fp8amp_linear,), lin)
 end
 
+function fp8amp_linear_set_lean(lin, lean)
+    ccall((:fp8amp_linear_set_lean, libfp8amp), fp8amp_status, (fp8amp_linear, Int32), lin, lean)
+end
+
+function fp8amp_linear_get_lean(lin, out)
+    ccall((:fp8amp_linear_get_lean, libfp8amp), fp8amp_status, (fp8amp_linear, Ptr{Int32}), lin, out)
+end
+
 function fp8amp_linear_memory_bytes(lin, out)
     ccall((:fp8amp_linear_memory_bytes, libfp8amp), fp8amp_status, (fp8amp_linear, Ptr{Csize_t}), lin, out)
 end

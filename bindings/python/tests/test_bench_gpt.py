@@ -37,6 +37,10 @@ def test_bench_gpt_smoke(tmp_path):
     # the fp8amp modes count their Linears' graph replays per step (none on the CPU); bf16 has none
     for m in ("O1", "O2"):
         assert modes[m]["linear_calls_per_step"] > 0 and modes[m]["linear_graph_replays_per_step"] == 0, m
+        # what fp8amp holds at rest: the Linears' tensors, and no scratch (given back at every step)
+        assert modes[m]["fp8amp_rest_linear_MiB"] > 0 and modes[m]["fp8amp_rest_scratch_MiB"] == 0, m
+    assert res["config"]["fp8amp_lean"] == 1
+
     assert "linear_graph_replays_per_step" not in modes["bf16"]
     # the same initial weights and batches: the first step's loss agrees (FP8 error only)
     assert abs(modes["O1"]["loss_first"] - modes["bf16"]["loss_first"]) < 0.05 * modes["bf16"]["loss_first"]

@@ -30,12 +30,16 @@ def _micro_batches(tdev, seed, n):
     return [(torch.randn(16, 32, generator=g).to(tdev), torch.randn(16, 48, generator=g).to(tdev)) for _ in range(n)]
 
 
+@pytest.mark.parametrize("lean", [0, 1])
 @pytest.mark.parametrize("level", ["O1", "O2", "O3"])
-def test_linear_at_rest_after_a_step_holds_parameters_and_gradients(tdev, level, rng):
+def test_linear_at_rest_after_a_step_holds_parameters_and_gradients(tdev, level, lean, rng):
     """After forward, backward, step and zero_grad each C Linear holds exactly what it held when made
-    (parameters and gradients); between the backward and the step it holds more (the saved x8^T,
-    the FP8 weight copies, the FP32 gradient sum). Before the Optimizer released them, it kept them."""
+    (parameters and gradients); between the backward and the step it holds more: the FP32 gradient sum,
+    and without lean buffers (lean=0) also the saved x8^T and the FP8 weight copies (lean=1, the front's
+    default, gives those back at the backward). Before the Optimizer released them, it kept them."""
     model, opt = _model(tdev, level, int(rng.integers(2**31)))
+    for m in _linears(model):
+        m.fp8amp_linear.lean = lean
     lins = [m.fp8amp_linear for m in _linears(model)]
     assert len(lins) == 2
     fresh = [lin.memory_bytes for lin in lins]
@@ -44,8 +48,12 @@ def test_linear_at_rest_after_a_step_holds_parameters_and_gradients(tdev, level,
         loss.backward()
         held = [lin.memory_bytes for lin in lins]
         for h, f, m in zip(held, fresh, _linears(model)):
-            # at least the saved x8^T (16 rows) and the FP32 sum (4 bytes per weight)
-            assert h >= f + 16 * m.in_features + 4 * m.weight.numel(), (step, h, f)
+            # lean 0: at least the saved x8^T (16 rows), the FP8 weight (1 byte per weight) and the FP32
+            # sum (4 bytes per weight); lean 1: the FP32 sum and at most the bias's epilogue copy
+            if lean == 0:
+                assert h >= f + 16 * m.in_features + 5 * m.weight.numel(), (step, h, f)
+            else:
+                assert f + 4 * m.weight.numel() <= h <= f + 4 * m.weight.numel() + 4 * m.out_features, (step, h, f)
         opt.step()
         assert [lin.memory_bytes for lin in lins] == fresh, step
         opt.zero_grad()

@@ -198,11 +198,15 @@ FP8AMP_API fp8amp_status fp8amp_context_synchronize(fp8amp_context ctx);
  *  Statuses: SUCCESS; INVALID_ARGUMENT (NULL bytes); INVALID_HANDLE. */
 FP8AMP_API fp8amp_status fp8amp_context_scratch_bytes(fp8amp_context ctx, size_t *bytes);
 
-/** Gives the scratch pool's memory back through the allocator that served it (after a run with
- *  larger batches, or before a phase that needs the memory). Waits for the work queued on the
- *  context's stream first (a host synchronization, none when the pool is empty), since that work may
- *  still use it: not to be called while the stream is being captured into a CUDA graph. The next
- *  call that needs scratch allocates it again (a Linear's graph replay then sees new addresses and
+/** Gives the scratch pool's memory and the GEMM workspace back through the allocator that served
+ *  them (at a step boundary, after a run with larger batches, or before a phase that needs the
+ *  memory). Each block goes back in the order of the stream it was allocated on, with no host wait:
+ *  work still queued there that uses it is ordered before its next use by a stream-ordered
+ *  allocator (PyTorch's caching allocator; the CUDA backend's own cudaFree waits for the device).
+ *  Only when a block was used on another stream since it was allocated (the context's stream
+ *  changed) does the call wait for the device first: then not while a stream is being captured into
+ *  a CUDA graph. (Before 2026-11-26 it always waited.) The next call that needs scratch allocates it
+ *  again (a Linear's graph replay then sees new addresses, if the allocator gives other blocks, and
  *  captures anew, see docs/linear.md 6.1). Nothing else changes: saved forwards, weight caches and
  *  gradient sums are the Linears' own. Since 0.4.0.
  *  Statuses: SUCCESS; INVALID_HANDLE; CUDA (the wait reported an earlier asynchronous failure: the
@@ -677,6 +681,28 @@ FP8AMP_API fp8amp_status fp8amp_linear_backward(fp8amp_linear lin, fp8amp_tensor
  *  device; so does this call when the context's stream changed since the Linear last allocated).
  *  Statuses: SUCCESS; INVALID_HANDLE. */
 FP8AMP_API fp8amp_status fp8amp_linear_release_buffers(fp8amp_linear lin);
+
+/** Lean buffers: what the Linear needs only within one call or one forward-backward pair is not kept
+ *  beyond it, which lowers the training peak (docs/linear.md section 5). lean = 0 (the default):
+ *  off, as before. lean = 1: a training forward makes the FP8 weight its GEMM reads in the context's
+ *  scratch pool (shared by all Linears) and keeps no transposed copy; the backward re-makes W8^T
+ *  from the weight in the scratch pool (one quantize of the weight, the same bits: the weight meta
+ *  is current scaling) and, once it ran, gives back the saved input and the weight copies. Every
+ *  output is bit-identical to lean = 0. Because the backward reads the weight again, a backward that
+ *  computes dx after the weight was written since its training forward (through a tensor handle,
+ *  or fp8amp_linear_weight_changed) is refused with INVALID_ARGUMENT and changes nothing (run the
+ *  forward again). lean = 2: also, a backward with accumulate_wgrad = 0 sums the weight gradient in
+ *  the scratch pool and keeps no FP32 sum (4 bytes per parameter less from each backward to the
+ *  step), so a later backward with accumulate_wgrad nonzero adds to the value of the delivered
+ *  gradient (as after fp8amp_linear_release_buffers: one rounding more; the sum it makes is kept
+ *  for the backwards after it) -- the only bits that differ. The memory goes back in the stream's
+ *  order with no host wait on an allocator hook (a caching allocator such as PyTorch's); the CUDA
+ *  backend's own allocator (cudaFree) waits for the device at each of them: use lean with hooks.
+ *  Statuses: SUCCESS; INVALID_HANDLE; INVALID_ARGUMENT (lean not 0, 1 or 2). Since 0.4.0. */
+FP8AMP_API fp8amp_status fp8amp_linear_set_lean(fp8amp_linear lin, int32_t lean);
+/** The Linear's lean level (fp8amp_linear_set_lean). Statuses: SUCCESS; INVALID_HANDLE;
+ *  INVALID_ARGUMENT (NULL out). Since 0.4.0. */
+FP8AMP_API fp8amp_status fp8amp_linear_get_lean(fp8amp_linear lin, int32_t *out);
 
 /** The bytes of the context's memory the Linear's own tensors hold now: its parameters and gradients
  *  and the buffers it keeps between calls (docs/linear.md section 5); not the context's shared

@@ -227,8 +227,9 @@ class Context(Handle):
         return int(out[0])
 
     def release_scratch(self) -> None:
-        """Gives the scratch pool back to the allocator after waiting for the queued work
-        (fp8amp_context_release_scratch); the next call that needs it allocates it again."""
+        """Gives the scratch pool and the GEMM workspace back to the allocator, in the order of the
+        stream they were allocated on: no host wait unless the context's stream changed since
+        (fp8amp_context_release_scratch); the next call that needs them allocates them again."""
         check(lib.fp8amp_context_release_scratch(self._h))
 
     def __repr__(self) -> str:

@@ -192,6 +192,24 @@ class Linear(Handle):
         check(lib.fp8amp_linear_release_buffers(self._h))
 
     @property
+    def lean(self) -> int:
+        """Lean buffers (fp8amp_linear_set_lean): 0 (default) off; 1: a training forward's FP8 weight
+        comes from the context's scratch and the backward re-makes its transpose from the weight, then
+        gives back the saved input (bit-identical outputs; the backward refuses to compute dx after the
+        weight was written since its forward); 2: also, a non-accumulating backward keeps no FP32
+        weight-gradient sum (a later accumulating one adds to the delivered gradient, one rounding
+        more). Lowers the training peak (docs/linear.md section 5)."""
+        out = ffi.new("int32_t *")
+        check(lib.fp8amp_linear_get_lean(self._h, out))
+        return int(out[0])
+
+    @lean.setter
+    def lean(self, level: int) -> None:
+        if isinstance(level, bool):
+            level = int(level)
+        check(lib.fp8amp_linear_set_lean(self._h, level))
+
+    @property
     def memory_bytes(self) -> int:
         """The bytes of the context's memory the Linear's own tensors hold now: parameters, gradients
         and the buffers it keeps between calls (fp8amp_linear_memory_bytes)."""

@@ -473,6 +473,10 @@ def _bwd(st: _Hot, dy: torch.Tensor, dx: Optional[torch.Tensor]) -> None:
     if not dy.is_contiguous():
         dy = dy.contiguous()
     w, b = st.weight, st.bias
+    if w._version != st.wv:
+        # torch wrote the weight since the forward: tell the C Linear, whose lean backward (the default)
+        # re-makes the weight's FP8 copy from it and so refuses to back that forward (it would not)
+        _sync_writes(st)
     acc = st.accumulate
     wg = st.wgrad_obj
     # A torch optimizer or module zero_grad(set_to_none=True) drops the grads: start over.
@@ -725,6 +729,7 @@ _STEP_HOOK: Any = None
 def _after_torch_step(opt: Any, args: Any, kwargs: Any) -> None:
     if getattr(opt, "_fp8amp_releases", False) or not _BY_WEIGHT:
         return
+    ctxs: Dict[int, fp8amp.Context] = {}
     for group in opt.param_groups:
         for p in group["params"]:
             r = _BY_WEIGHT.get(id(p))
@@ -733,6 +738,22 @@ def _after_torch_step(opt: Any, args: Any, kwargs: Any) -> None:
                 rc = lib.fp8amp_linear_release_buffers(st.lin_h)
                 if rc and rc != lib.FP8AMP_ERROR_INVALID_HANDLE:  # (a Linear destroyed already holds nothing)
                     check(rc)
+                ctxs[id(st.ctx)] = st.ctx
+    release_scratch(ctxs.values())
+
+
+def release_scratch(ctxs: Any) -> None:
+    """A step boundary: each context gives its scratch pool and GEMM workspace back to torch's caching
+    allocator (fp8amp_context_release_scratch: in stream order, no host wait unless the context's
+    stream changed since they were allocated), so that at rest the contexts hold nothing (issue 18);
+    the next step's first calls take the blocks from the cache again. Skipped while torch's current
+    stream is being captured into a CUDA graph (the release could wait for the device then)."""
+    for ctx in ctxs:
+        if ctx.closed:
+            continue
+        if ctx.is_cuda and torch.cuda.is_current_stream_capturing():
+            continue
+        check(lib.fp8amp_context_release_scratch(ctx.handle))
 
 
 _HAVE_OPS = hasattr(torch.library, "custom_op")
@@ -834,13 +855,19 @@ class Linear(nn.Module):
     fp8amp::linear_forward / linear_backward, without graph breaks. Create it on its final device (``.to()`` would copy
     the parameters away from fp8amp's memory). Like its fp8amp context, a module is used by one thread
     at a time. ``graph_replay`` (CUDA, default on) lets the C Linear replay a call whose launches repeat
-    an earlier call's as one CUDA graph launch (docs/linear.md section 6.1).
+    an earlier call's as one CUDA graph launch (docs/linear.md section 6.1). ``lean`` (0, 1 or 2; default 1):
+    the C Linear's lean buffers (fp8amp_linear_set_lean, docs/linear.md section 2): at 1 it keeps no FP8
+    copy of the weight from a training forward (the backward re-makes the transpose it reads: the same
+    bits; so the weight must not be written between a training forward and its backward) and gives back
+    the saved input after the backward, which lowers the training peak; 2 also keeps no FP32
+    weight-gradient sum past a non-accumulating backward (a second micro-batch then adds to the delivered
+    gradient: one rounding more); 0 keeps everything until the step, as before.
     """
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True, device: Any = None,
                  weight_dtype: torch.dtype = torch.float32, wgrad_dtype: Optional[torch.dtype] = None,
                  policy: Any = "auto", recipe: Optional[fp8amp.Recipe] = None, graph_replay: bool = True,
-                 save_input: Optional[bool] = None) -> None:
+                 save_input: Optional[bool] = None, lean: int = 1) -> None:
         super().__init__()
         if save_input not in (None, True, False):
             raise TypeError("save_input must be None (auto), True or False, not %r" % (save_input,))
@@ -863,6 +890,15 @@ class Linear(nn.Module):
                                   wgrad_dtype=_DT[wgrad_dtype], recipe=self.recipe, policy=self.policy,
                                   graph_replay=graph_replay)
         self._h = self._lin.handle
+        # Lean buffers (fp8amp_linear_set_lean, level 1 by default): the C Linear keeps no FP8 copy of
+        # the weight from a training forward (its backward re-makes the transpose it reads, the same
+        # bits) and gives back the saved input after the backward, through torch's stream-ordered
+        # caching allocator (no host wait): about 2 bytes per Linear parameter less at the training
+        # peak (issue 18). Level 2 also keeps no FP32 weight-gradient sum past a non-accumulating
+        # backward (a second micro-batch then adds to the delivered gradient: one rounding more).
+        if lean not in (0, 1, 2) or isinstance(lean, bool):
+            raise TypeError("lean must be 0, 1 or 2, not %r" % (lean,))
+        self._lin.lean = lean
         self._e4m3 = e4m3
         self.weight = nn.Parameter(_from_fp8amp(self._lin.weight))
         if e4m3:

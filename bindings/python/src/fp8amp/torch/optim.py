@@ -13,6 +13,7 @@ import fp8amp
 from fp8amp.optim import AdamConfig, as_opt_level
 from fp8amp.torch.context import _from_fp8amp, _norm_device, _on_current_stream, context, to_fp8amp
 from fp8amp.torch.linear import Linear
+from fp8amp.torch.linear import release_scratch as _release_scratch
 
 if TYPE_CHECKING:
     from fp8amp.torch.amp import GradScaler
@@ -261,6 +262,8 @@ class Optimizer(torch.optim.Optimizer):
         # gradient sum is needed only while micro-batches accumulate (fp8amp_linear_release_buffers).
         for m in self._linears:
             m._release_buffers()
+        # and the contexts' scratch pools and GEMM workspaces (no host wait: see release_scratch)
+        _release_scratch({id(m._ctx): m._ctx for m in self._linears}.values())
 
     def _grad_sumsq(self, grads: List[fp8amp.Tensor]) -> float:
         """The sum of squares of the stored gradients' values (FP8: code * scale_inv), in float64."""
