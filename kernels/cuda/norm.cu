@@ -299,6 +299,15 @@ constexpr int fwd_min_blocks(fp8amp_dtype s, int pieces, bool t) {
 // c = 1 or -0 (-0 + g == g); y without beta is t + (-0) (== t); RMSNorm's dx term g - c1 has c1 = +0.
 __device__ __forceinline__ float weight_c(bool zero_centered) { return zero_centered ? 1.0f : -0.0f; }
 
+// max(a, b) with a NaN propagated (max.NaN: one FMNMX.NAN, and ptxas folds an |x| operand into it):
+// the amax of |y| in one instruction an element, a NaN y making the piece's (and the thread's) max a
+// NaN, whose bits lie above inf's as those of amax_bits_of's max over |y|'s bits do.
+__device__ __forceinline__ float fmax_nan(float a, float b) {
+    float r;
+    asm("max.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
+    return r;
+}
+
 // y into D (E4M3/E5M2; F32 stands for any wide dtype, a.y_dtype, chosen at run time). kWrite false:
 // only y's amax (current scaling's first pass). kT (FP8, fused_t_ok): y_t too -- the block takes
 // tiles of kTile consecutive rows (slot s: rows s, s + slots, ...), stages their codes in dynamic shared
@@ -329,7 +338,12 @@ __global__ void __launch_bounds__(kThreads, fwd_min_blocks(S, kPieces, kT)) norm
     const bool vb = reinterpret_cast<uintptr_t>(a.beta) % 16 == 0;
     const bool has_beta = a.beta != nullptr, rms = a.rms;
     const float wc = weight_c(a.zero_centered);
-    uint32_t amax = 0, saturated = 0, underflowed = 0;  // amax: max of |y|'s bits (NaN above inf)
+    float amax = 0.0f;  // max of |y|, a NaN propagated (fmax_nan)
+    uint32_t saturated = 0, underflowed = 0;
+    // y * scale is NaN only for a NaN y (which makes its piece's max a NaN) as long as the scale is
+    // positive and finite; otherwise (inf * 0, 0 * inf, a NaN scale) every piece checks its codes.
+    const bool check_all = kFp8 && !(scale > 0.0f && scale < __int_as_float(0x7F800000));
+    const bool zc = a.zero_centered;
     extern __shared__ uint32_t stage[];  // kT: [kTile][d / 4] words of codes
     // Row r (ti: its place in the tile, kT).
     auto do_row = [&](int64_t r, int ti) {
@@ -388,44 +402,56 @@ __global__ void __launch_bounds__(kThreads, fwd_min_blocks(S, kPieces, kT)) norm
         }
         for_pieces<kPieces>(d, pl.j, n_lanes, [&](int p, int64_t i0, int left) {
             const auto &w = piece(p, i0, left);
-            float g[8], b[8], y[8];
+            float g[8], y[8];
             load_param(a.gamma, a.gamma_dtype, i0, left, vg, g);
-            if (has_beta) {
+            // weight(): c + g with c = 1 (zero-centered) or -0, and -0 + g == g: the addition only
+            // where it changes something (a uniform branch, not an instruction an element)
+            if (zc)
+#pragma unroll
+                for (int e = 0; e < 8; ++e) g[e] = norm::fadd(1.0f, g[e]);
+#pragma unroll
+            for (int e = 0; e < 8; ++e)  // canonical below (the FP8 path: the NaN code)
+                y[e] = norm::fmul(norm::xhat(raw_at<S>(w, e), mean, rstd, false), g[e]);
+            if (has_beta) {  // y + beta; without beta y + (-0) == y
+                float b[8];
                 load_param(a.beta, a.beta_dtype, i0, left, vb, b);
-            } else {
 #pragma unroll
-                for (int e = 0; e < 8; ++e) b[e] = -0.0f;
-            }
-#pragma unroll
-            for (int e = 0; e < 8; ++e) {  // canonical below (the FP8 path: the NaN code)
-                const float xh = norm::xhat(raw_at<S>(w, e), mean, rstd, false);
-                y[e] = norm::fadd(norm::fmul(xh, norm::fadd(wc, g[e])), b[e]);
+                for (int e = 0; e < 8; ++e) y[e] = norm::fadd(y[e], b[e]);
             }
             const int64_t base = r * d + i0;
             if constexpr (kFp8) {
+                // the piece's max |y| (a NaN propagated), then the thread's
+                float pm = 0.0f;
                 if (left == 8) {
 #pragma unroll
-                    for (int e = 0; e < 8; ++e) amax = max(amax, __float_as_uint(y[e]) & 0x7FFFFFFFu);
+                    for (int e = 0; e < 8; ++e) pm = fmax_nan(pm, fabsf(y[e]));
                 } else {
 #pragma unroll
                     for (int e = 0; e < 8; ++e)
-                        if (e < left) amax = max(amax, __float_as_uint(y[e]) & 0x7FFFFFFFu);
+                        if (e < left) pm = fmax_nan(pm, fabsf(y[e]));
                 }
+                amax = fmax_nan(amax, pm);
                 if constexpr (kWrite) {
-                    // scaled(canonical(y)): y * scale, never NaN but for a NaN y (and then it is the
-                    // positive quiet code either way); two codes a conversion.
+                    // scaled(canonical(y)): y * scale, two codes a conversion. A NaN y (only then is
+                    // y * scale NaN, for a positive finite scale) makes pm's bits exceed inf's: only
+                    // such a rare piece looks at its codes and makes a NaN's the positive quiet code.
                     constexpr __nv_fp8_interpretation_t kFmt = D == FP8AMP_DTYPE_E4M3 ? __NV_E4M3 : __NV_E5M2;
                     constexpr uint32_t kNaN = D == FP8AMP_DTYPE_E4M3 ? codec::E4M3::kQuietNaN : codec::E5M2::kQuietNaN;
                     float sv[8];
 #pragma unroll
                     for (int e = 0; e < 8; ++e) sv[e] = norm::fmul(y[e], scale);
-                    uint32_t word[2] = {0u, 0u};
+                    uint32_t word[2];
 #pragma unroll
-                    for (int e = 0; e < 8; e += 2) {
-                        uint32_t q = __nv_cvt_float2_to_fp8x2(make_float2(sv[e], sv[e + 1]), __NV_SATFINITE, kFmt);
-                        if (sv[e] != sv[e]) q = (q & 0xFF00u) | kNaN;
-                        if (sv[e + 1] != sv[e + 1]) q = (q & 0x00FFu) | (kNaN << 8);
-                        word[e / 4] |= q << (8 * (e % 4));
+                    for (int h = 0; h < 2; ++h) {
+                        const uint32_t lo = __nv_cvt_float2_to_fp8x2(make_float2(sv[4 * h], sv[4 * h + 1]), __NV_SATFINITE, kFmt);
+                        const uint32_t hi = __nv_cvt_float2_to_fp8x2(make_float2(sv[4 * h + 2], sv[4 * h + 3]), __NV_SATFINITE, kFmt);
+                        word[h] = lo | (hi << 16);
+                    }
+                    if (check_all || __float_as_uint(pm) >= 0x7F800000u) {
+#pragma unroll
+                        for (int e = 0; e < 8; ++e)
+                            if (sv[e] != sv[e])
+                                word[e / 4] = (word[e / 4] & ~(0xFFu << (8 * (e % 4)))) | (kNaN << (8 * (e % 4)));
                     }
                     if (stats) {
 #pragma unroll
@@ -490,7 +516,8 @@ __global__ void __launch_bounds__(kThreads, fwd_min_blocks(S, kPieces, kT)) norm
     }
     if constexpr (kFp8) {
         Tally t;
-        t.amax = amax > 0x7F800000u ? 0x7F800000u : amax;  // amax_bits_of: NaN as inf
+        const uint32_t amax_bits = __float_as_uint(amax);  // |y|'s max: a NaN's bits lie above inf's
+        t.amax = amax_bits > 0x7F800000u ? 0x7F800000u : amax_bits;  // amax_bits_of: NaN as inf
         t.saturated = saturated;
         t.underflowed = underflowed;
         if constexpr (!kWrite) {
