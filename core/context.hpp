@@ -66,12 +66,12 @@ public:
 
     // Scratch memory that the Linears of this context share for what lives only within one call
     // (the FP8 copies of x and dY, staging outputs, a dequantized weight, the bias gradient's partial
-    // column sums): slot `slot` (< kScratchSlots) grows to the largest size asked of it and is reused
+    // column sums; slot 5: fp8amp_norm_backward's partial column sums): slot `slot` (< kScratchSlots) grows to the largest size asked of it and is reused
     // in the stream order of the context's stream (set_stream orders the new stream after the old
     // one). The pointer is valid until the next call that asks the same slot for more, or until
     // release_scratch. A call must ask each slot once: a second, larger request would free the
     // memory that the call's first request described.
-    static constexpr size_t kScratchSlots = 7;
+    static constexpr size_t kScratchSlots = 8;
     void *scratch(size_t slot, size_t nbytes) const;
     // The bytes the scratch slots hold now (fp8amp_context_scratch_bytes).
     size_t scratch_bytes() const;

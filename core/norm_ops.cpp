@@ -13,6 +13,12 @@ namespace fp8amp::core {
 
 namespace {
 
+// The context's scratch slot of the backward's partial column sums (slots 0-6 are the Linears':
+// linear.cpp). A slot of its own, so that a norm backward issued within a Linear's call (a fused
+// LayerNormLinear) never takes memory whose pointer the Linear still holds.
+constexpr size_t kScratchNorm = 7;
+static_assert(kScratchNorm < Context::kScratchSlots, "a slot of its own");
+
 void check_f32(const Tensor &t, const char *argument) {
     if (t.dtype() != FP8AMP_DTYPE_F32)
         fail(FP8AMP_ERROR_DTYPE_MISMATCH, std::string(argument) + " is " + t.describe() + ": it must be f32");
@@ -206,8 +212,11 @@ void norm_backward(const Context &ctx, const NormOptions &o, const Tensor &dy, c
     check_no_overlaps(outputs, inputs);
 
     kernels::Backend &backend = ctx.backend();
-    std::shared_ptr<Storage> scratch;
-    if (const size_t nbytes = backend.norm_backward_scratch_bytes(s.rows, s.d)) scratch = ctx.allocate(nbytes);
+    // The partial column sums come from the context's scratch slot (kept between calls): a fresh
+    // allocation per call would be cudaMalloc + cudaFree on the CUDA backend's own allocator, and
+    // cudaFree waits for the device, which put host time into every backward.
+    void *scratch = nullptr;
+    if (const size_t nbytes = backend.norm_backward_scratch_bytes(s.rows, s.d)) scratch = ctx.scratch(kScratchNorm, nbytes);
     kernels::NormBackwardArgs a;
     a.rms = o.rms;
     a.zero_centered = o.zero_centered;
@@ -225,7 +234,7 @@ void norm_backward(const Context &ctx, const NormOptions &o, const Tensor &dy, c
     a.dx_dtype = dx.dtype();
     a.dgamma = static_cast<float *>(dgamma.data());
     a.dbeta = dbeta ? static_cast<float *>(dbeta->data()) : nullptr;
-    backend.norm_backward(a, scratch ? scratch->data() : nullptr);
+    backend.norm_backward(a, scratch);
     dx.mark_written();
     dgamma.mark_written();
     if (dbeta) dbeta->mark_written();

@@ -17,15 +17,20 @@
 // from memory once and all its loads are issued before the first addition. The lane sums are one
 // warp butterfly (every lane gets the total; the same additions as the tree of norm::tree_sum since
 // fadd commutes exactly) and, for groups(d) > 1, one exchange through shared memory behind a named
-// barrier of the row's warps only (double-buffered, so one barrier per sum). No block-wide barrier
-// is on a row's path; the other rows of the block and the other blocks (a non-persistent grid of
-// several waves) fill the latency.
+// barrier of the row's warps only (double-buffered, so one barrier per sum; the groups' sums are
+// then added across lanes by shuffles, tree_sum's order). No block-wide barrier is on a row's path;
+// the other rows of the block and the other blocks fill the latency.
 //
 // Forward: pass 1 sums x (LayerNorm) or x^2 (RMSNorm) from the registers, pass 2 (LayerNorm) sums
-// (x - mean)^2, the write pass computes y with gamma / beta read per piece (L1/L2 hits) and stores 8
-// FP8 codes as one 8-byte store (16 bytes for BF16 y). The FP8 conversion is the hardware's two at a
-// time (cvt.rn.satfinite.*x2), a NaN made the positive quiet code explicitly; the amax is a max over
-// |y|'s bits, clamped to inf once per thread. Current scaling runs the kernel twice: a pass that only
+// (x - mean)^2, the write pass computes y and stores 8 FP8 codes as one 8-byte store (16 bytes for
+// BF16 y). gamma (as the weight, 1 + gamma when zero-centered) and beta are converted to float once
+// per block into shared memory for register-cached rows up to d = 12288 (the grid is then one wave of
+// resident blocks, each walking many rows); otherwise they are read per piece (L1/L2 hits) and the
+// grid is up to 16 waves. The FP8 conversion is the hardware's two at a time
+// (cvt.rn.satfinite.*x2) with no per-element NaN test: the amax is a max.NaN over |y| (one FMNMX an
+// element), and only a piece whose max is NaN or inf makes its NaN codes the positive quiet code
+// (clamped to inf once per thread for the amax). Wide y likewise: paired cvt.rn.bf16x2 / f16x2, NaN
+// codes fixed up only in a piece holding a NaN. Current scaling runs the kernel twice: a pass that only
 // reduces y's amax into the meta, then the writing pass (as quantize.cu does with its amax kernel).
 // Rows longer than 8 * 8 * 256 = 16384 elements are read again from L1/L2 in each pass.
 // y_t: for d <= 2048 (d % 4 == 0, rows % 32 == 0) the forward writes it itself -- a block takes
@@ -34,7 +39,9 @@
 // rows would need 128+ KB a tile, or 16-byte runs) the byte transpose of linear_aux.cu writes it.
 //
 // Backward: one block per row chunk (norm::chunks(rows) blocks: 264, two per SM of an H100, one
-// wave), each row slot walking its sub-chunk of the chunk's rows. Per row: dy and x in registers
+// wave), each row slot walking its sub-chunk of the chunk's rows; the weights c + gamma are converted
+// to float once per block into shared memory after the partials (where both fit in 100 KB: two
+// blocks a SM). Per row: dy and x in registers
 // (the next row's loaded while this one is computed), both dot products in one group reduction, then dx written in one pass while the slot's column
 // partials (dy * xhat, dy) accumulate in shared memory (each column's partial owned by one thread,
 // float4 laid out by lane so the accesses are conflict-free; 16 KB per piece of a lane, 64 KB up to
@@ -73,6 +80,7 @@ constexpr int kMaxSmemPieces = 12;   // backward: partials in shared memory up t
 constexpr int kFinishCols = 32;      // finishing kernel: columns a block
 constexpr int kFinishChunks = int(norm::kMaxChunks);  // finishing kernel: chunks staged at once (all)
 constexpr int kTile = 32;            // forward with a fused y_t: rows a block stages (32-byte runs of y_t)
+constexpr int64_t kMaxParamD = 12288;  // forward: gamma and beta in shared memory up to 96 KB (8 * d bytes)
 
 template <fp8amp_dtype D>
 constexpr bool is_fp8_v = D == FP8AMP_DTYPE_E4M3 || D == FP8AMP_DTYPE_E5M2;
@@ -171,31 +179,66 @@ __device__ __forceinline__ void load_param(const void *p, fp8amp_dtype dt, int64
     }
 }
 
+// max(a, b) with a NaN propagated (max.NaN: one FMNMX.NAN, and ptxas folds an |x| operand into it):
+// the amax of |y| in one instruction an element, a NaN y making the piece's (and the thread's) max a
+// NaN, whose bits lie above inf's as those of amax_bits_of's max over |y|'s bits do.
+__device__ __forceinline__ float fmax_nan(float a, float b) {
+    float r;
+    asm("max.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
+    return r;
+}
+
 // Stores 8 values of a wide output (F32/F16/BF16, chosen at run time) at element `base` (the piece's
-// first, `left` of them in the row); vec as vec_mode for the output's element size.
+// first, `left` of them in the row); vec as vec_mode for the output's element size. A NaN (any sign or
+// payload) is stored as the dtype's positive quiet NaN, as norm::canonical then from_f32 store it:
+// the hardware's paired conversions (cvt.rn.bf16x2.f32 / cvt.rn.f16x2.f32, the same rounding as one
+// at a time) run on every value with no NaN test, and only a piece holding a NaN (its max.NaN of |f|
+// a NaN) fixes its codes up.
 __device__ __forceinline__ void store_wide8(void *p, fp8amp_dtype dt, int64_t base, int left, int vec, const float f[8]) {
+    float pm = 0.0f;
+#pragma unroll
+    for (int e = 0; e < 8; ++e) pm = fmax_nan(pm, fabsf(f[e]));
+    const bool has_nan = __float_as_uint(pm) > 0x7F800000u;
     if (dt == FP8AMP_DTYPE_F32) {
         float *q = static_cast<float *>(p) + base;
-        if (left == 8 && vec == 2) {
-            float c[8];
+        float c[8];
 #pragma unroll
-            for (int e = 0; e < 8; ++e) c[e] = from_f32<FP8AMP_DTYPE_F32>(f[e]);
+        for (int e = 0; e < 8; ++e) c[e] = f[e];
+        if (has_nan)
+#pragma unroll
+            for (int e = 0; e < 8; ++e)
+                if (f[e] != f[e]) c[e] = codec::bits_f32(codec::kF32QuietNaN);
+        if (left == 8 && vec == 2) {
             reinterpret_cast<float4 *>(q)[0] = make_float4(c[0], c[1], c[2], c[3]);
             reinterpret_cast<float4 *>(q)[1] = make_float4(c[4], c[5], c[6], c[7]);
             return;
         }
 #pragma unroll
         for (int e = 0; e < 8; ++e)
-            if (e < left) q[e] = from_f32<FP8AMP_DTYPE_F32>(f[e]);
+            if (e < left) q[e] = c[e];
         return;
     }
-    uint16_t h[8];
-#pragma unroll
-    for (int e = 0; e < 8; ++e) h[e] = dt == FP8AMP_DTYPE_F16 ? from_f32<FP8AMP_DTYPE_F16>(f[e]) : from_f32<FP8AMP_DTYPE_BF16>(f[e]);
-    uint16_t *q = static_cast<uint16_t *>(p) + base;
     uint32_t w[4];
+    if (dt == FP8AMP_DTYPE_F16) {
 #pragma unroll
-    for (int k = 0; k < 4; ++k) w[k] = uint32_t(h[2 * k]) | (uint32_t(h[2 * k + 1]) << 16);
+        for (int k = 0; k < 4; ++k) {
+            const __half2 h = __floats2half2_rn(f[2 * k], f[2 * k + 1]);  // .x (low half) = f[2k]
+            w[k] = uint32_t(__half_as_ushort(__low2half(h))) | (uint32_t(__half_as_ushort(__high2half(h))) << 16);
+        }
+    } else {
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+            const __nv_bfloat162 h = __floats2bfloat162_rn(f[2 * k], f[2 * k + 1]);  // .x (low half) = f[2k]
+            w[k] = uint32_t(__bfloat16_as_ushort(__low2bfloat16(h))) | (uint32_t(__bfloat16_as_ushort(__high2bfloat16(h))) << 16);
+        }
+    }
+    if (has_nan) {
+        const uint32_t qn = dt == FP8AMP_DTYPE_F16 ? codec::F16::kQuietNaN : codec::BF16::kQuietNaN;
+#pragma unroll
+        for (int e = 0; e < 8; ++e)
+            if (f[e] != f[e]) w[e / 2] = (w[e / 2] & ~(0xFFFFu << (16 * (e % 2)))) | (qn << (16 * (e % 2)));
+    }
+    uint16_t *q = static_cast<uint16_t *>(p) + base;
     if (left == 8 && vec == 2) {
         *reinterpret_cast<uint4 *>(q) = make_uint4(w[0], w[1], w[2], w[3]);
     } else if (left == 8 && vec == 1) {
@@ -204,7 +247,7 @@ __device__ __forceinline__ void store_wide8(void *p, fp8amp_dtype dt, int64_t ba
     } else {
 #pragma unroll
         for (int e = 0; e < 8; ++e)
-            if (e < left) q[e] = h[e];
+            if (e < left) q[e] = uint16_t(w[e / 2] >> (16 * (e % 2)));
     }
 }
 
@@ -251,17 +294,17 @@ __device__ __forceinline__ void group_sum(float (&v)[N], const Place &pl, GroupS
 #pragma unroll
         for (int n = 0; n < N; ++n) gs.v[parity][n][base + pl.member] = v[n];
     slot_barrier(pl);
+    // The group tree across lanes: lane w < groups holds warp w's sum; at stride s lane w (< s) adds
+    // lane w + s's (< 2s <= groups: always a warp's sum), as tree_sum's p[32w] += p[32(w + s)]; lane 0
+    // ends with the total, which every lane takes. One shared-memory load and a few shuffles, where
+    // a register array of kMaxGroups sums under per-entry predicates took some 60 instructions a sum.
 #pragma unroll
     for (int n = 0; n < N; ++n) {
-        float q[norm::kMaxGroups];
-#pragma unroll
-        for (int w = 0; w < norm::kMaxGroups; ++w) q[w] = w < pl.groups ? gs.v[parity][n][base + (w < pl.groups ? w : 0)] : 0.0f;
+        float q = pl.lane < pl.groups ? gs.v[parity][n][base + pl.lane] : 0.0f;
 #pragma unroll
         for (int s = norm::kMaxGroups / 2; s > 0; s /= 2)
-            if (s < pl.groups)
-#pragma unroll
-                for (int w = 0; w < s; ++w) q[w] = norm::fadd(q[w], q[w + s]);
-        v[n] = q[0];
+            if (s < pl.groups) q = norm::fadd(q, __shfl_down_sync(0xFFFFFFFFu, q, s));
+        v[n] = __shfl_sync(0xFFFFFFFFu, q, 0);
     }
     parity ^= 1;
 }
@@ -303,8 +346,17 @@ __device__ __forceinline__ float weight_c(bool zero_centered) { return zero_cent
 // only y's amax (current scaling's first pass). kT (FP8, fused_t_ok): y_t too -- the block takes
 // tiles of kTile consecutive rows (slot s: rows s, s + slots, ...), stages their codes in dynamic shared
 // memory (kTile * d bytes) and writes y_t's columns as kTile-byte runs (whole 32-byte sectors).
+//
+// param_pieces > 0 (not kT; the launch gives 4 * param_pieces float4 of dynamic shared memory, and
+// param_pieces = ceil(d / 8)): the block first converts gamma (as the weight: 1 + gamma when
+// zero-centered) and beta to float in shared memory, float4 sw[array][half][piece] (conflict-free: a
+// warp's lanes read consecutive pieces), and its rows read them from there: one LDS.128 per 4 values,
+// where reading them per row and piece from global memory took a load, a run-time dtype switch and
+// an unpack an element. The grid is then one wave of resident blocks, each walking many rows, so that
+// the conversion is paid once per block.
 template <fp8amp_dtype S, fp8amp_dtype D, int kPieces, bool kWrite, bool kT = false>
-__global__ void __launch_bounds__(kThreads, fwd_min_blocks(S, kPieces, kT)) norm_forward_kernel(const NormForwardArgs a) {
+__global__ void __launch_bounds__(kThreads, fwd_min_blocks(S, kPieces, kT)) norm_forward_kernel(const NormForwardArgs a,
+                                                                                                 int param_pieces) {
     using SrcT = typename Storage<S>::type;
     constexpr bool kFp8 = is_fp8_v<D>;
     constexpr int kW = kWords<S>;
@@ -329,8 +381,35 @@ __global__ void __launch_bounds__(kThreads, fwd_min_blocks(S, kPieces, kT)) norm
     const bool vb = reinterpret_cast<uintptr_t>(a.beta) % 16 == 0;
     const bool has_beta = a.beta != nullptr, rms = a.rms;
     const float wc = weight_c(a.zero_centered);
-    uint32_t amax = 0, saturated = 0, underflowed = 0;  // amax: max of |y|'s bits (NaN above inf)
-    extern __shared__ uint32_t stage[];  // kT: [kTile][d / 4] words of codes
+    float amax = 0.0f;  // max of |y|, a NaN propagated (fmax_nan)
+    uint32_t saturated = 0, underflowed = 0;
+    // y * scale is NaN only for a NaN y (which makes its piece's max a NaN) as long as the scale is
+    // positive and finite; otherwise (inf * 0, 0 * inf, a NaN scale) every piece checks its codes.
+    const bool check_all = kFp8 && !(scale > 0.0f && scale < __int_as_float(0x7F800000));
+    const bool zc = a.zero_centered;
+    extern __shared__ __align__(16) uint32_t stage[];  // kT: [kTile][d / 4] words of codes
+    // param_pieces > 0: the weights and betas as floats, sw[half * np + piece] and sb[...]
+    const int np = kT ? 0 : param_pieces;
+    float4 *const sw = reinterpret_cast<float4 *>(stage), *const sb = sw + 2 * np;
+    if (np > 0) {
+        for (int k = threadIdx.x; k < np; k += kThreads) {
+            const int64_t i0 = int64_t(k) * norm::kPiece;
+            const int left = d - i0 >= 8 ? 8 : int(d - i0);
+            float f[8];
+            load_param(a.gamma, a.gamma_dtype, i0, left, vg, f);
+            if (zc)
+#pragma unroll
+                for (int e = 0; e < 8; ++e) f[e] = norm::fadd(1.0f, f[e]);
+            sw[k] = make_float4(f[0], f[1], f[2], f[3]);
+            sw[np + k] = make_float4(f[4], f[5], f[6], f[7]);
+            if (has_beta) {
+                load_param(a.beta, a.beta_dtype, i0, left, vb, f);
+                sb[k] = make_float4(f[0], f[1], f[2], f[3]);
+                sb[np + k] = make_float4(f[4], f[5], f[6], f[7]);
+            }
+        }
+        __syncthreads();
+    }
     // Row r (ti: its place in the tile, kT).
     auto do_row = [&](int64_t r, int ti) {
         const SrcT *xr = x + r * d;
@@ -388,44 +467,67 @@ __global__ void __launch_bounds__(kThreads, fwd_min_blocks(S, kPieces, kT)) norm
         }
         for_pieces<kPieces>(d, pl.j, n_lanes, [&](int p, int64_t i0, int left) {
             const auto &w = piece(p, i0, left);
-            float g[8], b[8], y[8];
-            load_param(a.gamma, a.gamma_dtype, i0, left, vg, g);
-            if (has_beta) {
-                load_param(a.beta, a.beta_dtype, i0, left, vb, b);
+            float g[8], y[8];
+            const int k = int(i0 / norm::kPiece);
+            if (np > 0) {
+                const float4 g0 = sw[k], g1 = sw[np + k];
+                g[0] = g0.x, g[1] = g0.y, g[2] = g0.z, g[3] = g0.w, g[4] = g1.x, g[5] = g1.y, g[6] = g1.z, g[7] = g1.w;
             } else {
+                load_param(a.gamma, a.gamma_dtype, i0, left, vg, g);
+                // weight(): c + g with c = 1 (zero-centered) or -0, and -0 + g == g: the addition
+                // only where it changes something (a uniform branch, not an instruction an element)
+                if (zc)
 #pragma unroll
-                for (int e = 0; e < 8; ++e) b[e] = -0.0f;
+                    for (int e = 0; e < 8; ++e) g[e] = norm::fadd(1.0f, g[e]);
             }
 #pragma unroll
-            for (int e = 0; e < 8; ++e) {  // canonical below (the FP8 path: the NaN code)
-                const float xh = norm::xhat(raw_at<S>(w, e), mean, rstd, false);
-                y[e] = norm::fadd(norm::fmul(xh, norm::fadd(wc, g[e])), b[e]);
+            for (int e = 0; e < 8; ++e)  // canonical below (the FP8 path: the NaN code)
+                y[e] = norm::fmul(norm::xhat(raw_at<S>(w, e), mean, rstd, false), g[e]);
+            if (has_beta) {  // y + beta; without beta y + (-0) == y
+                float b[8];
+                if (np > 0) {
+                    const float4 b0 = sb[k], b1 = sb[np + k];
+                    b[0] = b0.x, b[1] = b0.y, b[2] = b0.z, b[3] = b0.w, b[4] = b1.x, b[5] = b1.y, b[6] = b1.z, b[7] = b1.w;
+                } else {
+                    load_param(a.beta, a.beta_dtype, i0, left, vb, b);
+                }
+#pragma unroll
+                for (int e = 0; e < 8; ++e) y[e] = norm::fadd(y[e], b[e]);
             }
             const int64_t base = r * d + i0;
             if constexpr (kFp8) {
+                // the piece's max |y| (a NaN propagated), then the thread's
+                float pm = 0.0f;
                 if (left == 8) {
 #pragma unroll
-                    for (int e = 0; e < 8; ++e) amax = max(amax, __float_as_uint(y[e]) & 0x7FFFFFFFu);
+                    for (int e = 0; e < 8; ++e) pm = fmax_nan(pm, fabsf(y[e]));
                 } else {
 #pragma unroll
                     for (int e = 0; e < 8; ++e)
-                        if (e < left) amax = max(amax, __float_as_uint(y[e]) & 0x7FFFFFFFu);
+                        if (e < left) pm = fmax_nan(pm, fabsf(y[e]));
                 }
+                amax = fmax_nan(amax, pm);
                 if constexpr (kWrite) {
-                    // scaled(canonical(y)): y * scale, never NaN but for a NaN y (and then it is the
-                    // positive quiet code either way); two codes a conversion.
+                    // scaled(canonical(y)): y * scale, two codes a conversion. A NaN y (only then is
+                    // y * scale NaN, for a positive finite scale) makes pm's bits exceed inf's: only
+                    // such a rare piece looks at its codes and makes a NaN's the positive quiet code.
                     constexpr __nv_fp8_interpretation_t kFmt = D == FP8AMP_DTYPE_E4M3 ? __NV_E4M3 : __NV_E5M2;
                     constexpr uint32_t kNaN = D == FP8AMP_DTYPE_E4M3 ? codec::E4M3::kQuietNaN : codec::E5M2::kQuietNaN;
                     float sv[8];
 #pragma unroll
                     for (int e = 0; e < 8; ++e) sv[e] = norm::fmul(y[e], scale);
-                    uint32_t word[2] = {0u, 0u};
+                    uint32_t word[2];
 #pragma unroll
-                    for (int e = 0; e < 8; e += 2) {
-                        uint32_t q = __nv_cvt_float2_to_fp8x2(make_float2(sv[e], sv[e + 1]), __NV_SATFINITE, kFmt);
-                        if (sv[e] != sv[e]) q = (q & 0xFF00u) | kNaN;
-                        if (sv[e + 1] != sv[e + 1]) q = (q & 0x00FFu) | (kNaN << 8);
-                        word[e / 4] |= q << (8 * (e % 4));
+                    for (int h = 0; h < 2; ++h) {
+                        const uint32_t lo = __nv_cvt_float2_to_fp8x2(make_float2(sv[4 * h], sv[4 * h + 1]), __NV_SATFINITE, kFmt);
+                        const uint32_t hi = __nv_cvt_float2_to_fp8x2(make_float2(sv[4 * h + 2], sv[4 * h + 3]), __NV_SATFINITE, kFmt);
+                        word[h] = lo | (hi << 16);
+                    }
+                    if (check_all || __float_as_uint(pm) >= 0x7F800000u) {
+#pragma unroll
+                        for (int e = 0; e < 8; ++e)
+                            if (sv[e] != sv[e])
+                                word[e / 4] = (word[e / 4] & ~(0xFFu << (8 * (e % 4)))) | (kNaN << (8 * (e % 4)));
                     }
                     if (stats) {
 #pragma unroll
@@ -454,9 +556,7 @@ __global__ void __launch_bounds__(kThreads, fwd_min_blocks(S, kPieces, kT)) norm
                     }
                 }
             } else {
-#pragma unroll
-                for (int e = 0; e < 8; ++e) y[e] = norm::canonical(y[e]);
-                store_wide8(a.y, a.y_dtype, base, left, vy, y);
+                store_wide8(a.y, a.y_dtype, base, left, vy, y);  // canonical NaN there
             }
         });
     };
@@ -490,7 +590,8 @@ __global__ void __launch_bounds__(kThreads, fwd_min_blocks(S, kPieces, kT)) norm
     }
     if constexpr (kFp8) {
         Tally t;
-        t.amax = amax > 0x7F800000u ? 0x7F800000u : amax;  // amax_bits_of: NaN as inf
+        const uint32_t amax_bits = __float_as_uint(amax);  // |y|'s max: a NaN's bits lie above inf's
+        t.amax = amax_bits > 0x7F800000u ? 0x7F800000u : amax_bits;  // amax_bits_of: NaN as inf
         t.saturated = saturated;
         t.underflowed = underflowed;
         if constexpr (!kWrite) {
@@ -513,7 +614,8 @@ __global__ void __launch_bounds__(kThreads, fwd_min_blocks(S, kPieces, kT)) norm
 // partial buffer itself (each column owned by one thread).
 template <fp8amp_dtype SDY, fp8amp_dtype SX, int kPieces>
 __global__ void __launch_bounds__(kThreads, 2) norm_backward_kernel(const NormBackwardArgs a, float *partial,
-                                                                 int64_t n_chunks, int smem_pieces) {
+                                                                 int64_t n_chunks, int smem_pieces,
+                                                                 int param_pieces) {
     using DyT = typename Storage<SDY>::type;
     using XT = typename Storage<SX>::type;
     constexpr int kCache = kPieces > 0 ? kPieces : 1;
@@ -545,6 +647,36 @@ __global__ void __launch_bounds__(kThreads, 2) norm_backward_kernel(const NormBa
             }
         });
     }
+    // param_pieces > 0: the weights (weight(gamma) = c + gamma) as floats in shared memory after the
+    // partials, bw[half * np + piece], converted once per block (a chunk of many rows) instead of
+    // loaded, unpacked and added to c per element in both passes of every row.
+    const int np = param_pieces;
+    float4 *const bw = sp + size_t(P) * 4 * kThreads;
+    if (np > 0) {
+        for (int kk = threadIdx.x; kk < np; kk += kThreads) {
+            const int64_t i0 = int64_t(kk) * norm::kPiece;
+            const int left = d - i0 >= 8 ? 8 : int(d - i0);
+            float f[8];
+            load_param(a.gamma, a.gamma_dtype, i0, left, vg, f);
+#pragma unroll
+            for (int e = 0; e < 8; ++e) f[e] = norm::fadd(wc, f[e]);
+            bw[kk] = make_float4(f[0], f[1], f[2], f[3]);
+            bw[np + kk] = make_float4(f[4], f[5], f[6], f[7]);
+        }
+        __syncthreads();
+    }
+    // The weights of the piece at i0: c + gamma (past d: c + 0, as before).
+    auto weights = [&](int64_t i0, int left, float (&w)[8]) {
+        if (np > 0) {
+            const int kk = int(i0 / norm::kPiece);
+            const float4 w0 = bw[kk], w1 = bw[np + kk];
+            w[0] = w0.x, w[1] = w0.y, w[2] = w0.z, w[3] = w0.w, w[4] = w1.x, w[5] = w1.y, w[6] = w1.z, w[7] = w1.w;
+        } else {
+            load_param(a.gamma, a.gamma_dtype, i0, left, vg, w);
+#pragma unroll
+            for (int e = 0; e < 8; ++e) w[e] = norm::fadd(wc, w[e]);
+        }
+    };
     const auto *dy = static_cast<const DyT *>(a.dy);
     const auto *x = static_cast<const XT *>(a.x);
     const int64_t c0 = norm::chunk_begin(k, a.rows, n_chunks), c1 = norm::chunk_begin(k + 1, a.rows, n_chunks);
@@ -594,12 +726,12 @@ __global__ void __launch_bounds__(kThreads, 2) norm_backward_kernel(const NormBa
         for_pieces<kPieces>(d, pl.j, n_lanes, [&](int p, int64_t i0, int left) {
             const int c = load(p, i0, left);
             float w[8];
-            load_param(a.gamma, a.gamma_dtype, i0, left, vg, w);
+            weights(i0, left, w);
             // a missing element: g = +0 (adds nothing); g * xhat may be NaN (xhat of 0): skipped
             auto body = [&](auto full) {
 #pragma unroll
                 for (int e = 0; e < 8; ++e) {
-                    const float g = norm::fmul(raw_at<SDY>(rdy[c], e), norm::fadd(wc, w[e]));
+                    const float g = norm::fmul(raw_at<SDY>(rdy[c], e), w[e]);
                     const float xh = norm::xhat(raw_at<SX>(rx[c], e), mean, rstd, false);
                     acc[0] = norm::fadd(acc[0], g);  // unused by RMSNorm
                     acc[1] = norm::fadd(acc[1], decltype(full)::value || e < left ? norm::fmul(g, xh) : 0.0f);
@@ -614,12 +746,15 @@ __global__ void __launch_bounds__(kThreads, 2) norm_backward_kernel(const NormBa
         for_pieces<kPieces>(d, pl.j, n_lanes, [&](int p, int64_t i0, int left) {
             const int c = load(p, i0, left);
             float w[8], dyv[8], xh[8], dx[8];
-            load_param(a.gamma, a.gamma_dtype, i0, left, vg, w);
+            weights(i0, left, w);
 #pragma unroll
             for (int e = 0; e < 8; ++e) {
                 dyv[e] = raw_at<SDY>(rdy[c], e);
                 xh[e] = norm::xhat(raw_at<SX>(rx[c], e), mean, rstd, false);
-                dx[e] = norm::dx_value(norm::fmul(dyv[e], norm::fadd(wc, w[e])), xh[e], c1v, c2v, rstd, false);
+                // norm::dx_value less its canonical(), which store_wide8 applies (g - c1 with c1 = +0
+                // for RMSNorm is g)
+                const float g = norm::fmul(dyv[e], w[e]);
+                dx[e] = norm::fmul(norm::fsub(norm::fsub(g, c1v), norm::fmul(xh[e], c2v)), rstd);
             }
             store_wide8(a.dx, a.dx_dtype, r * d + i0, left, vdx, dx);
             if (P > 0) {  // the partials of missing elements are never read
@@ -775,7 +910,7 @@ void norm_forward(int device, void *stream_raw, const NormForwardArgs &a) {
                     allow_dynamic_smem(kernel, smem, "norm_forward_kernel");
                     const int64_t tiles = a.rows / kTile;
                     const int64_t cap = int64_t(multiprocessor_count(device)) * 16;
-                    kernel<<<unsigned(tiles < cap ? tiles : cap), kThreads, smem, stream>>>(a);
+                    kernel<<<unsigned(tiles < cap ? tiles : cap), kThreads, smem, stream>>>(a, 0);
                     check_launch("norm_forward_kernel");
                 };
                 const int64_t pieces = lane_pieces(a.d);
@@ -786,10 +921,32 @@ void norm_forward(int device, void *stream_raw, const NormForwardArgs &a) {
             }
         }
         dispatch_pieces(a.d, [&](auto p) {
-            const auto kernel = norm_forward_kernel<S, D, decltype(p)::value, W>;
-            // Up to 16 waves: enough blocks that the scheduler overlaps one block's reductions and
-            // epilogue with another's loads, few enough that the per-block epilogue atomics stay rare.
-            kernel<<<row_grid(device, kernel, a.rows, n_slots, 16), kThreads, 0, stream>>>(a);
+            constexpr int P = decltype(p)::value;
+            const auto kernel = norm_forward_kernel<S, D, P, W>;
+            // gamma and beta as floats in shared memory (the kernel's param_pieces) for register-cached
+            // rows up to kMaxParamD; then one wave of resident blocks (counting the shared memory),
+            // each converting them once and walking many rows. Otherwise up to 16 waves: enough blocks
+            // that the scheduler overlaps one block's reductions and epilogue with another's loads, few
+            // enough that the per-block epilogue atomics stay rare.
+            const int np = P > 0 && a.d <= kMaxParamD ? int((a.d + norm::kPiece - 1) / norm::kPiece) : 0;
+            const size_t smem = size_t(np) * 4 * sizeof(float4);
+            unsigned grid;
+            if (np > 0) {
+                allow_dynamic_smem(kernel, smem, "norm_forward_kernel");
+                cudaFuncAttributes attr{};
+                check(cudaFuncGetAttributes(&attr, kernel), "norm_forward_kernel");
+                int sm_smem = 0;
+                check(cudaDeviceGetAttribute(&sm_smem, cudaDevAttrMaxSharedMemoryPerMultiprocessor, device), "cudaDeviceGetAttribute");
+                const int by_regs = resident_blocks_per_sm(reinterpret_cast<const void *>(kernel), device, kThreads);
+                const int by_smem = int(size_t(sm_smem) / (smem + attr.sharedSizeBytes + 1024));  // 1 KB a block reserved
+                const int per_sm = by_regs < by_smem ? by_regs : by_smem;
+                const int64_t wanted = (a.rows + n_slots - 1) / n_slots;
+                const int64_t cap = int64_t(multiprocessor_count(device)) * (per_sm > 0 ? per_sm : 1);
+                grid = unsigned(wanted < 1 ? 1 : wanted < cap ? wanted : cap);
+            } else {
+                grid = row_grid(device, kernel, a.rows, n_slots, 16);
+            }
+            kernel<<<grid, kThreads, smem, stream>>>(a, np);
             check_launch("norm_forward_kernel");
         });
     };
@@ -819,7 +976,12 @@ void norm_backward(int device, void *stream_raw, const NormBackwardArgs &a, floa
     const int64_t pieces = lane_pieces(a.d);
     // The slots' partials in shared memory: 2 arrays x pieces x 8 floats x 256 threads.
     const int smem_pieces = pieces <= kMaxSmemPieces ? int(pieces) : 0;
-    const size_t smem = size_t(smem_pieces) * 2 * norm::kPiece * kThreads * sizeof(float);
+    // The weights as floats after them (register-cached rows, 4 * d bytes) where both fit in 100 KB,
+    // so that the grid's 2 blocks a SM stay resident on an H100 (228 KB a SM): d <= 9216.
+    const size_t partial_smem = size_t(smem_pieces) * 2 * norm::kPiece * kThreads * sizeof(float);
+    const size_t param_smem = size_t((a.d + norm::kPiece - 1) / norm::kPiece) * 2 * sizeof(float4);
+    const int np = pieces <= kMaxPieces && partial_smem + param_smem <= 100 * 1024 ? int((a.d + norm::kPiece - 1) / norm::kPiece) : 0;
+    const size_t smem = partial_smem + (np > 0 ? param_smem : 0);
     dispatch_src(a.dy_dtype, [&](auto sdy) {
         constexpr fp8amp_dtype SDY = decltype(sdy)::value;
         dispatch_src(a.x_dtype, [&](auto sx) {
@@ -827,7 +989,7 @@ void norm_backward(int device, void *stream_raw, const NormBackwardArgs &a, floa
             dispatch_pieces(a.d, [&](auto p) {
                 const auto kernel = norm_backward_kernel<SDY, SX, decltype(p)::value>;
                 allow_dynamic_smem(kernel, smem, "norm_backward_kernel");
-                kernel<<<static_cast<unsigned>(n_chunks), kThreads, smem, stream>>>(a, partial, n_chunks, smem_pieces);
+                kernel<<<static_cast<unsigned>(n_chunks), kThreads, smem, stream>>>(a, partial, n_chunks, smem_pieces, np);
                 check_launch("norm_backward_kernel");
             });
         });

@@ -613,6 +613,73 @@ static void test_cpu_cuda_identical(void **state) {
         }
 }
 
+/* The codes of a NaN / -NaN / inf / -inf in a wide dtype's storage (t = 0..3). */
+static uint32_t special_code(fp8amp_dtype dt, int t) {
+    static const uint32_t f32[4] = {0x7FC00000u, 0xFFC00000u, 0x7F800000u, 0xFF800000u};
+    static const uint32_t bf16[4] = {0x7FC0u, 0xFFC0u, 0x7F80u, 0xFF80u};
+    static const uint32_t f16[4] = {0x7E00u, 0xFE00u, 0x7C00u, 0xFC00u};
+    return dt == FP8AMP_DTYPE_F32 ? f32[t] : dt == FP8AMP_DTYPE_BF16 ? bf16[t] : f16[t];
+}
+
+/* CPU and CUDA: the same bytes where some rows hold a NaN or an infinity (the CUDA forward makes the
+ * NaN code only in a piece whose max |y| is NaN or inf, so the specials land in full and partial pieces
+ * and with x of every wide dtype); for LayerNorm without beta (the kernels skip the addition); for every
+ * output dtype (E4M3, E5M2 with y_t, BF16, F16, F32); and for d on both sides of the shared-memory copy
+ * of gamma/beta (forward: d <= 12288 with register pieces; backward: partials + 4 d bytes <= 100 KB;
+ * d = 13000 and 9000 read gamma per piece). */
+static void test_cpu_cuda_identical_specials(void **state) {
+    (void)state;
+    SKIP_WITHOUT_CUDA();
+    const shape_t shapes[] = {{67, 1024}, {40, 4096}, {9, 4100}, {5, 13000}, {33, 37}, {12, 12288}, {6, 9000}, {64, 2048}};
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; ++s)
+        for (int k = 0; k < 4; ++k) {
+            problem_t p;
+            /* k == 0: LayerNorm without beta */
+            problem_make(&p, (k & 1) ? FP8AMP_NORM_RMSNORM : FP8AMP_NORM_LAYERNORM, (k >> 1) & 1, shapes[s].rows,
+                         shapes[s].d, WIDE[(s + (size_t)k) % 3], WIDE[(s + 1) % 3], k != 0);
+            const int64_t n = p.rows * p.d;
+            /* a few specials in random rows (row 0 kept clean), at random columns */
+            for (int t = 0; t < 6 && p.rows > 1; ++t) {
+                const int64_t r = 1 + (int64_t)(test_rng_u64() % (uint64_t)(p.rows - 1)), i = (int64_t)(test_rng_u64() % (uint64_t)p.d);
+                set_code(p.x_dt, p.x, (size_t)(r * p.d + i), special_code(p.x_dt, t % 4));
+            }
+            const fp8amp_scaling_mode mode = (k & 2) ? FP8AMP_SCALING_CURRENT : FP8AMP_SCALING_DELAYED;
+            const fp8amp_dtype ys[5] = {FP8AMP_DTYPE_E4M3, FP8AMP_DTYPE_E5M2, FP8AMP_DTYPE_BF16, FP8AMP_DTYPE_F16, FP8AMP_DTYPE_F32};
+            for (int j = 0; j < 5; ++j) {
+                fwd_t a, b;
+                const int fp8 = j < 2;
+                run_forward(cpu_device(), &p, ys[j], mode, 5.0f, fp8, &a);
+                run_forward(cuda_device(0), &p, ys[j], mode, 5.0f, fp8, &b);
+                assert_memory_equal(a.y, b.y, (size_t)n * fp8amp_dtype_size(ys[j]));
+                if (fp8) {
+                    assert_memory_equal(a.y_t, b.y_t, (size_t)n);
+                    assert_memory_equal(&a.stats, &b.stats, sizeof a.stats);
+                    assert_true(f32_bits(a.amax) == f32_bits(b.amax) && f32_bits(a.scale) == f32_bits(b.scale));
+                    assert_true(f32_bits(a.scale_inv) == f32_bits(b.scale_inv));
+                }
+                if (a.mean) assert_memory_equal(a.mean, b.mean, (size_t)p.rows * 4);
+                assert_memory_equal(a.rstd, b.rstd, (size_t)p.rows * 4);
+                fwd_free(&a);
+                fwd_free(&b);
+            }
+            const fp8amp_dtype dy_dt = WIDE[(size_t)(k + 1) % 3];
+            void *dy = xmalloc((size_t)n * 4);
+            gen_rows(dy_dt, dy, p.rows, p.d, 0.5);
+            for (int dxi = 0; dxi < 3; ++dxi) {
+                bwd_t a, b;
+                run_backward(cpu_device(), &p, dy_dt, dy, WIDE[dxi], &a);
+                run_backward(cuda_device(0), &p, dy_dt, dy, WIDE[dxi], &b);
+                assert_memory_equal(a.dx, b.dx, (size_t)n * fp8amp_dtype_size(WIDE[dxi]));
+                assert_memory_equal(a.dgamma, b.dgamma, (size_t)p.d * 4);
+                if (a.dbeta) assert_memory_equal(a.dbeta, b.dbeta, (size_t)p.d * 4);
+                bwd_free(&a);
+                bwd_free(&b);
+            }
+            free(dy);
+            problem_free(&p);
+        }
+}
+
 /* ---- descriptors and bad input ------------------------------------------------------------------- */
 
 static void test_desc(void **state) {
@@ -808,6 +875,7 @@ int main(void) {
         DEVICE_TESTS(test_backward_vs_float64),
         DEVICE_TESTS(test_bad_input),
         cmocka_unit_test(test_cpu_cuda_identical),
+        cmocka_unit_test(test_cpu_cuda_identical_specials),
     };
     return run_tests_sharded(tests, sizeof tests / sizeof tests[0], test_setup_rng, NULL);
 }

@@ -192,7 +192,7 @@ FP8AMP_API fp8amp_status fp8amp_context_synchronize(fp8amp_context ctx);
 
 /** The bytes the context's scratch pool holds now: the memory its Linears share for what lives only
  *  within one forward or backward call (the FP8 copies of x and dY, staged outputs, ...; docs/linear.md
- *  section 5). Each of its slots grows to the largest request any call made of it and is kept, so
+ *  section 5) and fp8amp_norm_backward's partial column sums. Each of its slots grows to the largest request any call made of it and is kept, so
  *  that the next call allocates nothing; it counts once per context, not once per Linear. The
  *  cuBLASLt workspace is not included. Since 0.4.0.
  *  Statuses: SUCCESS; INVALID_ARGUMENT (NULL bytes); INVALID_HANDLE. */
@@ -1381,8 +1381,9 @@ FP8AMP_API fp8amp_status fp8amp_norm_forward(fp8amp_context ctx, const fp8amp_no
  *  dx = ((g - mean(g)) - xhat * mean(g * xhat)) * rstd (RMSNorm: (g - xhat * mean(g * xhat)) * rstd),
  *  rounded once into dx's dtype. Over the rows, in a fixed order of row chunks: dgamma = sum of
  *  dy * xhat, dbeta = sum of dy (written, not accumulated). A NaN result is the positive NaN. CPU and
- *  CUDA compute the same bytes. Asynchronous on CUDA; allocates scratch through the context (CUDA:
- *  min(rows, 264) * 2 * d floats; CPU: 4 * d).
+ *  CUDA compute the same bytes. Asynchronous on CUDA; its scratch is a slot of the context's scratch
+ *  pool (fp8amp_context_scratch_bytes; CUDA: min(rows, 264) * 2 * d floats; CPU: 4 * d), allocated
+ *  through the context when it must grow and kept.
  *  @param ctx    the context
  *  @param desc   the forward's options, or NULL for the defaults
  *  @param dy     the gradient of y, x's shape, F32/F16/BF16
