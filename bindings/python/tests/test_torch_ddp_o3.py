@@ -118,12 +118,16 @@ def check_data_parallel(dev_type, world, policy, micro, rng):
     # The E4M3 weights (even indices): their updates over 3 steps are about 1% of their values, below
     # an E4M3 step (2^-3 of the value), so whether two nearly equal F16 masters round to the same code
     # is a matter of where they sit: those weights are checked elementwise to be the reference's within
-    # one E4M3 step (2^-3 of the value, plus the subnormal floor of their scale); the gradients
-    # (above) and the F32 biases' updates carry the comparison.
+    # one E4M3 step (2^-3 of the value, plus the subnormal floor of their scale) plus the update
+    # tolerance of the element's own reference update (tol_u |w - init|: a weight whose 3 updates
+    # carried it near zero -- seed 1795684202324054012: init 4.5e-3, reference update -3.98e-3, data
+    # parallel -4.47e-3 -- differs from the reference by far more than a step of its final value);
+    # the gradients (above) and the F32 biases' updates carry the comparison.
     for k, (p, w) in enumerate(zip(ranks[0]["params"], ref_p)):
         if k % 2 == 0:
             floor = float(w.abs().max()) * 2.0 ** -9
-            assert bool(((p - w).abs() <= w.abs() * 2.0 ** -3 + floor).all()), k
+            bound = w.abs() * 2.0 ** -3 + floor + tol_u * (w - init[k]).abs()
+            assert bool(((p - w).abs() <= bound).all()), (k, float(((p - w).abs() - bound).max()))
     diff = [float((p != w).float().mean()) for p, w in zip(ranks[0]["params"][::2], ref_p[::2])]
     print("fraction of E4M3 weight values that differ from the reference (a scale apart counts)", diff)
     bias_upd = upd[1::2]
