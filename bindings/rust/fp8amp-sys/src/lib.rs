@@ -410,6 +410,8 @@ extern "C" {
         accumulate_wgrad: i32,
     ) -> fp8amp_status;
     pub fn fp8amp_linear_release_buffers(lin: fp8amp_linear) -> fp8amp_status;
+    pub fn fp8amp_linear_set_lean(lin: fp8amp_linear, lean: i32) -> fp8amp_status;
+    pub fn fp8amp_linear_get_lean(lin: fp8amp_linear, out: *mut i32) -> fp8amp_status;
     pub fn fp8amp_linear_memory_bytes(lin: fp8amp_linear, out: *mut usize) -> fp8amp_status;
     pub fn fp8amp_linear_gemm_kind(lin: fp8amp_linear, out: *mut fp8amp_gemm_kind) -> fp8amp_status;
     pub fn fp8amp_linear_graph_replays(lin: fp8amp_linear, out: *mut u64) -> fp8amp_status;

@@ -1062,6 +1062,22 @@ impl<'c> Linear<'c> {
         check(unsafe { sys::fp8amp_linear_release_buffers(self.raw) })
     }
 
+    /// How much the Linear keeps between calls: 0 (everything until the step), 1 (its FP8 weight
+    /// copies in the context's scratch, the saved input freed by its backward), 2 (also no FP32
+    /// weight-gradient sum when not accumulating) (`fp8amp_linear_set_lean`: docs/linear.md section 5).
+    pub fn set_lean(&self, lean: i32) -> Result<()> {
+        // SAFETY: live handle.
+        check(unsafe { sys::fp8amp_linear_set_lean(self.raw, lean) })
+    }
+
+    /// The Linear's lean level (`fp8amp_linear_get_lean`).
+    pub fn lean(&self) -> Result<i32> {
+        let mut n = 0;
+        // SAFETY: live handle, valid out pointer.
+        check(unsafe { sys::fp8amp_linear_get_lean(self.raw, &mut n) })?;
+        Ok(n)
+    }
+
     /// The bytes of the context's memory the Linear's own tensors hold now
     /// (`fp8amp_linear_memory_bytes`).
     pub fn memory_bytes(&self) -> Result<usize> {

@@ -102,6 +102,15 @@ fn errors_carry_the_status_and_the_librarys_message() {
     let e = Tensor::new(&ctx, Dtype::F32, &[2, 0]).unwrap_err();
     assert_eq!(e.status, Status::InvalidArgument);
     assert!(e.message.starts_with("fp8amp_tensor_create"), "{}", e.message);
+    // the lean level: 0 by default, 0-2 taken, anything else refused and the level kept
+    assert_eq!(lin.lean().unwrap(), 0);
+    lin.set_lean(2).unwrap();
+    assert_eq!(lin.lean().unwrap(), 2);
+    let e = lin.set_lean(3).unwrap_err();
+    assert_eq!(e.status, Status::InvalidArgument, "{}", e);
+    assert!(e.message.starts_with("fp8amp_linear_set_lean"), "{}", e.message);
+    assert_eq!(lin.lean().unwrap(), 2);
+    lin.set_lean(0).unwrap();
     // backward before any training forward
     let dy = Tensor::from_f32(&ctx, &[4, 16], &rng.spread(64, -1, 1)).unwrap();
     let e = lin.backward(&dy, None, false).unwrap_err();

@@ -140,6 +140,28 @@ public final class Linear extends NativeHandle {
         }
     }
 
+    /** How much the Linear keeps between calls: 0 (everything until the step), 1 (its FP8 weight copies
+     *  in the context's scratch, the saved input freed by its backward), 2 (also no FP32 weight-gradient
+     *  sum when not accumulating) (fp8amp_linear_set_lean; docs/linear.md section 5). */
+    public void setLean(int lean) {
+        try {
+            Fp8amp.linear_set_lean(handle(), lean);
+        } finally {
+            reachabilityFence(this);
+        }
+    }
+
+    /** The Linear's lean level (fp8amp_linear_get_lean). */
+    public int lean() {
+        int[] out = new int[1];
+        try {
+            Fp8amp.linear_get_lean(handle(), out);
+        } finally {
+            reachabilityFence(this);
+        }
+        return out[0];
+    }
+
     /** The bytes of the context's memory the Linear's own tensors hold now (fp8amp_linear_memory_bytes). */
     public long memoryBytes() {
         return get(Fp8amp::linear_memory_bytes);

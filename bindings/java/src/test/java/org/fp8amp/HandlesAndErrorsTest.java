@@ -126,6 +126,19 @@ class HandlesAndErrorsTest {
     }
 
     @Test
+    void leanLevelIsKeptWhenRefused() {
+        try (Context ctx = Context.cpu(); Linear lin = new Linear(ctx, 8, 4)) {
+            assertEquals(0, lin.lean());
+            lin.setLean(1);
+            assertEquals(1, lin.lean());
+            Fp8ampException e = assertThrows(Fp8ampException.class, () -> lin.setLean(-1));
+            assertEquals(Status.ERROR_INVALID_ARGUMENT, e.status());
+            assertTrue(e.libraryMessage().contains("fp8amp_linear_set_lean"), e.libraryMessage());
+            assertEquals(1, lin.lean());
+        }
+    }
+
+    @Test
     void quantizeWithoutMetaIsInvalidArgument() {
         try (Context ctx = Context.cpu();
              Tensor x = new Tensor(ctx, DType.DTYPE_F32, 16);
