@@ -35,7 +35,7 @@ public:
     virtual void all_gather(const void *send, void *recv, size_t nbytes, void *stream) = 0;
     // The all-reduce's own all-gathers (in place, into its registered scratch, on its transfer
     // stream): where the transport has a copy-engine path that accepts them (NCCL with its copy-engine
-    // split, the default where NCCL 2.28+ supports it), they take it; every other all-gather (the
+    // split, FP8AMP_COMM_NCCL_MEMORY=window with NCCL 2.28+), they take it; every other all-gather (the
     // reduce-scatter's exchange, fp8amp_comm_all_gather) stays on all_gather.
     virtual void all_gather_scratch(const void *send, void *recv, size_t nbytes, void *stream) {
         all_gather(send, recv, nbytes, stream);
