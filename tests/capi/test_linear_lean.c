@@ -18,16 +18,6 @@
 
 enum { K = 96, N = 64, M = 48 };
 
-static uint16_t bf16_of(float f) {
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    return (uint16_t)((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
-}
-
-static void fill_bf16(uint16_t *p, size_t n, double scale) {
-    for (size_t i = 0; i < n; ++i) p[i] = bf16_of((float)test_rng_uniform(-scale, scale));
-}
-
 /* Per micro-batch x and dy (BF16); the first backward of a step overwrites, the others accumulate. */
 enum { ROUNDS = 3 };
 typedef struct {
@@ -39,8 +29,8 @@ static void make_data(run_data *d) {
     for (size_t i = 0; i < (size_t)N * K; ++i) d->w[i] = (float)test_rng_uniform(-0.1, 0.1);
     for (size_t i = 0; i < N; ++i) d->b[i] = (float)test_rng_uniform(-1, 1);
     for (int r = 0; r < ROUNDS; ++r) {
-        fill_bf16(d->x[r], (size_t)M * K, 2.0);
-        fill_bf16(d->dy[r], (size_t)M * N, 0.5);
+        test_fill_bf16(d->x[r], (size_t)M * K, 2.0);
+        test_fill_bf16(d->dy[r], (size_t)M * N, 0.5);
     }
 }
 
@@ -58,7 +48,7 @@ static void write_weight(layer *L, const float *w) {
         EXPECT_OK(fp8amp_tensor_copy_from_host(t, w, (size_t)N * K * 4));
     } else {
         uint16_t *h = xmalloc((size_t)N * K * 2);
-        for (size_t i = 0; i < (size_t)N * K; ++i) h[i] = bf16_of(w[i]);
+        for (size_t i = 0; i < (size_t)N * K; ++i) h[i] = test_bf16_of(w[i]);
         EXPECT_OK(fp8amp_tensor_copy_from_host(t, h, (size_t)N * K * 2));
         free(h);
     }
@@ -304,8 +294,8 @@ static void peak_free(void *user, void *ptr, size_t nbytes, fp8amp_device device
 static void chain_peak(int level) {
     enum { L = 4, KK = 256, MM = 128 };
     uint16_t *x = xmalloc((size_t)MM * KK * 2), *dy = xmalloc((size_t)MM * KK * 2);
-    fill_bf16(x, (size_t)MM * KK, 2.0);
-    fill_bf16(dy, (size_t)MM * KK, 0.5);
+    test_fill_bf16(x, (size_t)MM * KK, 2.0);
+    test_fill_bf16(dy, (size_t)MM * KK, 0.5);
     float *w = xmalloc((size_t)L * KK * KK * 4); /* the same weights in both chains */
     for (size_t j = 0; j < (size_t)L * KK * KK; ++j) w[j] = (float)test_rng_uniform(-0.15, 0.15);
     size_t peaks[2], live_after[2], pool[2];

@@ -15,21 +15,11 @@
 
 enum { K = 96, N = 64, M = 48 };
 
-static uint16_t bf16_of(float f) {
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    return (uint16_t)((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
-}
-
 static float f32_of_bf16(uint16_t h) {
     const uint32_t u = (uint32_t)h << 16;
     float f;
     memcpy(&f, &u, 4);
     return f;
-}
-
-static void fill_bf16(uint16_t *p, size_t n, double scale) {
-    for (size_t i = 0; i < n; ++i) p[i] = bf16_of((float)test_rng_uniform(-scale, scale));
 }
 
 /* The host data of a run: an F32 weight and bias, and per micro-batch x and dy (BF16). */
@@ -43,8 +33,8 @@ static void make_data(run_data *d) {
     for (size_t i = 0; i < (size_t)N * K; ++i) d->w[i] = (float)test_rng_uniform(-0.1, 0.1);
     for (size_t i = 0; i < N; ++i) d->b[i] = (float)test_rng_uniform(-1, 1);
     for (int r = 0; r < ROUNDS; ++r) {
-        fill_bf16(d->x[r], (size_t)M * K, 2.0);
-        fill_bf16(d->dy[r], (size_t)M * N, 0.5);
+        test_fill_bf16(d->x[r], (size_t)M * K, 2.0);
+        test_fill_bf16(d->dy[r], (size_t)M * N, 0.5);
     }
 }
 
@@ -305,7 +295,7 @@ static void accumulate_after_release(void **state, fp8amp_dtype wgrad) {
     for (size_t i = 0; i < (size_t)N * K; ++i) {
         const float want = g1[i] + dw2[i];
         assert_false(got[i] != got[i]);
-        if (wgrad == FP8AMP_DTYPE_BF16 && cpu) assert_true(got[i] == f32_of_bf16(bf16_of(want)));
+        if (wgrad == FP8AMP_DTYPE_BF16 && cpu) assert_true(got[i] == f32_of_bf16(test_bf16_of(want)));
         err += ((double)got[i] - want) * ((double)got[i] - want);
         norm += (double)want * want;
         off += ((double)got[i] - dw2[i]) * ((double)got[i] - dw2[i]);

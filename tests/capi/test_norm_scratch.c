@@ -6,12 +6,6 @@
  * its own partials in the slot -- give the same bytes as the first call. */
 #include "test_util.h"
 
-static uint16_t bf16_of(float f) {
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    return (uint16_t)((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
-}
-
 /* One LayerNorm problem on a context: the forward's inputs and statistics, the backward's outputs. */
 typedef struct {
     int64_t rows, d;
@@ -28,8 +22,8 @@ static void problem_make(problem *p, fp8amp_context ctx, int64_t rows, int64_t d
     for (int64_t r = 0; r < rows; ++r) {
         const double off = test_rng_uniform(-3.0, 3.0), spread = test_rng_uniform(0.25, 4.0);
         for (int64_t i = 0; i < d; ++i) {
-            x[r * d + i] = bf16_of((float)(off + spread * test_rng_uniform(-1.0, 1.0)));
-            dy[r * d + i] = bf16_of((float)test_rng_uniform(-1.0, 1.0));
+            x[r * d + i] = test_bf16_of((float)(off + spread * test_rng_uniform(-1.0, 1.0)));
+            dy[r * d + i] = test_bf16_of((float)test_rng_uniform(-1.0, 1.0));
         }
     }
     for (int64_t i = 0; i < d; ++i) {

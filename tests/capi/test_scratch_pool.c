@@ -18,16 +18,6 @@ typedef struct {
     fp8amp_tensor x, y, dy, dx;
 } layer;
 
-static uint16_t bf16_of(float f) {
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    return (uint16_t)((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
-}
-
-static void fill_bf16(uint16_t *p, size_t n, double scale) {
-    for (size_t i = 0; i < n; ++i) p[i] = bf16_of((float)test_rng_uniform(-scale, scale));
-}
-
 /* The host data of one layer's calls: weight (BF16), bias (F32), and per round x and dy (BF16). */
 typedef struct {
     uint16_t *w;
@@ -38,14 +28,14 @@ typedef struct {
 static void make_data(layer_data *d, int i) {
     const size_t k = (size_t)SHAPES[i][0], n = (size_t)SHAPES[i][1], m = (size_t)SHAPES[i][2];
     d->w = xmalloc(n * k * 2);
-    fill_bf16(d->w, n * k, 0.1);
+    test_fill_bf16(d->w, n * k, 0.1);
     d->b = xmalloc(n * 4);
     for (size_t j = 0; j < n; ++j) d->b[j] = (float)test_rng_uniform(-1, 1);
     for (int r = 0; r < 2; ++r) {
         d->x[r] = xmalloc(m * k * 2);
-        fill_bf16(d->x[r], m * k, 2.0);
+        test_fill_bf16(d->x[r], m * k, 2.0);
         d->dy[r] = xmalloc(m * n * 2);
-        fill_bf16(d->dy[r], m * n, 0.5);
+        test_fill_bf16(d->dy[r], m * n, 0.5);
     }
 }
 

@@ -115,6 +115,18 @@ static inline double test_rng_uniform(double lo, double hi) {
     return lo + (hi - lo) * (double)(test_rng_u64() >> 11) * (1.0 / 9007199254740992.0);
 }
 
+/* BF16 of a float, rounded to nearest even (finite inputs: the test data; no NaN handling). */
+static inline uint16_t test_bf16_of(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    return (uint16_t)((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
+}
+
+/* n BF16 values uniform in [-scale, scale) (then rounded). */
+static inline void test_fill_bf16(uint16_t *p, size_t n, double scale) {
+    for (size_t i = 0; i < n; ++i) p[i] = test_bf16_of((float)test_rng_uniform(-scale, scale));
+}
+
 /* FP8AMP_TEST_SMALL=1 (set by tests/run_gpu_sanitizers.sh): the few tests whose point is size shrink
  * to sizes that still cross the same boundaries (partial last blocks, more than one launch), so that
  * compute-sanitizer's racecheck, which serializes shared-memory accesses, finishes in minutes. The
