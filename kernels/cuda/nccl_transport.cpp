@@ -223,12 +223,15 @@ public:
     // ncclCommAbort (which frees the communicator) from running during a poll of wait(), whose
     // ncclCommGetAsyncError would read freed memory; the waiting thread sees the flag at its next
     // poll and fails with COMM.
+    //
+    // The default-policy communicator goes first: a peer that stopped taking part leaves its kernel
+    // (the check's exchange, or the data path's) spinning on the device, and only its abort flag stops
+    // it. The copy-engine twin's teardown unmaps its symmetric memory (cuMemUnmap in NCCL's window
+    // and copy-engine finalization), which waits for the device: aborted first, it waited forever for
+    // that kernel (the lost-rank case that hung on 2 H100s, tests/mpi/test_comm_mpi.c).
     void abort() override {
         std::lock_guard<std::mutex> lock(mutex_);
-        if (!aborted_.exchange(true) && owned_) {
-            if (ce_comm_) ncclCommAbort(ce_comm_);
-            ncclCommAbort(comm_);
-        }
+        if (!aborted_.exchange(true) && owned_) abort_both();
     }
     void destroy() override {
         if (!owned_ || aborted_.load()) return;
@@ -237,8 +240,7 @@ public:
             if (ce_comm_) ncclCommDestroy(ce_comm_);
             ncclCommDestroy(comm_);
         } else {
-            if (ce_comm_) ncclCommAbort(ce_comm_);
-            ncclCommAbort(comm_);
+            abort_both();
         }
     }
 
@@ -285,6 +287,11 @@ private:
             pinned_count_ = count;
         }
         return pinned_;
+    }
+    // ncclCommAbort of both communicators, the default-policy one first (abort() says why).
+    void abort_both() {
+        ncclCommAbort(comm_);
+        if (ce_comm_) ncclCommAbort(ce_comm_);
     }
     [[noreturn]] void fail_and_abort(const std::string &msg) {
         failure_ = msg;
