@@ -11,9 +11,12 @@ P / D and the middle ones of equal length at most P).
 The default constants were fitted to the 2 x H200 sweep with the copy-engine setup (256M BF16
 elements a rank, C = 128M; docs/communicator.md "Single-pass requantization, measured": 2, 4, 8, 16
 equal pieces gave 1050, 1035, 1133, 1385 us without the amax pass and its agreement; the model gives
-1034, 1029, 1128, 1382). With them, 4 pieces of C/8, 3C/8, 3C/8, C/8 (the default, P = 3C/8 and
-D = 3) come out ~37 us below 4 equal pieces, while a fifth piece costs about what its smaller bubbles
-save. Usage: comm_pipeline_model.py [--chunk-m 128] [--q 1.2 --r 0.7 --d 1.1 --x 3.2 --op 17]
+1034, 1029, 1128, 1382). With them, 4 pieces of C/8, 3C/8, 3C/8, C/8 (P = 3C/8 and D = 3) come out
+~37 us below 4 equal pieces, while a fifth piece costs about what its smaller bubbles save. Measured
+on 2 x H100 (2026-11-26) the tapered schedule was ~24 us *slower* than 4 equal pieces, so the
+library's default is 4 equal pieces again (docs/communicator.md, "Pipeline"): the model misses
+something (e.g. the copy-engine operations' cost depending on their size), and is kept as a tool
+for reasoning, not as a prediction. Usage: comm_pipeline_model.py [--chunk-m 128] [--q 1.2 --r 0.7 --d 1.1 --x 3.2 --op 17]
 """
 import argparse
 import math

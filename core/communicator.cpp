@@ -67,14 +67,14 @@ int64_t chunk_elements(int64_t total, int N) {
 // fitted to the 2-H200 sweep: bench/comm_pipeline_model.py).
 //
 // P: FP8AMP_COMM_PIECE_ELEMENTS when set (read at every call), else where the device overlaps (CUDA)
-// 3 C / 8 and at least kMinPiece elements, so that with the default taper (kTaper = 3) a large chunk
-// goes in 4 pieces of C/8, 3C/8, 3C/8, C/8 (the model's best for the 2-H200 benchmark: ~990 us of
-// pipeline against ~1030 for 4 equal pieces, 1.7x NCCL bf16 expected -- to be confirmed by
-// bench/run_comm_2gpu.sh); one piece where nothing overlaps (CPU, whose transports are synchronous).
-// Measured with 4 equal pieces (taper 1) on 2 x H200 with the copy-engine setup: pieces of 32M
-// elements (4 a chunk) 1164-1180 us, 64M 1195, 16M 1278, 8M 1530 (docs/communicator.md).
+// C / 4 and at least kMinPiece elements, with no taper by default (kTaper = 1): 4 equal pieces. The
+// taper's model (4 pieces of C/8, 3C/8, 3C/8, C/8, ~37 us below 4 equal pieces on 2 H200s) did not
+// hold when measured on 2 x H100 with the copy-engine setup (2026-11-26, check off): taper 3 with
+// pieces of 3C/8 1391 us, no taper 1367 (3 pieces) and 4 equal pieces of C/4 1366; so equal pieces
+// (measured on 2 x H200: pieces of 32M elements, 4 a chunk, 1164-1180 us, 64M 1195, 16M 1278, 8M
+// 1530). One piece where nothing overlaps (CPU, whose transports are synchronous).
 constexpr int64_t kMinPiece = int64_t(1) << 22;
-constexpr int64_t kTaper = 3;
+constexpr int64_t kTaper = 1;
 
 int64_t round16(int64_t v) { return (v + 15) / 16 * 16; }
 
@@ -86,7 +86,7 @@ int64_t piece_elements(int64_t C, bool overlap) {
         if (end != env && *end == '\0' && v > 0) return std::min(C, round16(v));
     }
     if (!overlap) return C;
-    return std::min(C, std::max(round16((3 * C + 7) / 8), kMinPiece));
+    return std::min(C, std::max(round16((C + 3) / 4), kMinPiece));
 }
 
 // D: FP8AMP_COMM_PIECE_TAPER (an integer >= 1, read at every call), else kTaper.

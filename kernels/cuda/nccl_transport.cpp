@@ -380,9 +380,9 @@ void nccl_unique_id(fp8amp_comm_unique_id *id) {
 // all-reduce scratch a symmetric window, registered on a split of the communicator whose CTAPolicy is
 // NCCL_CTA_POLICY_ZERO, under which NCCL 2.28 runs the all-reduce's all-gathers of window memory on
 // copy engines and leaves every multiprocessor to the conversions (measured on 2 x H200: 1180-1204 us
-// against 1674 for the plain setup, docs/communicator.md). Opt-in: FP8AMP_COMM_NCCL_MEMORY=window, and
-// the library's header and the NCCL in the process at 2.28 or later with its window functions (unset
-// or any other value keeps the plain setup; below, why it is not the default). Only the all-gathers
+// against 1674 for the plain setup; 2 x H100, check off: 1391 against 1861, docs/communicator.md). The default
+// where the library's header and the NCCL in the process are 2.28 or later with its window functions;
+// FP8AMP_COMM_NCCL_MEMORY=plain (or =register) keeps the plain setup. Only the all-gathers
 // that NCCL's copy-engine path accepts go to the split
 // (NcclTransport::copy_engine_ok: not on the legacy default stream, where cudaMemcpyBatchAsync fails
 // -- the cause of the reduce-scatter's failure on 2 H200s --, both buffers in a window); every other
@@ -396,10 +396,10 @@ void nccl_unique_id(fp8amp_comm_unique_id *id) {
 // engines cannot be used.
 bool use_copy_engine_split() {
 #if defined(NCCL_CTA_POLICY_ZERO)
-    // Opt-in (FP8AMP_COMM_NCCL_MEMORY=window): on 2 H100s (2026-11-26) the two-rank tests' lost-rank
-    // case hung with it (docs/communicator.md, "Copy-engine all-gathers").
+    // The default (unset or =window); =plain or =register keep the communicator alone. It was opt-in
+    // while a lost rank hung it on 2 H100s: the abort order fixed that (NcclTransport::abort).
     const char *env = std::getenv("FP8AMP_COMM_NCCL_MEMORY");
-    if (!env || std::strcmp(env, "window") != 0) return false;
+    if (env && std::strcmp(env, "window") != 0) return false;
     int version = 0;
     if (ncclGetVersion(&version) != ncclSuccess || version < 22800) return false;
     const NcclRegistration &f = NcclRegistration::get();

@@ -1155,7 +1155,7 @@ FP8AMP_API fp8amp_status fp8amp_comm_unique_id_create(fp8amp_context ctx, fp8amp
 
 /** Creates this process's rank of an nranks communicator; collective: every rank calls it with the
  *  same id and nranks, and its own rank in 0..nranks-1. CUDA: ncclCommInitRank on ctx's device
- *  (with FP8AMP_COMM_NCCL_MEMORY=window and NCCL 2.28 or later also a split of it with CTAPolicy
+ *  (with NCCL 2.28 or later, unless FP8AMP_COMM_NCCL_MEMORY=plain or =register, also a split of it with CTAPolicy
  *  NCCL_CTA_POLICY_ZERO, on which the all-reduce's scratch is a symmetric window, so that NCCL moves
  *  the all-reduce's all-gathers on copy engines: communicator.md).
  *  CPU: MPI (initialized here with MPI_THREAD_FUNNELED if the caller has not), over a duplicate of
