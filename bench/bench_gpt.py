@@ -239,6 +239,26 @@ def fp8amp_memory(model):
             "scratch_bytes": sum(c.scratch_bytes() for c in ctxs.values())}
 
 
+def held_bytes(model, opt):
+    """Bytes held at rest for the Linear layers' parameters and for the other parameters, counted from
+    the tensors themselves: each parameter with its gradient and its optimizer state (torch's AdamW
+    state tensors, or fp8amp's compact storage as its state_dict exports it: m, v, masters and their
+    scales), and an fp8amp Linear's own tensors by fp8amp_linear_memory_bytes (its weight, its
+    gradient, the buffers it keeps). Device tensors only (torch's AdamW keeps `step` on the host)."""
+    lins = fp8amp_linears(model)
+    own = {id(p) for m in lins for p in m.parameters()}  # counted by memory_bytes
+    linear_ids = own | {id(p) for m in model.modules() if isinstance(m, torch.nn.Linear) for p in m.parameters()}
+    state = opt.state_dict().get("state", {})
+    params = [p for g in opt.param_groups for p in g["params"]]
+    held = {"linear": sum(m.fp8amp_linear.memory_bytes for m in lins), "other": 0}
+    for i, p in enumerate(params):
+        b = sum(t.nbytes for t in state.get(i, {}).values() if torch.is_tensor(t) and t.device == p.device)
+        if id(p) not in own:
+            b += p.nbytes + (p.grad.nbytes if p.grad is not None else 0)
+        held["linear" if id(p) in linear_ids else "other"] += b
+    return held
+
+
 def run_mode(mode, args, device, batches, want_profile):
     gc.collect()
     release_fp8amp_contexts()
@@ -290,14 +310,26 @@ def run_mode(mode, args, device, batches, want_profile):
     res["params_built"] = built_params
     res["rest_bytes_per_param"] = rest / built_params if rest is not None else None
     res["rest_bytes_per_linear_param"] = rest / linear_params if rest is not None else None
+    # The issue's unit taken per Linear parameter: what is held for the Linears' parameters. From the
+    # tensors (held_bytes): the other parameters' share (embeddings, norms: their values, gradients
+    # and state) comes off the measured rest; whatever the allocator holds beyond both (scratch,
+    # rounding; the residual) stays on the Linears' side.
+    held = held_bytes(model, opt)
+    res["held_linear_MiB"], res["held_other_MiB"] = held["linear"] / 2**20, held["other"] / 2**20
+    if rest is not None:
+        res["rest_residual_MiB"] = (rest - held["linear"] - held["other"]) / 2**20
+        res["rest_bytes_per_linear_param_own"] = (rest - held["other"]) / linear_params
+    else:
+        res["rest_residual_MiB"] = res["rest_bytes_per_linear_param_own"] = None
     if want_profile:
         res["profile_top"] = profile_top(step, batches[args.warmup:args.warmup + args.profile_steps], device,
                                          args.profile_top)
-    print("  [%s] median %.3f ms/step, %.0f tokens/s, peak %s MiB, at rest %s MiB (%s B per Linear param), "
-          "loss %.4f -> %.4f" % (
+    print("  [%s] median %.3f ms/step, %.0f tokens/s, peak %s MiB, at rest %s MiB (%s B per Linear param; "
+          "%s B held for the Linears' own), loss %.4f -> %.4f" % (
               mode, med, res["tokens_per_s"], "%.0f" % res["peak_mem_MiB"] if res["peak_mem_MiB"] is not None else "-",
               "%.0f" % res["rest_mem_MiB"] if rest is not None else "-",
               "%.2f" % res["rest_bytes_per_linear_param"] if rest is not None else "-",
+              "%.3f" % res["rest_bytes_per_linear_param_own"] if rest is not None else "-",
               res["loss_first"], res["loss_last"]), flush=True)
     del model, opt, step
     gc.collect()
