@@ -34,6 +34,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "comm_reference.h"
 #include "fp8amp/fp8amp.h"
 #include "rank_channel.h"
 
@@ -265,7 +266,11 @@ static int64_t shard_k(int64_t n) {
 }
 
 /* The global gradient the sharded step works with: the local gradient as F32 (fp8amp_dequantize /
- * fp8amp_cast), padded with zeros to nranks * k, reduce-scattered (the mean, E4M3 wire) and gathered. */
+ * fp8amp_cast), padded with zeros to nranks * k, reduce-scattered (the mean, E4M3 wire) and gathered.
+ * Checked against an independent reference as well (the sharded optimizer's own reduce-scatter is
+ * the same fp8amp_comm_reduce_scatter, so a broken one would agree with itself): every element within
+ * one E4M3 rounding per rank (on the wire scale from the amax of every rank's values) of the float64
+ * mean of the ranks' local values, gathered through the side channel. */
 static void reduced_grad(fp8amp_comm comm, fp8amp_tensor local, int64_t n, fp8amp_tensor out) {
     const int64_t k = shard_k(n), nk = k * g_n;
     fp8amp_tensor f, pad, shard, all;
@@ -278,6 +283,8 @@ static void reduced_grad(fp8amp_comm comm, fp8amp_tensor local, int64_t n, fp8am
         else OK(fp8amp_cast(g_ctx, local, f));
     }
     OK(fp8amp_tensor_copy_to_host(f, h, (size_t)n * 4));
+    float *every = malloc((size_t)n * 4 * (size_t)g_n);  /* rank j's local values at every + j * n */
+    CH(rank_channel_allgather(h, (size_t)n * 4, every));
     OK(fp8amp_tensor_create(g_ctx, FP8AMP_DTYPE_F32, 1, &nk, &pad));
     OK(fp8amp_tensor_create(g_ctx, FP8AMP_DTYPE_F32, 1, &k, &shard));
     OK(fp8amp_tensor_create(g_ctx, FP8AMP_DTYPE_F32, 1, &nk, &all));
@@ -285,6 +292,31 @@ static void reduced_grad(fp8amp_comm comm, fp8amp_tensor local, int64_t n, fp8am
     OK(fp8amp_comm_reduce_scatter(comm, pad, shard, NULL));
     OK(fp8amp_comm_all_gather(comm, shard, all, NULL, NULL));
     OK(fp8amp_tensor_copy_to_host(all, h, (size_t)nk * 4));
+    {
+        double amax = 0;
+        int64_t e;
+        int j, bad = 0;
+        for (e = 0; e < (int64_t)n * g_n; ++e) amax = fmax(amax, fabs((double)every[e]));
+        if (isfinite(amax) && amax > 0) { /* a NaN or inf gradient: the step is skipped (checked elsewhere) */
+            const float ws = scale_ref(448, 0, 0, amax, 1.0f), wsi = reciprocal_ref(ws);
+            for (e = 0; e < n; ++e) {
+                double mean = 0, bound = 0;
+                for (j = 0; j < g_n; ++j) {
+                    const double xv = every[(size_t)j * (size_t)n + (size_t)e];
+                    mean += xv;
+                    bound += 0.5 * quantum_ref(&FMT_E4M3, fabs(xv) * ws) * wsi;
+                }
+                mean /= g_n;
+                bound = bound / g_n + fabs(mean) * ldexp(1.0, -20);
+                if (!(fabs((double)h[e] - mean) <= bound) && bad++ < 3)
+                    CHECK(0, "reduced gradient element %lld: %.9g, float64 mean of the ranks' values %.9g, error %.3g > %.3g",
+                          (long long)e, h[e], mean, fabs((double)h[e] - mean), bound);
+            }
+            CHECK(bad == 0, "%d elements of the reduced gradient (of %lld) beyond one E4M3 rounding of the mean", bad,
+                  (long long)n);
+        }
+    }
+    free(every);
     OK(fp8amp_tensor_copy_from_host(out, h, (size_t)n * 4));
     OK(fp8amp_tensor_destroy(f));
     OK(fp8amp_tensor_destroy(pad));
