@@ -351,6 +351,14 @@ FP8AMP_API fp8amp_status fp8amp_scaling_get(fp8amp_scaling s, float *scale, floa
     });
 }
 
+FP8AMP_API fp8amp_status fp8amp_scaling_amax_tensor(fp8amp_scaling s, fp8amp_tensor *out) {
+    FP8AMP_GUARD({
+        auto m = lookup<ScalingMeta>(s, "s");
+        require(out, "out");
+        publish(m->amax_view(), out);
+    });
+}
+
 FP8AMP_API fp8amp_status fp8amp_scaling_get_history(fp8amp_scaling s, int32_t capacity, float *history) {
     FP8AMP_GUARD({
         auto m = lookup<ScalingMeta>(s, "s");

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "backend.hpp"  // kernels/backend.hpp
+#include "tensor.hpp"
 #include "struct_size.hpp"
 #include "tensor.hpp"
 #include "scaling.hpp"  // kernels/scaling.hpp: ScalingState (core has scaling_meta.hpp, not scaling.hpp)
@@ -101,6 +102,10 @@ std::string ScalingMeta::describe() const {
 }
 
 ScalingState *ScalingMeta::state() const { return static_cast<ScalingState *>(storage_->data()); }
+
+std::shared_ptr<Tensor> ScalingMeta::amax_view() const {
+    return Tensor::view(ctx_, storage_, FP8AMP_DTYPE_F32, 0, nullptr, true, offsetof(ScalingState, amax_bits));
+}
 
 const float *ScalingMeta::scale_inv_field() const {
     return reinterpret_cast<const float *>(static_cast<const char *>(storage_->data()) +

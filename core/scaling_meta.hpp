@@ -17,6 +17,8 @@ struct ScalingState;
 
 namespace fp8amp::core {
 
+class Tensor;
+
 // fp8amp_recipe_init_default's recipe: HYBRID, delayed scaling, margin 0, interval 1, amax history
 // of 1024 by its maximum, scales not rounded to powers of two.
 fp8amp_recipe default_recipe();
@@ -52,6 +54,10 @@ public:
     kernels::ScalingState *state() const;
     // The address of the state's scale_inv field (device memory).
     const float *scale_inv_field() const;
+    // fp8amp_scaling_amax_tensor: a read-only F32 scalar view of the recorded amax (amax_bits holds
+    // the float's bits: the amax is never negative, so the bits read as a float are its value; a NaN
+    // is recorded as +inf), sharing -- and keeping alive -- the state's memory.
+    std::shared_ptr<Tensor> amax_view() const;
 
     // Host access; each is synchronous and ordered on the meta's context stream.
     void get(float *scale, float *scale_inv, float *amax) const;

@@ -287,13 +287,14 @@ void Tensor::copy_to_host(void *dst, size_t nbytes) const {
 }
 
 std::shared_ptr<Tensor> Tensor::view(std::shared_ptr<const Context> ctx, std::shared_ptr<Storage> storage,
-                                     fp8amp_dtype dtype, int32_t ndim, const int64_t *shape, bool read_only) {
+                                     fp8amp_dtype dtype, int32_t ndim, const int64_t *shape, bool read_only,
+                                     size_t offset) {
     std::shared_ptr<Tensor> t(new Tensor());
     t->set_shape(dtype, ndim, shape);
-    if (t->nbytes_ > storage->nbytes())
-        fail(FP8AMP_ERROR_INTERNAL, "a view of " + std::to_string(t->nbytes_) + " bytes over a storage of " +
-                                        std::to_string(storage->nbytes()));
-    t->data_ = storage->data();
+    if (offset > storage->nbytes() || t->nbytes_ > storage->nbytes() - offset)
+        fail(FP8AMP_ERROR_INTERNAL, "a view of " + std::to_string(t->nbytes_) + " bytes at offset " +
+                                        std::to_string(offset) + " of a storage of " + std::to_string(storage->nbytes()));
+    t->data_ = static_cast<char *>(storage->data()) + offset;
     t->device_ = ctx->device();
     t->read_only_ = read_only;
     t->storage_ = std::move(storage);

@@ -32,10 +32,12 @@ public:
     void adopt_dlpack() {
         if (dlpack_armed_) *dlpack_armed_ = true;
     }
-    // A tensor over (the start of) a library-owned storage, sharing it: an optimizer's state read
-    // through fp8amp_optimizer_param_state. read_only: writes through this handle are refused.
+    // A tensor over a library-owned storage from byte `offset` on, sharing it: an optimizer's state
+    // read through fp8amp_optimizer_param_state, a meta's recorded amax (fp8amp_scaling_amax_tensor).
+    // read_only: writes through this handle are refused.
     static std::shared_ptr<Tensor> view(std::shared_ptr<const Context> ctx, std::shared_ptr<Storage> storage,
-                                        fp8amp_dtype dtype, int32_t ndim, const int64_t *shape, bool read_only);
+                                        fp8amp_dtype dtype, int32_t ndim, const int64_t *shape, bool read_only,
+                                        size_t offset = 0);
     // A DLPack view sharing this tensor's storage; the consumer calls its deleter.
     DLManagedTensorVersioned *to_dlpack() const;
 

@@ -246,6 +246,10 @@ function fp8amp_scaling_get(s, scale, scale_inv, amax)
     ccall((:fp8amp_scaling_get, libfp8amp), fp8amp_status, (fp8amp_scaling, Ptr{Cfloat}, Ptr{Cfloat}, Ptr{Cfloat}), s, scale, scale_inv, amax)
 end
 
+function fp8amp_scaling_amax_tensor(s, out)
+    ccall((:fp8amp_scaling_amax_tensor, libfp8amp), fp8amp_status, (fp8amp_scaling, Ptr{fp8amp_tensor}), s, out)
+end
+
 function fp8amp_scaling_get_history(s, capacity, history)
     ccall((:fp8amp_scaling_get_history, libfp8amp), fp8amp_status, (fp8amp_scaling, Int32, Ptr{Cfloat}), s, capacity, history)
 end

@@ -124,6 +124,40 @@ def test_update_many_mixed_dtypes(ctx, rng):
     src.close()
 
 
+@pytest.mark.parametrize("dtype", SCALED, ids=str)
+def test_amax_tensor_is_the_recorded_amax_where_it_lives(ctx, rng, dtype):
+    """Scaling.amax_tensor (fp8amp_scaling_amax_tensor): a read-only F32 scalar sharing the meta's
+    recorded amax -- what Scaling.amax reads, live across recordings and updates, +inf for a NaN or
+    an inf, valid past the meta's close."""
+    meta = fp8amp.Scaling(ctx, fp8amp.Recipe(amax_history_len=4), dtype)
+    a = meta.amax_tensor()
+    assert a.shape == () and a.dtype == fp8amp.F32 and float(a.numpy()) == 0.0
+    q = fp8amp.Tensor(ctx, (37, 5), dtype)
+    q.set_scaling(meta)
+    seen = []
+    for lo, hi in ((-3, 3), (-50, 50)):  # the second records a larger amax: it shows through
+        x = random_values(rng, 37 * 5, lo, hi, fp8amp.F32, specials=False).reshape(37, 5)
+        with fp8amp.Tensor.from_numpy(ctx, x) as src:
+            fp8amp.quantize(ctx, src, q)
+        seen.append(float(np.abs(x.astype(np.float64)).max()))
+        assert float(a.numpy()) == max(seen) == meta.amax
+    meta.update()
+    assert float(a.numpy()) == 0.0
+    for special in (np.nan, -np.inf):
+        x = random_values(rng, 37 * 5, -3, 3, fp8amp.F32, specials=False).reshape(37, 5)
+        x[rng.integers(37), rng.integers(5)] = special
+        with fp8amp.Tensor.from_numpy(ctx, x) as src:
+            fp8amp.quantize(ctx, src, q)
+        assert float(a.numpy()) == np.inf
+        meta.update()
+    with pytest.raises(fp8amp.InvalidArgumentError):  # read-only
+        a.copy_from_numpy(np.array(1.0, dtype=np.float32))
+    q.close()
+    meta.close()
+    assert float(a.numpy()) == 0.0  # the last update's reset, still readable
+    a.close()
+
+
 def test_amax(ctx, rng):
     for d in fp8amp.DType:
         x = rng.standard_normal(999).astype(np.float32) * 100

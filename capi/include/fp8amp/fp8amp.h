@@ -438,6 +438,17 @@ FP8AMP_API fp8amp_status fp8amp_scaling_update_many(fp8amp_context ctx, int32_t 
  *  Statuses: SUCCESS; INVALID_HANDLE; CUDA. */
 FP8AMP_API fp8amp_status fp8amp_scaling_get(fp8amp_scaling s, float *scale, float *scale_inv, float *amax);
 
+/** A new handle (the caller destroys it) to the amax a meta recorded since its last update, where
+ *  it lives: a read-only F32 scalar tensor (ndim 0) sharing those 4 bytes of the meta's device
+ *  memory, kept alive by the new handle (and by DLPack exports of it), also past
+ *  fp8amp_scaling_destroy. Every later kernel that records an amax into the meta, and every update
+ *  (which resets it to 0), shows through it in the stream's order; a NaN or an inf recorded reads as
+ *  +inf. For reading it on the device without a host wait -- fp8amp.torch's GradScaler.unscale_
+ *  tests an E4M3 weight gradient's meta for a non-finite amax so -- where fp8amp_scaling_get would
+ *  synchronize. Writes through the handle are refused (INVALID_ARGUMENT). Since 0.4.0 (version node
+ *  FP8AMP_0.4). Statuses: SUCCESS; INVALID_HANDLE (s); INVALID_ARGUMENT (NULL out); OUT_OF_MEMORY. */
+FP8AMP_API fp8amp_status fp8amp_scaling_amax_tensor(fp8amp_scaling s, fp8amp_tensor *out);
+
 /** Copies the amax history, newest first (history[0] is the amax folded by the last update), into
  *  history[0..len). Synchronizes. Statuses: SUCCESS; INVALID_HANDLE; INVALID_ARGUMENT (NULL
  *  history, capacity < the recipe's amax_history_len); CUDA. */

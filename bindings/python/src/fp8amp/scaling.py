@@ -142,6 +142,17 @@ class Scaling(Handle):
     def amax(self) -> float:
         return self.get().amax
 
+    def amax_tensor(self) -> Any:
+        """The amax recorded since the last update where it lives (fp8amp_scaling_amax_tensor): a
+        read-only F32 scalar Tensor sharing the meta's memory, live (later recordings and updates show
+        through it) and valid past this meta's close. A NaN or an inf recorded reads as +inf. Read it on
+        the device (through DLPack) where ``amax`` would wait for the device."""
+        from .tensor import Tensor  # tensor.py imports this module
+
+        out = ffi.new("fp8amp_tensor *")
+        check(lib.fp8amp_scaling_amax_tensor(self._h, out))
+        return Tensor._new(out[0], self._context)
+
     def history(self) -> Any:
         """The amax history, newest first, as a float32 NumPy array."""
         import numpy as np

@@ -363,6 +363,7 @@ extern "C" {
     pub fn fp8amp_scaling_update_many(ctx: fp8amp_context, n: i32, metas: *const fp8amp_scaling) -> fp8amp_status;
     pub fn fp8amp_scaling_get(s: fp8amp_scaling, scale: *mut f32, scale_inv: *mut f32, amax: *mut f32)
         -> fp8amp_status;
+    pub fn fp8amp_scaling_amax_tensor(s: fp8amp_scaling, out: *mut fp8amp_tensor) -> fp8amp_status;
     pub fn fp8amp_scaling_get_history(s: fp8amp_scaling, capacity: i32, history: *mut f32) -> fp8amp_status;
     pub fn fp8amp_scaling_set_scale(s: fp8amp_scaling, scale: f32) -> fp8amp_status;
     pub fn fp8amp_scaling_enable_stats(s: fp8amp_scaling, enable: i32) -> fp8amp_status;

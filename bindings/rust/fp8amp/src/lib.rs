@@ -853,6 +853,17 @@ impl<'c> Scaling<'c> {
         Ok(ScalingState { scale: s, scale_inv: si, amax: a })
     }
 
+    /// A new handle to the amax recorded since the last update, where it lives: a read-only F32
+    /// scalar tensor sharing the meta's memory, live, valid past the meta (`fp8amp_scaling_amax_tensor`).
+    /// A NaN or an inf recorded reads as +inf. For device-side reads where [`get`](Self::get) would
+    /// synchronize.
+    pub fn amax_tensor(&self) -> Result<Tensor<'c>> {
+        let mut raw = ptr::null_mut();
+        // SAFETY: live handle, valid out pointer; the new handle is ours.
+        check(unsafe { sys::fp8amp_scaling_amax_tensor(self.raw, &mut raw) })?;
+        Ok(Tensor { raw, _ctx: PhantomData })
+    }
+
     /// Sets the scale (and scale_inv = 1/scale) (`fp8amp_scaling_set_scale`).
     pub fn set_scale(&self, scale: f32) -> Result<()> {
         // SAFETY: live handle.

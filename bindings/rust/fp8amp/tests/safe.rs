@@ -170,6 +170,10 @@ fn quantize_matches_an_independent_e4m3_reference() {
     // the meta recorded max|x|; dequantize gives code * scale_inv
     let amax = x.iter().fold(0f32, |m, v| m.max(v.abs()));
     assert_eq!(meta.get().unwrap().amax, amax);
+    // ... which its amax tensor shares (read-only: a write is refused)
+    let at = meta.amax_tensor().unwrap();
+    assert_eq!(at.to_vec::<f32>().unwrap(), vec![amax]);
+    assert_eq!(at.copy_from_host(&[1.0f32]).unwrap_err().status, Status::InvalidArgument);
     assert_eq!(ctx.amax(&xt).unwrap(), amax);
     let scale_inv = q.scale_inv_value().unwrap();
     assert_eq!(scale_inv, 1.0 / scale);

@@ -336,8 +336,9 @@ def _scale_fp8_grad(g: LinearGrad, factor: Any, check: bool = False) -> Optional
     """Multiplies an E4M3 gradient's values by `factor` (a number or a 0-dim tensor) through its scale_inv
     slot; with `check`, returns a 0-dim bool tensor on the slot's device: whether the gradient holds a
     value that is not finite. fp8amp's step decides that from the weight-gradient meta's recorded amax
-    (an inf/NaN quantized saturates to a finite code, so the codes cannot tell; one host read per
-    layer on CUDA) and from the unscaled factor (an overflow of the unscaling): the same test here."""
+    (an inf/NaN quantized saturates to a finite code, so the codes cannot tell) and from the unscaled
+    factor (an overflow of the unscaling): the same test here, on the device -- the amax read through
+    the meta's amax tensor (fp8amp_scaling_amax_tensor), so no host wait per layer."""
     s = g._sinv
     if isinstance(factor, torch.Tensor):
         factor = factor.to(device=s.device, dtype=torch.float32)
@@ -346,10 +347,17 @@ def _scale_fp8_grad(g: LinearGrad, factor: Any, check: bool = False) -> Optional
     _mark_written(g, False)
     if not check:
         return None
-    bad = torch.logical_not(torch.isfinite(s))
-    if not math.isfinite(g._meta.amax):
-        bad = torch.ones((), dtype=torch.bool, device=s.device)
-    return bad
+    return torch.logical_not(torch.isfinite(s) & torch.isfinite(_amax_view(g._meta)))
+
+
+def _amax_view(meta: fp8amp.Scaling) -> torch.Tensor:
+    """A torch view (0-dim float32, on the meta's device) of the amax the meta recorded since its last
+    update, made once per meta and kept on it (the view keeps the meta's memory alive by itself)."""
+    v = getattr(meta, "_torch_amax", None)
+    if v is None:
+        v = torch.from_dlpack(meta.amax_tensor())
+        meta._torch_amax = v
+    return v
 
 
 def _scale_dispatch(func: Any, args: Tuple[Any, ...]) -> Any:

@@ -67,6 +67,21 @@ public final class Scaling extends NativeHandle {
         return get()[2];
     }
 
+    /**
+     * A new tensor (close it) viewing the amax recorded since the last update where it lives: a
+     * read-only F32 scalar sharing the meta's memory, live, valid past this meta's close
+     * (fp8amp_scaling_amax_tensor). A NaN or an inf recorded reads as +inf.
+     */
+    public Tensor amaxTensor() {
+        long[] out = out();
+        try {
+            Fp8amp.scaling_amax_tensor(handle(), out);
+        } finally {
+            reachabilityFence(this);
+        }
+        return new Tensor(out[0]);
+    }
+
     /** Sets scale (and scale_inv = 1/scale); scale must be a normal float > 0. */
     public void setScale(float scale) {
         try {

@@ -76,6 +76,11 @@ class NumericsTest {
             assertTrue(saturated > 0 && saturated < n, "the data should saturate some elements: " + saturated);
             assertEquals(amax, meta.amax());
             assertEquals(amax, ctx.amax(src));
+            try (Tensor at = meta.amaxTensor()) { // the same 4 bytes, read-only
+                assertArrayEquals(new float[] {amax}, at.toFloats());
+                Fp8ampException e = assertThrows(Fp8ampException.class, () -> at.copyFrom(new float[] {1f}));
+                assertEquals(Status.ERROR_INVALID_ARGUMENT, e.status());
+            }
             ScalingStats stats = meta.stats();
             assertEquals(n, stats.getQuantized());
             assertEquals(saturated, stats.getSaturated());
