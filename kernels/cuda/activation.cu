@@ -387,13 +387,70 @@ __device__ __forceinline__ uint32_t fix_nan_codes(uint32_t w) {
 // (stream_kernel's amax-only pass; the property is tested over every BF16 input).
 constexpr int32_t kAmaxExtremesMin = 0x3F00;
 
-// Groups a thread takes per step of the main loop: its loads all in flight before the math, and
-// the loop's control, the NaN test and the amax update paid once per pack. The forwards take 4
-// (32 elements, 64 bytes of BF16 loads per thread: GELU/SiLU 16 registers of input); the backwards,
-// with twice (SwiGLU three times) the input registers per group, keep 2.
+// ---- the input pipeline of stream_kernel ------------------------------------------------------
+// Why: ptxas schedules a 16-byte load next to the math that uses it, whatever the source order (the
+// SASS of every stream_kernel had its pack's loads spread through the pack's math, all into the same
+// four registers), so a thread had one load in flight and waited a full memory latency for every
+// group: the forwards, with ~34 instructions an element, could not overlap memory and math (Nsight
+// Compute: 39% of the cycles between issues waiting on L1TEX, 21% of cycles with no eligible warp,
+// DRAM at 59% of peak). The inputs now stream through a per-thread ring in shared memory filled by
+// cp.async (LDGSTS, 16 bytes, L2 only): the copies of step s + kStages - 1 are issued before the
+// math of step s, and ptxas cannot sink them (they write shared memory the thread reads afterwards).
+// Each thread reads back only its own 16-byte slots (a warp's read is 512 contiguous bytes: no bank
+// conflicts, no barrier). FP8AMP_ACTIVATION_PIPELINE=0 builds the former register loop instead.
+#ifndef FP8AMP_ACTIVATION_PIPELINE
+#define FP8AMP_ACTIVATION_PIPELINE 1
+#endif
+#ifndef FP8AMP_ACTIVATION_STAGES  // ring slots: steps in flight (2: the next step's copies during this one's math)
+#define FP8AMP_ACTIVATION_STAGES 2
+#endif
+#ifndef FP8AMP_ACTIVATION_UNROLL1  // groups per step with one input stream (GELU/SiLU forward)
+#define FP8AMP_ACTIVATION_UNROLL1 4
+#endif
+#ifndef FP8AMP_ACTIVATION_UNROLL2  // with two (SwiGLU forward: a, b; GELU/SiLU backward: x, dy)
+#define FP8AMP_ACTIVATION_UNROLL2 2
+#endif
+#ifndef FP8AMP_ACTIVATION_UNROLL3  // with three (SwiGLU backward: a, b, dy)
+#define FP8AMP_ACTIVATION_UNROLL3 1
+#endif
+constexpr bool kPipeline = FP8AMP_ACTIVATION_PIPELINE != 0;
+constexpr int kStages = FP8AMP_ACTIVATION_STAGES;
+static_assert(kStages >= 2 && kStages <= 4, "FP8AMP_ACTIVATION_STAGES: 2 to 4");
+
+// 16 bytes global -> shared, asynchronously (L2 only: nothing is read twice); src_bytes 0 writes 16
+// zero bytes and reads nothing (a step's groups past the end: they compute to zeros, never stored).
+__device__ __forceinline__ void cp_async16(void *smem, const void *gmem, uint32_t src_bytes) {
+    const uint32_t s = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(src_bytes) : "memory");
+}
+__device__ __forceinline__ void cp_async16(void *smem, const void *gmem) {
+    const uint32_t s = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+// Waits until at most n of this thread's committed groups are still in flight; their shared-memory
+// writes are then visible to this thread.
+template <int n>
+__device__ __forceinline__ void cp_async_wait() {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(n) : "memory");
+}
+
+// 16-byte input streams of a group: x (SwiGLU: a and b), and dy in the backwards.
+template <int K, bool kBackward>
+constexpr int stream_inputs() {
+    return 1 + (K == kSwiglu ? 1 : 0) + (kBackward ? 1 : 0);
+}
+
+// Groups a thread takes per step of the main loop: the loop's control, the NaN test and the amax
+// update are paid once per step. Pipelined: a step's ring slot holds kU * inputs 16-byte entries
+// per thread (4 KB per block each), the ring kStages slots: at most 32 KB per block by default, so
+// the register-limited 5-6 blocks of an SM still fit (the carveout is set to the largest). The
+// register loop: the forwards 4 (GELU/SiLU 16 registers of input), the backwards 2.
 template <int K, bool kBackward>
 constexpr int stream_unroll() {
-    return kBackward ? 2 : 4;
+    if constexpr (!kPipeline) return kBackward ? 2 : 4;
+    constexpr int in = stream_inputs<K, kBackward>();
+    return in == 1 ? FP8AMP_ACTIVATION_UNROLL1 : in == 2 ? FP8AMP_ACTIVATION_UNROLL2 : FP8AMP_ACTIVATION_UNROLL3;
 }
 
 // The streaming kernel (no transpose). Group g: GELU/SiLU elements 8g..8g+7 of x, dy and out (the
@@ -453,13 +510,13 @@ __global__ void __launch_bounds__(kThreads) stream_kernel(const ActivationArgs a
         if constexpr (kGlu && kBackward) return x_unit(g) + (o ? d : 0u);
         else return g;
     };
-    // kU groups g, g + stride, ... (all < groups).
-    auto step = [&](uint32_t g, uint32_t stride, auto nu, auto st) {
-        constexpr int kU = decltype(nu)::value;
+    // kU groups g, g + stride, ... from their inputs `in`: the first `valid` of them exist. The others
+    // (the zeros the pipeline fills in past this thread's last group) are computed but neither
+    // stored nor counted: f(0) = 0 adds nothing to the amax, and +0 is neither saturated nor
+    // underflowed.
+    auto process = [&](uint32_t g, uint32_t stride, const auto &in, int valid, auto st) {
+        constexpr int kU = int(std::extent_v<std::remove_reference_t<decltype(in)>>);
         [[maybe_unused]] constexpr bool kStats = decltype(st)::value;
-        GroupIn in[kU];
-#pragma unroll
-        for (int u = 0; u < kU; ++u) load(g + u * stride, in[u]);
         if constexpr (kMode == kOutFp8) {
             uint2 q[kU][kOuts];
             float m = 0.0f;  // the pack's largest |y|, NaN if it holds one
@@ -485,8 +542,9 @@ __global__ void __launch_bounds__(kThreads) stream_kernel(const ActivationArgs a
             }
 #pragma unroll
             for (int u = 0; u < kU; ++u)
+                if (u < valid)
 #pragma unroll
-                for (int o = 0; o < kOuts; ++o) out2[out_unit(g + u * stride, o)] = q[u][o];
+                    for (int o = 0; o < kOuts; ++o) out2[out_unit(g + u * stride, o)] = q[u][o];
         } else if constexpr (kMode == kOutAmax) {  // NaN counts as inf (max.NaN's NaN is positive)
             float m = 0.0f;
 #pragma unroll
@@ -504,19 +562,93 @@ __global__ void __launch_bounds__(kThreads) stream_kernel(const ActivationArgs a
             for (int u = 0; u < kU; ++u) {
                 float y[kOuts][kGroup];
                 compute(in[u], y);
+                if (u < valid)
 #pragma unroll
-                for (int o = 0; o < kOuts; ++o) store_wide8(a.out, a.out_dtype, size_t(out_unit(g + u * stride, o)) * kGroup, y[o]);
+                    for (int o = 0; o < kOuts; ++o) store_wide8(a.out, a.out_dtype, size_t(out_unit(g + u * stride, o)) * kGroup, y[o]);
             }
         }
     };
+    // The register loop (FP8AMP_ACTIVATION_PIPELINE=0): kU groups g, g + stride, ... (all < groups).
+    auto step = [&](uint32_t g, uint32_t stride, auto nu, auto st) {
+        constexpr int kU = decltype(nu)::value;
+        GroupIn in[kU];
+#pragma unroll
+        for (int u = 0; u < kU; ++u) load(g + u * stride, in[u]);
+        process(g, stride, in, kU, st);
+    };
     const uint32_t stride = gridDim.x * uint32_t(kThreads);
     const uint32_t first = blockIdx.x * uint32_t(kThreads) + threadIdx.x;
+    // The pipelined loop: this thread's groups first, first + stride, ... (`mine` of them) in steps of
+    // kUnroll; the ring's slot s % kStages holds step s's inputs, entry [u][input][thread].
+    // (Not for the GELU/SiLU amax pass: it reads x at copy speed by its extremes, and its rare
+    // fallback keeps the register loop, so that no ring takes shared memory from its blocks.)
+    constexpr bool kRing = kPipeline && !(kMode == kOutAmax && !kGlu && !kBackward);
+    constexpr int kIn = stream_inputs<K, kBackward>();
+    __shared__ uint4 ring[kRing ? kStages : 1][kRing ? kUnroll : 1][kRing ? kIn : 1][kThreads];
+    static_assert(sizeof(ring) <= 40 * 1024, "the ring of FP8AMP_ACTIVATION_STAGES x UNROLL exceeds 40 KB a block");
+    auto pipelined_loop = [&](auto st) {
+        const uint32_t mine = first < groups ? (groups - 1 - first) / stride + 1 : 0u;
+        const uint32_t full = mine / kUnroll;                    // steps whose kUnroll groups all exist
+        const int rest = int(mine - full * kUnroll);             // groups of the last, partial step
+        const int tid = int(threadIdx.x);
+        // The copies of step s into its slot; past the last step an empty group, so that the wait
+        // below always leaves the same number in flight. No overflow: g < groups < 2^31.
+        auto issue = [&](uint32_t s) {
+            auto &slot = ring[s % kStages];
+            if (s < full) {
+#pragma unroll
+                for (int u = 0; u < kUnroll; ++u) {
+                    const uint32_t g = first + (s * kUnroll + u) * stride;
+                    const uint32_t xu = x_unit(g);
+                    cp_async16(&slot[u][0][tid], x4 + xu);
+                    if constexpr (kGlu) cp_async16(&slot[u][1][tid], x4 + xu + d);
+                    if constexpr (kBackward) cp_async16(&slot[u][kIn - 1][tid], dy4 + g);
+                }
+            } else if (s == full && rest > 0) {
+#pragma unroll
+                for (int u = 0; u < kUnroll; ++u) {
+                    const bool ok = u < rest;
+                    const uint32_t g = ok ? first + (s * kUnroll + u) * stride : 0u;
+                    const uint32_t bytes = ok ? 16u : 0u;
+                    const uint32_t xu = x_unit(g);
+                    cp_async16(&slot[u][0][tid], x4 + xu, bytes);
+                    if constexpr (kGlu) cp_async16(&slot[u][1][tid], x4 + xu + d, bytes);
+                    if constexpr (kBackward) cp_async16(&slot[u][kIn - 1][tid], dy4 + g, bytes);
+                }
+            }
+            cp_async_commit();
+        };
+        auto consume = [&](uint32_t s, auto valid) {
+            const auto &slot = ring[s % kStages];
+            GroupIn in[kUnroll];
+#pragma unroll
+            for (int u = 0; u < kUnroll; ++u) {
+                in[u].x = slot[u][0][tid];
+                if constexpr (kGlu) in[u].b = slot[u][1][tid];
+                if constexpr (kBackward) in[u].dy = slot[u][kIn - 1][tid];
+            }
+            process(first + s * kUnroll * stride, stride, in, valid, st);
+        };
+#pragma unroll
+        for (int s = 0; s < kStages - 1; ++s) issue(uint32_t(s));
+        for (uint32_t s = 0; s < full; ++s) {
+            issue(s + (kStages - 1));      // into the slot step s - 1 used: this thread read it already
+            cp_async_wait<kStages - 1>();  // step s's copies have landed
+            consume(s, std::integral_constant<int, kUnroll>());
+        }
+        cp_async_wait<0>();  // the partial step's copies (if any) have landed; nothing left in flight
+        if (rest > 0) consume(full, rest);
+    };
     auto main_loop = [&](auto st) {
-        uint32_t g = first;
-        // Whole packs: groups g .. g + (kUnroll - 1) stride all exist (no overflow: groups < 2^31).
-        for (; g + (kUnroll - 1) * stride < groups; g += kUnroll * stride)
-            step(g, stride, std::integral_constant<int, kUnroll>(), st);
-        for (; g < groups; g += stride) step(g, stride, std::integral_constant<int, 1>(), st);
+        if constexpr (kRing) {
+            pipelined_loop(st);
+        } else {
+            uint32_t g = first;
+            // Whole packs: groups g .. g + (kUnroll - 1) stride all exist (no overflow: groups < 2^31).
+            for (; g + (kUnroll - 1) * stride < groups; g += kUnroll * stride)
+                step(g, stride, std::integral_constant<int, kUnroll>(), st);
+            for (; g < groups; g += stride) step(g, stride, std::integral_constant<int, 1>(), st);
+        }
     };
     if constexpr (kMode == kOutAmax && !kGlu && !kBackward) {
         // GELU/SiLU amax from the inputs' extremes (docs/performance.md, "the current-scaling amax
@@ -528,13 +660,14 @@ __global__ void __launch_bounds__(kThreads) stream_kernel(const ActivationArgs a
         // (inputs all below 0.5: rare) the thread evaluates f of each of its elements as before.
         uint32_t smax = 0x80008000u, umax = 0u;  // per 16-bit half: signed max (the largest x >= +0,
                                                  // +NaN above +inf), unsigned max (>= 0xFF80: -inf/-NaN)
+        constexpr int kX = 4;  // loads in flight per step (light math: ptxas keeps them ahead)
         uint32_t g = first;
-        for (; g + (kUnroll - 1) * stride < groups; g += kUnroll * stride) {
-            uint4 v[kUnroll];
+        for (; g + (kX - 1) * stride < groups; g += kX * stride) {
+            uint4 v[kX];
 #pragma unroll
-            for (int u = 0; u < kUnroll; ++u) v[u] = __ldg(x4 + g + u * stride);
+            for (int u = 0; u < kX; ++u) v[u] = __ldg(x4 + g + u * stride);
 #pragma unroll
-            for (int u = 0; u < kUnroll; ++u) {
+            for (int u = 0; u < kX; ++u) {
                 smax = __vmaxs2(__vmaxs2(smax, v[u].x), __vmaxs2(v[u].y, __vmaxs2(v[u].z, v[u].w)));
                 umax = __vmaxu2(__vmaxu2(umax, v[u].x), __vmaxu2(v[u].y, __vmaxu2(v[u].z, v[u].w)));
             }
@@ -738,7 +871,8 @@ void run(int device, void *stream_raw, const ActivationArgs &a) {
         check_launch("activation_kernel");
     };
     auto launch_stream = [&](auto kernel) {
-        kernel<<<persistent_grid(device, kernel, groups + 1), kThreads, 0, stream>>>(a, row_div, uint32_t(groups),
+        // max_shared: the pipeline's ring (up to 32 KB a block) must not be what limits the blocks per SM.
+        kernel<<<persistent_grid(device, kernel, groups + 1, kPipeline), kThreads, 0, stream>>>(a, row_div, uint32_t(groups),
                                                                                    uint64_t(glu ? fwd_n : n));
         check_launch("activation stream_kernel");
     };

@@ -252,6 +252,43 @@ static void test_bf16_stream_large_matches_cpu(void **state) {
         }
 }
 
+/* BF16 inputs large enough that the streaming kernel's input pipeline (kernels/cuda/activation.cu:
+ * cp.async copies of a thread's next step issued before this step's math, a ring of
+ * FP8AMP_ACTIVATION_STAGES slots, FP8AMP_ACTIVATION_UNROLL* groups a step) wraps its ring several
+ * times, and ends with a partial step (its missing groups zero-filled, computed, never stored nor
+ * counted) of several sizes: the persistent grid of an H100/H200 runs ~1.7-2.6 x 10^5 threads, so
+ * these 1.0-3.1 x 10^6 groups of 8 give a thread 4 to 18 groups, and a launch's threads two
+ * neighbouring counts (the four sizes a kind runs: different remainders). The n % 8 tail too
+ * (GELU/SiLU forwards of odd columns). FP8 under delayed scaling without statistics (the production
+ * path) on every size, under current scaling with statistics on one (the amax-only pass first:
+ * pipelined for SwiGLU and the backwards), a wide out on one. */
+static void test_bf16_stream_pipeline_matches_cpu(void **state) {
+    (void)state;
+    SKIP_WITHOUT_CUDA();
+    const offsets_t none = {0, 0, 0, 0};
+    /* rows x cols: out elements / 8 = 1.05, 1.57, 2.10 and 3.07 x 10^6 groups (GELU/SiLU forwards:
+     * odd cols, the n % 8 tail; the others cols % 8 == 0, SwiGLU's vector condition). */
+    const shape_t odd[4] = {{2048, 4099}, {3072, 4095}, {4096, 4097}, {3001, 8191}};
+    const shape_t even[4] = {{2048, 4096}, {3072, 4088}, {4096, 4104}, {3000, 8192}};
+    for (int kind = 0; kind < 3; ++kind)
+        for (int backward = 0; backward < 2; ++backward)
+            for (int s = 0; s < 4; ++s) {
+                /* the largest size for the GELU forward only: it keeps the CPU reference's time down */
+                if ((backward || kind != GELU) && s == 3) continue;
+                const shape_t sh = kind != SWIGLU && !backward ? odd[s] : even[s];
+                g_stats_off = 1;
+                check_problem(kind, sh.rows, sh.cols, FP8AMP_DTYPE_BF16, FP8AMP_DTYPE_BF16, backward,
+                              s % 2 ? FP8AMP_DTYPE_E5M2 : FP8AMP_DTYPE_E4M3, FP8AMP_SCALING_DELAYED, 0, none);
+                g_stats_off = 0;
+                if (s == 1)
+                    check_problem(kind, sh.rows, sh.cols, FP8AMP_DTYPE_BF16, FP8AMP_DTYPE_BF16, backward,
+                                  FP8AMP_DTYPE_E4M3, FP8AMP_SCALING_CURRENT, 0, none);
+                if (s == 0 && kind == (backward ? SILU : GELU))
+                    check_problem(kind, sh.rows, sh.cols, FP8AMP_DTYPE_BF16, FP8AMP_DTYPE_BF16, backward,
+                                  FP8AMP_DTYPE_BF16, FP8AMP_SCALING_DELAYED, 0, none);
+            }
+}
+
 /* The current-scaling amax pass of the GELU/SiLU forwards with BF16 x (stream_kernel) takes a
  * thread's amax from its largest input when that is at least 0.5 (test_activation.c,
  * test_amax_from_extremes_holds, checks why that is exact); with inputs all below 0.5 every thread
@@ -302,6 +339,7 @@ int main(void) {
         cmocka_unit_test(test_bf16_fused_transpose_matches_cpu),
         cmocka_unit_test(test_bf16_stream_matches_cpu),
         cmocka_unit_test(test_bf16_stream_large_matches_cpu),
+        cmocka_unit_test(test_bf16_stream_pipeline_matches_cpu),
         cmocka_unit_test(test_bf16_current_amax_inputs_below_half),
         cmocka_unit_test(test_unaligned_and_other_dtypes_match_cpu),
     };
