@@ -774,23 +774,80 @@ __global__ void __launch_bounds__(kThreads) tile_kernel(const ActivationArgs a, 
     auto *out = static_cast<uint8_t *>(a.out);
     auto *out_t = static_cast<uint8_t *>(a.out_t);
     Tally t;
-    for (int64_t id = blockIdx.x; id < tiles_r * tiles_c * kHalves; id += gridDim.x) {
-        const int half = kHalves == 2 ? int(id % 2) : 0;
+    const int64_t tiles = tiles_r * tiles_c * kHalves;
+    // A tile's place: its half (SwiGLU's backward), first row, first column in the half and in out's
+    // row, height and width.
+    struct Where {
+        int half;
+        int64_t r0, cc0, oc0;
+        int h, w;
+    };
+    auto where = [&](int64_t id) {
+        Where p;
+        p.half = kHalves == 2 ? int(id % 2) : 0;
         const int64_t rest = kHalves == 2 ? id / 2 : id;
-        const int64_t r0 = (rest / tiles_c) * kTileDim, cc0 = (rest % tiles_c) * kTileDim;  // cc0: in the half
-        const int64_t oc0 = half * cols + cc0;                                                // in out's row
-        const int h = rows - r0 < kTileDim ? int(rows - r0) : kTileDim;
-        const int w = span - cc0 < kTileDim ? int(span - cc0) : kTileDim;
+        p.r0 = (rest / tiles_c) * kTileDim, p.cc0 = (rest % tiles_c) * kTileDim;
+        p.oc0 = p.half * cols + p.cc0;
+        p.h = rows - p.r0 < kTileDim ? int(rows - p.r0) : kTileDim;
+        p.w = span - p.cc0 < kTileDim ? int(span - p.cc0) : kTileDim;
+        return p;
+    };
+    // The fast tiles' inputs through a ring in shared memory as in stream_kernel (cp.async, the next
+    // tile's copies issued before this tile's math: ptxas had put the second load after the first
+    // group's math and every tile waited a full memory latency behind its barrier). Thread p's 16-byte
+    // entries [u][input][p], u = 0, 1: its two groups. 4 KB each; the ring only where it stays within
+    // 32 KB (not SwiGLU's backward: 3 inputs), which keeps the former loads.
+    constexpr int kIn = stream_inputs<K, kBackward>();
+    constexpr bool kRing = kPipeline && kStages * 2 * kIn <= 8;
+    __shared__ uint4 ring[kRing ? kStages : 1][2][kRing ? kIn : 1][kThreads];
+    const int tid = int(threadIdx.x);
+    auto issue = [&](int64_t id, int slot) {  // the copies of tile id (if it is a fast one), then a commit
+        if constexpr (kRing) {
+            if (id < tiles) {
+                const Where p = where(id);
+                if (fast && p.h == kTileDim && p.w == kTileDim) {
+#pragma unroll
+                    for (int u = 0; u < 2; ++u) {
+                        const int q = tid + u * kThreads, r = q / 8, cg = (q % 8) * kGroup;
+                        const int64_t c = p.cc0 + cg;
+                        cp_async16(&ring[slot][u][0][tid], x + (p.r0 + r) * in_cols + c);
+                        if constexpr (kGlu) cp_async16(&ring[slot][u][1][tid], x + (p.r0 + r) * in_cols + cols + c);
+                        if constexpr (kBackward) cp_async16(&ring[slot][u][kIn - 1][tid], dyp + (p.r0 + r) * cols + c);
+                    }
+                }
+            }
+            cp_async_commit();
+        }
+    };
+#pragma unroll
+    for (int j = 0; j < kStages - 1; ++j) issue(blockIdx.x + int64_t(j) * gridDim.x, j);
+    int slot = 0;  // the ring slot of this block's current tile
+    for (int64_t id = blockIdx.x; id < tiles; id += gridDim.x) {
+        issue(id + int64_t(kStages - 1) * gridDim.x, slot == 0 ? kStages - 1 : slot - 1);  // the slot the last tile used
+        const Where p = where(id);
+        const int half = p.half;
+        const int64_t r0 = p.r0, cc0 = p.cc0, oc0 = p.oc0;
+        const int h = p.h, w = p.w;
         if (fast && h == kTileDim && w == kTileDim) {
             // 64 rows x 8 groups: thread p takes group p % 8 of row p / 8, p = tid and tid + 256.
             GroupIn in[2];
+            if constexpr (kRing) {
+                cp_async_wait<kStages - 1>();  // this tile's copies have landed
 #pragma unroll
-            for (int u = 0; u < 2; ++u) {
-                const int p = threadIdx.x + u * kThreads, r = p / 8, cg = (p % 8) * kGroup;
-                const int64_t c = cc0 + cg;  // the forward's column (GELU/SiLU: out's)
-                in[u].x = load16(x + (r0 + r) * in_cols + c);
-                if constexpr (kGlu) in[u].b = load16(x + (r0 + r) * in_cols + cols + c);
-                if constexpr (kBackward) in[u].dy = load16(dyp + (r0 + r) * cols + c);
+                for (int u = 0; u < 2; ++u) {
+                    in[u].x = ring[slot][u][0][tid];
+                    if constexpr (kGlu) in[u].b = ring[slot][u][1][tid];
+                    if constexpr (kBackward) in[u].dy = ring[slot][u][kIn - 1][tid];
+                }
+            } else {
+#pragma unroll
+                for (int u = 0; u < 2; ++u) {
+                    const int p = threadIdx.x + u * kThreads, r = p / 8, cg = (p % 8) * kGroup;
+                    const int64_t c = cc0 + cg;  // the forward's column (GELU/SiLU: out's)
+                    in[u].x = load16(x + (r0 + r) * in_cols + c);
+                    if constexpr (kGlu) in[u].b = load16(x + (r0 + r) * in_cols + cols + c);
+                    if constexpr (kBackward) in[u].dy = load16(dyp + (r0 + r) * cols + c);
+                }
             }
 #pragma unroll
             for (int u = 0; u < 2; ++u) {
@@ -835,7 +892,9 @@ __global__ void __launch_bounds__(kThreads) tile_kernel(const ActivationArgs a, 
             }
         }
         __syncthreads();  // the tile is reused by this block's next one
+        slot = slot == kStages - 1 ? 0 : slot + 1;
     }
+    if constexpr (kRing) cp_async_wait<0>();  // only empty groups can remain; none left in flight at exit
     if (stats) finish_block<true>(t, meta, scale, a.target.scale_inv, a.target.scale_inv_t, size_t(rows * out_cols));
     else finish_block<false>(t, meta, scale, a.target.scale_inv, a.target.scale_inv_t, size_t(rows * out_cols));
 }
@@ -907,7 +966,7 @@ void run(int device, void *stream_raw, const ActivationArgs &a) {
                 const size_t tiles = size_t((a.rows + kTileDim - 1) / kTileDim) *
                                      size_t(((glu && kBackward ? a.cols : out_cols) + kTileDim - 1) / kTileDim) *
                                      (glu && kBackward ? 2 : 1);
-                kernel<<<persistent_grid(device, kernel, tiles * kThreads), kThreads, 0, stream>>>(a, fast);
+                kernel<<<persistent_grid(device, kernel, tiles * kThreads, kPipeline), kThreads, 0, stream>>>(a, fast);
                 check_launch("activation tile_kernel");
             });
             return;

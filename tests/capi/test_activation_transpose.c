@@ -211,6 +211,28 @@ static void test_bf16_fused_transpose_matches_cpu(void **state) {
             }
 }
 
+/* BF16 inputs with the fused transpose, large enough that a block of the persistent grid (4-5 blocks
+ * an SM on an H100/H200) takes several 64 x 64 tiles one after another: the tile kernel's input ring
+ * (the next tile's cp.async copies issued before this tile's math) wraps, and fast tiles follow
+ * edge tiles and the other way round (4100 x 2056: a last row of 4-row tiles and a last column of
+ * 8-column tiles; 2048 x 4096: fast tiles only). */
+static void test_bf16_fused_transpose_large_matches_cpu(void **state) {
+    (void)state;
+    SKIP_WITHOUT_CUDA();
+    const offsets_t none = {0, 0, 0, 0};
+    const shape_t shapes[2] = {{4100, 2056}, {2048, 4096}};
+    for (int kind = 0; kind < 3; ++kind)
+        for (int backward = 0; backward < 2; ++backward)
+            for (int s = 0; s < 2; ++s) {
+                const int current = (kind + backward + s) % 2;
+                g_stats_off = !current;
+                check_problem(kind, shapes[s].rows, shapes[s].cols, FP8AMP_DTYPE_BF16, FP8AMP_DTYPE_BF16, backward,
+                              backward ? FP8AMP_DTYPE_E5M2 : FP8AMP_DTYPE_E4M3,
+                              current ? FP8AMP_SCALING_CURRENT : FP8AMP_SCALING_DELAYED, 1, none);
+                g_stats_off = 0;
+            }
+}
+
 /* BF16 inputs without a transpose: the streaming kernel, into FP8 and the wide dtypes. */
 static void test_bf16_stream_matches_cpu(void **state) {
     (void)state;
@@ -337,6 +359,7 @@ static void test_unaligned_and_other_dtypes_match_cpu(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_bf16_fused_transpose_matches_cpu),
+        cmocka_unit_test(test_bf16_fused_transpose_large_matches_cpu),
         cmocka_unit_test(test_bf16_stream_matches_cpu),
         cmocka_unit_test(test_bf16_stream_large_matches_cpu),
         cmocka_unit_test(test_bf16_stream_pipeline_matches_cpu),
