@@ -453,6 +453,20 @@ constexpr int stream_unroll() {
     return in == 1 ? FP8AMP_ACTIVATION_UNROLL1 : in == 2 ? FP8AMP_ACTIVATION_UNROLL2 : FP8AMP_ACTIVATION_UNROLL3;
 }
 
+// Resident blocks an SM that ptxas must leave room for (a register bound: 5 blocks of 256 threads
+// leave 48 registers a thread, 6 leave 40; 0: no bound). With the inputs in shared memory the FP8
+// kernels need about 40-48; left to itself ptxas gave some of them 56-64 depending on unrelated code
+// (4 blocks instead of 5), so the bound pins the occupancy that the ring's sizes assume (32 KB a
+// block: 6 blocks fit in the 228 KB of an H100's SM). SwiGLU's forward fits in 40 (6 blocks).
+#ifndef FP8AMP_ACTIVATION_MIN_BLOCKS
+#define FP8AMP_ACTIVATION_MIN_BLOCKS 5
+#endif
+template <int K, bool kBackward, int kMode>
+constexpr int stream_min_blocks() {
+    if constexpr (!kPipeline || kMode != kOutFp8 || FP8AMP_ACTIVATION_MIN_BLOCKS == 0) return 0;
+    return K == kSwiglu && !kBackward ? FP8AMP_ACTIVATION_MIN_BLOCKS + 1 : FP8AMP_ACTIVATION_MIN_BLOCKS;
+}
+
 // The streaming kernel (no transpose). Group g: GELU/SiLU elements 8g..8g+7 of x, dy and out (the
 // n % 8 tail elements one by one at the end); SwiGLU the forward's columns 8j..8j+7 of row r,
 // g = r * d + j (d = cols / 8): a at x[r, 8j], b at x[r, cols + 8j], dy at 8g; the forward writes out
@@ -460,9 +474,12 @@ constexpr int stream_unroll() {
 // groups < 2^31 (32-bit group indices: each address is one wide multiply-add from its base).
 // Thread i takes groups i, i + stride, ... (stride = the grid's threads), kUnroll of them per step
 // (coalesced: a warp's loads of one step are 512 contiguous bytes), then the last ones one at a time.
+// reverse: the grid walks the groups from the last to the first (group g's work is done on group
+// groups - 1 - g; same bytes, same results): the writing pass of current scaling, whose amax-only pass
+// just read the inputs front to back, so that its first reads find the inputs' end still in L2.
 template <int K, bool kBackward, int kMode, fp8amp_dtype D>
-__global__ void __launch_bounds__(kThreads) stream_kernel(const ActivationArgs a, const FastDiv row_div, uint32_t groups,
-                                                          uint64_t n) {
+__global__ void __launch_bounds__(kThreads, stream_min_blocks<K, kBackward, kMode>()) stream_kernel(const ActivationArgs a, const FastDiv row_div, uint32_t groups,
+                                                          uint64_t n, bool reverse) {
     constexpr bool kGlu = K == kSwiglu;
     constexpr int kOuts = kGlu && kBackward ? 2 : 1;  // output groups per input group (da, db)
     constexpr int kUnroll = stream_unroll<K, kBackward>();
@@ -564,7 +581,8 @@ __global__ void __launch_bounds__(kThreads) stream_kernel(const ActivationArgs a
                 compute(in[u], y);
                 if (u < valid)
 #pragma unroll
-                    for (int o = 0; o < kOuts; ++o) store_wide8(a.out, a.out_dtype, size_t(out_unit(g + u * stride, o)) * kGroup, y[o]);
+                    for (int o = 0; o < kOuts; ++o)
+                        store_wide8(a.out, a.out_dtype, size_t(out_unit(g + u * stride, o)) * kGroup, y[o]);
             }
         }
     };
@@ -578,6 +596,11 @@ __global__ void __launch_bounds__(kThreads) stream_kernel(const ActivationArgs a
     };
     const uint32_t stride = gridDim.x * uint32_t(kThreads);
     const uint32_t first = blockIdx.x * uint32_t(kThreads) + threadIdx.x;
+    // A thread's i-th group (i < its count) is first + i stride; reversed, groups - 1 - that, which is
+    // gfirst + i gstride modulo 2^32 with gstride = -stride: the same linear form, so the addresses
+    // are still one multiply-add (a per-group select made ptxas keep them all: +12 registers).
+    const uint32_t gfirst = reverse ? groups - 1 - first : first;  // (used only when first < groups)
+    const uint32_t gstride = reverse ? 0u - stride : stride;
     // The pipelined loop: this thread's groups first, first + stride, ... (`mine` of them) in steps of
     // kUnroll; the ring's slot s % kStages holds step s's inputs, entry [u][input][thread].
     // (Not for the GELU/SiLU amax pass: it reads x at copy speed by its extremes, and its rare
@@ -598,7 +621,7 @@ __global__ void __launch_bounds__(kThreads) stream_kernel(const ActivationArgs a
             if (s < full) {
 #pragma unroll
                 for (int u = 0; u < kUnroll; ++u) {
-                    const uint32_t g = first + (s * kUnroll + u) * stride;
+                    const uint32_t g = gfirst + (s * kUnroll + u) * gstride;
                     const uint32_t xu = x_unit(g);
                     cp_async16(&slot[u][0][tid], x4 + xu);
                     if constexpr (kGlu) cp_async16(&slot[u][1][tid], x4 + xu + d);
@@ -608,7 +631,7 @@ __global__ void __launch_bounds__(kThreads) stream_kernel(const ActivationArgs a
 #pragma unroll
                 for (int u = 0; u < kUnroll; ++u) {
                     const bool ok = u < rest;
-                    const uint32_t g = ok ? first + (s * kUnroll + u) * stride : 0u;
+                    const uint32_t g = ok ? gfirst + (s * kUnroll + u) * gstride : 0u;
                     const uint32_t bytes = ok ? 16u : 0u;
                     const uint32_t xu = x_unit(g);
                     cp_async16(&slot[u][0][tid], x4 + xu, bytes);
@@ -627,7 +650,7 @@ __global__ void __launch_bounds__(kThreads) stream_kernel(const ActivationArgs a
                 if constexpr (kGlu) in[u].b = slot[u][1][tid];
                 if constexpr (kBackward) in[u].dy = slot[u][kIn - 1][tid];
             }
-            process(first + s * kUnroll * stride, stride, in, valid, st);
+            process(gfirst + s * kUnroll * gstride, gstride, in, valid, st);
         };
 #pragma unroll
         for (int s = 0; s < kStages - 1; ++s) issue(uint32_t(s));
@@ -643,11 +666,11 @@ __global__ void __launch_bounds__(kThreads) stream_kernel(const ActivationArgs a
         if constexpr (kRing) {
             pipelined_loop(st);
         } else {
-            uint32_t g = first;
-            // Whole packs: groups g .. g + (kUnroll - 1) stride all exist (no overflow: groups < 2^31).
-            for (; g + (kUnroll - 1) * stride < groups; g += kUnroll * stride)
-                step(g, stride, std::integral_constant<int, kUnroll>(), st);
-            for (; g < groups; g += stride) step(g, stride, std::integral_constant<int, 1>(), st);
+            uint32_t i = first, g = gfirst;  // i: the group walked forward; g: the group processed
+            // Whole packs: groups i .. i + (kUnroll - 1) stride all exist (no overflow: groups < 2^31).
+            for (; i + (kUnroll - 1) * stride < groups; i += kUnroll * stride, g += kUnroll * gstride)
+                step(g, gstride, std::integral_constant<int, kUnroll>(), st);
+            for (; i < groups; i += stride, g += gstride) step(g, gstride, std::integral_constant<int, 1>(), st);
         }
     };
     if constexpr (kMode == kOutAmax && !kGlu && !kBackward) {
@@ -755,8 +778,15 @@ __device__ __forceinline__ float element_raw(const ActivationArgs &a, int64_t r,
 // each other (the second reads a and b again, mostly from L2). `fast`: BF16 inputs, 16-byte aligned
 // x and dy, 8-byte aligned out, 4-byte aligned out_t, rows % 4 == 0 and the forward's cols % 8 == 0;
 // a full tile then takes the vector path, an edge tile (or any tile when not fast) the per-element one.
+// The tile kernels' bound likewise: GELU/SiLU forwards 48 registers (5 blocks), the others 64 (4).
+template <int K, bool kBackward>
+constexpr int tile_min_blocks() {
+    if constexpr (!kPipeline || FP8AMP_ACTIVATION_MIN_BLOCKS == 0) return 0;
+    return K != kSwiglu && !kBackward ? FP8AMP_ACTIVATION_MIN_BLOCKS : FP8AMP_ACTIVATION_MIN_BLOCKS - 1;
+}
+
 template <int K, bool kBackward, fp8amp_dtype D>
-__global__ void __launch_bounds__(kThreads) tile_kernel(const ActivationArgs a, bool fast) {
+__global__ void __launch_bounds__(kThreads, tile_min_blocks<K, kBackward>()) tile_kernel(const ActivationArgs a, bool fast, bool reverse) {
     constexpr bool kGlu = K == kSwiglu;
     constexpr int kHalves = kGlu && kBackward ? 2 : 1;
     __shared__ uint32_t tile[kTileDim * kTileStride];
@@ -782,7 +812,8 @@ __global__ void __launch_bounds__(kThreads) tile_kernel(const ActivationArgs a, 
         int64_t r0, cc0, oc0;
         int h, w;
     };
-    auto where = [&](int64_t id) {
+    auto where = [&](int64_t id) {  // reverse (as stream_kernel's): the tiles from the last to the first
+        if (reverse) id = tiles - 1 - id;
         Where p;
         p.half = kHalves == 2 ? int(id % 2) : 0;
         const int64_t rest = kHalves == 2 ? id / 2 : id;
@@ -929,10 +960,10 @@ void run(int device, void *stream_raw, const ActivationArgs &a) {
         kernel<<<persistent_grid(device, kernel, (n + 3) / 4), kThreads, 0, stream>>>(a);
         check_launch("activation_kernel");
     };
-    auto launch_stream = [&](auto kernel) {
+    auto launch_stream = [&](auto kernel, bool reverse = false) {
         // max_shared: the pipeline's ring (up to 32 KB a block) must not be what limits the blocks per SM.
         kernel<<<persistent_grid(device, kernel, groups + 1, kPipeline), kThreads, 0, stream>>>(a, row_div, uint32_t(groups),
-                                                                                   uint64_t(glu ? fwd_n : n));
+                                                                                   uint64_t(glu ? fwd_n : n), reverse);
         check_launch("activation stream_kernel");
     };
     if (!fp8) {
@@ -966,13 +997,16 @@ void run(int device, void *stream_raw, const ActivationArgs &a) {
                 const size_t tiles = size_t((a.rows + kTileDim - 1) / kTileDim) *
                                      size_t(((glu && kBackward ? a.cols : out_cols) + kTileDim - 1) / kTileDim) *
                                      (glu && kBackward ? 2 : 1);
-                kernel<<<persistent_grid(device, kernel, tiles * kThreads, kPipeline), kThreads, 0, stream>>>(a, fast);
+                kernel<<<persistent_grid(device, kernel, tiles * kThreads, kPipeline), kThreads, 0, stream>>>(
+                    a, fast, bool(a.target.current));
                 check_launch("activation tile_kernel");
             });
             return;
         }
         if (vec_out) {
-            dispatch_kind(a.kind, [&](auto k) { launch_stream(stream_kernel<decltype(k)::value, kBackward, kOutFp8, D>); });
+            dispatch_kind(a.kind, [&](auto k) {
+                launch_stream(stream_kernel<decltype(k)::value, kBackward, kOutFp8, D>, a.target.current);
+            });
         } else {
             launch_generic(activation_generic_kernel<D, true, kBackward>);
         }
