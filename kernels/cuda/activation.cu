@@ -786,7 +786,8 @@ constexpr int tile_min_blocks() {
 }
 
 template <int K, bool kBackward, fp8amp_dtype D>
-__global__ void __launch_bounds__(kThreads, tile_min_blocks<K, kBackward>()) tile_kernel(const ActivationArgs a, bool fast, bool reverse) {
+__global__ void __launch_bounds__(kThreads, tile_min_blocks<K, kBackward>()) tile_kernel(const ActivationArgs a, bool fast, bool reverse,
+                                                                                  const FastDiv tiles_c_div) {
     constexpr bool kGlu = K == kSwiglu;
     constexpr int kHalves = kGlu && kBackward ? 2 : 1;
     __shared__ uint32_t tile[kTileDim * kTileStride];
@@ -812,12 +813,16 @@ __global__ void __launch_bounds__(kThreads, tile_min_blocks<K, kBackward>()) til
         int64_t r0, cc0, oc0;
         int h, w;
     };
-    auto where = [&](int64_t id) {  // reverse (as stream_kernel's): the tiles from the last to the first
-        if (reverse) id = tiles - 1 - id;
+    // reverse (as stream_kernel's): the tiles from the last to the first. 32-bit tile indices (the
+    // vector condition, groups < 2^31, keeps tiles below 2^30) and a multiply-high division by tiles_c: a 64-bit division
+    // costs ~20 instructions a thread, twice a tile (this tile and the one the ring loads next), over
+    // a thread's 16 elements.
+    auto where = [&](int64_t id64) {
+        const uint32_t id = uint32_t(reverse ? tiles - 1 - id64 : id64);
         Where p;
         p.half = kHalves == 2 ? int(id % 2) : 0;
-        const int64_t rest = kHalves == 2 ? id / 2 : id;
-        p.r0 = (rest / tiles_c) * kTileDim, p.cc0 = (rest % tiles_c) * kTileDim;
+        const uint32_t rest = kHalves == 2 ? id / 2 : id, tr = fast_div(rest, tiles_c_div);
+        p.r0 = int64_t(tr) * kTileDim, p.cc0 = int64_t(rest - tr * tiles_c_div.d) * kTileDim;
         p.oc0 = p.half * cols + p.cc0;
         p.h = rows - p.r0 < kTileDim ? int(rows - p.r0) : kTileDim;
         p.w = span - p.cc0 < kTileDim ? int(span - p.cc0) : kTileDim;
@@ -997,8 +1002,9 @@ void run(int device, void *stream_raw, const ActivationArgs &a) {
                 const size_t tiles = size_t((a.rows + kTileDim - 1) / kTileDim) *
                                      size_t(((glu && kBackward ? a.cols : out_cols) + kTileDim - 1) / kTileDim) *
                                      (glu && kBackward ? 2 : 1);
+                const uint32_t tiles_c = uint32_t(((glu && kBackward ? a.cols : out_cols) + kTileDim - 1) / kTileDim);
                 kernel<<<persistent_grid(device, kernel, tiles * kThreads, kPipeline), kThreads, 0, stream>>>(
-                    a, fast, bool(a.target.current));
+                    a, fast, bool(a.target.current), make_fastdiv(tiles_c > 0 ? tiles_c : 1u));
                 check_launch("activation tile_kernel");
             });
             return;
