@@ -4,10 +4,13 @@
 # on the device, in one run (the builds in parallel first, then the benches one after another).
 # Usage: bench/tune_activation.sh OUT_DIR NAME=FLAGS [NAME=FLAGS ...]
 #   e.g. bench/tune_activation.sh /tmp/out regs="-DFP8AMP_ACTIVATION_PIPELINE=0" ring="" \
-#          s3="-DFP8AMP_ACTIVATION_STAGES=3" u2="-DFP8AMP_ACTIVATION_UNROLL1=2"
-# Knobs: FP8AMP_ACTIVATION_PIPELINE (1: cp.async input ring, 0: the former register loop),
-# FP8AMP_ACTIVATION_STAGES (ring slots, 2-4), FP8AMP_ACTIVATION_UNROLL1/2/3 (groups of 8 per step
-# for kernels with 1/2/3 input streams; the ring, STAGES x UNROLL x streams x 4 KB, must stay within 40 KB a block).
+#          s2u4="-DFP8AMP_ACTIVATION_STAGES1=2 -DFP8AMP_ACTIVATION_UNROLL1=4" \
+#          bwd_s3u1="-DFP8AMP_ACTIVATION_STAGES2=3 -DFP8AMP_ACTIVATION_UNROLL2=1"
+# Knobs: FP8AMP_ACTIVATION_PIPELINE (1: cp.async input ring, 0: the former register loop);
+# FP8AMP_ACTIVATION_STAGES1/2/3 and _UNROLL1/2/3: ring slots and groups of 8 per step of the stream
+# kernels with 1/2/3 input streams (GELU/SiLU fwd; SwiGLU fwd and GELU/SiLU bwd; SwiGLU bwd), the
+# ring (STAGES x UNROLL x streams x 4 KB) within 40 KB a block; FP8AMP_ACTIVATION_TILE_STAGES (the
+# +t tile kernel's ring); FP8AMP_ACTIVATION_MIN_BLOCKS (the register bound, 0: none).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=$1

@@ -394,28 +394,46 @@ constexpr int32_t kAmaxExtremesMin = 0x3F00;
 // group: the forwards, with ~34 instructions an element, could not overlap memory and math (Nsight
 // Compute: 39% of the cycles between issues waiting on L1TEX, 21% of cycles with no eligible warp,
 // DRAM at 59% of peak). The inputs now stream through a per-thread ring in shared memory filled by
-// cp.async (LDGSTS, 16 bytes, L2 only): the copies of step s + kStages - 1 are issued before the
+// cp.async (LDGSTS, 16 bytes, L2 only): the copies of step s + stages - 1 are issued before the
 // math of step s, and ptxas cannot sink them (they write shared memory the thread reads afterwards).
 // Each thread reads back only its own 16-byte slots (a warp's read is 512 contiguous bytes: no bank
 // conflicts, no barrier). FP8AMP_ACTIVATION_PIPELINE=0 builds the former register loop instead.
 #ifndef FP8AMP_ACTIVATION_PIPELINE
 #define FP8AMP_ACTIVATION_PIPELINE 1
 #endif
-#ifndef FP8AMP_ACTIVATION_STAGES  // ring slots: steps in flight (2: the next step's copies during this one's math)
-#define FP8AMP_ACTIVATION_STAGES 2
+// Ring slots (steps in flight + 1) and groups of 8 a step, by the number of input streams: 1 (the
+// GELU/SiLU forwards), 2 (SwiGLU's forward: a, b; the GELU/SiLU backwards: x, dy), 3 (SwiGLU's
+// backward). The forwards with one stream are issue-bound (~31 instructions an element for 3 bytes):
+// 3 slots of 2 groups keep 4 groups a thread in flight like 2 slots of 4, but halve the kernel's
+// start (every warp waits for its first step's data before any math) and its end (the last step's
+// math with nothing left to load), for ~0.5 instruction an element more; the others are
+// memory-bound (5 bytes an element) and keep 2 slots (2 groups; SwiGLU's backward 1).
+#ifndef FP8AMP_ACTIVATION_STAGES1
+#define FP8AMP_ACTIVATION_STAGES1 3
 #endif
-#ifndef FP8AMP_ACTIVATION_UNROLL1  // groups per step with one input stream (GELU/SiLU forward)
-#define FP8AMP_ACTIVATION_UNROLL1 4
+#ifndef FP8AMP_ACTIVATION_UNROLL1
+#define FP8AMP_ACTIVATION_UNROLL1 2
 #endif
-#ifndef FP8AMP_ACTIVATION_UNROLL2  // with two (SwiGLU forward: a, b; GELU/SiLU backward: x, dy)
+#ifndef FP8AMP_ACTIVATION_STAGES2
+#define FP8AMP_ACTIVATION_STAGES2 2
+#endif
+#ifndef FP8AMP_ACTIVATION_UNROLL2
 #define FP8AMP_ACTIVATION_UNROLL2 2
 #endif
-#ifndef FP8AMP_ACTIVATION_UNROLL3  // with three (SwiGLU backward: a, b, dy)
+#ifndef FP8AMP_ACTIVATION_STAGES3
+#define FP8AMP_ACTIVATION_STAGES3 2
+#endif
+#ifndef FP8AMP_ACTIVATION_UNROLL3
 #define FP8AMP_ACTIVATION_UNROLL3 1
 #endif
+#ifndef FP8AMP_ACTIVATION_TILE_STAGES  // tile_kernel: ring slots of one 64 x 64 tile's inputs (2 groups a thread)
+#define FP8AMP_ACTIVATION_TILE_STAGES 2
+#endif
 constexpr bool kPipeline = FP8AMP_ACTIVATION_PIPELINE != 0;
-constexpr int kStages = FP8AMP_ACTIVATION_STAGES;
-static_assert(kStages >= 2 && kStages <= 4, "FP8AMP_ACTIVATION_STAGES: 2 to 4");
+constexpr int kTileStages = FP8AMP_ACTIVATION_TILE_STAGES;
+static_assert(FP8AMP_ACTIVATION_STAGES1 >= 2 && FP8AMP_ACTIVATION_STAGES2 >= 2 && FP8AMP_ACTIVATION_STAGES3 >= 2 &&
+                  kTileStages >= 2,
+              "FP8AMP_ACTIVATION_*STAGES*: at least 2 (the next step's copies in flight during this step's math)");
 
 // 16 bytes global -> shared, asynchronously (L2 only: nothing is read twice); src_bytes 0 writes 16
 // zero bytes and reads nothing (a step's groups past the end: they compute to zeros, never stored).
@@ -443,14 +461,19 @@ constexpr int stream_inputs() {
 
 // Groups a thread takes per step of the main loop: the loop's control, the NaN test and the amax
 // update are paid once per step. Pipelined: a step's ring slot holds kU * inputs 16-byte entries
-// per thread (4 KB per block each), the ring kStages slots: at most 32 KB per block by default, so
-// the register-limited 5-6 blocks of an SM still fit (the carveout is set to the largest). The
+// per thread (4 KB per block each), the ring `stages` slots: 24-32 KB per block by default, so the
+// 5-6 blocks of an SM (stream_min_blocks) still fit (the carveout is set to the largest). The
 // register loop: the forwards 4 (GELU/SiLU 16 registers of input), the backwards 2.
 template <int K, bool kBackward>
 constexpr int stream_unroll() {
     if constexpr (!kPipeline) return kBackward ? 2 : 4;
     constexpr int in = stream_inputs<K, kBackward>();
     return in == 1 ? FP8AMP_ACTIVATION_UNROLL1 : in == 2 ? FP8AMP_ACTIVATION_UNROLL2 : FP8AMP_ACTIVATION_UNROLL3;
+}
+template <int K, bool kBackward>
+constexpr int stream_stages() {
+    constexpr int in = stream_inputs<K, kBackward>();
+    return in == 1 ? FP8AMP_ACTIVATION_STAGES1 : in == 2 ? FP8AMP_ACTIVATION_STAGES2 : FP8AMP_ACTIVATION_STAGES3;
 }
 
 // Resident blocks an SM that ptxas must leave room for (a register bound: 5 blocks of 256 threads
@@ -603,12 +626,13 @@ __global__ void __launch_bounds__(kThreads, stream_min_blocks<K, kBackward, kMod
     const uint32_t gstride = reverse ? 0u - stride : stride;
     // The pipelined loop: this thread's groups first, first + stride, ... (`mine` of them) in steps of
     // kUnroll; the ring's slot s % kStages holds step s's inputs, entry [u][input][thread].
+    constexpr int kStages = stream_stages<K, kBackward>();
     // (Not for the GELU/SiLU amax pass: it reads x at copy speed by its extremes, and its rare
     // fallback keeps the register loop, so that no ring takes shared memory from its blocks.)
     constexpr bool kRing = kPipeline && !(kMode == kOutAmax && !kGlu && !kBackward);
     constexpr int kIn = stream_inputs<K, kBackward>();
     __shared__ uint4 ring[kRing ? kStages : 1][kRing ? kUnroll : 1][kRing ? kIn : 1][kThreads];
-    static_assert(sizeof(ring) <= 40 * 1024, "the ring of FP8AMP_ACTIVATION_STAGES x UNROLL exceeds 40 KB a block");
+    static_assert(sizeof(ring) <= 40 * 1024, "the ring of FP8AMP_ACTIVATION_STAGES* x UNROLL* exceeds 40 KB a block");
     auto pipelined_loop = [&](auto st) {
         const uint32_t mine = first < groups ? (groups - 1 - first) / stride + 1 : 0u;
         const uint32_t full = mine / kUnroll;                    // steps whose kUnroll groups all exist
@@ -616,8 +640,8 @@ __global__ void __launch_bounds__(kThreads, stream_min_blocks<K, kBackward, kMod
         const int tid = int(threadIdx.x);
         // The copies of step s into its slot; past the last step an empty group, so that the wait
         // below always leaves the same number in flight. No overflow: g < groups < 2^31.
-        auto issue = [&](uint32_t s) {
-            auto &slot = ring[s % kStages];
+        auto issue = [&](uint32_t s, int k) {  // k: the slot, s % kStages (counted, not divided)
+            auto &slot = ring[k];
             if (s < full) {
 #pragma unroll
                 for (int u = 0; u < kUnroll; ++u) {
@@ -641,8 +665,8 @@ __global__ void __launch_bounds__(kThreads, stream_min_blocks<K, kBackward, kMod
             }
             cp_async_commit();
         };
-        auto consume = [&](uint32_t s, auto valid) {
-            const auto &slot = ring[s % kStages];
+        auto consume = [&](uint32_t s, int k, auto valid) {
+            const auto &slot = ring[k];
             GroupIn in[kUnroll];
 #pragma unroll
             for (int u = 0; u < kUnroll; ++u) {
@@ -653,14 +677,17 @@ __global__ void __launch_bounds__(kThreads, stream_min_blocks<K, kBackward, kMod
             process(gfirst + s * kUnroll * gstride, gstride, in, valid, st);
         };
 #pragma unroll
-        for (int s = 0; s < kStages - 1; ++s) issue(uint32_t(s));
+        for (int s = 0; s < kStages - 1; ++s) issue(uint32_t(s), s);
+        int k = 0;  // step s's slot
         for (uint32_t s = 0; s < full; ++s) {
-            issue(s + (kStages - 1));      // into the slot step s - 1 used: this thread read it already
+            // into the slot step s - 1 used: this thread read it already
+            issue(s + (kStages - 1), k == 0 ? kStages - 1 : k - 1);
             cp_async_wait<kStages - 1>();  // step s's copies have landed
-            consume(s, std::integral_constant<int, kUnroll>());
+            consume(s, k, std::integral_constant<int, kUnroll>());
+            k = k == kStages - 1 ? 0 : k + 1;
         }
         cp_async_wait<0>();  // the partial step's copies (if any) have landed; nothing left in flight
-        if (rest > 0) consume(full, rest);
+        if (rest > 0) consume(full, k, rest);
     };
     auto main_loop = [&](auto st) {
         if constexpr (kRing) {
@@ -834,6 +861,7 @@ __global__ void __launch_bounds__(kThreads, tile_min_blocks<K, kBackward>()) til
     // entries [u][input][p], u = 0, 1: its two groups. 4 KB each; the ring only where it stays within
     // 32 KB (not SwiGLU's backward: 3 inputs), which keeps the former loads.
     constexpr int kIn = stream_inputs<K, kBackward>();
+    constexpr int kStages = kTileStages;
     constexpr bool kRing = kPipeline && kStages * 2 * kIn <= 8;
     __shared__ uint4 ring[kRing ? kStages : 1][2][kRing ? kIn : 1][kThreads];
     const int tid = int(threadIdx.x);

@@ -275,8 +275,8 @@ static void test_bf16_stream_large_matches_cpu(void **state) {
 }
 
 /* BF16 inputs large enough that the streaming kernel's input pipeline (kernels/cuda/activation.cu:
- * cp.async copies of a thread's next step issued before this step's math, a ring of
- * FP8AMP_ACTIVATION_STAGES slots, FP8AMP_ACTIVATION_UNROLL* groups a step) wraps its ring several
+ * cp.async copies of a thread's next steps issued before this step's math, a ring of
+ * FP8AMP_ACTIVATION_STAGES* slots, FP8AMP_ACTIVATION_UNROLL* groups a step) wraps its ring several
  * times, and ends with a partial step (its missing groups zero-filled, computed, never stored nor
  * counted) of several sizes: the persistent grid of an H100/H200 runs ~1.7-2.6 x 10^5 threads, so
  * these 1.0-3.1 x 10^6 groups of 8 give a thread 4 to 18 groups, and a launch's threads two
