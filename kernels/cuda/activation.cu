@@ -9,25 +9,29 @@
 // (exact: f is non-decreasing on x >= 0 and |f| < f(0.5) on x < 0 over all BF16 inputs, a tested
 // property of the shared arithmetic), else f of every element as before.
 //
-// Why it is shaped so (docs/performance.md, "activation kernels"): an element costs 29-42 SASS
-// instructions with its load and FP8 epilogue (GELU forward 31.4, backward 40.4) while a BF16 -> FP8
-// stream at copy bandwidth leaves an H100 ~32 issue slots per element (forward; ~53 for the
-// backward's 5 bytes), so the forwards are issue-bound and everything around the math must be
-// near-free:
-// - stream_kernel (no transpose): BF16 inputs, 8 elements (a group) per 16-byte load, packs of 4
-//   groups per thread step in the forwards (2 in the backwards), 8-byte FP8 stores; 32-bit group
-//   indices, so an address is one wide multiply-add. GELU/SiLU map the element index straight through
-//   (no row, no division); SwiGLU finds the row once per group by a multiply-high division
-//   (FastDiv), and its backward writes da and db of the same column group from one evaluation of
-//   silu(a) / silu'(a) (one exp and two divisions for two outputs).
+// Why it is shaped so (docs/performance.md, "activation kernels", rounds 2-4): an element costs
+// 29-40 SASS instructions with its load and FP8 epilogue while a BF16 -> FP8 stream at copy bandwidth
+// leaves an H100 ~32 issue slots per element (forward; ~53 for the backward's 5 bytes), so the
+// forwards need their math and their memory traffic to overlap, and everything around the math must
+// be near-free:
+// - stream_kernel (no transpose): BF16 inputs, 8 elements (a group) per 16-byte load, 8-byte FP8
+//   stores; the inputs stream through a per-thread ring in shared memory filled by cp.async, the
+//   copies of the next steps issued before this step's math (ptxas had placed every plain load next
+//   to its math: one load in flight a thread). 32-bit group indices, so an address is one wide
+//   multiply-add. GELU/SiLU map the element index straight through (no row, no division); SwiGLU
+//   finds the row once per group by a multiply-high division (FastDiv), and its backward writes da
+//   and db of the same column group from one evaluation of silu(a) / silu'(a) (one exp and two
+//   divisions for two outputs). Current scaling's writing pass walks the groups last to first (what
+//   the amax pass read last is still in L2).
 // - tile_kernel ("+t": out_t requested): 64 x 64 output tiles; each tile's FP8 bytes go to out
 //   (8-byte row stores) and to a padded shared-memory tile, then 4 x 4 byte blocks are transposed in
 //   registers and written to out_t as 4-byte pieces (16 threads write 64 contiguous bytes of a
-//   transposed row). Edge tiles and unaligned buffers take a per-element path in the same kernel.
-//   Replaces the separate byte transpose (out re-read, out_t written: +2 bytes per element).
+//   transposed row). The block's next fast tile's inputs are copied (cp.async) during this tile.
+//   Edge tiles and unaligned buffers take a per-element path in the same kernel. Replaces the
+//   separate byte transpose (out re-read, out_t written: +2 bytes per element).
 // - FP8 quantization as quantize.cu's fast path: one max.NaN per element (the amax, and NaN found by
 //   the same chain), a multiply and paired satfinite conversions merged into 32-bit words (fp8x4).
-//   stream_kernel tests NaN once per pack: a pack that holds one (rare) has its NaN codes replaced by
+//   stream_kernel tests NaN once per step: a step that holds one (rare) has its NaN codes replaced by
 //   the canonical NaN's code (fix_nan_codes) and records amax inf; the tile kernel sends a group with
 //   a NaN to the per-element path.
 // - activation_generic_kernel: everything else (F32/F16 inputs, dy of another dtype, unaligned
