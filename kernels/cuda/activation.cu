@@ -435,6 +435,15 @@ constexpr int32_t kAmaxExtremesMin = 0x3F00;
 #endif
 constexpr bool kPipeline = FP8AMP_ACTIVATION_PIPELINE != 0;
 constexpr int kTileStages = FP8AMP_ACTIVATION_TILE_STAGES;
+// sm_89 (Ada) has 100 KB of shared memory an SM where sm_90 has 228: its device code takes rings of
+// at most 16 KB a block (2 slots; 1 group a step with 2 streams; the tile kernel its loads), so that
+// the register-limited 5 blocks still fit. (Device code only: the host side never reads the ring's
+// sizes, so __CUDA_ARCH__ may differ between the passes.)
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+constexpr bool kSmallSmem = true;
+#else
+constexpr bool kSmallSmem = false;
+#endif
 static_assert(FP8AMP_ACTIVATION_STAGES1 >= 2 && FP8AMP_ACTIVATION_STAGES2 >= 2 && FP8AMP_ACTIVATION_STAGES3 >= 2 &&
                   kTileStages >= 2,
               "FP8AMP_ACTIVATION_*STAGES*: at least 2 (the next step's copies in flight during this step's math)");
@@ -472,11 +481,13 @@ template <int K, bool kBackward>
 constexpr int stream_unroll() {
     if constexpr (!kPipeline) return kBackward ? 2 : 4;
     constexpr int in = stream_inputs<K, kBackward>();
+    if constexpr (kSmallSmem) return in == 1 ? 2 : 1;
     return in == 1 ? FP8AMP_ACTIVATION_UNROLL1 : in == 2 ? FP8AMP_ACTIVATION_UNROLL2 : FP8AMP_ACTIVATION_UNROLL3;
 }
 template <int K, bool kBackward>
 constexpr int stream_stages() {
     constexpr int in = stream_inputs<K, kBackward>();
+    if constexpr (kSmallSmem) return 2;
     return in == 1 ? FP8AMP_ACTIVATION_STAGES1 : in == 2 ? FP8AMP_ACTIVATION_STAGES2 : FP8AMP_ACTIVATION_STAGES3;
 }
 
@@ -866,7 +877,7 @@ __global__ void __launch_bounds__(kThreads, tile_min_blocks<K, kBackward>()) til
     // 32 KB (not SwiGLU's backward: 3 inputs), which keeps the former loads.
     constexpr int kIn = stream_inputs<K, kBackward>();
     constexpr int kStages = kTileStages;
-    constexpr bool kRing = kPipeline && kStages * 2 * kIn <= 8;
+    constexpr bool kRing = kPipeline && !kSmallSmem && kStages * 2 * kIn <= 8;
     __shared__ uint4 ring[kRing ? kStages : 1][2][kRing ? kIn : 1][kThreads];
     const int tid = int(threadIdx.x);
     auto issue = [&](int64_t id, int slot) {  // the copies of tile id (if it is a fast one), then a commit
