@@ -289,8 +289,8 @@ static void test_bf16_stream_pipeline_matches_cpu(void **state) {
     SKIP_WITHOUT_CUDA();
     const offsets_t none = {0, 0, 0, 0};
     /* rows x cols: out elements / 8 = 1.05, 1.57, 2.10 and 3.07 x 10^6 groups (GELU/SiLU forwards:
-     * odd cols, the n % 8 tail; the others cols % 8 == 0, SwiGLU's vector condition). */
-    const shape_t odd[4] = {{2048, 4099}, {3072, 4095}, {4096, 4097}, {3001, 8191}};
+     * odd rows and cols, an n % 8 tail; the others cols % 8 == 0, SwiGLU's vector condition). */
+    const shape_t odd[4] = {{2047, 4099}, {3071, 4095}, {4095, 4097}, {3001, 8191}}; /* n % 8: 5, 1, 7, 7 */
     const shape_t even[4] = {{2048, 4096}, {3072, 4088}, {4096, 4104}, {3000, 8192}};
     for (int kind = 0; kind < 3; ++kind)
         for (int backward = 0; backward < 2; ++backward)
