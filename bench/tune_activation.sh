@@ -10,7 +10,8 @@
 # FP8AMP_ACTIVATION_STAGES1/2/3 and _UNROLL1/2/3: ring slots and groups of 8 per step of the stream
 # kernels with 1/2/3 input streams (GELU/SiLU fwd; SwiGLU fwd and GELU/SiLU bwd; SwiGLU bwd), the
 # ring (STAGES x UNROLL x streams x 4 KB) within 40 KB a block; FP8AMP_ACTIVATION_TILE_STAGES (the
-# +t tile kernel's ring); FP8AMP_ACTIVATION_MIN_BLOCKS (the register bound, 0: none).
+# +t tile kernel's ring); FP8AMP_ACTIVATION_MIN_BLOCKS (the stream kernels' register bound, 6 blocks:
+# 40 registers; 5: 48; 0: none) and FP8AMP_ACTIVATION_TILE_MIN_BLOCKS (the tile kernels', 5).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=$1

@@ -491,18 +491,19 @@ constexpr int stream_stages() {
     return in == 1 ? FP8AMP_ACTIVATION_STAGES1 : in == 2 ? FP8AMP_ACTIVATION_STAGES2 : FP8AMP_ACTIVATION_STAGES3;
 }
 
-// Resident blocks an SM that ptxas must leave room for (a register bound: 5 blocks of 256 threads
-// leave 48 registers a thread, 6 leave 40; 0: no bound). With the inputs in shared memory the FP8
-// kernels need about 40-48; left to itself ptxas gave some of them 56-64 depending on unrelated code
-// (4 blocks instead of 5), so the bound pins the occupancy that the ring's sizes assume (32 KB a
-// block: 6 blocks fit in the 228 KB of an H100's SM). SwiGLU's forward fits in 40 (6 blocks).
+// Resident blocks an SM that ptxas must leave room for (a register bound: 6 blocks of 256 threads
+// leave 40 registers a thread, 5 leave 48; 0: no bound). With the inputs in shared memory (no input
+// registers held across the math) the FP8 stream kernels fit in 40 with no spill and the same
+// instructions (sm_90: GELU fwd 498 -> 503 an iteration of 16 elements, the others within 2); left
+// to itself ptxas gave them 48-64 depending on unrelated code (4-5 blocks). So the bound pins 6
+// blocks (48 warps) an SM, which the rings (24-33 KB a block) fit in an H100's 228 KB.
 #ifndef FP8AMP_ACTIVATION_MIN_BLOCKS
-#define FP8AMP_ACTIVATION_MIN_BLOCKS 5
+#define FP8AMP_ACTIVATION_MIN_BLOCKS 6
 #endif
 template <int K, bool kBackward, int kMode>
 constexpr int stream_min_blocks() {
-    if constexpr (!kPipeline || kMode != kOutFp8 || FP8AMP_ACTIVATION_MIN_BLOCKS == 0) return 0;
-    return K == kSwiglu && !kBackward ? FP8AMP_ACTIVATION_MIN_BLOCKS + 1 : FP8AMP_ACTIVATION_MIN_BLOCKS;
+    if constexpr (!kPipeline || kMode != kOutFp8) return 0;
+    return FP8AMP_ACTIVATION_MIN_BLOCKS;
 }
 
 // The streaming kernel (no transpose). Group g: GELU/SiLU elements 8g..8g+7 of x, dy and out (the
@@ -820,11 +821,15 @@ __device__ __forceinline__ float element_raw(const ActivationArgs &a, int64_t r,
 // each other (the second reads a and b again, mostly from L2). `fast`: BF16 inputs, 16-byte aligned
 // x and dy, 8-byte aligned out, 4-byte aligned out_t, rows % 4 == 0 and the forward's cols % 8 == 0;
 // a full tile then takes the vector path, an edge tile (or any tile when not fast) the per-element one.
-// The tile kernels' bound likewise: GELU/SiLU forwards 48 registers (5 blocks), the others 64 (4).
+// The tile kernels' bound likewise: GELU/SiLU forwards 48 registers (5 blocks; 40 would spill), the
+// others 64 (4; their natural count).
+#ifndef FP8AMP_ACTIVATION_TILE_MIN_BLOCKS
+#define FP8AMP_ACTIVATION_TILE_MIN_BLOCKS 5
+#endif
 template <int K, bool kBackward>
 constexpr int tile_min_blocks() {
-    if constexpr (!kPipeline || FP8AMP_ACTIVATION_MIN_BLOCKS == 0) return 0;
-    return K != kSwiglu && !kBackward ? FP8AMP_ACTIVATION_MIN_BLOCKS : FP8AMP_ACTIVATION_MIN_BLOCKS - 1;
+    if constexpr (!kPipeline || FP8AMP_ACTIVATION_TILE_MIN_BLOCKS == 0) return 0;
+    return K != kSwiglu && !kBackward ? FP8AMP_ACTIVATION_TILE_MIN_BLOCKS : FP8AMP_ACTIVATION_TILE_MIN_BLOCKS - 1;
 }
 
 template <int K, bool kBackward, fp8amp_dtype D>
