@@ -3,15 +3,17 @@
 # FP8AMP_ACTIVATION_* knobs) and benchmarks each with bench_norm.py --only activation --fp8amp-only,
 # on the device, in one run (the builds in parallel first, then the benches one after another).
 # Usage: bench/tune_activation.sh OUT_DIR NAME=FLAGS [NAME=FLAGS ...]
-#   e.g. bench/tune_activation.sh /tmp/out regs="-DFP8AMP_ACTIVATION_PIPELINE=0" ring="" \
-#          s2u4="-DFP8AMP_ACTIVATION_STAGES1=2 -DFP8AMP_ACTIVATION_UNROLL1=4" \
-#          bwd_s3u1="-DFP8AMP_ACTIVATION_STAGES2=3 -DFP8AMP_ACTIVATION_UNROLL2=1"
-# Knobs: FP8AMP_ACTIVATION_PIPELINE (1: cp.async input ring, 0: the former register loop);
+#   e.g. bench/tune_activation.sh /tmp/out default="" ring="-DFP8AMP_ACTIVATION_PIPELINE=1" \
+#          ring_s2u4="-DFP8AMP_ACTIVATION_PIPELINE=1 -DFP8AMP_ACTIVATION_STAGES1=2 -DFP8AMP_ACTIVATION_UNROLL1=4" \
+#          tiles_all="-DFP8AMP_ACTIVATION_TILE_RING=2" tiles_none="-DFP8AMP_ACTIVATION_TILE_RING=0"
+# Knobs: FP8AMP_ACTIVATION_PIPELINE (stream kernels: 0, the default, the register loop; 1 the
+# cp.async input ring); FP8AMP_ACTIVATION_TILE_RING (tile kernel: 1, the default, the forwards take
+# the ring; 2 all that fit; 0 none);
 # FP8AMP_ACTIVATION_STAGES1/2/3 and _UNROLL1/2/3: ring slots and groups of 8 per step of the stream
 # kernels with 1/2/3 input streams (GELU/SiLU fwd; SwiGLU fwd and GELU/SiLU bwd; SwiGLU bwd), the
 # ring (STAGES x UNROLL x streams x 4 KB) within 40 KB a block; FP8AMP_ACTIVATION_TILE_STAGES (the
-# +t tile kernel's ring); FP8AMP_ACTIVATION_MIN_BLOCKS (the stream kernels' register bound, 6 blocks:
-# 40 registers; 5: 48; 0: none) and FP8AMP_ACTIVATION_TILE_MIN_BLOCKS (the tile kernels', 5).
+# +t tile kernel's ring); FP8AMP_ACTIVATION_MIN_BLOCKS (with the ring, the stream kernels' register
+# bound, 6 blocks: 40 registers; 5: 48; 0: none) and FP8AMP_ACTIVATION_TILE_MIN_BLOCKS (the tile kernels', 5).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=$1

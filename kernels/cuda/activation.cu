@@ -15,10 +15,10 @@
 // forwards need their math and their memory traffic to overlap, and everything around the math must
 // be near-free:
 // - stream_kernel (no transpose): BF16 inputs, 8 elements (a group) per 16-byte load, 8-byte FP8
-//   stores; the inputs stream through a per-thread ring in shared memory filled by cp.async, the
-//   copies of the next steps issued before this step's math (ptxas had placed every plain load next
-//   to its math: one load in flight a thread). 32-bit group indices, so an address is one wide
-//   multiply-add. GELU/SiLU map the element index straight through (no row, no division); SwiGLU
+//   stores; packs of 4 groups per thread step in the forwards (2 in the backwards), whose loads
+//   ptxas places next to their math (one load in flight a thread; across 40-48 warps an SM that was
+//   measured to be enough: a cp.async ring, FP8AMP_ACTIVATION_PIPELINE=1, made these kernels 4-7%
+//   slower). 32-bit group indices, so an address is one wide multiply-add. GELU/SiLU map the element index straight through (no row, no division); SwiGLU
 //   finds the row once per group by a multiply-high division (FastDiv), and its backward writes da
 //   and db of the same column group from one evaluation of silu(a) / silu'(a) (one exp and two
 //   divisions for two outputs). Current scaling's writing pass walks the groups last to first (what
@@ -26,7 +26,8 @@
 // - tile_kernel ("+t": out_t requested): 64 x 64 output tiles; each tile's FP8 bytes go to out
 //   (8-byte row stores) and to a padded shared-memory tile, then 4 x 4 byte blocks are transposed in
 //   registers and written to out_t as 4-byte pieces (16 threads write 64 contiguous bytes of a
-//   transposed row). The block's next fast tile's inputs are copied (cp.async) during this tile.
+//   transposed row). In the forwards the block's next fast tile's inputs are copied (cp.async) during
+//   this tile (measured 8-15% faster; the backwards, slower with it, keep their loads).
 //   Edge tiles and unaligned buffers take a per-element path in the same kernel. Replaces the
 //   separate byte transpose (out re-read, out_t written: +2 bytes per element).
 // - FP8 quantization as quantize.cu's fast path: one max.NaN per element (the amax, and NaN found by
@@ -391,7 +392,7 @@ __device__ __forceinline__ uint32_t fix_nan_codes(uint32_t w) {
 // (stream_kernel's amax-only pass; the property is tested over every BF16 input).
 constexpr int32_t kAmaxExtremesMin = 0x3F00;
 
-// ---- the input pipeline of stream_kernel ------------------------------------------------------
+// ---- the input pipeline (tile_kernel's forwards; stream_kernel's with FP8AMP_ACTIVATION_PIPELINE=1) ----
 // Why: ptxas schedules a 16-byte load next to the math that uses it, whatever the source order (the
 // SASS of every stream_kernel had its pack's loads spread through the pack's math, all into the same
 // four registers), so a thread had one load in flight and waited a full memory latency for every
@@ -401,9 +402,23 @@ constexpr int32_t kAmaxExtremesMin = 0x3F00;
 // cp.async (LDGSTS, 16 bytes, L2 only): the copies of step s + stages - 1 are issued before the
 // math of step s, and ptxas cannot sink them (they write shared memory the thread reads afterwards).
 // Each thread reads back only its own 16-byte slots (a warp's read is 512 contiguous bytes: no bank
-// conflicts, no barrier). FP8AMP_ACTIVATION_PIPELINE=0 builds the former register loop instead.
+// conflicts, no barrier).
+// Measured (H100, the lead's run of this branch at 2 slots of 4 groups, 48 registers): the ring made
+// the stream kernels 4-7% slower, forwards and backwards (GELU fwd 8192 x 4096 46.5 -> 48.2 us on a
+// machine with 3.6% more copy bandwidth; GELU bwd 63.6 -> 67.8), while the tile kernel's forwards got
+// 8-15% faster (GELU fwd + y_t 65.1 -> 57.9 us) and its backwards 10-14% slower. So the stream
+// kernels keep the register loop by default: one 16-byte load in flight a thread across 40-48 warps
+// is already ~20 KB an SM in flight, about what the bandwidth needs, and the ring's ~5% more
+// instructions and LDGSTS/LDS traffic cost in these near issue-bound kernels; what the tile kernel
+// gained was its barrier-synchronized wait (every warp of a block waited for its tile's loads at
+// once). FP8AMP_ACTIVATION_PIPELINE=1 builds the stream kernels with the ring (the settings below);
+// FP8AMP_ACTIVATION_TILE_RING: 1 (default) the tile kernel's forwards take their ring, 2 all its
+// kernels where it fits, 0 none.
 #ifndef FP8AMP_ACTIVATION_PIPELINE
-#define FP8AMP_ACTIVATION_PIPELINE 1
+#define FP8AMP_ACTIVATION_PIPELINE 0
+#endif
+#ifndef FP8AMP_ACTIVATION_TILE_RING
+#define FP8AMP_ACTIVATION_TILE_RING 1
 #endif
 // Ring slots (steps in flight + 1) and groups of 8 a step, by the number of input streams: 1 (the
 // GELU/SiLU forwards), 2 (SwiGLU's forward: a, b; the GELU/SiLU backwards: x, dy), 3 (SwiGLU's
@@ -500,10 +515,17 @@ constexpr int stream_stages() {
 #ifndef FP8AMP_ACTIVATION_MIN_BLOCKS
 #define FP8AMP_ACTIVATION_MIN_BLOCKS 6
 #endif
+// The register loop (the default) keeps the occupancy it was measured at (a9a147a: GELU/SiLU/SwiGLU
+// forwards 44 registers, 5 blocks; GELU/SiLU backwards 40, 6; SwiGLU's backward 56, 4): the reversed
+// walk of current scaling (a second induction variable) had raised the GELU backward to 44, across
+// the 6-block line, so the GELU/SiLU backwards are bound to 6 blocks (40 registers, no spill); the
+// others keep ptxas's own count (44-46 and 58: the same blocks; a bound of 5 made SwiGLU's forward
+// spill).
 template <int K, bool kBackward, int kMode>
 constexpr int stream_min_blocks() {
-    if constexpr (!kPipeline || kMode != kOutFp8) return 0;
-    return FP8AMP_ACTIVATION_MIN_BLOCKS;
+    if constexpr (kMode != kOutFp8) return 0;
+    if constexpr (kPipeline) return FP8AMP_ACTIVATION_MIN_BLOCKS;
+    return kBackward && K != kSwiglu ? 6 : 0;
 }
 
 // The streaming kernel (no transpose). Group g: GELU/SiLU elements 8g..8g+7 of x, dy and out (the
@@ -821,14 +843,24 @@ __device__ __forceinline__ float element_raw(const ActivationArgs &a, int64_t r,
 // each other (the second reads a and b again, mostly from L2). `fast`: BF16 inputs, 16-byte aligned
 // x and dy, 8-byte aligned out, 4-byte aligned out_t, rows % 4 == 0 and the forward's cols % 8 == 0;
 // a full tile then takes the vector path, an edge tile (or any tile when not fast) the per-element one.
-// The tile kernels' bound likewise: GELU/SiLU forwards 48 registers (5 blocks; 40 would spill), the
-// others 64 (4; their natural count).
+// Whether a tile kernel takes the input ring (FP8AMP_ACTIVATION_TILE_RING; where 2 slots of its
+// inputs fit in 32 KB: not SwiGLU's backward, 3 inputs). Host and device alike (sm_89's device code
+// also drops it: kSmallSmem, in the kernel).
+template <int K, bool kBackward>
+constexpr bool tile_ring() {
+    return FP8AMP_ACTIVATION_TILE_RING >= (kBackward ? 2 : 1) && kTileStages * 2 * stream_inputs<K, kBackward>() <= 8;
+}
+// The tile kernels' register bound where they take the ring: GELU/SiLU forwards 48 registers (5
+// blocks; 40 would spill), the others 64 (4; their natural count). Without the ring: 4 blocks (64
+// registers), the occupancy they were measured at.
 #ifndef FP8AMP_ACTIVATION_TILE_MIN_BLOCKS
 #define FP8AMP_ACTIVATION_TILE_MIN_BLOCKS 5
 #endif
 template <int K, bool kBackward>
 constexpr int tile_min_blocks() {
-    if constexpr (!kPipeline || FP8AMP_ACTIVATION_TILE_MIN_BLOCKS == 0) return 0;
+    if constexpr (!tile_ring<K, kBackward>()) return 4;  // as measured before (58-64 registers); SwiGLU's
+                                                         // backward would take 80 now (3 blocks)
+    if constexpr (FP8AMP_ACTIVATION_TILE_MIN_BLOCKS == 0) return 0;
     return K != kSwiglu && !kBackward ? FP8AMP_ACTIVATION_TILE_MIN_BLOCKS : FP8AMP_ACTIVATION_TILE_MIN_BLOCKS - 1;
 }
 
@@ -882,7 +914,7 @@ __global__ void __launch_bounds__(kThreads, tile_min_blocks<K, kBackward>()) til
     // 32 KB (not SwiGLU's backward: 3 inputs), which keeps the former loads.
     constexpr int kIn = stream_inputs<K, kBackward>();
     constexpr int kStages = kTileStages;
-    constexpr bool kRing = kPipeline && !kSmallSmem && kStages * 2 * kIn <= 8;
+    constexpr bool kRing = tile_ring<K, kBackward>() && !kSmallSmem;
     __shared__ uint4 ring[kRing ? kStages : 1][2][kRing ? kIn : 1][kThreads];
     const int tid = int(threadIdx.x);
     auto issue = [&](int64_t id, int slot) {  // the copies of tile id (if it is a fast one), then a commit
@@ -1051,7 +1083,8 @@ void run(int device, void *stream_raw, const ActivationArgs &a) {
                                      size_t(((glu && kBackward ? a.cols : out_cols) + kTileDim - 1) / kTileDim) *
                                      (glu && kBackward ? 2 : 1);
                 const uint32_t tiles_c = uint32_t(((glu && kBackward ? a.cols : out_cols) + kTileDim - 1) / kTileDim);
-                kernel<<<persistent_grid(device, kernel, tiles * kThreads, kPipeline), kThreads, 0, stream>>>(
+                constexpr bool kRing = tile_ring<decltype(k)::value, kBackward>();  // max_shared: its ring
+                kernel<<<persistent_grid(device, kernel, tiles * kThreads, kRing), kThreads, 0, stream>>>(
                     a, fast, bool(a.target.current), make_fastdiv(tiles_c > 0 ? tiles_c : 1u));
                 check_launch("activation tile_kernel");
             });
