@@ -212,10 +212,11 @@ static void test_bf16_fused_transpose_matches_cpu(void **state) {
 }
 
 /* BF16 inputs with the fused transpose, large enough that a block of the persistent grid (4-5 blocks
- * an SM on an H100/H200) takes several 64 x 64 tiles one after another: the tile kernel's input ring
- * (the next tile's cp.async copies issued before this tile's math) wraps, and fast tiles follow
- * edge tiles and the other way round (4100 x 2056: a last row of 4-row tiles and a last column of
- * 8-column tiles; 2048 x 4096: fast tiles only). */
+ * an SM on an H100/H200) takes several 64 x 64 tiles one after another: the forwards' input ring
+ * (the next tile's cp.async copies issued before this tile's math) wraps, fast tiles follow edge
+ * tiles and the other way round (4100 x 2056: a last row of 4-row tiles and a last column of
+ * 8-column tiles; 2048 x 4096: fast tiles only), and under current scaling the tiles are taken last
+ * to first. */
 static void test_bf16_fused_transpose_large_matches_cpu(void **state) {
     (void)state;
     SKIP_WITHOUT_CUDA();
@@ -274,16 +275,16 @@ static void test_bf16_stream_large_matches_cpu(void **state) {
         }
 }
 
-/* BF16 inputs large enough that the streaming kernel's input pipeline (kernels/cuda/activation.cu:
- * cp.async copies of a thread's next steps issued before this step's math, a ring of
- * FP8AMP_ACTIVATION_STAGES* slots, FP8AMP_ACTIVATION_UNROLL* groups a step) wraps its ring several
- * times, and ends with a partial step (its missing groups zero-filled, computed, never stored nor
- * counted) of several sizes: the persistent grid of an H100/H200 runs ~1.7-2.6 x 10^5 threads, so
- * these 1.0-3.1 x 10^6 groups of 8 give a thread 4 to 18 groups, and a launch's threads two
- * neighbouring counts (the four sizes a kind runs: different remainders). The n % 8 tail too
- * (GELU/SiLU forwards of odd columns). FP8 under delayed scaling without statistics (the production
- * path) on every size, under current scaling with statistics on one (the amax-only pass first:
- * pipelined for SwiGLU and the backwards), a wide out on one. */
+/* BF16 inputs large enough that the streaming kernel's threads take many groups, in packs and a
+ * last partial round: the persistent grid of an H100/H200 runs ~1.7-2.6 x 10^5 threads, so these
+ * 1.0-3.1 x 10^6 groups of 8 give a thread 4 to 18 groups, and a launch's threads two neighbouring
+ * counts (the four sizes a kind runs: different remainders). Built with the optional input ring
+ * (kernels/cuda/activation.cu, FP8AMP_ACTIVATION_PIPELINE=1: cp.async copies of a thread's next
+ * steps issued before this step's math) that ring wraps several times and ends with partial steps
+ * (missing groups zero-filled, computed, never stored nor counted). The n % 8 tail too (GELU/SiLU
+ * forwards of odd rows and columns). FP8 under delayed scaling without statistics (the production
+ * path) on every size; under current scaling with statistics on one (the amax-only pass first, then
+ * the writing pass walking the groups last to first); a wide out on one. */
 static void test_bf16_stream_pipeline_matches_cpu(void **state) {
     (void)state;
     SKIP_WITHOUT_CUDA();
