@@ -396,10 +396,9 @@ constexpr int32_t kAmaxExtremesMin = 0x3F00;
 // Why: ptxas schedules a 16-byte load next to the math that uses it, whatever the source order (the
 // SASS of every stream_kernel had its pack's loads spread through the pack's math, all into the same
 // four registers), so a thread had one load in flight and waited a full memory latency for every
-// group: the forwards, with ~34 instructions an element, could not overlap memory and math (Nsight
-// Compute: 39% of the cycles between issues waiting on L1TEX, 21% of cycles with no eligible warp,
-// DRAM at 59% of peak). The inputs now stream through a per-thread ring in shared memory filled by
-// cp.async (LDGSTS, 16 bytes, L2 only): the copies of step s + stages - 1 are issued before the
+// group, which looked like why the forwards did not overlap memory and math (Nsight Compute: 39% of
+// the cycles between issues waiting on L1TEX, 21% of cycles with no eligible warp, DRAM at 59% of
+// peak). The ring: the inputs stream through a per-thread ring in shared memory filled by cp.async (LDGSTS, 16 bytes, L2 only): the copies of step s + stages - 1 are issued before the
 // math of step s, and ptxas cannot sink them (they write shared memory the thread reads afterwards).
 // Each thread reads back only its own 16-byte slots (a warp's read is 512 contiguous bytes: no bank
 // conflicts, no barrier).
@@ -507,8 +506,8 @@ constexpr int stream_stages() {
 }
 
 // Resident blocks an SM that ptxas must leave room for (a register bound: 6 blocks of 256 threads
-// leave 40 registers a thread, 5 leave 48; 0: no bound). With the inputs in shared memory (no input
-// registers held across the math) the FP8 stream kernels fit in 40 with no spill and the same
+// leave 40 registers a thread, 5 leave 48; 0: no bound). With the ring (FP8AMP_ACTIVATION_PIPELINE=1:
+// no input registers held across the math) the FP8 stream kernels fit in 40 with no spill and the same
 // instructions (sm_90: GELU fwd 498 -> 503 an iteration of 16 elements, the others within 2); left
 // to itself ptxas gave them 48-64 depending on unrelated code (4-5 blocks). So the bound pins 6
 // blocks (48 warps) an SM, which the rings (24-33 KB a block) fit in an H100's 228 KB.
