@@ -9,25 +9,30 @@
 // (exact: f is non-decreasing on x >= 0 and |f| < f(0.5) on x < 0 over all BF16 inputs, a tested
 // property of the shared arithmetic), else f of every element as before.
 //
-// Why it is shaped so (docs/performance.md, "activation kernels"): an element costs 29-42 SASS
-// instructions with its load and FP8 epilogue (GELU forward 31.4, backward 40.4) while a BF16 -> FP8
-// stream at copy bandwidth leaves an H100 ~32 issue slots per element (forward; ~53 for the
-// backward's 5 bytes), so the forwards are issue-bound and everything around the math must be
-// near-free:
-// - stream_kernel (no transpose): BF16 inputs, 8 elements (a group) per 16-byte load, packs of 4
-//   groups per thread step in the forwards (2 in the backwards), 8-byte FP8 stores; 32-bit group
-//   indices, so an address is one wide multiply-add. GELU/SiLU map the element index straight through
-//   (no row, no division); SwiGLU finds the row once per group by a multiply-high division
-//   (FastDiv), and its backward writes da and db of the same column group from one evaluation of
-//   silu(a) / silu'(a) (one exp and two divisions for two outputs).
+// Why it is shaped so (docs/performance.md, "activation kernels", rounds 2-4): an element costs
+// 29-40 SASS instructions with its load and FP8 epilogue while a BF16 -> FP8 stream at copy bandwidth
+// leaves an H100 ~32 issue slots per element (forward; ~53 for the backward's 5 bytes), so the
+// forwards need their math and their memory traffic to overlap, and everything around the math must
+// be near-free:
+// - stream_kernel (no transpose): BF16 inputs, 8 elements (a group) per 16-byte load, 8-byte FP8
+//   stores; packs of 4 groups per thread step in the forwards (2 in the backwards), whose loads
+//   ptxas places next to their math (one load in flight a thread; across 40-48 warps an SM that was
+//   measured to be enough: a cp.async ring, FP8AMP_ACTIVATION_PIPELINE=1, made these kernels 4-7%
+//   slower). 32-bit group indices, so an address is one wide multiply-add. GELU/SiLU map the element index straight through (no row, no division); SwiGLU
+//   finds the row once per group by a multiply-high division (FastDiv), and its backward writes da
+//   and db of the same column group from one evaluation of silu(a) / silu'(a) (one exp and two
+//   divisions for two outputs). Current scaling's writing pass walks the groups last to first (what
+//   the amax pass read last is still in L2).
 // - tile_kernel ("+t": out_t requested): 64 x 64 output tiles; each tile's FP8 bytes go to out
 //   (8-byte row stores) and to a padded shared-memory tile, then 4 x 4 byte blocks are transposed in
 //   registers and written to out_t as 4-byte pieces (16 threads write 64 contiguous bytes of a
-//   transposed row). Edge tiles and unaligned buffers take a per-element path in the same kernel.
-//   Replaces the separate byte transpose (out re-read, out_t written: +2 bytes per element).
+//   transposed row). In the forwards the block's next fast tile's inputs are copied (cp.async) during
+//   this tile (measured 8-15% faster; the backwards, slower with it, keep their loads).
+//   Edge tiles and unaligned buffers take a per-element path in the same kernel. Replaces the
+//   separate byte transpose (out re-read, out_t written: +2 bytes per element).
 // - FP8 quantization as quantize.cu's fast path: one max.NaN per element (the amax, and NaN found by
 //   the same chain), a multiply and paired satfinite conversions merged into 32-bit words (fp8x4).
-//   stream_kernel tests NaN once per pack: a pack that holds one (rare) has its NaN codes replaced by
+//   stream_kernel tests NaN once per step: a step that holds one (rare) has its NaN codes replaced by
 //   the canonical NaN's code (fix_nan_codes) and records amax inf; the tile kernel sends a group with
 //   a NaN to the per-element path.
 // - activation_generic_kernel: everything else (F32/F16 inputs, dy of another dtype, unaligned
@@ -387,13 +392,139 @@ __device__ __forceinline__ uint32_t fix_nan_codes(uint32_t w) {
 // (stream_kernel's amax-only pass; the property is tested over every BF16 input).
 constexpr int32_t kAmaxExtremesMin = 0x3F00;
 
-// Groups a thread takes per step of the main loop: its loads all in flight before the math, and
-// the loop's control, the NaN test and the amax update paid once per pack. The forwards take 4
-// (32 elements, 64 bytes of BF16 loads per thread: GELU/SiLU 16 registers of input); the backwards,
-// with twice (SwiGLU three times) the input registers per group, keep 2.
+// ---- the input pipeline (tile_kernel's forwards; stream_kernel's with FP8AMP_ACTIVATION_PIPELINE=1) ----
+// Why: ptxas schedules a 16-byte load next to the math that uses it, whatever the source order (the
+// SASS of every stream_kernel had its pack's loads spread through the pack's math, all into the same
+// four registers), so a thread had one load in flight and waited a full memory latency for every
+// group, which looked like why the forwards did not overlap memory and math (Nsight Compute: 39% of
+// the cycles between issues waiting on L1TEX, 21% of cycles with no eligible warp, DRAM at 59% of
+// peak). The ring: the inputs stream through a per-thread ring in shared memory filled by cp.async (LDGSTS, 16 bytes, L2 only): the copies of step s + stages - 1 are issued before the
+// math of step s, and ptxas cannot sink them (they write shared memory the thread reads afterwards).
+// Each thread reads back only its own 16-byte slots (a warp's read is 512 contiguous bytes: no bank
+// conflicts, no barrier).
+// Measured (H100, the lead's run of this branch at 2 slots of 4 groups, 48 registers): the ring made
+// the stream kernels 4-7% slower, forwards and backwards (GELU fwd 8192 x 4096 46.5 -> 48.2 us on a
+// machine with 3.6% more copy bandwidth; GELU bwd 63.6 -> 67.8), while the tile kernel's forwards got
+// 8-15% faster (GELU fwd + y_t 65.1 -> 57.9 us) and its backwards 10-14% slower. So the stream
+// kernels keep the register loop by default: one 16-byte load in flight a thread across 40-48 warps
+// is already ~20 KB an SM in flight, about what the bandwidth needs, and the ring's ~5% more
+// instructions and LDGSTS/LDS traffic cost in these near issue-bound kernels; what the tile kernel
+// gained was its barrier-synchronized wait (every warp of a block waited for its tile's loads at
+// once). FP8AMP_ACTIVATION_PIPELINE=1 builds the stream kernels with the ring (the settings below);
+// FP8AMP_ACTIVATION_TILE_RING: 1 (default) the tile kernel's forwards take their ring, 2 all its
+// kernels where it fits, 0 none.
+#ifndef FP8AMP_ACTIVATION_PIPELINE
+#define FP8AMP_ACTIVATION_PIPELINE 0
+#endif
+#ifndef FP8AMP_ACTIVATION_TILE_RING
+#define FP8AMP_ACTIVATION_TILE_RING 1
+#endif
+// Ring slots (steps in flight + 1) and groups of 8 a step, by the number of input streams: 1 (the
+// GELU/SiLU forwards), 2 (SwiGLU's forward: a, b; the GELU/SiLU backwards: x, dy), 3 (SwiGLU's
+// backward). The forwards with one stream are issue-bound (~31 instructions an element for 3 bytes):
+// 3 slots of 2 groups keep 4 groups a thread in flight like 2 slots of 4, but halve the kernel's
+// start (every warp waits for its first step's data before any math) and its end (the last step's
+// math with nothing left to load), for ~0.5 instruction an element more; the others are
+// memory-bound (5 bytes an element) and keep 2 slots (2 groups; SwiGLU's backward 1).
+#ifndef FP8AMP_ACTIVATION_STAGES1
+#define FP8AMP_ACTIVATION_STAGES1 3
+#endif
+#ifndef FP8AMP_ACTIVATION_UNROLL1
+#define FP8AMP_ACTIVATION_UNROLL1 2
+#endif
+#ifndef FP8AMP_ACTIVATION_STAGES2
+#define FP8AMP_ACTIVATION_STAGES2 2
+#endif
+#ifndef FP8AMP_ACTIVATION_UNROLL2
+#define FP8AMP_ACTIVATION_UNROLL2 2
+#endif
+#ifndef FP8AMP_ACTIVATION_STAGES3
+#define FP8AMP_ACTIVATION_STAGES3 2
+#endif
+#ifndef FP8AMP_ACTIVATION_UNROLL3
+#define FP8AMP_ACTIVATION_UNROLL3 1
+#endif
+#ifndef FP8AMP_ACTIVATION_TILE_STAGES  // tile_kernel: ring slots of one 64 x 64 tile's inputs (2 groups a thread)
+#define FP8AMP_ACTIVATION_TILE_STAGES 2
+#endif
+constexpr bool kPipeline = FP8AMP_ACTIVATION_PIPELINE != 0;
+constexpr int kTileStages = FP8AMP_ACTIVATION_TILE_STAGES;
+// sm_89 (Ada) has 100 KB of shared memory an SM where sm_90 has 228: its device code takes rings of
+// at most 16 KB a block (2 slots; 1 group a step with 2 streams; the tile kernel its loads), so that
+// the register-limited 5 blocks still fit. (Device code only: the host side never reads the ring's
+// sizes, so __CUDA_ARCH__ may differ between the passes.)
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+constexpr bool kSmallSmem = true;
+#else
+constexpr bool kSmallSmem = false;
+#endif
+static_assert(FP8AMP_ACTIVATION_STAGES1 >= 2 && FP8AMP_ACTIVATION_STAGES2 >= 2 && FP8AMP_ACTIVATION_STAGES3 >= 2 &&
+                  kTileStages >= 2,
+              "FP8AMP_ACTIVATION_*STAGES*: at least 2 (the next step's copies in flight during this step's math)");
+
+// 16 bytes global -> shared, asynchronously (L2 only: nothing is read twice); src_bytes 0 writes 16
+// zero bytes and reads nothing (a step's groups past the end: they compute to zeros, never stored).
+__device__ __forceinline__ void cp_async16(void *smem, const void *gmem, uint32_t src_bytes) {
+    const uint32_t s = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem), "r"(src_bytes) : "memory");
+}
+__device__ __forceinline__ void cp_async16(void *smem, const void *gmem) {
+    const uint32_t s = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+// Waits until at most n of this thread's committed groups are still in flight; their shared-memory
+// writes are then visible to this thread.
+template <int n>
+__device__ __forceinline__ void cp_async_wait() {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(n) : "memory");
+}
+
+// 16-byte input streams of a group: x (SwiGLU: a and b), and dy in the backwards.
+template <int K, bool kBackward>
+constexpr int stream_inputs() {
+    return 1 + (K == kSwiglu ? 1 : 0) + (kBackward ? 1 : 0);
+}
+
+// Groups a thread takes per step of the main loop: the loop's control, the NaN test and the amax
+// update are paid once per step. Pipelined: a step's ring slot holds kU * inputs 16-byte entries
+// per thread (4 KB per block each), the ring `stages` slots: 24-32 KB per block by default, so the
+// 5-6 blocks of an SM (stream_min_blocks) still fit (the carveout is set to the largest). The
+// register loop: the forwards 4 (GELU/SiLU 16 registers of input), the backwards 2.
 template <int K, bool kBackward>
 constexpr int stream_unroll() {
-    return kBackward ? 2 : 4;
+    if constexpr (!kPipeline) return kBackward ? 2 : 4;
+    constexpr int in = stream_inputs<K, kBackward>();
+    if constexpr (kSmallSmem) return in == 1 ? 2 : 1;
+    return in == 1 ? FP8AMP_ACTIVATION_UNROLL1 : in == 2 ? FP8AMP_ACTIVATION_UNROLL2 : FP8AMP_ACTIVATION_UNROLL3;
+}
+template <int K, bool kBackward>
+constexpr int stream_stages() {
+    constexpr int in = stream_inputs<K, kBackward>();
+    if constexpr (kSmallSmem) return 2;
+    return in == 1 ? FP8AMP_ACTIVATION_STAGES1 : in == 2 ? FP8AMP_ACTIVATION_STAGES2 : FP8AMP_ACTIVATION_STAGES3;
+}
+
+// Resident blocks an SM that ptxas must leave room for (a register bound: 6 blocks of 256 threads
+// leave 40 registers a thread, 5 leave 48; 0: no bound). With the ring (FP8AMP_ACTIVATION_PIPELINE=1:
+// no input registers held across the math) the FP8 stream kernels fit in 40 with no spill and the same
+// instructions (sm_90: GELU fwd 498 -> 503 an iteration of 16 elements, the others within 2); left
+// to itself ptxas gave them 48-64 depending on unrelated code (4-5 blocks). So the bound pins 6
+// blocks (48 warps) an SM, which the rings (24-33 KB a block) fit in an H100's 228 KB.
+#ifndef FP8AMP_ACTIVATION_MIN_BLOCKS
+#define FP8AMP_ACTIVATION_MIN_BLOCKS 6
+#endif
+// The register loop (the default) keeps the occupancy it was measured at (a9a147a: GELU/SiLU/SwiGLU
+// forwards 44 registers, 5 blocks; GELU/SiLU backwards 40, 6; SwiGLU's backward 56, 4): the reversed
+// walk of current scaling (a second induction variable) had raised the GELU backward to 44, across
+// the 6-block line, so the GELU/SiLU backwards are bound to 6 blocks (40 registers, no spill); the
+// others keep ptxas's own count (44-46 and 58: the same blocks; a bound of 5 made SwiGLU's forward
+// spill).
+template <int K, bool kBackward, int kMode>
+constexpr int stream_min_blocks() {
+    if constexpr (kMode != kOutFp8) return 0;
+    if constexpr (kPipeline) return FP8AMP_ACTIVATION_MIN_BLOCKS;
+    return kBackward && K != kSwiglu ? 6 : 0;
 }
 
 // The streaming kernel (no transpose). Group g: GELU/SiLU elements 8g..8g+7 of x, dy and out (the
@@ -403,9 +534,12 @@ constexpr int stream_unroll() {
 // groups < 2^31 (32-bit group indices: each address is one wide multiply-add from its base).
 // Thread i takes groups i, i + stride, ... (stride = the grid's threads), kUnroll of them per step
 // (coalesced: a warp's loads of one step are 512 contiguous bytes), then the last ones one at a time.
+// reverse: the grid walks the groups from the last to the first (group g's work is done on group
+// groups - 1 - g; same bytes, same results): the writing pass of current scaling, whose amax-only pass
+// just read the inputs front to back, so that its first reads find the inputs' end still in L2.
 template <int K, bool kBackward, int kMode, fp8amp_dtype D>
-__global__ void __launch_bounds__(kThreads) stream_kernel(const ActivationArgs a, const FastDiv row_div, uint32_t groups,
-                                                          uint64_t n) {
+__global__ void __launch_bounds__(kThreads, stream_min_blocks<K, kBackward, kMode>()) stream_kernel(const ActivationArgs a, const FastDiv row_div, uint32_t groups,
+                                                          uint64_t n, bool reverse) {
     constexpr bool kGlu = K == kSwiglu;
     constexpr int kOuts = kGlu && kBackward ? 2 : 1;  // output groups per input group (da, db)
     constexpr int kUnroll = stream_unroll<K, kBackward>();
@@ -453,13 +587,13 @@ __global__ void __launch_bounds__(kThreads) stream_kernel(const ActivationArgs a
         if constexpr (kGlu && kBackward) return x_unit(g) + (o ? d : 0u);
         else return g;
     };
-    // kU groups g, g + stride, ... (all < groups).
-    auto step = [&](uint32_t g, uint32_t stride, auto nu, auto st) {
-        constexpr int kU = decltype(nu)::value;
+    // kU groups g, g + stride, ... from their inputs `in`: the first `valid` of them exist. The others
+    // (the zeros the pipeline fills in past this thread's last group) are computed but neither
+    // stored nor counted: f(0) = 0 adds nothing to the amax, and +0 is neither saturated nor
+    // underflowed.
+    auto process = [&](uint32_t g, uint32_t stride, const auto &in, int valid, auto st) {
+        constexpr int kU = int(std::extent_v<std::remove_reference_t<decltype(in)>>);
         [[maybe_unused]] constexpr bool kStats = decltype(st)::value;
-        GroupIn in[kU];
-#pragma unroll
-        for (int u = 0; u < kU; ++u) load(g + u * stride, in[u]);
         if constexpr (kMode == kOutFp8) {
             uint2 q[kU][kOuts];
             float m = 0.0f;  // the pack's largest |y|, NaN if it holds one
@@ -485,8 +619,9 @@ __global__ void __launch_bounds__(kThreads) stream_kernel(const ActivationArgs a
             }
 #pragma unroll
             for (int u = 0; u < kU; ++u)
+                if (u < valid)
 #pragma unroll
-                for (int o = 0; o < kOuts; ++o) out2[out_unit(g + u * stride, o)] = q[u][o];
+                    for (int o = 0; o < kOuts; ++o) out2[out_unit(g + u * stride, o)] = q[u][o];
         } else if constexpr (kMode == kOutAmax) {  // NaN counts as inf (max.NaN's NaN is positive)
             float m = 0.0f;
 #pragma unroll
@@ -504,19 +639,103 @@ __global__ void __launch_bounds__(kThreads) stream_kernel(const ActivationArgs a
             for (int u = 0; u < kU; ++u) {
                 float y[kOuts][kGroup];
                 compute(in[u], y);
+                if (u < valid)
 #pragma unroll
-                for (int o = 0; o < kOuts; ++o) store_wide8(a.out, a.out_dtype, size_t(out_unit(g + u * stride, o)) * kGroup, y[o]);
+                    for (int o = 0; o < kOuts; ++o)
+                        store_wide8(a.out, a.out_dtype, size_t(out_unit(g + u * stride, o)) * kGroup, y[o]);
             }
         }
     };
+    // The register loop (FP8AMP_ACTIVATION_PIPELINE=0): kU groups g, g + stride, ... (all < groups).
+    auto step = [&](uint32_t g, uint32_t stride, auto nu, auto st) {
+        constexpr int kU = decltype(nu)::value;
+        GroupIn in[kU];
+#pragma unroll
+        for (int u = 0; u < kU; ++u) load(g + u * stride, in[u]);
+        process(g, stride, in, kU, st);
+    };
     const uint32_t stride = gridDim.x * uint32_t(kThreads);
     const uint32_t first = blockIdx.x * uint32_t(kThreads) + threadIdx.x;
+    // A thread's i-th group (i < its count) is first + i stride; reversed, groups - 1 - that, which is
+    // gfirst + i gstride modulo 2^32 with gstride = -stride: the same linear form, so the addresses
+    // are still one multiply-add (a per-group select made ptxas keep them all: +12 registers).
+    const uint32_t gfirst = reverse ? groups - 1 - first : first;  // (used only when first < groups)
+    const uint32_t gstride = reverse ? 0u - stride : stride;
+    // The pipelined loop: this thread's groups first, first + stride, ... (`mine` of them) in steps of
+    // kUnroll; the ring's slot s % kStages holds step s's inputs, entry [u][input][thread].
+    constexpr int kStages = stream_stages<K, kBackward>();
+    // (Not for the GELU/SiLU amax pass: it reads x at copy speed by its extremes, and its rare
+    // fallback keeps the register loop, so that no ring takes shared memory from its blocks.)
+    constexpr bool kRing = kPipeline && !(kMode == kOutAmax && !kGlu && !kBackward);
+    constexpr int kIn = stream_inputs<K, kBackward>();
+    __shared__ uint4 ring[kRing ? kStages : 1][kRing ? kUnroll : 1][kRing ? kIn : 1][kThreads];
+    static_assert(sizeof(ring) <= 40 * 1024, "the ring of FP8AMP_ACTIVATION_STAGES* x UNROLL* exceeds 40 KB a block");
+    auto pipelined_loop = [&](auto st) {
+        const uint32_t mine = first < groups ? (groups - 1 - first) / stride + 1 : 0u;
+        const uint32_t full = mine / kUnroll;                    // steps whose kUnroll groups all exist
+        const int rest = int(mine - full * kUnroll);             // groups of the last, partial step
+        const int tid = int(threadIdx.x);
+        // The copies of step s into its slot; past the last step an empty group, so that the wait
+        // below always leaves the same number in flight. No overflow: g < groups < 2^31.
+        auto issue = [&](uint32_t s, int k) {  // k: the slot, s % kStages (counted, not divided)
+            auto &slot = ring[k];
+            if (s < full) {
+#pragma unroll
+                for (int u = 0; u < kUnroll; ++u) {
+                    const uint32_t g = gfirst + (s * kUnroll + u) * gstride;
+                    const uint32_t xu = x_unit(g);
+                    cp_async16(&slot[u][0][tid], x4 + xu);
+                    if constexpr (kGlu) cp_async16(&slot[u][1][tid], x4 + xu + d);
+                    if constexpr (kBackward) cp_async16(&slot[u][kIn - 1][tid], dy4 + g);
+                }
+            } else if (s == full && rest > 0) {
+#pragma unroll
+                for (int u = 0; u < kUnroll; ++u) {
+                    const bool ok = u < rest;
+                    const uint32_t g = ok ? gfirst + (s * kUnroll + u) * gstride : 0u;
+                    const uint32_t bytes = ok ? 16u : 0u;
+                    const uint32_t xu = x_unit(g);
+                    cp_async16(&slot[u][0][tid], x4 + xu, bytes);
+                    if constexpr (kGlu) cp_async16(&slot[u][1][tid], x4 + xu + d, bytes);
+                    if constexpr (kBackward) cp_async16(&slot[u][kIn - 1][tid], dy4 + g, bytes);
+                }
+            }
+            cp_async_commit();
+        };
+        auto consume = [&](uint32_t s, int k, auto valid) {
+            const auto &slot = ring[k];
+            GroupIn in[kUnroll];
+#pragma unroll
+            for (int u = 0; u < kUnroll; ++u) {
+                in[u].x = slot[u][0][tid];
+                if constexpr (kGlu) in[u].b = slot[u][1][tid];
+                if constexpr (kBackward) in[u].dy = slot[u][kIn - 1][tid];
+            }
+            process(gfirst + s * kUnroll * gstride, gstride, in, valid, st);
+        };
+#pragma unroll
+        for (int s = 0; s < kStages - 1; ++s) issue(uint32_t(s), s);
+        int k = 0;  // step s's slot
+        for (uint32_t s = 0; s < full; ++s) {
+            // into the slot step s - 1 used: this thread read it already
+            issue(s + (kStages - 1), k == 0 ? kStages - 1 : k - 1);
+            cp_async_wait<kStages - 1>();  // step s's copies have landed
+            consume(s, k, std::integral_constant<int, kUnroll>());
+            k = k == kStages - 1 ? 0 : k + 1;
+        }
+        cp_async_wait<0>();  // the partial step's copies (if any) have landed; nothing left in flight
+        if (rest > 0) consume(full, k, rest);
+    };
     auto main_loop = [&](auto st) {
-        uint32_t g = first;
-        // Whole packs: groups g .. g + (kUnroll - 1) stride all exist (no overflow: groups < 2^31).
-        for (; g + (kUnroll - 1) * stride < groups; g += kUnroll * stride)
-            step(g, stride, std::integral_constant<int, kUnroll>(), st);
-        for (; g < groups; g += stride) step(g, stride, std::integral_constant<int, 1>(), st);
+        if constexpr (kRing) {
+            pipelined_loop(st);
+        } else {
+            uint32_t i = first, g = gfirst;  // i: the group walked forward; g: the group processed
+            // Whole packs: groups i .. i + (kUnroll - 1) stride all exist (no overflow: groups < 2^31).
+            for (; i + (kUnroll - 1) * stride < groups; i += kUnroll * stride, g += kUnroll * gstride)
+                step(g, gstride, std::integral_constant<int, kUnroll>(), st);
+            for (; i < groups; i += stride, g += gstride) step(g, gstride, std::integral_constant<int, 1>(), st);
+        }
     };
     if constexpr (kMode == kOutAmax && !kGlu && !kBackward) {
         // GELU/SiLU amax from the inputs' extremes (docs/performance.md, "the current-scaling amax
@@ -528,13 +747,14 @@ __global__ void __launch_bounds__(kThreads) stream_kernel(const ActivationArgs a
         // (inputs all below 0.5: rare) the thread evaluates f of each of its elements as before.
         uint32_t smax = 0x80008000u, umax = 0u;  // per 16-bit half: signed max (the largest x >= +0,
                                                  // +NaN above +inf), unsigned max (>= 0xFF80: -inf/-NaN)
+        constexpr int kX = 4;  // loads in flight per step (light math: ptxas keeps them ahead)
         uint32_t g = first;
-        for (; g + (kUnroll - 1) * stride < groups; g += kUnroll * stride) {
-            uint4 v[kUnroll];
+        for (; g + (kX - 1) * stride < groups; g += kX * stride) {
+            uint4 v[kX];
 #pragma unroll
-            for (int u = 0; u < kUnroll; ++u) v[u] = __ldg(x4 + g + u * stride);
+            for (int u = 0; u < kX; ++u) v[u] = __ldg(x4 + g + u * stride);
 #pragma unroll
-            for (int u = 0; u < kUnroll; ++u) {
+            for (int u = 0; u < kX; ++u) {
                 smax = __vmaxs2(__vmaxs2(smax, v[u].x), __vmaxs2(v[u].y, __vmaxs2(v[u].z, v[u].w)));
                 umax = __vmaxu2(__vmaxu2(umax, v[u].x), __vmaxu2(v[u].y, __vmaxu2(v[u].z, v[u].w)));
             }
@@ -622,8 +842,30 @@ __device__ __forceinline__ float element_raw(const ActivationArgs &a, int64_t r,
 // each other (the second reads a and b again, mostly from L2). `fast`: BF16 inputs, 16-byte aligned
 // x and dy, 8-byte aligned out, 4-byte aligned out_t, rows % 4 == 0 and the forward's cols % 8 == 0;
 // a full tile then takes the vector path, an edge tile (or any tile when not fast) the per-element one.
+// Whether a tile kernel takes the input ring (FP8AMP_ACTIVATION_TILE_RING; where 2 slots of its
+// inputs fit in 32 KB: not SwiGLU's backward, 3 inputs). Host and device alike (sm_89's device code
+// also drops it: kSmallSmem, in the kernel).
+template <int K, bool kBackward>
+constexpr bool tile_ring() {
+    return FP8AMP_ACTIVATION_TILE_RING >= (kBackward ? 2 : 1) && kTileStages * 2 * stream_inputs<K, kBackward>() <= 8;
+}
+// The tile kernels' register bound where they take the ring: GELU/SiLU forwards 48 registers (5
+// blocks; 40 would spill), the others 64 (4; their natural count). Without the ring: 4 blocks (64
+// registers), the occupancy they were measured at.
+#ifndef FP8AMP_ACTIVATION_TILE_MIN_BLOCKS
+#define FP8AMP_ACTIVATION_TILE_MIN_BLOCKS 5
+#endif
+template <int K, bool kBackward>
+constexpr int tile_min_blocks() {
+    if constexpr (!tile_ring<K, kBackward>()) return 4;  // as measured before (58-64 registers); SwiGLU's
+                                                         // backward would take 80 now (3 blocks)
+    if constexpr (FP8AMP_ACTIVATION_TILE_MIN_BLOCKS == 0) return 0;
+    return K != kSwiglu && !kBackward ? FP8AMP_ACTIVATION_TILE_MIN_BLOCKS : FP8AMP_ACTIVATION_TILE_MIN_BLOCKS - 1;
+}
+
 template <int K, bool kBackward, fp8amp_dtype D>
-__global__ void __launch_bounds__(kThreads) tile_kernel(const ActivationArgs a, bool fast) {
+__global__ void __launch_bounds__(kThreads, tile_min_blocks<K, kBackward>()) tile_kernel(const ActivationArgs a, bool fast, bool reverse,
+                                                                                  const FastDiv tiles_c_div) {
     constexpr bool kGlu = K == kSwiglu;
     constexpr int kHalves = kGlu && kBackward ? 2 : 1;
     __shared__ uint32_t tile[kTileDim * kTileStride];
@@ -641,23 +883,86 @@ __global__ void __launch_bounds__(kThreads) tile_kernel(const ActivationArgs a, 
     auto *out = static_cast<uint8_t *>(a.out);
     auto *out_t = static_cast<uint8_t *>(a.out_t);
     Tally t;
-    for (int64_t id = blockIdx.x; id < tiles_r * tiles_c * kHalves; id += gridDim.x) {
-        const int half = kHalves == 2 ? int(id % 2) : 0;
-        const int64_t rest = kHalves == 2 ? id / 2 : id;
-        const int64_t r0 = (rest / tiles_c) * kTileDim, cc0 = (rest % tiles_c) * kTileDim;  // cc0: in the half
-        const int64_t oc0 = half * cols + cc0;                                                // in out's row
-        const int h = rows - r0 < kTileDim ? int(rows - r0) : kTileDim;
-        const int w = span - cc0 < kTileDim ? int(span - cc0) : kTileDim;
+    const int64_t tiles = tiles_r * tiles_c * kHalves;
+    // A tile's place: its half (SwiGLU's backward), first row, first column in the half and in out's
+    // row, height and width.
+    struct Where {
+        int half;
+        int64_t r0, cc0, oc0;
+        int h, w;
+    };
+    // reverse (as stream_kernel's): the tiles from the last to the first. 32-bit tile indices (the
+    // vector condition, groups < 2^31, keeps tiles below 2^30) and a multiply-high division by tiles_c: a 64-bit division
+    // costs ~20 instructions a thread, twice a tile (this tile and the one the ring loads next), over
+    // a thread's 16 elements.
+    auto where = [&](int64_t id64) {
+        const uint32_t id = uint32_t(reverse ? tiles - 1 - id64 : id64);
+        Where p;
+        p.half = kHalves == 2 ? int(id % 2) : 0;
+        const uint32_t rest = kHalves == 2 ? id / 2 : id, tr = fast_div(rest, tiles_c_div);
+        p.r0 = int64_t(tr) * kTileDim, p.cc0 = int64_t(rest - tr * tiles_c_div.d) * kTileDim;
+        p.oc0 = p.half * cols + p.cc0;
+        p.h = rows - p.r0 < kTileDim ? int(rows - p.r0) : kTileDim;
+        p.w = span - p.cc0 < kTileDim ? int(span - p.cc0) : kTileDim;
+        return p;
+    };
+    // The fast tiles' inputs through a ring in shared memory as in stream_kernel (cp.async, the next
+    // tile's copies issued before this tile's math: ptxas had put the second load after the first
+    // group's math and every tile waited a full memory latency behind its barrier). Thread p's 16-byte
+    // entries [u][input][p], u = 0, 1: its two groups. 4 KB each; the ring only where it stays within
+    // 32 KB (not SwiGLU's backward: 3 inputs), which keeps the former loads.
+    constexpr int kIn = stream_inputs<K, kBackward>();
+    constexpr int kStages = kTileStages;
+    constexpr bool kRing = tile_ring<K, kBackward>() && !kSmallSmem;
+    __shared__ uint4 ring[kRing ? kStages : 1][2][kRing ? kIn : 1][kThreads];
+    const int tid = int(threadIdx.x);
+    auto issue = [&](int64_t id, int slot) {  // the copies of tile id (if it is a fast one), then a commit
+        if constexpr (kRing) {
+            if (id < tiles) {
+                const Where p = where(id);
+                if (fast && p.h == kTileDim && p.w == kTileDim) {
+#pragma unroll
+                    for (int u = 0; u < 2; ++u) {
+                        const int q = tid + u * kThreads, r = q / 8, cg = (q % 8) * kGroup;
+                        const int64_t c = p.cc0 + cg;
+                        cp_async16(&ring[slot][u][0][tid], x + (p.r0 + r) * in_cols + c);
+                        if constexpr (kGlu) cp_async16(&ring[slot][u][1][tid], x + (p.r0 + r) * in_cols + cols + c);
+                        if constexpr (kBackward) cp_async16(&ring[slot][u][kIn - 1][tid], dyp + (p.r0 + r) * cols + c);
+                    }
+                }
+            }
+            cp_async_commit();
+        }
+    };
+#pragma unroll
+    for (int j = 0; j < kStages - 1; ++j) issue(blockIdx.x + int64_t(j) * gridDim.x, j);
+    int slot = 0;  // the ring slot of this block's current tile
+    for (int64_t id = blockIdx.x; id < tiles; id += gridDim.x) {
+        issue(id + int64_t(kStages - 1) * gridDim.x, slot == 0 ? kStages - 1 : slot - 1);  // the slot the last tile used
+        const Where p = where(id);
+        const int half = p.half;
+        const int64_t r0 = p.r0, cc0 = p.cc0, oc0 = p.oc0;
+        const int h = p.h, w = p.w;
         if (fast && h == kTileDim && w == kTileDim) {
             // 64 rows x 8 groups: thread p takes group p % 8 of row p / 8, p = tid and tid + 256.
             GroupIn in[2];
+            if constexpr (kRing) {
+                cp_async_wait<kStages - 1>();  // this tile's copies have landed
 #pragma unroll
-            for (int u = 0; u < 2; ++u) {
-                const int p = threadIdx.x + u * kThreads, r = p / 8, cg = (p % 8) * kGroup;
-                const int64_t c = cc0 + cg;  // the forward's column (GELU/SiLU: out's)
-                in[u].x = load16(x + (r0 + r) * in_cols + c);
-                if constexpr (kGlu) in[u].b = load16(x + (r0 + r) * in_cols + cols + c);
-                if constexpr (kBackward) in[u].dy = load16(dyp + (r0 + r) * cols + c);
+                for (int u = 0; u < 2; ++u) {
+                    in[u].x = ring[slot][u][0][tid];
+                    if constexpr (kGlu) in[u].b = ring[slot][u][1][tid];
+                    if constexpr (kBackward) in[u].dy = ring[slot][u][kIn - 1][tid];
+                }
+            } else {
+#pragma unroll
+                for (int u = 0; u < 2; ++u) {
+                    const int p = threadIdx.x + u * kThreads, r = p / 8, cg = (p % 8) * kGroup;
+                    const int64_t c = cc0 + cg;  // the forward's column (GELU/SiLU: out's)
+                    in[u].x = load16(x + (r0 + r) * in_cols + c);
+                    if constexpr (kGlu) in[u].b = load16(x + (r0 + r) * in_cols + cols + c);
+                    if constexpr (kBackward) in[u].dy = load16(dyp + (r0 + r) * cols + c);
+                }
             }
 #pragma unroll
             for (int u = 0; u < 2; ++u) {
@@ -702,7 +1007,9 @@ __global__ void __launch_bounds__(kThreads) tile_kernel(const ActivationArgs a, 
             }
         }
         __syncthreads();  // the tile is reused by this block's next one
+        slot = slot == kStages - 1 ? 0 : slot + 1;
     }
+    if constexpr (kRing) cp_async_wait<0>();  // only empty groups can remain; none left in flight at exit
     if (stats) finish_block<true>(t, meta, scale, a.target.scale_inv, a.target.scale_inv_t, size_t(rows * out_cols));
     else finish_block<false>(t, meta, scale, a.target.scale_inv, a.target.scale_inv_t, size_t(rows * out_cols));
 }
@@ -737,9 +1044,10 @@ void run(int device, void *stream_raw, const ActivationArgs &a) {
         kernel<<<persistent_grid(device, kernel, (n + 3) / 4), kThreads, 0, stream>>>(a);
         check_launch("activation_kernel");
     };
-    auto launch_stream = [&](auto kernel) {
-        kernel<<<persistent_grid(device, kernel, groups + 1), kThreads, 0, stream>>>(a, row_div, uint32_t(groups),
-                                                                                   uint64_t(glu ? fwd_n : n));
+    auto launch_stream = [&](auto kernel, bool reverse = false) {
+        // max_shared: the pipeline's ring (up to 32 KB a block) must not be what limits the blocks per SM.
+        kernel<<<persistent_grid(device, kernel, groups + 1, kPipeline), kThreads, 0, stream>>>(a, row_div, uint32_t(groups),
+                                                                                   uint64_t(glu ? fwd_n : n), reverse);
         check_launch("activation stream_kernel");
     };
     if (!fp8) {
@@ -773,13 +1081,18 @@ void run(int device, void *stream_raw, const ActivationArgs &a) {
                 const size_t tiles = size_t((a.rows + kTileDim - 1) / kTileDim) *
                                      size_t(((glu && kBackward ? a.cols : out_cols) + kTileDim - 1) / kTileDim) *
                                      (glu && kBackward ? 2 : 1);
-                kernel<<<persistent_grid(device, kernel, tiles * kThreads), kThreads, 0, stream>>>(a, fast);
+                const uint32_t tiles_c = uint32_t(((glu && kBackward ? a.cols : out_cols) + kTileDim - 1) / kTileDim);
+                constexpr bool kRing = tile_ring<decltype(k)::value, kBackward>();  // max_shared: its ring
+                kernel<<<persistent_grid(device, kernel, tiles * kThreads, kRing), kThreads, 0, stream>>>(
+                    a, fast, bool(a.target.current), make_fastdiv(tiles_c > 0 ? tiles_c : 1u));
                 check_launch("activation tile_kernel");
             });
             return;
         }
         if (vec_out) {
-            dispatch_kind(a.kind, [&](auto k) { launch_stream(stream_kernel<decltype(k)::value, kBackward, kOutFp8, D>); });
+            dispatch_kind(a.kind, [&](auto k) {
+                launch_stream(stream_kernel<decltype(k)::value, kBackward, kOutFp8, D>, a.target.current);
+            });
         } else {
             launch_generic(activation_generic_kernel<D, true, kBackward>);
         }

@@ -211,6 +211,29 @@ static void test_bf16_fused_transpose_matches_cpu(void **state) {
             }
 }
 
+/* BF16 inputs with the fused transpose, large enough that a block of the persistent grid (4-5 blocks
+ * an SM on an H100/H200) takes several 64 x 64 tiles one after another: the forwards' input ring
+ * (the next tile's cp.async copies issued before this tile's math) wraps, fast tiles follow edge
+ * tiles and the other way round (4100 x 2056: a last row of 4-row tiles and a last column of
+ * 8-column tiles; 2048 x 4096: fast tiles only), and under current scaling the tiles are taken last
+ * to first. */
+static void test_bf16_fused_transpose_large_matches_cpu(void **state) {
+    (void)state;
+    SKIP_WITHOUT_CUDA();
+    const offsets_t none = {0, 0, 0, 0};
+    const shape_t shapes[2] = {{4100, 2056}, {2048, 4096}};
+    for (int kind = 0; kind < 3; ++kind)
+        for (int backward = 0; backward < 2; ++backward)
+            for (int s = 0; s < 2; ++s) {
+                const int current = (kind + backward + s) % 2;
+                g_stats_off = !current;
+                check_problem(kind, shapes[s].rows, shapes[s].cols, FP8AMP_DTYPE_BF16, FP8AMP_DTYPE_BF16, backward,
+                              backward ? FP8AMP_DTYPE_E5M2 : FP8AMP_DTYPE_E4M3,
+                              current ? FP8AMP_SCALING_CURRENT : FP8AMP_SCALING_DELAYED, 1, none);
+                g_stats_off = 0;
+            }
+}
+
 /* BF16 inputs without a transpose: the streaming kernel, into FP8 and the wide dtypes. */
 static void test_bf16_stream_matches_cpu(void **state) {
     (void)state;
@@ -250,6 +273,43 @@ static void test_bf16_stream_large_matches_cpu(void **state) {
             check_problem(kind, 4096, cols, FP8AMP_DTYPE_BF16, FP8AMP_DTYPE_BF16, backward, FP8AMP_DTYPE_BF16,
                           FP8AMP_SCALING_DELAYED, 0, none);
         }
+}
+
+/* BF16 inputs large enough that the streaming kernel's threads take many groups, in packs and a
+ * last partial round: the persistent grid of an H100/H200 runs ~1.7-2.6 x 10^5 threads, so these
+ * 1.0-3.1 x 10^6 groups of 8 give a thread 4 to 18 groups, and a launch's threads two neighbouring
+ * counts (the four sizes a kind runs: different remainders). Built with the optional input ring
+ * (kernels/cuda/activation.cu, FP8AMP_ACTIVATION_PIPELINE=1: cp.async copies of a thread's next
+ * steps issued before this step's math) that ring wraps several times and ends with partial steps
+ * (missing groups zero-filled, computed, never stored nor counted). The n % 8 tail too (GELU/SiLU
+ * forwards of odd rows and columns). FP8 under delayed scaling without statistics (the production
+ * path) on every size; under current scaling with statistics on one (the amax-only pass first, then
+ * the writing pass walking the groups last to first); a wide out on one. */
+static void test_bf16_stream_pipeline_matches_cpu(void **state) {
+    (void)state;
+    SKIP_WITHOUT_CUDA();
+    const offsets_t none = {0, 0, 0, 0};
+    /* rows x cols: out elements / 8 = 1.05, 1.57, 2.10 and 3.07 x 10^6 groups (GELU/SiLU forwards:
+     * odd rows and cols, an n % 8 tail; the others cols % 8 == 0, SwiGLU's vector condition). */
+    const shape_t odd[4] = {{2047, 4099}, {3071, 4095}, {4095, 4097}, {3001, 8191}}; /* n % 8: 5, 1, 7, 7 */
+    const shape_t even[4] = {{2048, 4096}, {3072, 4088}, {4096, 4104}, {3000, 8192}};
+    for (int kind = 0; kind < 3; ++kind)
+        for (int backward = 0; backward < 2; ++backward)
+            for (int s = 0; s < 4; ++s) {
+                /* the largest size for the GELU forward only: it keeps the CPU reference's time down */
+                if ((backward || kind != GELU) && s == 3) continue;
+                const shape_t sh = kind != SWIGLU && !backward ? odd[s] : even[s];
+                g_stats_off = 1;
+                check_problem(kind, sh.rows, sh.cols, FP8AMP_DTYPE_BF16, FP8AMP_DTYPE_BF16, backward,
+                              s % 2 ? FP8AMP_DTYPE_E5M2 : FP8AMP_DTYPE_E4M3, FP8AMP_SCALING_DELAYED, 0, none);
+                g_stats_off = 0;
+                if (s == 1)
+                    check_problem(kind, sh.rows, sh.cols, FP8AMP_DTYPE_BF16, FP8AMP_DTYPE_BF16, backward,
+                                  FP8AMP_DTYPE_E4M3, FP8AMP_SCALING_CURRENT, 0, none);
+                if (s == 0 && kind == (backward ? SILU : GELU))
+                    check_problem(kind, sh.rows, sh.cols, FP8AMP_DTYPE_BF16, FP8AMP_DTYPE_BF16, backward,
+                                  FP8AMP_DTYPE_BF16, FP8AMP_SCALING_DELAYED, 0, none);
+            }
 }
 
 /* The current-scaling amax pass of the GELU/SiLU forwards with BF16 x (stream_kernel) takes a
@@ -300,8 +360,10 @@ static void test_unaligned_and_other_dtypes_match_cpu(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_bf16_fused_transpose_matches_cpu),
+        cmocka_unit_test(test_bf16_fused_transpose_large_matches_cpu),
         cmocka_unit_test(test_bf16_stream_matches_cpu),
         cmocka_unit_test(test_bf16_stream_large_matches_cpu),
+        cmocka_unit_test(test_bf16_stream_pipeline_matches_cpu),
         cmocka_unit_test(test_bf16_current_amax_inputs_below_half),
         cmocka_unit_test(test_unaligned_and_other_dtypes_match_cpu),
     };
