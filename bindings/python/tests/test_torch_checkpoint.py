@@ -226,7 +226,13 @@ def test_torch_adamw_state_loads_and_trains_on(tdev, gen, level):
     for p0, pb, pm in zip(p_before, back_model.parameters(), mine.parameters()):
         ub, um = (pb.detach() - p0).double(), (pm.detach() - p0).double()
         if level == "O1":
-            torch.testing.assert_close(um, ub, rtol=1e-4, atol=3e-3 * 1e-5)
+            # Each update is a difference of float32 parameters (p0 + u rounded, less p0), so two equal
+            # updates may differ by one float32 ulp of the parameter: allowed per element beside the
+            # relative bound (atol 3e-8 alone is below that ulp wherever |p| >= 0.25: seed
+            # 1795696706539166955 failed by exactly one ulp, 5.96e-8, at |p| in [0.5, 1)).
+            ulp = torch.pow(2.0, torch.floor(torch.log2(p0.detach().abs().double().clamp_min(2.0 ** -126))) - 23)
+            bad = (um - ub).abs() > 1e-4 * ub.abs() + 3e-3 * 1e-5 + ulp
+            assert not bool(bad.any()), ((um - ub)[bad], ub[bad], ulp[bad])
         else:  # fp8amp's step re-quantizes m and v: within the formats' rounding
             assert float((um - ub).norm()) <= 0.08 * float(ub.norm()) + 1e-7
 
