@@ -65,8 +65,16 @@
 // the backward keeps xhat from its first pass to its second where registers allow (up to 2 pieces of
 // BF16/F16; F32 and 4+ pieces compute it again), and addresses its shared partials as
 // sp[((array * kPieces + piece) * 2 + half) * 256 + threadIdx.x] (one base pointer, compile-time
-// offsets). The paired conversions' words are stored as they come (packed_word): joining the halves
-// again cost 2 PRMTs a pair. The summation orders are unchanged.
+// offsets). Both issue their first row's loads before the block's setup (weights to shared memory,
+// partials zeroed), whose latency then overlaps the loads'. The paired conversions' words are stored
+// as they come (packed_word: joining the halves again cost 2 PRMTs a pair), and whole 16-byte pieces
+// of dx / wide y by one st.global.v4 (store16: the front end split most into 4 word stores). The
+// summation orders are unchanged.
+//
+// Tried for the lean backward and not kept: xhat kept across the passes at 4 pieces beside the
+// prefetched row (spills 300 bytes, ~40 LDL a row); two register buffers taking turns instead of the
+// prefetch's copy (-6% instructions, but twice the row loop's code); a variant without piece tests
+// for rows every lane covers fully (-13% instructions, but 500 bytes of spills, ~90 LDL/STL a row).
 //
 // Registers (ptxas -v, sm_90, BF16 -> BF16 / E4M3): the general forward is held to 64 registers (4
 // blocks a SM) where a lane's raw pieces take at most 16 registers (BF16 up to 4 pieces: d <= 8192),
@@ -222,6 +230,14 @@ __device__ __forceinline__ uint32_t packed_word(const Pair &h) {
     return w;
 }
 
+// One 16-byte store of 4 words to global memory at q (16-byte aligned). A plain uint4 store through a
+// cast pointer was split by the front end into 4 word stores for most pieces of the lean backward
+// (the PTX held st.global.u32 x 4); 4 STGs where one does.
+__device__ __forceinline__ void store16(void *q, uint32_t a, uint32_t b, uint32_t c, uint32_t d) {
+    asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};" ::"l"(__cvta_generic_to_global(q)), "r"(a), "r"(b), "r"(c),
+                 "r"(d));
+}
+
 // Stores 8 values of a wide output (F32/F16/BF16, chosen at run time) at element `base` (the piece's
 // first, `left` of them in the row); vec as vec_mode for the output's element size. A NaN (any sign or
 // payload) is stored as the dtype's positive quiet NaN, as norm::canonical then from_f32 store it:
@@ -243,8 +259,8 @@ __device__ __forceinline__ void store_wide8(void *p, fp8amp_dtype dt, int64_t ba
             for (int e = 0; e < 8; ++e)
                 if (f[e] != f[e]) c[e] = codec::bits_f32(codec::kF32QuietNaN);
         if (left == 8 && vec == 2) {
-            reinterpret_cast<float4 *>(q)[0] = make_float4(c[0], c[1], c[2], c[3]);
-            reinterpret_cast<float4 *>(q)[1] = make_float4(c[4], c[5], c[6], c[7]);
+            store16(q, __float_as_uint(c[0]), __float_as_uint(c[1]), __float_as_uint(c[2]), __float_as_uint(c[3]));
+            store16(q + 4, __float_as_uint(c[4]), __float_as_uint(c[5]), __float_as_uint(c[6]), __float_as_uint(c[7]));
             return;
         }
 #pragma unroll
@@ -272,7 +288,7 @@ __device__ __forceinline__ void store_wide8(void *p, fp8amp_dtype dt, int64_t ba
     }
     uint16_t *q = static_cast<uint16_t *>(p) + base;
     if (left == 8 && vec == 2) {
-        *reinterpret_cast<uint4 *>(q) = make_uint4(w[0], w[1], w[2], w[3]);
+        store16(q, w[0], w[1], w[2], w[3]);
     } else if (left == 8 && vec == 1) {
         reinterpret_cast<uint2 *>(q)[0] = make_uint2(w[0], w[1]);
         reinterpret_cast<uint2 *>(q)[1] = make_uint2(w[2], w[3]);
@@ -673,26 +689,29 @@ __global__ void __launch_bounds__(kThreads, fwd_fast_min_blocks(S, kPieces)) nor
     const bool vb = reinterpret_cast<uintptr_t>(a.beta) % 16 == 0;
     const bool zc = a.zero_centered;
     // gamma (as the weight) and beta as floats: sw[half * np + piece], sb[...] (norm_forward_kernel's
-    // param_pieces layout)
+    // param_pieces layout), converted after the first row's loads are issued (their latency and the
+    // conversion overlap).
     extern __shared__ float4 sw[];
     const int np = int(d / norm::kPiece);
     float4 *const sb = sw + 2 * np;
-    for (int k = threadIdx.x; k < np; k += kThreads) {
-        const int64_t i0 = int64_t(k) * norm::kPiece;
-        float f[8];
-        load_param(a.gamma, a.gamma_dtype, i0, 8, vg, f);
-        if (zc)
+    auto setup = [&]() {
+        for (int k = threadIdx.x; k < np; k += kThreads) {
+            const int64_t i0 = int64_t(k) * norm::kPiece;
+            float f[8];
+            load_param(a.gamma, a.gamma_dtype, i0, 8, vg, f);
+            if (zc)
 #pragma unroll
-            for (int e = 0; e < 8; ++e) f[e] = norm::fadd(1.0f, f[e]);
-        sw[k] = make_float4(f[0], f[1], f[2], f[3]);
-        sw[np + k] = make_float4(f[4], f[5], f[6], f[7]);
-        if (a.beta) {
-            load_param(a.beta, a.beta_dtype, i0, 8, vb, f);
-            sb[k] = make_float4(f[0], f[1], f[2], f[3]);
-            sb[np + k] = make_float4(f[4], f[5], f[6], f[7]);
+                for (int e = 0; e < 8; ++e) f[e] = norm::fadd(1.0f, f[e]);
+            sw[k] = make_float4(f[0], f[1], f[2], f[3]);
+            sw[np + k] = make_float4(f[4], f[5], f[6], f[7]);
+            if (a.beta) {
+                load_param(a.beta, a.beta_dtype, i0, 8, vb, f);
+                sb[k] = make_float4(f[0], f[1], f[2], f[3]);
+                sb[np + k] = make_float4(f[4], f[5], f[6], f[7]);
+            }
         }
-    }
-    __syncthreads();
+        __syncthreads();
+    };
     const int64_t lane0 = int64_t(pl.j) * norm::kPiece;   // this lane's first element
     const int64_t step = int64_t(n_lanes) * norm::kPiece;  // elements between its pieces
     float amax = 0.0f;  // max of |y|, a NaN propagated (fmax_nan)
@@ -708,14 +727,14 @@ __global__ void __launch_bounds__(kThreads, fwd_fast_min_blocks(S, kPieces)) nor
                 if (lane0 + p * step < d) load_raw<S>(xr, p * step, 8, 2, w[p]);
         };
         const int64_t r_first = int64_t(blockIdx.x) * n_slots + pl.slot, r_step = int64_t(gridDim.x) * n_slots;
-        if constexpr (kPrefetch)
-            if (r_first < a.rows) fetch(r_first, raw);
+        if (r_first < a.rows) fetch(r_first, raw);
+        setup();
         for (int64_t r = r_first; r < a.rows; r += r_step) {
             [[maybe_unused]] uint32_t nraw[kP][kW];
             if constexpr (kPrefetch) {
                 if (r + r_step < a.rows) fetch(r + r_step, nraw);
             } else {
-                fetch(r, raw);
+                if (r > r_first) fetch(r, raw);
             }
             // Pass 1: sum(x) (LayerNorm) or sum(x^2) (RMSNorm); pass 2 (LayerNorm): sum((x - mean)^2).
             float acc[1] = {0.0f};
@@ -767,7 +786,7 @@ __global__ void __launch_bounds__(kThreads, fwd_fast_min_blocks(S, kPieces)) nor
 #pragma unroll
                     for (int e = 0; e < 8; ++e) y[e] = norm::fadd(y[e], b[e]);
                 }
-                const int64_t base = r * d + i0;
+                [[maybe_unused]] const int64_t base = r * d + i0;
                 if constexpr (kFp8) {
                     float pm = 0.0f;
 #pragma unroll
@@ -1058,8 +1077,8 @@ __device__ __forceinline__ void store_piece(typename Storage<S>::type *q, const 
 #pragma unroll
             for (int e = 0; e < 8; ++e)
                 if (f[e] != f[e]) c[e] = codec::bits_f32(codec::kF32QuietNaN);
-        reinterpret_cast<float4 *>(q)[0] = make_float4(c[0], c[1], c[2], c[3]);
-        reinterpret_cast<float4 *>(q)[1] = make_float4(c[4], c[5], c[6], c[7]);
+        store16(q, __float_as_uint(c[0]), __float_as_uint(c[1]), __float_as_uint(c[2]), __float_as_uint(c[3]));
+        store16(q + 4, __float_as_uint(c[4]), __float_as_uint(c[5]), __float_as_uint(c[6]), __float_as_uint(c[7]));
     } else {
         uint32_t w[4];
 #pragma unroll
@@ -1073,7 +1092,7 @@ __device__ __forceinline__ void store_piece(typename Storage<S>::type *q, const 
             for (int e = 0; e < 8; ++e)
                 if (f[e] != f[e]) w[e / 2] = (w[e / 2] & ~(0xFFFFu << (16 * (e % 2)))) | (qn << (16 * (e % 2)));
         }
-        *reinterpret_cast<uint4 *>(q) = make_uint4(w[0], w[1], w[2], w[3]);
+        store16(q, w[0], w[1], w[2], w[3]);
     }
 }
 
@@ -1090,6 +1109,8 @@ __device__ __forceinline__ void store_piece(typename Storage<S>::type *q, const 
 // - no per-element tests of a partial piece or an alignment, no run-time dtype switch.
 // Up to 4 pieces (BF16/F16; 2 for F32) the next row's dy and x are loaded while this row is
 // computed, as norm_backward_kernel does.
+// (xh is written and read under the same per-piece tests, which the front end cannot pair.)
+#pragma nv_diag_suppress 549
 template <fp8amp_dtype S, int kPieces, bool kSmemW>
 __global__ void __launch_bounds__(kThreads, 2) norm_backward_fast_kernel(const NormBackwardArgs a, float *partial,
                                                                       int64_t n_chunks, int param_pieces) {
@@ -1108,23 +1129,27 @@ __global__ void __launch_bounds__(kThreads, 2) norm_backward_fast_kernel(const N
     const int n_lanes = 32 * pl.groups, n_slots = norm::kBlockWarps / pl.groups;
     const int n_arrays = a.dbeta ? 2 : 1;
     float4 *const mine = sp + threadIdx.x;
-    for (int q = 0; q < n_arrays * kP * 2; ++q) mine[q * kThreads] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     const int np = param_pieces;  // kSmemW: d / 8
     float4 *const bw = sp + n_arrays * kP * 2 * kThreads;
     const float wc = weight_c(a.zero_centered);
     const bool vg = reinterpret_cast<uintptr_t>(a.gamma) % 16 == 0;
-    if constexpr (kSmemW) {
-        for (int kk = threadIdx.x; kk < np; kk += kThreads) {
-            const int64_t i0 = int64_t(kk) * norm::kPiece;
-            float f[8];
-            load_param(a.gamma, a.gamma_dtype, i0, 8, vg, f);
+    // The block's setup: its partials zeroed, the weights converted (kSmemW). Called after the first
+    // row's loads are issued, so that their latency and the setup's overlap.
+    auto setup = [&]() {
+        for (int q = 0; q < n_arrays * kP * 2; ++q) mine[q * kThreads] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        if constexpr (kSmemW) {
+            for (int kk = threadIdx.x; kk < np; kk += kThreads) {
+                const int64_t i0 = int64_t(kk) * norm::kPiece;
+                float f[8];
+                load_param(a.gamma, a.gamma_dtype, i0, 8, vg, f);
 #pragma unroll
-            for (int e = 0; e < 8; ++e) f[e] = norm::fadd(wc, f[e]);
-            bw[kk] = make_float4(f[0], f[1], f[2], f[3]);
-            bw[np + kk] = make_float4(f[4], f[5], f[6], f[7]);
+                for (int e = 0; e < 8; ++e) f[e] = norm::fadd(wc, f[e]);
+                bw[kk] = make_float4(f[0], f[1], f[2], f[3]);
+                bw[np + kk] = make_float4(f[4], f[5], f[6], f[7]);
+            }
         }
-    }
-    __syncthreads();  // the weights (and, for the epilogue's readers, nothing else yet)
+        __syncthreads();  // the weights
+    };
     // The weights of piece p of this lane (element i0): c + gamma, from shared memory (kSmemW) or
     // global memory (L1 hits: every row of the block reads the same d elements).
     auto weights = [&](int p, int64_t i0, float (&w)[8]) {
@@ -1163,15 +1188,15 @@ __global__ void __launch_bounds__(kThreads, 2) norm_backward_fast_kernel(const N
                     load_raw<S>(xr, p * step, 8, 2, dxx[p]);
                 }
         };
-        if constexpr (kPrefetch)
-            if (r0 < r1) fetch(r0, rdy, rx, cur_mean, cur_rstd);
+        if (r0 < r1) fetch(r0, rdy, rx, cur_mean, cur_rstd);
+        setup();
         for (int64_t r = r0; r < r1; ++r) {
             [[maybe_unused]] uint32_t ndy[kP][kW], nx[kP][kW];
             [[maybe_unused]] float next_mean = 0.0f, next_rstd = 0.0f;
             if constexpr (kPrefetch) {
                 if (r + 1 < r1) fetch(r + 1, ndy, nx, next_mean, next_rstd);
             } else {
-                fetch(r, rdy, rx, cur_mean, cur_rstd);
+                if (r > r0) fetch(r, rdy, rx, cur_mean, cur_rstd);
             }
             const float mean = cur_mean, rstd = cur_rstd;
             // Pass 1: sum(g) (LayerNorm) and sum(g * xhat), g = dy * w; xhat kept.
@@ -1283,6 +1308,8 @@ __global__ void __launch_bounds__(kThreads, 2) norm_backward_fast_kernel(const N
         }
     }
 }
+
+#pragma nv_diag_default 549
 
 // out[c] = the sum over chunks, in order from +0, of partial[(2k + arr) * d + c] (arr = blockIdx.y:
 // dgamma, dbeta). A block stages 32 columns x all its chunks (264 at most) in shared memory (float4 loads when
