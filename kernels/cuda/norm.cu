@@ -61,7 +61,8 @@
 // norm_backward_fast_kernel: dy, x, dx of one dtype, d % 8 == 0, 16-byte aligned, up to 6 pieces a
 // lane, F32 up to 4) make those choices at compile time -- RMSNorm, beta/dbeta and the dtype are
 // template or lambda-tag parameters, pieces always whole, weights always from shared memory (but
-// the backward's LayerNorm at 5-6 pieces, where they do not fit beside its 96 KB of partials) -- and
+// the backward's LayerNorm at 5-6 pieces, where they do not fit beside its 96 KB of partials: its
+// block is one row slot, whose lanes take the same columns in every row, so they sit in registers) -- and
 // the backward keeps xhat from its first pass to its second where registers allow (up to 2 pieces of
 // BF16/F16; F32 and 4+ pieces compute it again), and addresses its shared partials as
 // sp[((array * kPieces + piece) * 2 + half) * 256 + threadIdx.x] (one base pointer, compile-time
@@ -1150,17 +1151,32 @@ __global__ void __launch_bounds__(kThreads, 2) norm_backward_fast_kernel(const N
         }
         __syncthreads();  // the weights
     };
+    // !kSmemW: the weights of this lane's pieces in registers (a block of one row slot: its lanes
+    // take the same columns in every row).
+    [[maybe_unused]] float wreg[kSmemW ? 1 : kP][8];
+    if constexpr (!kSmemW) {
+#pragma unroll
+        for (int p = 0; p < kP; ++p) {
+            const int64_t i0 = int64_t(pl.j) * norm::kPiece + int64_t(p) * n_lanes * norm::kPiece;
+            if (i0 < d) {
+                load_param(a.gamma, a.gamma_dtype, i0, 8, vg, wreg[p]);
+#pragma unroll
+                for (int e = 0; e < 8; ++e) wreg[p][e] = norm::fadd(wc, wreg[p][e]);
+            }
+        }
+    }
     // The weights of piece p of this lane (element i0): c + gamma, from shared memory (kSmemW) or
-    // global memory (L1 hits: every row of the block reads the same d elements).
+    // from registers (ptxas spills some of them: a few dozen LDL a row of 48 elements a lane, where
+    // reading gamma per piece from global memory took a load, a run-time dtype switch, an unpack and
+    // the addition of c an element in each pass: ~20% more instructions).
     auto weights = [&](int p, int64_t i0, float (&w)[8]) {
         if constexpr (kSmemW) {
             const int kk = pl.j + p * n_lanes;
             const float4 w0 = bw[kk], w1 = bw[np + kk];
             w[0] = w0.x, w[1] = w0.y, w[2] = w0.z, w[3] = w0.w, w[4] = w1.x, w[5] = w1.y, w[6] = w1.z, w[7] = w1.w;
         } else {
-            load_param(a.gamma, a.gamma_dtype, i0, 8, vg, w);
 #pragma unroll
-            for (int e = 0; e < 8; ++e) w[e] = norm::fadd(wc, w[e]);
+            for (int e = 0; e < 8; ++e) w[e] = wreg[p][e];
         }
     };
     const T *const dy = static_cast<const T *>(a.dy);

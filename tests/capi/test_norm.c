@@ -692,7 +692,7 @@ static void test_cpu_cuda_identical_specials(void **state) {
  * y_t (a current-scaling forward with a fused y_t runs its amax pass lean, its writing pass general);
  * the lean backward (norm_backward_fast_kernel) takes dy, x and dx of one dtype with d % 8 == 0 and up
  * to 6 pieces a lane (d <= 12288; F32: 4, d <= 8192), gamma in shared memory up to 4 pieces and, at
- * 5-6, for RMSNorm only (LayerNorm's two partial arrays leave no room: gamma read per piece). So: each
+ * 5-6, for RMSNorm only (LayerNorm's two partial arrays leave no room: gamma in registers). So: each
  * dtype; 1, 2, 3 (a lane without its last piece), 4, 5, 6 pieces with 1, 2, 4, 8 warps a row; d = 8192
  * (4 pieces) and 8200 (5: F32's backward goes general), 12288 (6) against 12296 (7: both general),
  * d % 8 == 4; dx or dy of another dtype than x; LayerNorm with and without beta/dbeta, RMSNorm;
