@@ -50,27 +50,27 @@
 // staged in shared memory by float4 loads, then one warp's sequential sums). Rows past 12 pieces a
 // lane (d > 24576; one slot a block) keep the partials in the partial buffer itself.
 //
-// Lean and general kernels. Each direction has a lean kernel for the common case and the general one
-// (norm_forward_kernel, norm_backward_kernel) for the rest; both compute the same bytes. The general
-// kernels test at run time, per piece or per element, what the common case never needs: a partial
-// last piece (d % 8 != 0), unaligned rows, gamma read per piece, dtypes chosen at run time, RMSNorm
-// or not, beta or not; ptxas compiles every such path into the row loop, whose registers and
-// instructions they inflate (the backward at 4 pieces: 128 registers and spills, some 60 SASS
-// instructions an element measured by ncu). The lean kernels (norm_forward_fast_kernel: d % 8 == 0,
-// x 16-byte aligned, y aligned for whole-piece stores, d <= kMaxParamD, no fused y_t;
-// norm_backward_fast_kernel: dy, x, dx of one dtype, d % 8 == 0, 16-byte aligned, up to 6 pieces a
-// lane, F32 up to 4) make those choices at compile time -- RMSNorm, beta/dbeta and the dtype are
-// template or lambda-tag parameters, pieces always whole, weights always from shared memory (but
-// the backward's LayerNorm at 5-6 pieces, where they do not fit beside its 96 KB of partials: its
-// block is one row slot, whose lanes take the same columns in every row, so they sit in registers) -- and
-// the backward keeps xhat from its first pass to its second where registers allow (up to 2 pieces of
-// BF16/F16; F32 and 4+ pieces compute it again), and addresses its shared partials as
-// sp[((array * kPieces + piece) * 2 + half) * 256 + threadIdx.x] (one base pointer, compile-time
-// offsets). Both issue their first row's loads before the block's setup (weights to shared memory,
-// partials zeroed), whose latency then overlaps the loads'. The paired conversions' words are stored
-// as they come (packed_word: joining the halves again cost 2 PRMTs a pair), and whole 16-byte pieces
-// of dx / wide y by one st.global.v4 (store16: the front end split most into 4 word stores). The
-// summation orders are unchanged.
+// Lean and general kernels. Each direction has a lean kernel for the common case and the general
+// one (norm_forward_kernel, norm_backward_kernel) for the rest; both compute the same bytes. The
+// general kernels test at run time, per piece or per element, what the common case never needs: a
+// partial last piece (d % 8 != 0), unaligned rows, gamma read per piece, dtypes chosen at run time,
+// RMSNorm or not, beta or not; ptxas compiles every such path into the row loop, whose registers
+// and instructions they inflate (the backward at 4 pieces: 128 registers and spills, some 60 SASS
+// instructions an element in the ncu of an earlier version). The lean kernels
+// (norm_forward_fast_kernel: d % 8 == 0, x 16-byte aligned, y aligned for whole-piece stores, d <=
+// kMaxParamD, no fused y_t; norm_backward_fast_kernel: dy, x, dx of one dtype, d % 8 == 0, 16-byte
+// aligned, up to 6 pieces a lane, F32 up to 4) make those choices at compile time -- RMSNorm,
+// beta/dbeta and the dtype are template or lambda-tag parameters, pieces always whole, weights
+// always from shared memory (but the backward's LayerNorm at 5-6 pieces, where they do not fit
+// beside its 96 KB of partials: its block is one row slot, whose lanes take the same columns in
+// every row, so they sit in registers) -- and the backward keeps xhat from its first pass to its
+// second where registers allow (up to 2 pieces of BF16/F16; F32 and 4+ pieces compute it again),
+// and addresses its shared partials as sp[((array * kPieces + piece) * 2 + half) * 256 +
+// threadIdx.x] (one base pointer, compile-time offsets). Both issue their first row's loads before
+// the block's setup (weights to shared memory, partials zeroed), whose latency then overlaps the
+// loads'. The paired conversions' words are stored as they come (packed_word: joining the halves
+// again cost 2 PRMTs a pair), and whole 16-byte pieces of dx / wide y by one st.global.v4 (store16:
+// the front end split most into 4 word stores). The summation orders are unchanged.
 //
 // Tried for the lean backward and not kept: xhat kept across the passes at 4 pieces beside the
 // prefetched row (spills 300 bytes, ~40 LDL a row); two register buffers taking turns instead of the
@@ -84,8 +84,9 @@
 // and the next row loaded while this one is computed). The fused-y_t variant and the backwards take
 // 128 (the backward's grid is 2 blocks a SM anyway); the general backward spills a few hundred bytes
 // at 4 and 8 pieces (the 8-piece variant loads the next row only after the current one: two copies
-// would not fit), the lean one does not spill up to 4 pieces (see the commit message and the report
-// of issue 19 for the counts).
+// would not fit); the lean one spills 36/52 bytes at 4 pieces of BF16/F16 (a few LDL a row, none an
+// element), nothing at 1, 2 and F32's 4, and 200/664 bytes in LayerNorm's 6-piece variant (part of
+// its register-held gamma: a few dozen LDL a row of 48 elements a lane).
 //
 // Tried and measured slower on an H100 before this design (docs/performance.md): one warp per row
 // with the old 256-lane order (8 lane sums a thread) -- the order, not the warp, was the cost.
