@@ -697,13 +697,16 @@ static void test_cpu_cuda_identical_specials(void **state) {
  * (4 pieces) and 8200 (5: F32's backward goes general), 12288 (6) against 12296 (7: both general),
  * d % 8 == 4; dx or dy of another dtype than x; LayerNorm with and without beta/dbeta, RMSNorm;
  * zero-centered gamma; FP8 y delayed and current, with and without y_t, and BF16 y; rows fewer than
- * the chunks, fewer than a chunk's slots, and many; a few NaN / inf in x and dy. */
+ * the chunks, fewer than a chunk's slots, and many; a few NaN / inf in x and dy. y_t past d = 2048 is
+ * the byte transpose's (linear_aux.cu): its 16-byte path takes whole 64 x 64 tiles when rows and d
+ * are multiples of 16 (96 x 4112: edge tiles on both sides go byte by byte; 128 x 2560: whole tiles),
+ * the byte path everything else (700 x 256, 9 x 4096, ...). */
 static void test_cpu_cuda_identical_lean_paths(void **state) {
     (void)state;
     SKIP_WITHOUT_CUDA();
     const shape_t shapes[] = {{700, 256}, {3, 512},    {300, 520}, {2100, 1024}, {70, 1040}, {64, 2048},
                               {9, 4096},  {271, 4096}, {5, 8192},  {4, 8200},    {6, 4100},  {1, 64},
-                              {6, 9000},  {5, 12288},  {3, 12296}};
+                              {6, 9000},  {5, 12288},  {3, 12296}, {96, 4112}, {128, 2560}};
     for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; ++s)
         for (int k = 0; k < 12; ++k) {
             /* k % 3: the dtype of x (and of dy, dx below); k / 3: LayerNorm with beta / dbeta, without,
