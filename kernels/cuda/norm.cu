@@ -35,8 +35,10 @@
 // Rows longer than 8 * 8 * 256 = 16384 elements are read again from L1/L2 in each pass.
 // y_t: for d <= 2048 (d % 4 == 0, rows % 32 == 0) the forward writes it itself -- a block takes
 // tiles of 32 rows, stages their codes in shared memory (32 * d bytes) and writes each column's 32
-// codes as one 32-byte run (a whole sector; 4 x 4 byte transposes with __byte_perm). Otherwise (longer
-// rows would need 128+ KB a tile, or 16-byte runs) the byte transpose of linear_aux.cu writes it.
+// codes as one 32-byte run (a whole sector; 4 x 4 byte transposes with __byte_perm) -- unless the lean
+// forward runs and rows and d are multiples of 16 (see norm_forward: the lean forward then the
+// 16-byte byte transpose). Otherwise (longer rows would need 128+ KB a tile, or 16-byte runs) the
+// byte transpose of linear_aux.cu writes it.
 //
 // Backward: one block per row chunk (norm::chunks(rows) blocks: 264, two per SM of an H100, one
 // wave), each row slot walking its sub-chunk of the chunk's rows; the weights c + gamma are converted
@@ -1465,10 +1467,6 @@ void norm_forward(int device, void *stream_raw, const NormForwardArgs &a) {
     const bool fp8 = a.y_dtype == FP8AMP_DTYPE_E4M3 || a.y_dtype == FP8AMP_DTYPE_E5M2;
     const size_t rows = static_cast<size_t>(a.rows);
     const int n_slots = norm::slots(a.d);
-    // y_t written by the forward itself: rows of whole 32-row tiles, 32-byte aligned runs, codes of a
-    // tile in at most 64 KB of shared memory (d <= 2048: one or two warps a row, so 1-4 register pieces).
-    const bool fused_t = fp8 && a.y_t && a.d <= 2048 && a.d % 4 == 0 && a.rows % kTile == 0 &&
-                         reinterpret_cast<uintptr_t>(a.y_t) % 16 == 0;
     // The common case (norm_forward_fast_kernel): whole 16-byte pieces of x, y aligned for whole-piece
     // stores, gamma and beta in shared memory (d <= kMaxParamD: at most 6 pieces a lane), y_t not
     // fused. fused_t's writing pass stays with norm_forward_kernel (its amax pass may be fast).
@@ -1476,6 +1474,19 @@ void norm_forward(int device, void *stream_raw, const NormForwardArgs &a) {
     const size_t y_align = fp8 ? 8 : 16;
     const bool fast = !(a.rms && a.beta) && a.d % norm::kPiece == 0 && a.d <= kMaxParamD && reinterpret_cast<uintptr_t>(a.x) % 16 == 0 &&
                       reinterpret_cast<uintptr_t>(a.y) % y_align == 0;
+    // y_t written by the forward itself: rows of whole 32-row tiles, 32-byte aligned runs, codes of a
+    // tile in at most 64 KB of shared memory (d <= 2048: one or two warps a row, so 1-4 register pieces).
+    // Not where the lean forward runs and the byte transpose moves whole 16-byte runs (rows and d
+    // multiples of 16, y and y_t 16-byte aligned): the fused path is the general kernel (128
+    // registers, the tile's transpose behind a block barrier), measured at 0.41-0.48 of copy at
+    // 16384 x 1024 (1f7501e) against 0.67-0.71 for the lean forward alone; the lean forward and the
+    // 16-byte transpose (whose read of y, just written, mostly hits L2) are expected faster. Not
+    // measured yet: kLeanThenTranspose = false restores the fused path for those shapes.
+    constexpr bool kLeanThenTranspose = true;
+    const bool lean_then_transpose = kLeanThenTranspose && fast && a.rows % 16 == 0 && a.d % 16 == 0 &&
+                                     reinterpret_cast<uintptr_t>(a.y) % 16 == 0 && reinterpret_cast<uintptr_t>(a.y_t) % 16 == 0;
+    const bool fused_t = fp8 && a.y_t && !lean_then_transpose && a.d <= 2048 && a.d % 4 == 0 && a.rows % kTile == 0 &&
+                         reinterpret_cast<uintptr_t>(a.y_t) % 16 == 0;
     const int fast_pieces = pieces <= 1 ? 1 : pieces <= 2 ? 2 : pieces <= 4 ? 4 : 6;
     static_assert(kMaxParamD <= 6 * 8 * norm::kMaxLanes, "a row of kMaxParamD takes at most 6 pieces a lane");
     auto with_kernel = [&](auto s, auto dd, auto write) {

@@ -700,13 +700,15 @@ static void test_cpu_cuda_identical_specials(void **state) {
  * the chunks, fewer than a chunk's slots, and many; a few NaN / inf in x and dy. y_t past d = 2048 is
  * the byte transpose's (linear_aux.cu): its 16-byte path takes whole 64 x 64 tiles when rows and d
  * are multiples of 16 (96 x 4112: edge tiles on both sides go byte by byte; 128 x 2560: whole tiles),
- * the byte path everything else (700 x 256, 9 x 4096, ...). */
+ * the byte path everything else (700 x 256, 9 x 4096, ...). With rows % 32 == 0 and d <= 2048 the
+ * forward writes y_t itself (the general kernel) unless the lean forward runs and rows and d are
+ * multiples of 16 (64 x 2048: lean forward + 16-byte transpose; 64 x 520: d % 16 == 8, fused). */
 static void test_cpu_cuda_identical_lean_paths(void **state) {
     (void)state;
     SKIP_WITHOUT_CUDA();
     const shape_t shapes[] = {{700, 256}, {3, 512},    {300, 520}, {2100, 1024}, {70, 1040}, {64, 2048},
                               {9, 4096},  {271, 4096}, {5, 8192},  {4, 8200},    {6, 4100},  {1, 64},
-                              {6, 9000},  {5, 12288},  {3, 12296}, {96, 4112}, {128, 2560}};
+                              {6, 9000},  {5, 12288},  {3, 12296}, {96, 4112}, {128, 2560}, {64, 520}};
     for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; ++s)
         for (int k = 0; k < 12; ++k) {
             /* k % 3: the dtype of x (and of dy, dx below); k / 3: LayerNorm with beta / dbeta, without,
