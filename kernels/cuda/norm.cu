@@ -35,8 +35,10 @@
 // Rows longer than 8 * 8 * 256 = 16384 elements are read again from L1/L2 in each pass.
 // y_t: for d <= 2048 (d % 4 == 0, rows % 32 == 0) the forward writes it itself -- a block takes
 // tiles of 32 rows, stages their codes in shared memory (32 * d bytes) and writes each column's 32
-// codes as one 32-byte run (a whole sector; 4 x 4 byte transposes with __byte_perm). Otherwise (longer
-// rows would need 128+ KB a tile, or 16-byte runs) the byte transpose of linear_aux.cu writes it.
+// codes as one 32-byte run (a whole sector; 4 x 4 byte transposes with __byte_perm) -- unless the lean
+// forward runs and rows and d are multiples of 16 (see norm_forward: the lean forward then the
+// 16-byte byte transpose). Otherwise (longer rows would need 128+ KB a tile, or 16-byte runs) the
+// byte transpose of linear_aux.cu writes it.
 //
 // Backward: one block per row chunk (norm::chunks(rows) blocks: 264, two per SM of an H100, one
 // wave), each row slot walking its sub-chunk of the chunk's rows; the weights c + gamma are converted
@@ -50,16 +52,50 @@
 // staged in shared memory by float4 loads, then one warp's sequential sums). Rows past 12 pieces a
 // lane (d > 24576; one slot a block) keep the partials in the partial buffer itself.
 //
-// Registers (ptxas -v, sm_90, BF16): the forward is held to 64 registers (4 blocks a SM) where a
-// lane's raw pieces take at most 16 registers (BF16 up to 4 pieces: d <= 8192), spilling a few dozen
-// bytes at 4 pieces (ptxas would otherwise take 128 registers, 2 blocks a SM); 8 pieces take 119.
-// The fused-y_t variant and the backward take 128 (the backward's grid is 2 blocks a SM anyway) and
-// the backward spills a few hundred bytes at 4 and 8 pieces (the 8-piece variant loads the next row
-// only after the current one: two copies would not fit).
+// Lean and general kernels. Each direction has a lean kernel for the common case and the general
+// one (norm_forward_kernel, norm_backward_kernel) for the rest; both compute the same bytes. The
+// general kernels test at run time, per piece or per element, what the common case never needs: a
+// partial last piece (d % 8 != 0), unaligned rows, gamma read per piece, dtypes chosen at run time,
+// RMSNorm or not, beta or not; ptxas compiles every such path into the row loop, whose registers
+// and instructions they inflate (the backward at 4 pieces: 128 registers and spills, some 60 SASS
+// instructions an element in the ncu of an earlier version). The lean kernels
+// (norm_forward_fast_kernel: d % 8 == 0, x 16-byte aligned, y aligned for whole-piece stores, d <=
+// kMaxParamD, no fused y_t; norm_backward_fast_kernel: dy, x, dx of one dtype, d % 8 == 0, 16-byte
+// aligned, up to 6 pieces a lane, F32 up to 4) make those choices at compile time -- RMSNorm,
+// beta/dbeta and the dtype are template or lambda-tag parameters, pieces always whole, weights
+// always from shared memory (but the backward's LayerNorm at 5-6 pieces, where they do not fit
+// beside its 96 KB of partials: its block is one row slot, whose lanes take the same columns in
+// every row, so they sit in registers) -- and the backward keeps xhat from its first pass to its
+// second where registers allow (up to 2 pieces of BF16/F16; F32 and 4+ pieces compute it again),
+// and addresses its shared partials as sp[((array * kPieces + piece) * 2 + half) * 256 +
+// threadIdx.x] (one base pointer, compile-time offsets). Both issue their first row's loads before
+// the block's setup (weights to shared memory, partials zeroed), whose latency then overlaps the
+// loads'. The paired conversions' words are stored as they come (packed_word: joining the halves
+// again cost 2 PRMTs a pair), and whole 16-byte pieces of dx / wide y by one st.global.v4 (store16:
+// the front end split most into 4 word stores). The summation orders are unchanged.
+//
+// Tried for the lean backward and not kept: xhat kept across the passes at 4 pieces beside the
+// prefetched row (spills 300 bytes, ~40 LDL a row); two register buffers taking turns instead of the
+// prefetch's copy (-6% instructions, but twice the row loop's code); a variant without piece tests
+// for rows every lane covers fully (-13% instructions, but 500 bytes of spills, ~90 LDL/STL a row).
+//
+// Registers (ptxas -v, sm_90, BF16 -> BF16 / E4M3): the general forward is held to 64 registers (4
+// blocks a SM) where a lane's raw pieces take at most 16 registers (BF16 up to 4 pieces: d <= 8192),
+// spilling a few dozen bytes at 4 pieces (ptxas would otherwise take 128 registers, 2 blocks a SM);
+// 8 pieces take 119. The lean forward likewise (64 registers up to 4 pieces; past that 2 blocks a SM
+// and the next row loaded while this one is computed). The fused-y_t variant and the backwards take
+// 128 (the backward's grid is 2 blocks a SM anyway); the general backward spills a few hundred bytes
+// at 4 and 8 pieces (the 8-piece variant loads the next row only after the current one: two copies
+// would not fit); the lean one spills 36/52 bytes at 4 pieces of BF16/F16 (a few LDL a row, none an
+// element), nothing at 1, 2 and F32's 4, and 200/664 bytes in LayerNorm's 6-piece variant (part of
+// its register-held gamma: a few dozen LDL a row of 48 elements a lane).
 //
 // Tried and measured slower on an H100 before this design (docs/performance.md): one warp per row
 // with the old 256-lane order (8 lane sums a thread) -- the order, not the warp, was the cost.
+#include <atomic>
 #include <cstdint>
+#include <cstring>
+#include <mutex>
 #include <type_traits>
 
 #include "casting_common.cuh"
@@ -188,6 +224,24 @@ __device__ __forceinline__ float fmax_nan(float a, float b) {
     return r;
 }
 
+// The 32-bit word of a pair as the paired conversion left it (.x in the low half): the register
+// itself, where taking the halves apart and joining them again cost two PRMTs a pair.
+template <class Pair>
+__device__ __forceinline__ uint32_t packed_word(const Pair &h) {
+    static_assert(sizeof(Pair) == 4, "a pair of 16-bit values");
+    uint32_t w;
+    memcpy(&w, &h, 4);
+    return w;
+}
+
+// One 16-byte store of 4 words to global memory at q (16-byte aligned). A plain uint4 store through a
+// cast pointer was split by the front end into 4 word stores for most pieces of the lean backward
+// (the PTX held st.global.u32 x 4); 4 STGs where one does.
+__device__ __forceinline__ void store16(void *q, uint32_t a, uint32_t b, uint32_t c, uint32_t d) {
+    asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};" ::"l"(__cvta_generic_to_global(q)), "r"(a), "r"(b), "r"(c),
+                 "r"(d));
+}
+
 // Stores 8 values of a wide output (F32/F16/BF16, chosen at run time) at element `base` (the piece's
 // first, `left` of them in the row); vec as vec_mode for the output's element size. A NaN (any sign or
 // payload) is stored as the dtype's positive quiet NaN, as norm::canonical then from_f32 store it:
@@ -209,8 +263,8 @@ __device__ __forceinline__ void store_wide8(void *p, fp8amp_dtype dt, int64_t ba
             for (int e = 0; e < 8; ++e)
                 if (f[e] != f[e]) c[e] = codec::bits_f32(codec::kF32QuietNaN);
         if (left == 8 && vec == 2) {
-            reinterpret_cast<float4 *>(q)[0] = make_float4(c[0], c[1], c[2], c[3]);
-            reinterpret_cast<float4 *>(q)[1] = make_float4(c[4], c[5], c[6], c[7]);
+            store16(q, __float_as_uint(c[0]), __float_as_uint(c[1]), __float_as_uint(c[2]), __float_as_uint(c[3]));
+            store16(q + 4, __float_as_uint(c[4]), __float_as_uint(c[5]), __float_as_uint(c[6]), __float_as_uint(c[7]));
             return;
         }
 #pragma unroll
@@ -222,14 +276,12 @@ __device__ __forceinline__ void store_wide8(void *p, fp8amp_dtype dt, int64_t ba
     if (dt == FP8AMP_DTYPE_F16) {
 #pragma unroll
         for (int k = 0; k < 4; ++k) {
-            const __half2 h = __floats2half2_rn(f[2 * k], f[2 * k + 1]);  // .x (low half) = f[2k]
-            w[k] = uint32_t(__half_as_ushort(__low2half(h))) | (uint32_t(__half_as_ushort(__high2half(h))) << 16);
+            w[k] = packed_word(__floats2half2_rn(f[2 * k], f[2 * k + 1]));  // .x (low half) = f[2k]
         }
     } else {
 #pragma unroll
         for (int k = 0; k < 4; ++k) {
-            const __nv_bfloat162 h = __floats2bfloat162_rn(f[2 * k], f[2 * k + 1]);  // .x (low half) = f[2k]
-            w[k] = uint32_t(__bfloat16_as_ushort(__low2bfloat16(h))) | (uint32_t(__bfloat16_as_ushort(__high2bfloat16(h))) << 16);
+            w[k] = packed_word(__floats2bfloat162_rn(f[2 * k], f[2 * k + 1]));  // .x (low half) = f[2k]
         }
     }
     if (has_nan) {
@@ -240,7 +292,7 @@ __device__ __forceinline__ void store_wide8(void *p, fp8amp_dtype dt, int64_t ba
     }
     uint16_t *q = static_cast<uint16_t *>(p) + base;
     if (left == 8 && vec == 2) {
-        *reinterpret_cast<uint4 *>(q) = make_uint4(w[0], w[1], w[2], w[3]);
+        store16(q, w[0], w[1], w[2], w[3]);
     } else if (left == 8 && vec == 1) {
         reinterpret_cast<uint2 *>(q)[0] = make_uint2(w[0], w[1]);
         reinterpret_cast<uint2 *>(q)[1] = make_uint2(w[2], w[3]);
@@ -605,6 +657,206 @@ __global__ void __launch_bounds__(kThreads, fwd_min_blocks(S, kPieces, kT)) norm
     }
 }
 
+// The forward's common case (the host checks): x 16-byte aligned with d % 8 == 0 (every piece whole,
+// one 16-byte load), y aligned for whole-piece stores (FP8: 8 bytes; wide: 16), gamma and beta in
+// shared memory (d <= kMaxParamD) and no fused y_t. The same arithmetic and orders as
+// norm_forward_kernel with fewer instructions an element: RMSNorm and "no beta" are compile-time
+// branches of one kernel; no per-element tests of a partial piece, an alignment or the weights'
+// source; one base pointer a row. Where the launch is 2 blocks a SM anyway (more than 16 registers of
+// raw pieces: BF16 past 4 pieces a lane), the next row's x is loaded while this one is computed, as
+// the backward does (a 12288-wide row is a block's only row at a time).
+constexpr int fwd_fast_min_blocks(fp8amp_dtype s, int pieces) { return (s == FP8AMP_DTYPE_F32 ? 8 : 4) * pieces <= 16 ? 4 : 2; }
+
+template <fp8amp_dtype S, fp8amp_dtype D, int kPieces, bool kWrite>
+__global__ void __launch_bounds__(kThreads, fwd_fast_min_blocks(S, kPieces)) norm_forward_fast_kernel(const NormForwardArgs a) {
+    using SrcT = typename Storage<S>::type;
+    constexpr bool kFp8 = is_fp8_v<D>;
+    constexpr int kW = kWords<S>, kP = kPieces;
+    constexpr bool kPrefetch = fwd_fast_min_blocks(S, kP) == 2 && 2 * kP * kW <= 64;
+    __shared__ GroupScratch gs;
+    const int64_t d = a.d;
+    const Place pl(d);
+    const int n_lanes = 32 * pl.groups, n_slots = norm::kBlockWarps / pl.groups;
+    ScalingState *meta = a.target.meta;
+    float scale = 1.0f, fp8_max = 0.0f;
+    bool stats = false;
+    if constexpr (kFp8) {
+        scale = kWrite ? quantize_scale(*meta) : 1.0f;
+        fp8_max = meta->fp8_max;
+        stats = kWrite && meta->stats_enabled;
+    }
+    // y * scale is NaN only for a NaN y as long as the scale is positive and finite (see
+    // norm_forward_kernel); otherwise every piece checks its codes.
+    const bool check_all = kFp8 && !(scale > 0.0f && scale < __int_as_float(0x7F800000));
+    const auto *x = static_cast<const SrcT *>(a.x);
+    const bool vg = reinterpret_cast<uintptr_t>(a.gamma) % 16 == 0;
+    const bool vb = reinterpret_cast<uintptr_t>(a.beta) % 16 == 0;
+    const bool zc = a.zero_centered;
+    // gamma (as the weight) and beta as floats: sw[half * np + piece], sb[...] (norm_forward_kernel's
+    // param_pieces layout), converted after the first row's loads are issued (their latency and the
+    // conversion overlap).
+    extern __shared__ float4 sw[];
+    const int np = int(d / norm::kPiece);
+    float4 *const sb = sw + 2 * np;
+    auto setup = [&]() {
+        for (int k = threadIdx.x; k < np; k += kThreads) {
+            const int64_t i0 = int64_t(k) * norm::kPiece;
+            float f[8];
+            load_param(a.gamma, a.gamma_dtype, i0, 8, vg, f);
+            if (zc)
+#pragma unroll
+                for (int e = 0; e < 8; ++e) f[e] = norm::fadd(1.0f, f[e]);
+            sw[k] = make_float4(f[0], f[1], f[2], f[3]);
+            sw[np + k] = make_float4(f[4], f[5], f[6], f[7]);
+            if (a.beta) {
+                load_param(a.beta, a.beta_dtype, i0, 8, vb, f);
+                sb[k] = make_float4(f[0], f[1], f[2], f[3]);
+                sb[np + k] = make_float4(f[4], f[5], f[6], f[7]);
+            }
+        }
+        __syncthreads();
+    };
+    const int64_t lane0 = int64_t(pl.j) * norm::kPiece;   // this lane's first element
+    const int64_t step = int64_t(n_lanes) * norm::kPiece;  // elements between its pieces
+    float amax = 0.0f;  // max of |y|, a NaN propagated (fmax_nan)
+    uint32_t saturated = 0, underflowed = 0;
+    auto run = [&](auto rms_tag, auto beta_tag) {
+        constexpr bool kRms = decltype(rms_tag)::value, kBeta = decltype(beta_tag)::value;
+        int parity = 0;
+        uint32_t raw[kP][kW];
+        auto fetch = [&](int64_t r, uint32_t (&w)[kP][kW]) {
+            const SrcT *xr = x + r * d + lane0;
+#pragma unroll
+            for (int p = 0; p < kP; ++p)
+                if (lane0 + p * step < d) load_raw<S>(xr, p * step, 8, 2, w[p]);
+        };
+        const int64_t r_first = int64_t(blockIdx.x) * n_slots + pl.slot, r_step = int64_t(gridDim.x) * n_slots;
+        if (r_first < a.rows) fetch(r_first, raw);
+        setup();
+        for (int64_t r = r_first; r < a.rows; r += r_step) {
+            [[maybe_unused]] uint32_t nraw[kP][kW];
+            if constexpr (kPrefetch) {
+                if (r + r_step < a.rows) fetch(r + r_step, nraw);
+            } else {
+                if (r > r_first) fetch(r, raw);
+            }
+            // Pass 1: sum(x) (LayerNorm) or sum(x^2) (RMSNorm); pass 2 (LayerNorm): sum((x - mean)^2).
+            float acc[1] = {0.0f};
+#pragma unroll
+            for (int p = 0; p < kP; ++p) {
+                if (lane0 + p * step >= d) continue;
+#pragma unroll
+                for (int e = 0; e < 8; ++e) {
+                    const float v = raw_at<S>(raw[p], e);
+                    acc[0] = norm::fadd(acc[0], kRms ? norm::square(v) : v);
+                }
+            }
+            group_sum<1>(acc, pl, gs, parity);
+            float mean = 0.0f;
+            if constexpr (!kRms) {
+                mean = norm::mean_of(acc[0], d);
+                acc[0] = 0.0f;
+#pragma unroll
+                for (int p = 0; p < kP; ++p) {
+                    if (lane0 + p * step >= d) continue;
+#pragma unroll
+                    for (int e = 0; e < 8; ++e) acc[0] = norm::fadd(acc[0], norm::centered_square(raw_at<S>(raw[p], e), mean));
+                }
+                group_sum<1>(acc, pl, gs, parity);
+            }
+            const float rstd = norm::rstd_of(acc[0], d, a.eps);
+            if (kWrite && pl.j == 0) {
+                if (a.mean) a.mean[r] = norm::canonical(mean);
+                if (a.rstd) a.rstd[r] = norm::canonical(rstd);
+            }
+#pragma unroll
+            for (int p = 0; p < kP; ++p) {
+                const int64_t i0 = lane0 + p * step;
+                if (i0 >= d) continue;
+                const int k = pl.j + p * n_lanes;
+                float y[8];
+                {
+                    const float4 g0 = sw[k], g1 = sw[np + k];
+                    const float g[8] = {g0.x, g0.y, g0.z, g0.w, g1.x, g1.y, g1.z, g1.w};
+#pragma unroll
+                    for (int e = 0; e < 8; ++e) {  // canonical below (the FP8 path: the NaN code)
+                        const float v = raw_at<S>(raw[p], e);
+                        y[e] = norm::fmul(kRms ? norm::fmul(v, rstd) : norm::fmul(norm::fsub(v, mean), rstd), g[e]);
+                    }
+                }
+                if constexpr (kBeta) {
+                    const float4 b0 = sb[k], b1 = sb[np + k];
+                    const float b[8] = {b0.x, b0.y, b0.z, b0.w, b1.x, b1.y, b1.z, b1.w};
+#pragma unroll
+                    for (int e = 0; e < 8; ++e) y[e] = norm::fadd(y[e], b[e]);
+                }
+                [[maybe_unused]] const int64_t base = r * d + i0;
+                if constexpr (kFp8) {
+                    float pm = 0.0f;
+#pragma unroll
+                    for (int e = 0; e < 8; ++e) pm = fmax_nan(pm, fabsf(y[e]));
+                    amax = fmax_nan(amax, pm);
+                    if constexpr (kWrite) {
+                        constexpr __nv_fp8_interpretation_t kFmt = D == FP8AMP_DTYPE_E4M3 ? __NV_E4M3 : __NV_E5M2;
+                        constexpr uint32_t kNaN = D == FP8AMP_DTYPE_E4M3 ? codec::E4M3::kQuietNaN : codec::E5M2::kQuietNaN;
+                        float sv[8];
+#pragma unroll
+                        for (int e = 0; e < 8; ++e) sv[e] = norm::fmul(y[e], scale);
+                        uint32_t word[2];
+#pragma unroll
+                        for (int h = 0; h < 2; ++h) {
+                            const uint32_t lo = __nv_cvt_float2_to_fp8x2(make_float2(sv[4 * h], sv[4 * h + 1]), __NV_SATFINITE, kFmt);
+                            const uint32_t hi = __nv_cvt_float2_to_fp8x2(make_float2(sv[4 * h + 2], sv[4 * h + 3]), __NV_SATFINITE, kFmt);
+                            word[h] = lo | (hi << 16);
+                        }
+                        if (check_all || __float_as_uint(pm) >= 0x7F800000u) {
+#pragma unroll
+                            for (int e = 0; e < 8; ++e)
+                                if (sv[e] != sv[e])
+                                    word[e / 4] = (word[e / 4] & ~(0xFFu << (8 * (e % 4)))) | (kNaN << (8 * (e % 4)));
+                        }
+                        if (stats) {
+#pragma unroll
+                            for (int e = 0; e < 8; ++e) {
+                                const uint32_t q = (word[e / 4] >> (8 * (e % 4))) & 0xFFu;
+                                saturated += (fabsf(sv[e]) > fp8_max) ? 1u : 0u;  // false for NaN
+                                underflowed += (y[e] != 0.0f && y[e] == y[e] && (q & 0x7Fu) == 0) ? 1u : 0u;
+                            }
+                        }
+                        *reinterpret_cast<uint2 *>(static_cast<uint8_t *>(a.y) + base) = make_uint2(word[0], word[1]);
+                    }
+                } else {
+                    store_wide8(a.y, a.y_dtype, base, 8, 2, y);  // canonical NaN there
+                }
+            }
+            if constexpr (kPrefetch) {
+#pragma unroll
+                for (int p = 0; p < kP; ++p)
+#pragma unroll
+                    for (int q = 0; q < kW; ++q) raw[p][q] = nraw[p][q];
+            }
+        }
+    };
+    if (a.rms) run(std::true_type(), std::false_type());  // RMSNorm has no beta (the host checks)
+    else if (a.beta) run(std::false_type(), std::true_type());
+    else run(std::false_type(), std::false_type());
+    if constexpr (kFp8) {
+        Tally t;
+        const uint32_t amax_bits = __float_as_uint(amax);  // |y|'s max: a NaN's bits lie above inf's
+        t.amax = amax_bits > 0x7F800000u ? 0x7F800000u : amax_bits;  // amax_bits_of: NaN as inf
+        t.saturated = saturated;
+        t.underflowed = underflowed;
+        if constexpr (!kWrite) {
+            const uint32_t m = block_reduce(t.amax, MaxOp());
+            if (threadIdx.x == 0) atomicMax(&meta->amax_bits, m);
+        } else if (stats) {
+            finish_block<true>(t, meta, scale, a.target.scale_inv, a.target.scale_inv_t, size_t(a.rows * d));
+        } else {
+            finish_block<false>(t, meta, scale, a.target.scale_inv, a.target.scale_inv_t, size_t(a.rows * d));
+        }
+    }
+}
+
 // ---- backward --------------------------------------------------------------------------------------
 
 // One block per chunk of rows (norm::chunk_begin), slot s of the block on sub-chunk s. dx of each row;
@@ -811,6 +1063,273 @@ __global__ void __launch_bounds__(kThreads, 2) norm_backward_kernel(const NormBa
     }
 }
 
+// ---- backward, the common case --------------------------------------------------------------------
+
+// Stores the 8 values f of a whole piece into dtype S at q (16-byte aligned), a NaN as the dtype's
+// positive quiet NaN (store_wide8's scheme with the dtype known at compile time).
+template <fp8amp_dtype S>
+__device__ __forceinline__ void store_piece(typename Storage<S>::type *q, const float (&f)[8]) {
+    float pm = 0.0f;
+#pragma unroll
+    for (int e = 0; e < 8; ++e) pm = fmax_nan(pm, fabsf(f[e]));
+    const bool has_nan = __float_as_uint(pm) > 0x7F800000u;
+    if constexpr (S == FP8AMP_DTYPE_F32) {
+        float c[8];
+#pragma unroll
+        for (int e = 0; e < 8; ++e) c[e] = f[e];
+        if (has_nan)
+#pragma unroll
+            for (int e = 0; e < 8; ++e)
+                if (f[e] != f[e]) c[e] = codec::bits_f32(codec::kF32QuietNaN);
+        store16(q, __float_as_uint(c[0]), __float_as_uint(c[1]), __float_as_uint(c[2]), __float_as_uint(c[3]));
+        store16(q + 4, __float_as_uint(c[4]), __float_as_uint(c[5]), __float_as_uint(c[6]), __float_as_uint(c[7]));
+    } else {
+        uint32_t w[4];
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+            if constexpr (S == FP8AMP_DTYPE_F16) w[k] = packed_word(__floats2half2_rn(f[2 * k], f[2 * k + 1]));
+            else w[k] = packed_word(__floats2bfloat162_rn(f[2 * k], f[2 * k + 1]));
+        }
+        if (has_nan) {
+            constexpr uint32_t qn = S == FP8AMP_DTYPE_F16 ? codec::F16::kQuietNaN : codec::BF16::kQuietNaN;
+#pragma unroll
+            for (int e = 0; e < 8; ++e)
+                if (f[e] != f[e]) w[e / 2] = (w[e / 2] & ~(0xFFFFu << (16 * (e % 2)))) | (qn << (16 * (e % 2)));
+        }
+        store16(q, w[0], w[1], w[2], w[3]);
+    }
+}
+
+// The backward where dy, x and dx share one dtype S, d % 8 == 0 (every piece whole) and the three
+// are 16-byte aligned (the host checks; norm_backward_kernel takes every other case). The same
+// arithmetic and orders as norm_backward_kernel, with fewer instructions an element:
+// - xhat is computed once per element (pass 1) and kept in registers for pass 2 (raw x is dead
+//   after pass 1), so pass 2 neither widens x again nor subtracts and multiplies;
+// - RMSNorm and "no dbeta" are compile-time branches of one kernel (no sum(g), no x - mean, no
+//   g - c1, no dbeta partial where they are not needed);
+// - the partials live at sp[((arr * kPieces + p) * 2 + h) * kThreads + threadIdx.x] (one base
+//   pointer, compile-time offsets: no per-piece address arithmetic; conflict-free, as consecutive
+//   threads take consecutive float4), the weights at bw[piece] / bw[np + piece] after them;
+// - no per-element tests of a partial piece or an alignment, no run-time dtype switch.
+// Up to 4 pieces (BF16/F16; 2 for F32) the next row's dy and x are loaded while this row is
+// computed, as norm_backward_kernel does.
+// (xh is written and read under the same per-piece tests, which the front end cannot pair.)
+#pragma nv_diag_suppress 549
+template <fp8amp_dtype S, int kPieces, bool kSmemW>
+__global__ void __launch_bounds__(kThreads, 2) norm_backward_fast_kernel(const NormBackwardArgs a, float *partial,
+                                                                      int64_t n_chunks, int param_pieces) {
+    using T = typename Storage<S>::type;
+    constexpr int kW = kWords<S>;
+    constexpr int kP = kPieces;
+    constexpr bool kPrefetch = kP * 2 * kW <= 32;
+    // xhat kept from pass 1 to pass 2 (8 registers a piece in place of the raw x's kW) where the
+    // registers allow it beside the prefetched row; else pass 2 computes it again from the raw x.
+    constexpr bool kKeepXh = kW < 8 && (kPrefetch ? kP * (3 * kW + 8) : kP * (kW + 8)) <= 64;
+    constexpr int kXh = kKeepXh ? kP : 1;
+    extern __shared__ float4 sp[];
+    __shared__ GroupScratch gs;
+    const int64_t d = a.d, k = blockIdx.x;
+    const Place pl(d);
+    const int n_lanes = 32 * pl.groups, n_slots = norm::kBlockWarps / pl.groups;
+    const int n_arrays = a.dbeta ? 2 : 1;
+    float4 *const mine = sp + threadIdx.x;
+    const int np = param_pieces;  // kSmemW: d / 8
+    float4 *const bw = sp + n_arrays * kP * 2 * kThreads;
+    const float wc = weight_c(a.zero_centered);
+    const bool vg = reinterpret_cast<uintptr_t>(a.gamma) % 16 == 0;
+    // The block's setup: its partials zeroed, the weights converted (kSmemW). Called after the first
+    // row's loads are issued, so that their latency and the setup's overlap.
+    auto setup = [&]() {
+        for (int q = 0; q < n_arrays * kP * 2; ++q) mine[q * kThreads] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        if constexpr (kSmemW) {
+            for (int kk = threadIdx.x; kk < np; kk += kThreads) {
+                const int64_t i0 = int64_t(kk) * norm::kPiece;
+                float f[8];
+                load_param(a.gamma, a.gamma_dtype, i0, 8, vg, f);
+#pragma unroll
+                for (int e = 0; e < 8; ++e) f[e] = norm::fadd(wc, f[e]);
+                bw[kk] = make_float4(f[0], f[1], f[2], f[3]);
+                bw[np + kk] = make_float4(f[4], f[5], f[6], f[7]);
+            }
+        }
+        __syncthreads();  // the weights
+    };
+    // !kSmemW: the weights of this lane's pieces in registers (a block of one row slot: its lanes
+    // take the same columns in every row).
+    [[maybe_unused]] float wreg[kSmemW ? 1 : kP][8];
+    if constexpr (!kSmemW) {
+#pragma unroll
+        for (int p = 0; p < kP; ++p) {
+            const int64_t i0 = int64_t(pl.j) * norm::kPiece + int64_t(p) * n_lanes * norm::kPiece;
+            if (i0 < d) {
+                load_param(a.gamma, a.gamma_dtype, i0, 8, vg, wreg[p]);
+#pragma unroll
+                for (int e = 0; e < 8; ++e) wreg[p][e] = norm::fadd(wc, wreg[p][e]);
+            }
+        }
+    }
+    // The weights of piece p of this lane (element i0): c + gamma, from shared memory (kSmemW) or
+    // from registers (ptxas spills some of them: a few dozen LDL a row of 48 elements a lane, where
+    // reading gamma per piece from global memory took a load, a run-time dtype switch, an unpack and
+    // the addition of c an element in each pass: ~20% more instructions).
+    auto weights = [&](int p, int64_t i0, float (&w)[8]) {
+        if constexpr (kSmemW) {
+            const int kk = pl.j + p * n_lanes;
+            const float4 w0 = bw[kk], w1 = bw[np + kk];
+            w[0] = w0.x, w[1] = w0.y, w[2] = w0.z, w[3] = w0.w, w[4] = w1.x, w[5] = w1.y, w[6] = w1.z, w[7] = w1.w;
+        } else {
+#pragma unroll
+            for (int e = 0; e < 8; ++e) w[e] = wreg[p][e];
+        }
+    };
+    const T *const dy = static_cast<const T *>(a.dy);
+    const T *const x = static_cast<const T *>(a.x);
+    T *const dxo = static_cast<T *>(a.dx);
+    const int64_t c0 = norm::chunk_begin(k, a.rows, n_chunks), c1 = norm::chunk_begin(k + 1, a.rows, n_chunks);
+    const int64_t r0 = c0 + norm::chunk_begin(pl.slot, c1 - c0, n_slots);
+    const int64_t r1 = c0 + norm::chunk_begin(pl.slot + 1, c1 - c0, n_slots);
+    const int64_t lane0 = int64_t(pl.j) * norm::kPiece;  // this lane's first element
+    const int64_t step = int64_t(n_lanes) * norm::kPiece;  // elements between its pieces
+    const float fd = static_cast<float>(d);
+    auto run = [&](auto rms_tag, auto db_tag) {
+        constexpr bool kRms = decltype(rms_tag)::value, kDb = decltype(db_tag)::value;
+        int parity = 0;
+        uint32_t rdy[kP][kW], rx[kP][kW];
+        float cur_mean = 0.0f, cur_rstd = 0.0f;
+        auto fetch = [&](int64_t rr, uint32_t (&ddy)[kP][kW], uint32_t (&dxx)[kP][kW], float &m, float &rs) {
+            m = kRms ? 0.0f : a.mean[rr];
+            rs = a.rstd[rr];
+            const T *dyr = dy + rr * d + lane0, *xr = x + rr * d + lane0;
+#pragma unroll
+            for (int p = 0; p < kP; ++p)
+                if (lane0 + p * step < d) {
+                    load_raw<S>(dyr, p * step, 8, 2, ddy[p]);
+                    load_raw<S>(xr, p * step, 8, 2, dxx[p]);
+                }
+        };
+        if (r0 < r1) fetch(r0, rdy, rx, cur_mean, cur_rstd);
+        setup();
+        for (int64_t r = r0; r < r1; ++r) {
+            [[maybe_unused]] uint32_t ndy[kP][kW], nx[kP][kW];
+            [[maybe_unused]] float next_mean = 0.0f, next_rstd = 0.0f;
+            if constexpr (kPrefetch) {
+                if (r + 1 < r1) fetch(r + 1, ndy, nx, next_mean, next_rstd);
+            } else {
+                if (r > r0) fetch(r, rdy, rx, cur_mean, cur_rstd);
+            }
+            const float mean = cur_mean, rstd = cur_rstd;
+            // Pass 1: sum(g) (LayerNorm) and sum(g * xhat), g = dy * w; xhat kept.
+            [[maybe_unused]] float xh[kXh][8];
+            // xhat of element e of piece p: kept, or computed again from the raw x
+            auto xhat_at = [&](int p, int e) -> float {
+                if constexpr (kKeepXh) {
+                    return xh[p][e];
+                } else {
+                    const float xv = raw_at<S>(rx[p], e);
+                    return kRms ? norm::fmul(xv, rstd) : norm::fmul(norm::fsub(xv, mean), rstd);
+                }
+            };
+            float s1[1] = {0.0f}, s2[2] = {0.0f, 0.0f};
+#pragma unroll
+            for (int p = 0; p < kP; ++p) {
+                const int64_t i0 = lane0 + p * step;
+                if (i0 >= d) continue;
+                float w[8];
+                weights(p, i0, w);
+#pragma unroll
+                for (int e = 0; e < 8; ++e) {
+                    const float g = norm::fmul(raw_at<S>(rdy[p], e), w[e]);
+                    const float xv = raw_at<S>(rx[p], e);
+                    const float xe = kRms ? norm::fmul(xv, rstd) : norm::fmul(norm::fsub(xv, mean), rstd);
+                    if constexpr (kKeepXh) xh[p][e] = xe;
+                    if constexpr (kRms) {
+                        s1[0] = norm::fadd(s1[0], norm::fmul(g, xe));
+                    } else {
+                        s2[0] = norm::fadd(s2[0], g);
+                        s2[1] = norm::fadd(s2[1], norm::fmul(g, xe));
+                    }
+                }
+            }
+            float c1v = 0.0f, c2v;
+            if constexpr (kRms) {
+                group_sum<1>(s1, pl, gs, parity);
+                c2v = norm::fdiv(s1[0], fd);
+            } else {
+                group_sum<2>(s2, pl, gs, parity);
+                c1v = norm::fdiv(s2[0], fd);
+                c2v = norm::fdiv(s2[1], fd);
+            }
+            // Pass 2: dx, and the slot's column partials (dy * xhat, dy).
+            T *const dxr = dxo + r * d + lane0;
+#pragma unroll
+            for (int p = 0; p < kP; ++p) {
+                const int64_t i0 = lane0 + p * step;
+                if (i0 >= d) continue;
+                float w[8], dyv[8], xe[8], out[8];
+                weights(p, i0, w);
+#pragma unroll
+                for (int e = 0; e < 8; ++e) {
+                    dyv[e] = raw_at<S>(rdy[p], e);
+                    xe[e] = xhat_at(p, e);
+                    // norm::dx_value less its canonical(), which store_piece applies
+                    const float g = norm::fmul(dyv[e], w[e]);
+                    const float t = kRms ? g : norm::fsub(g, c1v);
+                    out[e] = norm::fmul(norm::fsub(t, norm::fmul(xe[e], c2v)), rstd);
+                }
+                store_piece<S>(dxr + p * step, out);
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    float4 &g4 = mine[(p * 2 + h) * kThreads];
+                    float4 v = g4;
+                    v.x = norm::fadd(v.x, norm::fmul(dyv[4 * h + 0], xe[4 * h + 0]));
+                    v.y = norm::fadd(v.y, norm::fmul(dyv[4 * h + 1], xe[4 * h + 1]));
+                    v.z = norm::fadd(v.z, norm::fmul(dyv[4 * h + 2], xe[4 * h + 2]));
+                    v.w = norm::fadd(v.w, norm::fmul(dyv[4 * h + 3], xe[4 * h + 3]));
+                    g4 = v;
+                    if constexpr (kDb) {
+                        float4 &b4 = mine[((kP + p) * 2 + h) * kThreads];
+                        float4 u = b4;
+                        u.x = norm::fadd(u.x, dyv[4 * h + 0]);
+                        u.y = norm::fadd(u.y, dyv[4 * h + 1]);
+                        u.z = norm::fadd(u.z, dyv[4 * h + 2]);
+                        u.w = norm::fadd(u.w, dyv[4 * h + 3]);
+                        b4 = u;
+                    }
+                }
+            }
+            if constexpr (kPrefetch) {
+                if (r + 1 < r1) {
+#pragma unroll
+                    for (int p = 0; p < kP; ++p) {
+#pragma unroll
+                        for (int q = 0; q < kW; ++q) rdy[p][q] = ndy[p][q], rx[p][q] = nx[p][q];
+                    }
+                    cur_mean = next_mean;
+                    cur_rstd = next_rstd;
+                }
+            }
+        }
+    };
+    if (a.rms) run(std::true_type(), std::false_type());  // RMSNorm has no dbeta (the host checks)
+    else if (a.dbeta) run(std::false_type(), std::true_type());
+    else run(std::false_type(), std::false_type());
+    // The chunk's partial: its slots' partials added in slot order from +0. Column col is element e
+    // of half h of piece p of lane jj; slot s's lane jj is thread s * n_lanes + jj.
+    __syncthreads();
+    for (int64_t col = threadIdx.x; col < d; col += kThreads) {
+        const int64_t piece = col / norm::kPiece;
+        const int jj = int(piece % n_lanes), p = int(piece / n_lanes), h = int(col % 8) / 4, e = int(col % 4);
+        for (int arr = 0; arr < n_arrays; ++arr) {
+            const float *q = reinterpret_cast<const float *>(sp + ((arr * kP + p) * 2 + h) * kThreads + jj) + e;
+            float s = 0.0f;
+            for (int slot = 0; slot < n_slots; ++slot) s = norm::fadd(s, q[size_t(slot) * n_lanes * 4]);
+            partial[(2 * k + arr) * d + col] = s;
+        }
+    }
+}
+
+#pragma nv_diag_default 549
+
 // out[c] = the sum over chunks, in order from +0, of partial[(2k + arr) * d + c] (arr = blockIdx.y:
 // dgamma, dbeta). A block stages 32 columns x all its chunks (264 at most) in shared memory (float4 loads when
 // d % 4 == 0, all in flight at once), then one warp adds them in chunk order.
@@ -849,25 +1368,77 @@ __global__ void __launch_bounds__(kThreads) norm_column_finish_kernel(const floa
     if (threadIdx.x < kFinishCols && col0 + threadIdx.x < d) out[col0 + threadIdx.x] = norm::canonical(acc);
 }
 
-// The register pieces of a lane for a row of d: the smallest of 1, 2, 4, 8 that holds it, or 0 (the
-// row is read again in each pass).
 // Lets kernel take smem bytes of dynamic shared memory: beyond 48 KB *including its static shared
 // memory* a launch needs the opt-in attribute, else it fails with cudaErrorInvalidValue (the backward
-// at d = 4099 did on an H100: 48 KB of partials plus its static GroupScratch).
-template <class K>
-void allow_dynamic_smem(K kernel, size_t smem, const char *what) {
-    if (smem == 0) return;
-    cudaFuncAttributes attr{};
-    check(cudaFuncGetAttributes(&attr, kernel), what);
-    if (attr.sharedSizeBytes + smem > 48 * 1024)
+// at d = 4099 did on an H100: 48 KB of partials plus its static GroupScratch). Returns the kernel's
+// static shared memory. The runtime is asked once per (kernel, device) -- cudaFuncGetAttributes and
+// cudaFuncSetAttribute cost microseconds of host time that a forward or backward made every step
+// should not pay -- and asked again only for a larger opt-in than the one already made. A fixed
+// table (no allocation between the launches of one call); past its size (far more kernels than
+// norm.cu has) the runtime is asked every time.
+size_t allow_dynamic_smem_raw(const void *kernel, int device, size_t smem, const char *what) {
+    struct Slot {
+        const void *kernel;
+        int device;
+        size_t static_bytes, allowed;
+    };
+    static constexpr size_t kSlots = 512;  // a power of two
+    static std::mutex mutex;
+    static Slot cache[kSlots] = {};
+    std::lock_guard<std::mutex> lock(mutex);
+    const size_t hash = (reinterpret_cast<uintptr_t>(kernel) >> 4) * 31u + static_cast<size_t>(device);
+    Slot *slot = nullptr;
+    for (size_t probe = 0; probe < kSlots; ++probe) {
+        Slot &s = cache[(hash + probe) & (kSlots - 1)];
+        if (!s.kernel || (s.kernel == kernel && s.device == device)) {
+            slot = &s;
+            break;
+        }
+    }
+    size_t static_bytes, allowed = 48 * 1024;
+    if (slot && slot->kernel) {
+        static_bytes = slot->static_bytes;
+        allowed = slot->allowed;
+    } else {
+        cudaFuncAttributes attr{};
+        check(cudaFuncGetAttributes(&attr, kernel), what);
+        static_bytes = attr.sharedSizeBytes;
+        allowed = static_bytes < allowed ? allowed - static_bytes : 0;  // dynamic bytes allowed without the opt-in
+    }
+    if (smem > allowed) {
         check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)), what);
+        allowed = smem;
+    }
+    if (slot) *slot = {kernel, device, static_bytes, allowed};
+    return static_bytes;
 }
 
+template <class K>
+size_t allow_dynamic_smem(K kernel, int device, size_t smem, const char *what) {
+    return allow_dynamic_smem_raw(reinterpret_cast<const void *>(kernel), device, smem, what);
+}
+
+// Shared memory of one multiprocessor, asked once per device.
+int sm_shared_memory(int device) {
+    static std::atomic<int> cached[64] = {};
+    if (device >= 0 && device < 64) {
+        const int v = cached[device].load(std::memory_order_relaxed);
+        if (v > 0) return v;
+    }
+    int n = 0;
+    check(cudaDeviceGetAttribute(&n, cudaDevAttrMaxSharedMemoryPerMultiprocessor, device), "cudaDeviceGetAttribute");
+    if (device >= 0 && device < 64) cached[device].store(n, std::memory_order_relaxed);
+    return n;
+}
+
+// The pieces of a lane for a row of d.
 inline int64_t lane_pieces(int64_t d) {
     const int64_t per = int64_t(norm::lanes(d)) * norm::kPiece;
     return (d + per - 1) / per;
 }
 
+// The register pieces of a lane for a row of d: the smallest of 1, 2, 4, 8 that holds it, or 0 (the
+// row is read again in each pass).
 template <class F>
 void dispatch_pieces(int64_t d, F &&f) {
     const int64_t pieces = lane_pieces(d);
@@ -896,10 +1467,28 @@ void norm_forward(int device, void *stream_raw, const NormForwardArgs &a) {
     const bool fp8 = a.y_dtype == FP8AMP_DTYPE_E4M3 || a.y_dtype == FP8AMP_DTYPE_E5M2;
     const size_t rows = static_cast<size_t>(a.rows);
     const int n_slots = norm::slots(a.d);
+    // The common case (norm_forward_fast_kernel): whole 16-byte pieces of x, y aligned for whole-piece
+    // stores, gamma and beta in shared memory (d <= kMaxParamD: at most 6 pieces a lane), y_t not
+    // fused. fused_t's writing pass stays with norm_forward_kernel (its amax pass may be fast).
+    const int64_t pieces = lane_pieces(a.d);
+    const size_t y_align = fp8 ? 8 : 16;
+    const bool fast = !(a.rms && a.beta) && a.d % norm::kPiece == 0 && a.d <= kMaxParamD && reinterpret_cast<uintptr_t>(a.x) % 16 == 0 &&
+                      reinterpret_cast<uintptr_t>(a.y) % y_align == 0;
     // y_t written by the forward itself: rows of whole 32-row tiles, 32-byte aligned runs, codes of a
     // tile in at most 64 KB of shared memory (d <= 2048: one or two warps a row, so 1-4 register pieces).
-    const bool fused_t = fp8 && a.y_t && a.d <= 2048 && a.d % 4 == 0 && a.rows % kTile == 0 &&
+    // Not where the lean forward runs and the byte transpose moves whole 16-byte runs (rows and d
+    // multiples of 16, y and y_t 16-byte aligned): the fused path is the general kernel (128
+    // registers, the tile's transpose behind a block barrier), measured at 0.41-0.48 of copy at
+    // 16384 x 1024 (1f7501e) against 0.67-0.71 for the lean forward alone; the lean forward and the
+    // 16-byte transpose (whose read of y, just written, mostly hits L2) are expected faster. Not
+    // measured yet: kLeanThenTranspose = false restores the fused path for those shapes.
+    constexpr bool kLeanThenTranspose = true;
+    const bool lean_then_transpose = kLeanThenTranspose && fast && a.rows % 16 == 0 && a.d % 16 == 0 &&
+                                     reinterpret_cast<uintptr_t>(a.y) % 16 == 0 && reinterpret_cast<uintptr_t>(a.y_t) % 16 == 0;
+    const bool fused_t = fp8 && a.y_t && !lean_then_transpose && a.d <= 2048 && a.d % 4 == 0 && a.rows % kTile == 0 &&
                          reinterpret_cast<uintptr_t>(a.y_t) % 16 == 0;
+    const int fast_pieces = pieces <= 1 ? 1 : pieces <= 2 ? 2 : pieces <= 4 ? 4 : 6;
+    static_assert(kMaxParamD <= 6 * 8 * norm::kMaxLanes, "a row of kMaxParamD takes at most 6 pieces a lane");
     auto with_kernel = [&](auto s, auto dd, auto write) {
         constexpr fp8amp_dtype S = decltype(s)::value, D = decltype(dd)::value;
         constexpr bool W = decltype(write)::value;
@@ -907,7 +1496,7 @@ void norm_forward(int device, void *stream_raw, const NormForwardArgs &a) {
             if (fused_t) {
                 const size_t smem = size_t(kTile) * size_t(a.d);
                 auto go = [&](auto kernel) {
-                    allow_dynamic_smem(kernel, smem, "norm_forward_kernel");
+                    allow_dynamic_smem(kernel, device, smem, "norm_forward_kernel");
                     const int64_t tiles = a.rows / kTile;
                     const int64_t cap = int64_t(multiprocessor_count(device)) * 16;
                     kernel<<<unsigned(tiles < cap ? tiles : cap), kThreads, smem, stream>>>(a, 0);
@@ -919,6 +1508,26 @@ void norm_forward(int device, void *stream_raw, const NormForwardArgs &a) {
                 else go(norm_forward_kernel<S, D, 4, true, true>);
                 return;
             }
+        }
+        if (fast) {
+            // norm_forward_fast_kernel: one wave of resident blocks (counting the shared memory: gamma
+            // and, with beta, beta as floats), each converting them once and walking many rows.
+            const size_t smem = size_t(a.d / norm::kPiece) * (a.beta ? 4 : 2) * sizeof(float4);
+            auto go = [&](auto kernel) {
+                const size_t static_smem = allow_dynamic_smem(kernel, device, smem, "norm_forward_fast_kernel");
+                const int by_regs = resident_blocks_per_sm(reinterpret_cast<const void *>(kernel), device, kThreads);
+                const int by_smem = int(size_t(sm_shared_memory(device)) / (smem + static_smem + 1024));  // 1 KB a block reserved
+                const int per_sm = by_regs < by_smem ? by_regs : by_smem;
+                const int64_t wanted = (a.rows + n_slots - 1) / n_slots;
+                const int64_t cap = int64_t(multiprocessor_count(device)) * (per_sm > 0 ? per_sm : 1);
+                kernel<<<unsigned(wanted < 1 ? 1 : wanted < cap ? wanted : cap), kThreads, smem, stream>>>(a);
+                check_launch("norm_forward_fast_kernel");
+            };
+            if (fast_pieces == 1) go(norm_forward_fast_kernel<S, D, 1, W>);
+            else if (fast_pieces == 2) go(norm_forward_fast_kernel<S, D, 2, W>);
+            else if (fast_pieces == 4) go(norm_forward_fast_kernel<S, D, 4, W>);
+            else go(norm_forward_fast_kernel<S, D, 6, W>);
+            return;
         }
         dispatch_pieces(a.d, [&](auto p) {
             constexpr int P = decltype(p)::value;
@@ -932,13 +1541,9 @@ void norm_forward(int device, void *stream_raw, const NormForwardArgs &a) {
             const size_t smem = size_t(np) * 4 * sizeof(float4);
             unsigned grid;
             if (np > 0) {
-                allow_dynamic_smem(kernel, smem, "norm_forward_kernel");
-                cudaFuncAttributes attr{};
-                check(cudaFuncGetAttributes(&attr, kernel), "norm_forward_kernel");
-                int sm_smem = 0;
-                check(cudaDeviceGetAttribute(&sm_smem, cudaDevAttrMaxSharedMemoryPerMultiprocessor, device), "cudaDeviceGetAttribute");
+                const size_t static_smem = allow_dynamic_smem(kernel, device, smem, "norm_forward_kernel");
                 const int by_regs = resident_blocks_per_sm(reinterpret_cast<const void *>(kernel), device, kThreads);
-                const int by_smem = int(size_t(sm_smem) / (smem + attr.sharedSizeBytes + 1024));  // 1 KB a block reserved
+                const int by_smem = int(size_t(sm_shared_memory(device)) / (smem + static_smem + 1024));  // 1 KB a block reserved
                 const int per_sm = by_regs < by_smem ? by_regs : by_smem;
                 const int64_t wanted = (a.rows + n_slots - 1) / n_slots;
                 const int64_t cap = int64_t(multiprocessor_count(device)) * (per_sm > 0 ? per_sm : 1);
@@ -982,18 +1587,49 @@ void norm_backward(int device, void *stream_raw, const NormBackwardArgs &a, floa
     const size_t param_smem = size_t((a.d + norm::kPiece - 1) / norm::kPiece) * 2 * sizeof(float4);
     const int np = pieces <= kMaxPieces && partial_smem + param_smem <= 100 * 1024 ? int((a.d + norm::kPiece - 1) / norm::kPiece) : 0;
     const size_t smem = partial_smem + (np > 0 ? param_smem : 0);
-    dispatch_src(a.dy_dtype, [&](auto sdy) {
-        constexpr fp8amp_dtype SDY = decltype(sdy)::value;
-        dispatch_src(a.x_dtype, [&](auto sx) {
-            constexpr fp8amp_dtype SX = decltype(sx)::value;
-            dispatch_pieces(a.d, [&](auto p) {
-                const auto kernel = norm_backward_kernel<SDY, SX, decltype(p)::value>;
-                allow_dynamic_smem(kernel, smem, "norm_backward_kernel");
-                kernel<<<static_cast<unsigned>(n_chunks), kThreads, smem, stream>>>(a, partial, n_chunks, smem_pieces, np);
-                check_launch("norm_backward_kernel");
+    // The common case (norm_backward_fast_kernel): dy, x and dx of one dtype, whole pieces, 16-byte
+    // aligned rows, up to 6 pieces a lane (d <= 12288; F32: 4, d <= 8192). The weights go to shared
+    // memory where they fit beside the partials in 100 KB (two blocks a SM): always up to 4 pieces,
+    // and for RMSNorm (one partial array) at 6.
+    auto aligned = [](const void *q) { return reinterpret_cast<uintptr_t>(q) % 16 == 0; };
+    const bool fast = !(a.rms && a.dbeta) && a.dy_dtype == a.x_dtype && a.dx_dtype == a.x_dtype && a.d % norm::kPiece == 0 &&
+                      pieces <= (a.x_dtype == FP8AMP_DTYPE_F32 ? 4 : 6) && aligned(a.dy) && aligned(a.x) && aligned(a.dx);
+    if (fast) {
+        const int n_arrays = a.dbeta ? 2 : 1;
+        const int kp = pieces <= 1 ? 1 : pieces <= 2 ? 2 : pieces <= 4 ? 4 : 6;
+        const size_t fast_partials = size_t(n_arrays) * size_t(kp) * 2 * kThreads * sizeof(float4);
+        const bool smem_w = fast_partials + param_smem <= 100 * 1024;
+        const size_t fast_smem = fast_partials + (smem_w ? param_smem : 0);
+        auto go = [&](auto kernel) {
+            allow_dynamic_smem(kernel, device, fast_smem, "norm_backward_fast_kernel");
+            kernel<<<static_cast<unsigned>(n_chunks), kThreads, fast_smem, stream>>>(a, partial, n_chunks,
+                                                                                    int(a.d / norm::kPiece));
+            check_launch("norm_backward_fast_kernel");
+        };
+        dispatch_src(a.x_dtype, [&](auto s) {
+            constexpr fp8amp_dtype S = decltype(s)::value;
+            if (kp == 1) go(norm_backward_fast_kernel<S, 1, true>);
+            else if (kp == 2) go(norm_backward_fast_kernel<S, 2, true>);
+            else if (kp == 4) go(norm_backward_fast_kernel<S, 4, true>);
+            else if constexpr (S != FP8AMP_DTYPE_F32) {
+                if (smem_w) go(norm_backward_fast_kernel<S, 6, true>);
+                else go(norm_backward_fast_kernel<S, 6, false>);
+            }
+        });
+    } else {
+        dispatch_src(a.dy_dtype, [&](auto sdy) {
+            constexpr fp8amp_dtype SDY = decltype(sdy)::value;
+            dispatch_src(a.x_dtype, [&](auto sx) {
+                constexpr fp8amp_dtype SX = decltype(sx)::value;
+                dispatch_pieces(a.d, [&](auto p) {
+                    const auto kernel = norm_backward_kernel<SDY, SX, decltype(p)::value>;
+                    allow_dynamic_smem(kernel, device, smem, "norm_backward_kernel");
+                    kernel<<<static_cast<unsigned>(n_chunks), kThreads, smem, stream>>>(a, partial, n_chunks, smem_pieces, np);
+                    check_launch("norm_backward_kernel");
+                });
             });
         });
-    });
+    }
     const dim3 grid(static_cast<unsigned>((a.d + kFinishCols - 1) / kFinishCols), a.dbeta ? 2u : 1u);
     norm_column_finish_kernel<<<grid, kThreads, 0, stream>>>(partial, n_chunks, a.d, a.dgamma, a.dbeta);
     check_launch("norm_column_finish_kernel");

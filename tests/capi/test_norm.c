@@ -439,9 +439,10 @@ static void bwd_free(bwd_t *b) {
     free(b->dbeta);
 }
 
-/* Runs the forward (for mean and rstd) and then the backward of dy (dtype dy_dt) into dx of dx_dt. */
-static void run_backward(fp8amp_device device, const problem_t *p, fp8amp_dtype dy_dt, const void *dy,
-                         fp8amp_dtype dx_dt, bwd_t *out) {
+/* Runs the forward (for mean and rstd) and then the backward of dy (dtype dy_dt) into dx of dx_dt;
+ * LayerNorm with dbeta unless with_dbeta is 0. */
+static void run_backward_db(fp8amp_device device, const problem_t *p, fp8amp_dtype dy_dt, const void *dy,
+                            fp8amp_dtype dx_dt, int with_dbeta, bwd_t *out) {
     const int rms = p->desc.kind == FP8AMP_NORM_RMSNORM;
     fp8amp_context ctx;
     EXPECT_OK(fp8amp_context_create(device, &ctx));
@@ -452,7 +453,7 @@ static void run_backward(fp8amp_device device, const problem_t *p, fp8amp_dtype 
     fp8amp_tensor rstd = make_vector(ctx, FP8AMP_DTYPE_F32, p->rows, NULL);
     fp8amp_tensor dyt = tensor_from_host(ctx, dy_dt, 2, shape, dy), dx = tensor_from_host(ctx, dx_dt, 2, shape, NULL);
     fp8amp_tensor dg = make_vector(ctx, FP8AMP_DTYPE_F32, p->d, NULL);
-    fp8amp_tensor db = rms ? NULL : make_vector(ctx, FP8AMP_DTYPE_F32, p->d, NULL);
+    fp8amp_tensor db = rms || !with_dbeta ? NULL : make_vector(ctx, FP8AMP_DTYPE_F32, p->d, NULL);
     EXPECT_OK(fp8amp_norm_forward(ctx, &p->desc, x, g, NULL, y, NULL, mean, rstd));
     EXPECT_OK(fp8amp_norm_backward(ctx, &p->desc, dyt, x, g, mean, rstd, dx, dg, db));
     out->dx = tensor_to_host(dx);
@@ -461,6 +462,11 @@ static void run_backward(fp8amp_device device, const problem_t *p, fp8amp_dtype 
     fp8amp_tensor all[9] = {x, g, y, mean, rstd, dyt, dx, dg, db};
     for (int i = 0; i < 9; ++i) EXPECT_OK(fp8amp_tensor_destroy(all[i]));
     EXPECT_OK(fp8amp_context_destroy(ctx));
+}
+
+static void run_backward(fp8amp_device device, const problem_t *p, fp8amp_dtype dy_dt, const void *dy,
+                         fp8amp_dtype dx_dt, bwd_t *out) {
+    run_backward_db(device, p, dy_dt, dy, dx_dt, 1, out);
 }
 
 /* Bounds: dx within kTolDx * rstd * (|g| + mean|g| + m * mean|g| * m) (the magnitudes of the three
@@ -680,6 +686,81 @@ static void test_cpu_cuda_identical_specials(void **state) {
         }
 }
 
+/* CPU and CUDA: the same bytes on both sides of every choice between the CUDA kernels' lean and general
+ * forms (kernels/cuda/norm.cu). The lean forward (norm_forward_fast_kernel) takes d % 8 == 0 with x
+ * 16-byte aligned, d <= 12288 (gamma/beta in shared memory, at most 6 pieces a lane) and no fused
+ * y_t (a current-scaling forward with a fused y_t runs its amax pass lean, its writing pass general);
+ * the lean backward (norm_backward_fast_kernel) takes dy, x and dx of one dtype with d % 8 == 0 and up
+ * to 6 pieces a lane (d <= 12288; F32: 4, d <= 8192), gamma in shared memory up to 4 pieces and, at
+ * 5-6, for RMSNorm only (LayerNorm's two partial arrays leave no room: gamma in registers). So: each
+ * dtype; 1, 2, 3 (a lane without its last piece), 4, 5, 6 pieces with 1, 2, 4, 8 warps a row; d = 8192
+ * (4 pieces) and 8200 (5: F32's backward goes general), 12288 (6) against 12296 (7: both general),
+ * d % 8 == 4; dx or dy of another dtype than x; LayerNorm with and without beta/dbeta, RMSNorm;
+ * zero-centered gamma; FP8 y delayed and current, with and without y_t, and BF16 y; rows fewer than
+ * the chunks, fewer than a chunk's slots, and many; a few NaN / inf in x and dy. y_t past d = 2048 is
+ * the byte transpose's (linear_aux.cu): its 16-byte path takes whole 64 x 64 tiles when rows and d
+ * are multiples of 16 (96 x 4112: edge tiles on both sides go byte by byte; 128 x 2560: whole tiles),
+ * the byte path everything else (700 x 256, 9 x 4096, ...). With rows % 32 == 0 and d <= 2048 the
+ * forward writes y_t itself (the general kernel) unless the lean forward runs and rows and d are
+ * multiples of 16 (64 x 2048: lean forward + 16-byte transpose; 64 x 520: d % 16 == 8, fused). */
+static void test_cpu_cuda_identical_lean_paths(void **state) {
+    (void)state;
+    SKIP_WITHOUT_CUDA();
+    const shape_t shapes[] = {{700, 256}, {3, 512},    {300, 520}, {2100, 1024}, {70, 1040}, {64, 2048},
+                              {9, 4096},  {271, 4096}, {5, 8192},  {4, 8200},    {6, 4100},  {1, 64},
+                              {6, 9000},  {5, 12288},  {3, 12296}, {96, 4112}, {128, 2560}, {64, 520}};
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; ++s)
+        for (int k = 0; k < 12; ++k) {
+            /* k % 3: the dtype of x (and of dy, dx below); k / 3: LayerNorm with beta / dbeta, without,
+             * RMSNorm, and LayerNorm with dy and dx of other dtypes than x */
+            const int variant = k / 3;
+            const fp8amp_dtype dt = WIDE[k % 3];
+            problem_t p;
+            problem_make(&p, variant == 2 ? FP8AMP_NORM_RMSNORM : FP8AMP_NORM_LAYERNORM, (int)((s + (size_t)k) & 1),
+                         shapes[s].rows, shapes[s].d, dt, WIDE[(s + 1) % 3], variant != 1);
+            const int64_t n = p.rows * p.d;
+            const fp8amp_dtype dy_dt = variant == 3 ? WIDE[(k + 1) % 3] : dt, dx_dt = variant == 3 ? WIDE[(k + 2) % 3] : dt;
+            void *dy = xmalloc((size_t)n * 4);
+            gen_rows(dy_dt, dy, p.rows, p.d, 0.5);
+            if (s % 2 == 1 && p.rows > 1)
+                for (int t = 0; t < 4; ++t) {
+                    const int64_t r = 1 + (int64_t)(test_rng_u64() % (uint64_t)(p.rows - 1)), i = (int64_t)(test_rng_u64() % (uint64_t)p.d);
+                    if (t < 2) set_code(p.x_dt, p.x, (size_t)(r * p.d + i), special_code(p.x_dt, (t + k) % 4));
+                    else set_code(dy_dt, dy, (size_t)(r * p.d + i), special_code(dy_dt, (t + k) % 4));
+                }
+            const fp8amp_dtype ys[3] = {FP8AMP_DTYPE_E4M3, FP8AMP_DTYPE_E5M2, FP8AMP_DTYPE_BF16};
+            for (int j = 0; j < 3; ++j) {
+                const int fp8 = j < 2, with_t = j == 1 && (k & 1);
+                const fp8amp_scaling_mode mode = j == 1 ? FP8AMP_SCALING_CURRENT : FP8AMP_SCALING_DELAYED;
+                fwd_t fa, fb;
+                run_forward(cpu_device(), &p, ys[j], mode, 3.0f, with_t, &fa);
+                run_forward(cuda_device(0), &p, ys[j], mode, 3.0f, with_t, &fb);
+                assert_memory_equal(fa.y, fb.y, (size_t)n * fp8amp_dtype_size(ys[j]));
+                if (with_t) assert_memory_equal(fa.y_t, fb.y_t, (size_t)n);
+                if (fp8) {
+                    assert_memory_equal(&fa.stats, &fb.stats, sizeof fa.stats);
+                    assert_true(f32_bits(fa.amax) == f32_bits(fb.amax) && f32_bits(fa.scale) == f32_bits(fb.scale));
+                    assert_true(f32_bits(fa.scale_inv) == f32_bits(fb.scale_inv));
+                }
+                if (fa.mean) assert_memory_equal(fa.mean, fb.mean, (size_t)p.rows * 4);
+                assert_memory_equal(fa.rstd, fb.rstd, (size_t)p.rows * 4);
+                fwd_free(&fa);
+                fwd_free(&fb);
+            }
+            bwd_t a, b;
+            run_backward_db(cpu_device(), &p, dy_dt, dy, dx_dt, variant != 1, &a);
+            run_backward_db(cuda_device(0), &p, dy_dt, dy, dx_dt, variant != 1, &b);
+            assert_memory_equal(a.dx, b.dx, (size_t)n * fp8amp_dtype_size(dx_dt));
+            assert_memory_equal(a.dgamma, b.dgamma, (size_t)p.d * 4);
+            assert_true((a.dbeta == NULL) == (b.dbeta == NULL));
+            if (a.dbeta) assert_memory_equal(a.dbeta, b.dbeta, (size_t)p.d * 4);
+            bwd_free(&a);
+            bwd_free(&b);
+            free(dy);
+            problem_free(&p);
+        }
+}
+
 /* ---- descriptors and bad input ------------------------------------------------------------------- */
 
 static void test_desc(void **state) {
@@ -876,6 +957,7 @@ int main(void) {
         DEVICE_TESTS(test_bad_input),
         cmocka_unit_test(test_cpu_cuda_identical),
         cmocka_unit_test(test_cpu_cuda_identical_specials),
+        cmocka_unit_test(test_cpu_cuda_identical_lean_paths),
     };
     return run_tests_sharded(tests, sizeof tests / sizeof tests[0], test_setup_rng, NULL);
 }
