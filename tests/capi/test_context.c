@@ -8,7 +8,6 @@
 
 /* A value no library call should ever write: a failing call must leave outputs holding it. */
 #define SENTINEL_CTX ((fp8amp_context)(uintptr_t)0x5e5e5e5e)
-#define SENTINEL_TENSOR ((fp8amp_tensor)(uintptr_t)0x7a7a7a7a)
 
 /* Random floats, never 0: magnitudes in [1, 1000), random sign. */
 static void ctx_fill_random(float *v, size_t n) {

@@ -6,7 +6,6 @@
 #include "fp8amp/dlpack.h"
 #include "test_util.h"
 
-#define SENTINEL_TENSOR ((fp8amp_tensor)(uintptr_t)0x7a7a7a7a)
 #define SENTINEL_MANAGED ((struct DLManagedTensorVersioned *)(uintptr_t)0x3c3c3c3c)
 #define POISON 0xA5
 

@@ -9,13 +9,6 @@
 
 #include "test_util.h"
 
-#define SENTINEL_TENSOR ((fp8amp_tensor)(uintptr_t)0x7a7a7a7a)
-
-static float read_scalar(fp8amp_tensor t) {
-    float v = -1.0f;
-    EXPECT_OK(fp8amp_tensor_copy_to_host(t, &v, sizeof v));
-    return v;
-}
 
 /* n values of random sign with magnitudes in [lo, hi); returns their max |x|. */
 static float fill_values(float *f, size_t n, double lo, double hi) {
@@ -51,13 +44,13 @@ static void test_amax_tensor_reads_the_recorded_amax(void **state) {
     EXPECT_OK(fp8amp_tensor_dtype(a, &dtype));
     assert_int_equal(ndim, 0);
     assert_int_equal(dtype, FP8AMP_DTYPE_F32);
-    assert_true(read_scalar(a) == 0.0f); /* nothing recorded yet */
+    assert_true(test_read_f32_scalar(a) == 0.0f); /* nothing recorded yet */
 
     /* A quantize records max |x| (delayed scaling: folded in by the next update). */
     const float amax1 = fill_values(v, N, 0.5, 30.0);
     EXPECT_OK(fp8amp_tensor_copy_from_host(src, v, sizeof v));
     EXPECT_OK(fp8amp_quantize(ctx, src, q));
-    got = read_scalar(a);
+    got = test_read_f32_scalar(a);
     EXPECT_OK(fp8amp_scaling_get(meta, NULL, NULL, &meta_amax));
     assert_memory_equal(&got, &meta_amax, sizeof got);
     assert_memory_equal(&got, &amax1, sizeof got);
@@ -66,25 +59,25 @@ static void test_amax_tensor_reads_the_recorded_amax(void **state) {
     const float amax2 = fill_values(v, N, 40.0, 90.0);
     EXPECT_OK(fp8amp_tensor_copy_from_host(src, v, sizeof v));
     EXPECT_OK(fp8amp_quantize(ctx, src, q));
-    got = read_scalar(a);
+    got = test_read_f32_scalar(a);
     assert_memory_equal(&got, &amax2, sizeof got);
     EXPECT_OK(fp8amp_scaling_update(meta));
-    assert_true(read_scalar(a) == 0.0f);
+    assert_true(test_read_f32_scalar(a) == 0.0f);
 
     /* An inf, and a NaN, are recorded as +inf (the codes saturate; the amax does not hide them). */
     fill_values(v, N, 0.5, 30.0);
     v[(size_t)test_rng_uniform(0.0, (double)N)] = -INFINITY;
     EXPECT_OK(fp8amp_tensor_copy_from_host(src, v, sizeof v));
     EXPECT_OK(fp8amp_quantize(ctx, src, q));
-    got = read_scalar(a);
+    got = test_read_f32_scalar(a);
     assert_true(isinf(got) && got > 0.0f);
     EXPECT_OK(fp8amp_scaling_update(meta));
-    assert_true(read_scalar(a) == 0.0f);
+    assert_true(test_read_f32_scalar(a) == 0.0f);
     fill_values(v, N, 0.5, 30.0);
     v[(size_t)test_rng_uniform(0.0, (double)N)] = NAN;
     EXPECT_OK(fp8amp_tensor_copy_from_host(src, v, sizeof v));
     EXPECT_OK(fp8amp_quantize(ctx, src, q));
-    got = read_scalar(a);
+    got = test_read_f32_scalar(a);
     assert_true(isinf(got) && got > 0.0f);
     EXPECT_OK(fp8amp_scaling_update(meta));
 
@@ -93,7 +86,7 @@ static void test_amax_tensor_reads_the_recorded_amax(void **state) {
     EXPECT_OK(fp8amp_tensor_copy_from_host(src, v, sizeof v));
     EXPECT_OK(fp8amp_quantize(ctx, src, q));
     EXPECT_STATUS(fp8amp_tensor_copy_from_host(a, &bogus, sizeof bogus), FP8AMP_ERROR_INVALID_ARGUMENT);
-    got = read_scalar(a);
+    got = test_read_f32_scalar(a);
     assert_memory_equal(&got, &amax3, sizeof got);
     EXPECT_OK(fp8amp_scaling_get(meta, NULL, NULL, &meta_amax));
     assert_memory_equal(&meta_amax, &amax3, sizeof got);
@@ -101,7 +94,7 @@ static void test_amax_tensor_reads_the_recorded_amax(void **state) {
     /* It outlives the meta's handle (the view keeps the meta's memory). */
     EXPECT_OK(fp8amp_tensor_destroy(q));
     EXPECT_OK(fp8amp_scaling_destroy(meta));
-    got = read_scalar(a);
+    got = test_read_f32_scalar(a);
     assert_memory_equal(&got, &amax3, sizeof got);
     EXPECT_OK(fp8amp_tensor_destroy(a));
     EXPECT_OK(fp8amp_tensor_destroy(src));

@@ -5,7 +5,6 @@
 
 #include "test_util.h"
 
-#define SENTINEL_TENSOR ((fp8amp_tensor)(uintptr_t)0x7a7a7a7a)
 #define POISON 0xA5
 
 static const fp8amp_dtype ALL_DTYPES[] = {FP8AMP_DTYPE_F32, FP8AMP_DTYPE_F16, FP8AMP_DTYPE_BF16, FP8AMP_DTYPE_E4M3,

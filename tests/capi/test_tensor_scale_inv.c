@@ -9,13 +9,6 @@
 #include "fp8_reference.h"
 #include "test_util.h"
 
-#define SENTINEL_TENSOR ((fp8amp_tensor)(uintptr_t)0x7a7a7a7a)
-
-static float read_scalar(fp8amp_tensor t) {
-    float v = -1.0f;
-    EXPECT_OK(fp8amp_tensor_copy_to_host(t, &v, sizeof v));
-    return v;
-}
 
 static void fill_values(float *f, size_t n, double lo, double hi) {
     size_t i;
@@ -55,7 +48,7 @@ static void test_scale_inv_reads_and_writes_the_slot(void **state) {
     EXPECT_OK(fp8amp_tensor_dtype(s, &dtype));
     assert_int_equal(ndim, 0);
     assert_int_equal(dtype, FP8AMP_DTYPE_F32);
-    slot = read_scalar(s);
+    slot = test_read_f32_scalar(s);
     EXPECT_OK(fp8amp_scaling_get(meta, NULL, &meta_inv, NULL));
     assert_memory_equal(&slot, &meta_inv, sizeof slot);
     /* Current scaling, margin 0: scale = 448 / amax, scale_inv its float reciprocal. */
@@ -75,7 +68,7 @@ static void test_scale_inv_reads_and_writes_the_slot(void **state) {
 
     /* The slot outlives the tensor's handle (the slot handle keeps it). */
     EXPECT_OK(fp8amp_tensor_destroy(q));
-    slot = read_scalar(s);
+    slot = test_read_f32_scalar(s);
     assert_memory_equal(&slot, &v, sizeof v);
     /* The slot tensor is no wrapped view: it cannot be re-pointed. */
     EXPECT_STATUS(fp8amp_tensor_rebind(s, &v, 0, NULL), FP8AMP_ERROR_INVALID_ARGUMENT);
@@ -192,7 +185,7 @@ static void test_scale_inv_bad_arguments(void **state) {
     /* Unbinding keeps the slot (and its value, the meta's scale_inv at binding: 1 for a new meta). */
     EXPECT_OK(fp8amp_tensor_set_scaling(e4m3, NULL));
     EXPECT_OK(fp8amp_tensor_scale_inv(e4m3, &out));
-    assert_true(read_scalar(out) == 1.0f);
+    assert_true(test_read_f32_scalar(out) == 1.0f);
     EXPECT_OK(fp8amp_tensor_destroy(out));
     EXPECT_OK(fp8amp_tensor_destroy(e4m3));
     EXPECT_OK(fp8amp_tensor_destroy(f32));

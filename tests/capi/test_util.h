@@ -196,6 +196,16 @@ static inline fp8amp_tensor make_tensor(fp8amp_context ctx, fp8amp_dtype dtype, 
     return t;
 }
 
+/* A handle value no call returns: a refused call must leave an out-parameter holding it untouched. */
+#define SENTINEL_TENSOR ((fp8amp_tensor)(uintptr_t)0x7a7a7a7a)
+
+/* The value of an F32 scalar tensor (a scale_inv slot, a meta's amax view), read to the host. */
+static inline float test_read_f32_scalar(fp8amp_tensor t) {
+    float v = -1.0f;
+    EXPECT_OK(fp8amp_tensor_copy_to_host(t, &v, sizeof v));
+    return v;
+}
+
 static inline size_t tensor_bytes(fp8amp_tensor t) {
     size_t n = 0;
     EXPECT_OK(fp8amp_tensor_nbytes(t, &n));
