@@ -1243,6 +1243,36 @@ pub struct Optimizer<'c> {
     _ctx: PhantomData<&'c Context>,
 }
 
+/// One parameter's Adam state ([`Optimizer::param_state`], `fp8amp_param_state`): tensors viewing
+/// the optimizer's memory (read-only; `None` where the parameter has no such part) and the
+/// parameter's meta state when it is scaled (O3's E4M3 weights).
+pub struct ParamState<'c> {
+    /// Whether the parameter has an F16 master copy.
+    pub has_master: bool,
+    /// The optimizer's step count.
+    pub step: i64,
+    /// m: F32 (O1) or E4M3 (O2/O3).
+    pub exp_avg: Tensor<'c>,
+    /// E4M3 m's block scales (`None` at O1).
+    pub exp_avg_scale_inv: Option<Tensor<'c>>,
+    /// v: F32 (O1) or F16 (O2/O3).
+    pub exp_avg_sq: Tensor<'c>,
+    /// F16 v's block scales (`None` at O1).
+    pub exp_avg_sq_scale_inv: Option<Tensor<'c>>,
+    /// The F16 master copy, if any.
+    pub master: Option<Tensor<'c>>,
+    /// The master's block scales, if any.
+    pub master_scale_inv: Option<Tensor<'c>>,
+    /// A copy of a scaled parameter's meta's amax history (newest first), if scaled.
+    pub param_meta_history: Option<Tensor<'c>>,
+    /// That meta's scale.
+    pub param_meta_scale: f32,
+    /// The amax that meta recorded since its last update.
+    pub param_meta_amax: f32,
+    /// That meta's update count.
+    pub param_meta_updates: i64,
+}
+
 impl<'c> Optimizer<'c> {
     /// An optimizer on `ctx` (`fp8amp_optimizer_create`).
     pub fn new(ctx: &'c Context, desc: &AdamDesc) -> Result<Optimizer<'c>> {
@@ -1289,6 +1319,41 @@ impl<'c> Optimizer<'c> {
         // SAFETY: live handle, valid out pointer.
         check(unsafe { sys::fp8amp_optimizer_get_found_inf(self.raw, &mut f) })?;
         Ok(f != 0)
+    }
+
+    /// Parameter `index`'s state (`fp8amp_optimizer_param_state`): read-only views of the
+    /// optimizer's own memory in its stored dtypes, live (a later step shows through them) and each
+    /// keeping its memory alive past the optimizer.
+    pub fn param_state(&self, index: usize) -> Result<ParamState<'c>> {
+        if index > i32::MAX as usize {
+            return Err(Error::binding(Status::InvalidArgument, format!("Optimizer::param_state: index {} is too large", index)));
+        }
+        // SAFETY: zeroed plain data (NULL handles); init sets struct_size from our sizeof.
+        let mut s: sys::fp8amp_param_state = unsafe { std::mem::zeroed() };
+        check(unsafe { sys::fp8amp_param_state_init(&mut s, std::mem::size_of_val(&s)) })?;
+        // SAFETY: live handle, valid out struct; the handles it receives are ours.
+        check(unsafe { sys::fp8amp_optimizer_param_state(self.raw, index as i32, &mut s) })?;
+        let own = |raw: sys::fp8amp_tensor| if raw.is_null() { None } else { Some(Tensor { raw, _ctx: PhantomData }) };
+        let (m, v) = (own(s.exp_avg), own(s.exp_avg_sq));
+        let rest = (own(s.exp_avg_scale_inv), own(s.exp_avg_sq_scale_inv), own(s.master), own(s.master_scale_inv),
+                    own(s.param_meta_history));
+        match (m, v) {
+            (Some(exp_avg), Some(exp_avg_sq)) => Ok(ParamState {
+                has_master: s.has_master != 0,
+                step: s.step,
+                exp_avg,
+                exp_avg_scale_inv: rest.0,
+                exp_avg_sq,
+                exp_avg_sq_scale_inv: rest.1,
+                master: rest.2,
+                master_scale_inv: rest.3,
+                param_meta_history: rest.4,
+                param_meta_scale: s.param_meta_scale,
+                param_meta_amax: s.param_meta_amax,
+                param_meta_updates: s.param_meta_updates,
+            }),
+            _ => Err(Error::binding(Status::Internal, "Optimizer::param_state: the library returned no m or v".into())),
+        }
     }
 
     /// Steps taken (skipped steps not counted).

@@ -422,6 +422,7 @@ fn grad_scaler_backs_off_on_a_nan_step() {
     let p0 = rng.spread(n, -3, 1);
     let p = Tensor::from_f32(&ctx, &[n as i64], &p0).unwrap();
     let mut g = rng.spread(n, 0, 10); // scaled gradients, as a scaled loss gives them
+    let gt_first = g.clone();
     let gt = Tensor::from_f32(&ctx, &[n as i64], &g).unwrap();
     opt.add_param(&p, &gt).unwrap();
     let args = StepArgs { scaler: Some(&scaler), ..StepArgs::default() };
@@ -434,6 +435,22 @@ fn grad_scaler_backs_off_on_a_nan_step() {
     gt.copy_from_host(&g).unwrap();
     opt.step(&args).unwrap();
     assert!(opt.found_inf().unwrap());
+    // the state of the one good step, as stored: after one step m = (1 - beta1) g / scale in E4M3
+    // with a block scale per 128 elements (within half an E4M3 step), v in F16 with its scales
+    let st = opt.param_state(0).unwrap();
+    assert!(!st.has_master && st.step == 1 && st.master.is_none() && st.param_meta_history.is_none());
+    assert_eq!(st.exp_avg.dtype().unwrap(), Dtype::E4M3);
+    assert_eq!(st.exp_avg_sq.dtype().unwrap(), Dtype::F16);
+    let (codes, si) = (st.exp_avg.to_vec::<u8>().unwrap(), st.exp_avg_scale_inv.as_ref().unwrap().to_vec::<f32>().unwrap());
+    assert_eq!((codes.len(), si.len()), (n, (n + 127) / 128));
+    for (i, &c) in codes.iter().enumerate() {
+        let want = 0.1 * (gt_first[i] as f64) / 65536.0;
+        let got = e4m3_decode(c) * si[i / 128] as f64;
+        // half an E4M3 step: 2^-4 relative for normal codes, half the smallest subnormal (2^-10) below
+        assert!((got - want).abs() <= want.abs() / 16.0 * 1.0001 + (si[i / 128] as f64) / 1024.0,
+                "m element {}: {} against {}", i, got, want);
+    }
+    assert!(opt.param_state(1).is_err());
     assert_eq!(scaler.scale().unwrap(), 32768.0);
     assert_eq!(p.to_vec::<f32>().unwrap(), p1);
     let st = scaler.state().unwrap();
