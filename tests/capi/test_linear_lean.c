@@ -78,27 +78,11 @@ static layer make_layer(fp8amp_context ctx, const run_data *d, fp8amp_gemm_polic
     EXPECT_OK(fp8amp_linear_bias(L.lin, &b));
     EXPECT_OK(fp8amp_tensor_copy_from_host(b, d->b, sizeof d->b));
     EXPECT_OK(fp8amp_tensor_destroy(b));
-    const int64_t xs[2] = {M, K}, ys[2] = {M, N};
-    L.x = make_tensor(ctx, FP8AMP_DTYPE_BF16, 2, xs);
-    L.dx = make_tensor(ctx, FP8AMP_DTYPE_BF16, 2, xs);
-    L.y = make_tensor(ctx, FP8AMP_DTYPE_BF16, 2, ys);
-    L.dy = make_tensor(ctx, FP8AMP_DTYPE_BF16, 2, ys);
+    test_linear_io(ctx, M, K, N, &L.x, &L.dx, &L.y, &L.dy);
     return L;
 }
 
-static void free_layer(layer *L) {
-    EXPECT_OK(fp8amp_tensor_destroy(L->x));
-    EXPECT_OK(fp8amp_tensor_destroy(L->y));
-    EXPECT_OK(fp8amp_tensor_destroy(L->dy));
-    EXPECT_OK(fp8amp_tensor_destroy(L->dx));
-    EXPECT_OK(fp8amp_linear_destroy(L->lin));
-}
-
-static size_t linear_bytes(fp8amp_linear lin) {
-    size_t b = 0;
-    EXPECT_OK(fp8amp_linear_memory_bytes(lin, &b));
-    return b;
-}
+static void free_layer(layer *L) { test_linear_free(L->lin, L->x, L->dx, L->y, L->dy); }
 
 /* Everything one micro-batch delivered, in host memory. */
 typedef struct {
@@ -205,7 +189,7 @@ static void lean_same_bytes(void **state, fp8amp_gemm_policy policy, fp8amp_dtyp
             /* after a lean backward: the parameters and gradients, the bias's BF16 epilogue copy (FP8
              * path), and the FP32 sum that an accumulating backward made and keeps for the next one */
             const size_t sum = (level == 1 || (accum && r > 0)) && wgrad != FP8AMP_DTYPE_F32 ? (size_t)N * K * 4 : 0;
-            const size_t held = linear_bytes(lean.lin);
+            const size_t held = test_linear_memory_bytes(lean.lin);
             assert_true(held >= param_bytes(wdt, wgrad) + sum);
             assert_true(held - param_bytes(wdt, wgrad) - sum <= 4 * N);
         }
@@ -222,12 +206,12 @@ static void lean_same_bytes(void **state, fp8amp_gemm_policy policy, fp8amp_dtyp
     for (int step = 0; step < 2; ++step) {
         EXPECT_OK(fp8amp_tensor_copy_from_host(probe.x, d->x[step], tensor_bytes(probe.x)));
         EXPECT_OK(fp8amp_linear_forward(probe.lin, probe.x, probe.y, 1));
-        const size_t fwd = linear_bytes(probe.lin);
+        const size_t fwd = test_linear_memory_bytes(probe.lin);
         EXPECT_OK(fp8amp_tensor_copy_from_host(probe.dy, d->dy[step], tensor_bytes(probe.dy)));
         EXPECT_OK(fp8amp_linear_backward(probe.lin, probe.dy, NULL, 0));
-        const size_t bwd = linear_bytes(probe.lin);
+        const size_t bwd = test_linear_memory_bytes(probe.lin);
         EXPECT_OK(fp8amp_linear_release_buffers(probe.lin));
-        assert_int_equal(linear_bytes(probe.lin), param_bytes(wdt, wgrad));
+        assert_int_equal(test_linear_memory_bytes(probe.lin), param_bytes(wdt, wgrad));
         /* after the backward: the parameters and at most the bias's epilogue copy */
         assert_true(bwd >= param_bytes(wdt, wgrad) + kept_sum);
         assert_true(bwd - param_bytes(wdt, wgrad) - kept_sum <= 4 * N);

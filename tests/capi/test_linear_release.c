@@ -62,27 +62,11 @@ static layer make_layer(fp8amp_context ctx, const run_data *d, fp8amp_gemm_polic
     EXPECT_OK(fp8amp_tensor_copy_from_host(b, d->b, sizeof d->b));
     EXPECT_OK(fp8amp_tensor_destroy(w));
     EXPECT_OK(fp8amp_tensor_destroy(b));
-    const int64_t xs[2] = {M, K}, ys[2] = {M, N};
-    L.x = make_tensor(ctx, FP8AMP_DTYPE_BF16, 2, xs);
-    L.dx = make_tensor(ctx, FP8AMP_DTYPE_BF16, 2, xs);
-    L.y = make_tensor(ctx, FP8AMP_DTYPE_BF16, 2, ys);
-    L.dy = make_tensor(ctx, FP8AMP_DTYPE_BF16, 2, ys);
+    test_linear_io(ctx, M, K, N, &L.x, &L.dx, &L.y, &L.dy);
     return L;
 }
 
-static void free_layer(layer *L) {
-    EXPECT_OK(fp8amp_tensor_destroy(L->x));
-    EXPECT_OK(fp8amp_tensor_destroy(L->y));
-    EXPECT_OK(fp8amp_tensor_destroy(L->dy));
-    EXPECT_OK(fp8amp_tensor_destroy(L->dx));
-    EXPECT_OK(fp8amp_linear_destroy(L->lin));
-}
-
-static size_t linear_bytes(fp8amp_linear lin) {
-    size_t b = 0;
-    EXPECT_OK(fp8amp_linear_memory_bytes(lin, &b));
-    return b;
-}
+static void free_layer(layer *L) { test_linear_free(L->lin, L->x, L->dx, L->y, L->dy); }
 
 /* The parameters' and gradients' bytes: F32 weight, F32 bias, the weight gradient (E4M3: with its
  * 4-byte scale slot), F32 bias gradient. */
@@ -181,7 +165,7 @@ static void same_bytes(void **state, fp8amp_gemm_policy policy, fp8amp_dtype wgr
     make_data(d);
     fp8amp_context ctx = make_context(dev);
     layer keep = make_layer(ctx, d, policy, wgrad), rel = make_layer(ctx, d, policy, wgrad);
-    assert_int_equal(linear_bytes(rel.lin), param_bytes(wgrad)); /* fresh: nothing beyond them */
+    assert_int_equal(test_linear_memory_bytes(rel.lin), param_bytes(wgrad)); /* fresh: nothing beyond them */
     for (int step = 0; step < 3; ++step) {
         results a, b;
         run_step(&keep, d, step, 0, &a);
@@ -191,11 +175,11 @@ static void same_bytes(void **state, fp8amp_gemm_policy policy, fp8amp_dtype wgr
         free_results(&a);
         free_results(&b);
         /* the Linear that keeps its buffers holds more: the saved input at least */
-        const size_t kept = linear_bytes(keep.lin);
+        const size_t kept = test_linear_memory_bytes(keep.lin);
         print_message("step %d: kept %zu bytes, released %zu, parameters and gradients %zu\n", step, kept,
-                      linear_bytes(rel.lin), param_bytes(wgrad));
+                      test_linear_memory_bytes(rel.lin), param_bytes(wgrad));
         assert_true(kept >= param_bytes(wgrad) + (size_t)M * K);
-        assert_int_equal(linear_bytes(rel.lin), param_bytes(wgrad));
+        assert_int_equal(test_linear_memory_bytes(rel.lin), param_bytes(wgrad));
     }
     free_layer(&keep);
     free_layer(&rel);
@@ -225,7 +209,7 @@ static void test_counted(void **state) {
     results r;
     run_step(&L, d, 0, 0, &r);
     free_results(&r);
-    const size_t held = linear_bytes(L.lin);
+    const size_t held = test_linear_memory_bytes(L.lin);
     size_t pool = 0;
     EXPECT_OK(fp8amp_context_scratch_bytes(ctx, &pool));
     const size_t live = c.live;
@@ -234,7 +218,7 @@ static void test_counted(void **state) {
     assert_int_equal(held, param_bytes(FP8AMP_DTYPE_E4M3) + 2 * (size_t)N * K + (size_t)M * K + 4 * (size_t)N * K +
                                2 * N + 3 * 4);
     EXPECT_OK(fp8amp_linear_release_buffers(L.lin));
-    assert_int_equal(linear_bytes(L.lin), param_bytes(FP8AMP_DTYPE_E4M3));
+    assert_int_equal(test_linear_memory_bytes(L.lin), param_bytes(FP8AMP_DTYPE_E4M3));
     const size_t released = held - param_bytes(FP8AMP_DTYPE_E4M3);
     assert_int_equal(c.live, live - released);
     /* what is left beyond creation is the context's pool and workspace, plus scale slots */
@@ -282,7 +266,7 @@ static void accumulate_after_release(void **state, fp8amp_dtype wgrad) {
                 EXPECT_OK(fp8amp_cast(ctx, ga, g32));
             EXPECT_OK(fp8amp_tensor_copy_to_host(g32, g1, (size_t)N * K * 4));
             EXPECT_OK(fp8amp_linear_release_buffers(A.lin));
-            assert_int_equal(linear_bytes(A.lin), param_bytes(wgrad));
+            assert_int_equal(test_linear_memory_bytes(A.lin), param_bytes(wgrad));
         }
     }
     EXPECT_OK(fp8amp_tensor_copy_to_host(gb, dw2, (size_t)N * K * 4));

@@ -64,21 +64,11 @@ static layer make_layer(fp8amp_context ctx, int i, const layer_data *d, fp8amp_g
     EXPECT_OK(fp8amp_tensor_copy_from_host(b, d->b, (size_t)SHAPES[i][1] * 4));
     EXPECT_OK(fp8amp_tensor_destroy(w));
     EXPECT_OK(fp8amp_tensor_destroy(b));
-    const int64_t xs[2] = {SHAPES[i][2], SHAPES[i][0]}, ys[2] = {SHAPES[i][2], SHAPES[i][1]};
-    L.x = make_tensor(ctx, FP8AMP_DTYPE_BF16, 2, xs);
-    L.dx = make_tensor(ctx, FP8AMP_DTYPE_BF16, 2, xs);
-    L.y = make_tensor(ctx, FP8AMP_DTYPE_BF16, 2, ys);
-    L.dy = make_tensor(ctx, FP8AMP_DTYPE_BF16, 2, ys);
+    test_linear_io(ctx, SHAPES[i][2], SHAPES[i][0], SHAPES[i][1], &L.x, &L.dx, &L.y, &L.dy);
     return L;
 }
 
-static void free_layer(layer *L) {
-    EXPECT_OK(fp8amp_tensor_destroy(L->x));
-    EXPECT_OK(fp8amp_tensor_destroy(L->y));
-    EXPECT_OK(fp8amp_tensor_destroy(L->dy));
-    EXPECT_OK(fp8amp_tensor_destroy(L->dx));
-    EXPECT_OK(fp8amp_linear_destroy(L->lin));
-}
+static void free_layer(layer *L) { test_linear_free(L->lin, L->x, L->dx, L->y, L->dy); }
 
 /* What one layer's calls delivered: y and dx of each round, and the gradients after both. */
 typedef struct {

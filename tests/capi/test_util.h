@@ -196,6 +196,33 @@ static inline fp8amp_tensor make_tensor(fp8amp_context ctx, fp8amp_dtype dtype, 
     return t;
 }
 
+/* A Linear's four BF16 activations for M rows: x and dx [M, K], y and dy [M, N]. */
+static inline void test_linear_io(fp8amp_context ctx, int64_t M, int64_t K, int64_t N, fp8amp_tensor *x,
+                                  fp8amp_tensor *dx, fp8amp_tensor *y, fp8amp_tensor *dy) {
+    const int64_t xs[2] = {M, K}, ys[2] = {M, N};
+    *x = make_tensor(ctx, FP8AMP_DTYPE_BF16, 2, xs);
+    *dx = make_tensor(ctx, FP8AMP_DTYPE_BF16, 2, xs);
+    *y = make_tensor(ctx, FP8AMP_DTYPE_BF16, 2, ys);
+    *dy = make_tensor(ctx, FP8AMP_DTYPE_BF16, 2, ys);
+}
+
+/* Destroys a Linear and its four activations (test_linear_io). */
+static inline void test_linear_free(fp8amp_linear lin, fp8amp_tensor x, fp8amp_tensor dx, fp8amp_tensor y,
+                                    fp8amp_tensor dy) {
+    EXPECT_OK(fp8amp_tensor_destroy(x));
+    EXPECT_OK(fp8amp_tensor_destroy(y));
+    EXPECT_OK(fp8amp_tensor_destroy(dy));
+    EXPECT_OK(fp8amp_tensor_destroy(dx));
+    EXPECT_OK(fp8amp_linear_destroy(lin));
+}
+
+/* fp8amp_linear_memory_bytes. */
+static inline size_t test_linear_memory_bytes(fp8amp_linear lin) {
+    size_t b = 0;
+    EXPECT_OK(fp8amp_linear_memory_bytes(lin, &b));
+    return b;
+}
+
 /* A handle value no call returns: a refused call must leave an out-parameter holding it untouched. */
 #define SENTINEL_TENSOR ((fp8amp_tensor)(uintptr_t)0x7a7a7a7a)
 
