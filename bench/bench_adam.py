@@ -71,11 +71,12 @@ def torch_dtype(d):
 class Problem:
     """Parameters and gradients (torch memory, wrapped) registered with an fp8amp optimizer."""
 
-    def __init__(self, lib, ctx, level, pdt, gdt, sizes, block=128):
+    def __init__(self, lib, ctx, level, pdt, gdt, sizes, block=128, rounding=0):
         self.lib, self.ctx, self.handles, self.metas = lib, ctx, [], []
         desc = lib.new("fp8amp_adam_desc *")
         lib("fp8amp_opt_level_adam_init", level, desc, lib.ffi.sizeof("fp8amp_adam_desc"))
         desc.state_block_size = block
+        desc.master_rounding = rounding  # 1: stochastic (masters, and 16-bit parameters without one)
         opt = lib.new("fp8amp_optimizer *")
         lib("fp8amp_optimizer_create", ctx, desc, opt)
         self.opt = opt[0]
@@ -199,16 +200,18 @@ def main():
         ("fp8amp.O1.f32", 1, C.F32, C.F32, 4 + 4 + 2 * 4 + 8 + 8, "F32 p/g; m, v F32"),
         ("fp8amp.O2.bf16_p.e4m3_g", 2, C.BF16, C.E4M3, 2 + 2 + 2 * 1 + 2 + 4 + 2 * scale_bytes,
          "BF16 p, E4M3 g; m E4M3 + v F16, block 128"),
+        ("fp8amp.O2.bf16_p.e4m3_g.stochastic", 2, C.BF16, C.E4M3, 2 + 2 + 2 * 1 + 2 + 4 + 2 * scale_bytes,
+         "as above, the BF16 params rounded stochastically (the PyTorch front's O1/O2 Linear since 2026-11-26)", 1),
         ("fp8amp.O2.f32_p.f32_g", 2, C.F32, C.F32, 4 + 4 + 2 * 4 + 2 + 4 + 2 * scale_bytes, "F32 p/g; m E4M3 + v F16"),
         ("fp8amp.O2.f32_p.e4m3_g", 2, C.F32, C.E4M3, 4 + 4 + 2 * 1 + 2 + 4 + 2 * scale_bytes,
          "F32 p, E4M3 g (the PyTorch front's O2 Linear); m E4M3 + v F16"),
         ("fp8amp.O3.e4m3_p.e4m3_g", 3, C.E4M3, C.E4M3, 1 + 2 * 1 + 2 + 4 + 4 + 3 * scale_bytes,
          "E4M3 p (written), F16 master, E4M3 g"),
     ]
-    for name, level, pdt, gdt, bpp, note in cases:
+    for name, level, pdt, gdt, bpp, note, *rounding in cases:
         if args.only and name not in args.only.split(","):
             continue
-        pb = Problem(lib, ctx, level, pdt, gdt, sizes)
+        pb = Problem(lib, ctx, level, pdt, gdt, sizes, rounding=rounding[0] if rounding else 0)
         ms = bench(pb.step, pb.grads, pb.sets)
         pb.sets = []
         found = lib.new("int32_t *", 1)
@@ -217,7 +220,7 @@ def main():
         sb = pb.state_bytes()
         record(name, ms, bpp, note, state_bytes=sb, state_bytes_per_param=sb / n,
                fraction_of_copy=bpp * n / (ms * 1e-3) / 1e9 / copy_bw, speedup_vs_torch=torch_ms / ms)
-        if level == 2 and pdt == C.BF16:
+        if level == 2 and pdt == C.BF16 and not rounding:
             # CUDA graph: capture one step, replay it, compare with the eager step bit for bit.
             snap = pb.save()
             pb.args.lr = 1e-3  # a different lr than the timed steps: the graph replays this captured value

@@ -89,7 +89,8 @@ struct StepConfig {
     int32_t v_f16;           // v in F16 (else F32)
     int32_t has_master;      // some parameter has a master copy (Param::master not null)
     int32_t mixed_master;    // ... and some has none (the CUDA fast kernel takes neither case)
-    int32_t master_stochastic; // FP8AMP_MASTER_ROUND_STOCHASTIC: masters rounded by master_code_stochastic
+    int32_t master_stochastic; // FP8AMP_MASTER_ROUND_STOCHASTIC: masters rounded by master_code_stochastic,
+                               // BF16/F16 parameters without one by bf16_code_stochastic / f16_param_code_stochastic
     uint32_t rounding_seed;
     int32_t adamw;
     int32_t maximize;
@@ -262,6 +263,27 @@ FP8AMP_HD uint16_t master_code_stochastic(float x, uint32_t r) {
         if (fmul(static_cast<float>(r), 0x1p-24f) < frac) mag += 1;
     }
     return static_cast<uint16_t>(sign | mag);
+}
+
+// A parameter without a master copy is its own value of record: under FP8AMP_MASTER_ROUND_STOCHASTIC
+// its BF16 or F16 codes are rounded stochastically too, from the same bits (else an update below
+// half its ulp -- 2^-9 relative for BF16 -- is lost, and so is every weight-decay term; numerics.md
+// 6.3). BF16: the 16 bits of x below BF16's last place plus 16 random bits carry into that place
+// with probability (those bits) / 2^16, exactly the distance to the lower neighbour over the ulp
+// (normal or subnormal alike: BF16 is float32's upper half). Inf and NaN keep the nearest code; a
+// finite x above BF16's largest value may round up to inf, as BF16 parameters overflow (nearest
+// takes x >= 0x7F7F8000 there).
+FP8AMP_HD uint16_t bf16_code_stochastic(float x, uint32_t r) {
+    const uint32_t b = codec::f32_bits(x);
+    if ((b & 0x7F800000u) == 0x7F800000u) return static_cast<uint16_t>(codec::encode<codec::BF16, false>(x));
+    return static_cast<uint16_t>((b + (r >> 8)) >> 16);  // |x|'s bits + 0xFFFF at most: no carry into the sign
+}
+// An F16 parameter's code (x already multiplied by a scaled parameter's scale): stochastic like the
+// master where |x| <= 65504, else the nearest rule of its kind (saturating for scaled F16, inf for
+// unscaled; NaN stays NaN).
+FP8AMP_HD uint16_t f16_param_code_stochastic(float x, bool saturate, uint32_t r) {
+    if (fabsf(x) <= 65504.0f) return master_code_stochastic(x, r);
+    return static_cast<uint16_t>(saturate ? codec::encode<codec::F16, true>(x) : codec::encode<codec::F16, false>(x));
 }
 
 // Scaler update from one step's found_inf (torch GradScaler + Megatron hysteresis).

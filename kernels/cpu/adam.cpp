@@ -94,6 +94,8 @@ void adam_step(const StepConfig &c, float *scratch) {
         // Per parameter: an optimizer may hold parameters with a master copy beside ones without.
         const bool master = p.master != nullptr;
         const uint64_t key = c.master_stochastic ? rounding_key_at(c.rounding_seed, step + 1, k, p.element_offset) : 0;
+        // without a master the parameter is the value of record: its BF16/F16 codes take the rounding
+        const bool param_stochastic = c.master_stochastic && !master;
         uint32_t param_amax = 0;
         for (int64_t b = 0; b < nblocks; ++b) {
             const int64_t begin = b * bs;
@@ -151,13 +153,18 @@ void adam_step(const StepConfig &c, float *scratch) {
                 switch (p.param_dtype) {
                 case FP8AMP_DTYPE_F32: static_cast<float *>(p.param)[i] = w; break;
                 case FP8AMP_DTYPE_BF16:
-                    static_cast<uint16_t *>(p.param)[i] = static_cast<uint16_t>(codec::encode<codec::BF16, false>(w));
-                    break;
-                case FP8AMP_DTYPE_F16:
                     static_cast<uint16_t *>(p.param)[i] =
-                        p.param_meta ? static_cast<uint16_t>(codec::encode<codec::F16, true>(scaled(w, param_scale)))
-                                     : static_cast<uint16_t>(codec::encode<codec::F16, false>(w));
+                        param_stochastic ? bf16_code_stochastic(w, rounding_bits(key, i))
+                                         : static_cast<uint16_t>(codec::encode<codec::BF16, false>(w));
                     break;
+                case FP8AMP_DTYPE_F16: {
+                    const float y = p.param_meta ? scaled(w, param_scale) : w;
+                    static_cast<uint16_t *>(p.param)[i] =
+                        param_stochastic ? f16_param_code_stochastic(y, p.param_meta != nullptr, rounding_bits(key, i))
+                        : p.param_meta   ? static_cast<uint16_t>(codec::encode<codec::F16, true>(y))
+                                         : static_cast<uint16_t>(codec::encode<codec::F16, false>(y));
+                    break;
+                }
                 default:  // E4M3, bound to its meta
                     static_cast<uint8_t *>(p.param)[i] =
                         static_cast<uint8_t>(codec::encode<codec::E4M3, true>(scaled(w, param_scale)));

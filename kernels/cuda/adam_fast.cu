@@ -295,6 +295,8 @@ struct Seg {
     float param_scale;          // its meta's scale (1: no meta)
     bool meta;                  // scaled parameter: written with param_scale, amax recorded
     bool scale_ok;              // param_scale finite and nonzero: scaled(w) is NaN only for a NaN w
+    bool sr;                    // BF16 codes rounded stochastically (no master: the value of record)
+    uint64_t key;               // its rounding_key_at in this step (sr)
 };
 
 // The raw bits of one lane's 8 elements and its block's old scales.
@@ -325,8 +327,9 @@ __device__ __forceinline__ void load_raw8(const Seg &s, uint32_t e, uint32_t blk
 // come back as floats (their block scale is not known yet), the weights as floats in nw (master:
 // block-scaled later) and as the parameter's codes in pw. Missing elements (GUARD, j >= n) give zeros.
 template <class C> struct New8 {
+    static constexpr bool kKeepW = C::MASTER || C::PD == kBF16;  // the master's, or for stochastic BF16 codes
     float m[8], v[8];
-    float w[C::MASTER ? 8 : 1];
+    float w[kKeepW ? 8 : 1];
     uint32_t p[2 * C::PB];  // the parameter's codes, packed
     float am, av, aw;       // the lane's NaN-propagating amax of |m|, |v|, |w|
 };
@@ -355,7 +358,7 @@ __device__ __forceinline__ void compute8(const Consts &k, const Seg &s, const Ra
         w = fsub(w, fmul(k.step_size, fdiv(m, denom)));
         if (GUARD && j >= n) m = v = w = 0.0f;  // missing elements take no part in an amax
         o.m[j] = m, o.v[j] = v;
-        if (C::MASTER) o.w[j] = w;
+        if (New8<C>::kKeepW) o.w[j] = w;
         o.am = max_abs_nan(o.am, m);
         o.av = max_abs_nan(o.av, v);
         if (C::WAMAX) o.aw = max_abs_nan(o.aw, w);
@@ -468,6 +471,14 @@ __device__ __forceinline__ void update8(const Consts &k, const Seg &s, const Raw
         if (lead && inverse_bits(sb) != __float_as_uint(r.w_inv))  // only a changed scale
             s.w_si[blk] = __uint_as_float(inverse_bits(sb));
     }
+    if constexpr (!C::MASTER && C::PD == kBF16) {
+        if (s.sr) {  // kernels/adam.hpp bf16_code_stochastic, from element e + j's bits: the CPU's bytes
+#pragma unroll
+            for (int j = 0; j < 8; j += 2)
+                o.p[j / 2] = uint32_t(bf16_code_stochastic(o.w[j], rounding_bits(s.key, e + j))) |
+                             uint32_t(bf16_code_stochastic(o.w[j + 1], rounding_bits(s.key, e + j + 1))) << 16;
+        }
+    }
     Bits<8 * C::PB> pb;
 #pragma unroll
     for (int i = 0; i < 2 * C::PB; ++i) pb.w[i] = o.p[i];
@@ -539,7 +550,7 @@ __device__ __forceinline__ void dispatch_pairs(int code, Body &&body) {
 }
 
 // Parameter p as the update's loops read it.
-__device__ __forceinline__ Seg make_seg(const StepConfig &c, const Param &p, float loss_scale_inv) {
+__device__ __forceinline__ Seg make_seg(const StepConfig &c, const Param &p, float loss_scale_inv, uint64_t key) {
     Seg s;
     s.grad = static_cast<const uint8_t *>(p.grad);
     s.param = static_cast<uint8_t *>(p.param);
@@ -556,6 +567,8 @@ __device__ __forceinline__ Seg make_seg(const StepConfig &c, const Param &p, flo
     s.meta = p.param_meta != nullptr;
     s.param_scale = s.meta ? p.param_meta->scale : 1.0f;
     s.scale_ok = s.param_scale != 0.0f && fabsf(s.param_scale) <= FLT_MAX;
+    s.sr = c.master_stochastic && p.master == nullptr;
+    s.key = key;
     return s;
 }
 
@@ -740,7 +753,10 @@ __global__ void __launch_bounds__(kThreads, kFastMinBlocks) adam_fast_kernel(con
                     x = min(xend, kk + 1 < c.nparams ? c.params[kk + 1].unit_begin * per : total_chunks);
                     continue;
                 }
-                const Seg s = make_seg(c, p, loss_scale_inv);
+                const Seg s = make_seg(c, p, loss_scale_inv,
+                                       c.master_stochastic
+                                           ? rounding_key_at(c.rounding_seed, step + 1, kk, p.element_offset)
+                                           : uint64_t(0));
                 float wseg = 0.0f;
                 dispatch_pairs<M8, V16, MASTER, L2, CLIP>(p.param_dtype * 5 + p.grad_dtype, [&](auto cfg) {
                     x = run_pairs<decltype(cfg)>(k, s, x, pb, xend, p.vec_ok != 0, lane, wseg);
@@ -778,9 +794,11 @@ bool launch_fast(int device, cudaStream_t stream, const adam::StepConfig &c, int
         const bool four_byte = !(M8 && V16) ||
                                (c.pair_mask & ((1u << pair_code(kF32, kF32)) | (1u << pair_code(kF32, kE4M3)))) != 0;
         const bool size_ok = c.max_numel < (int64_t(1) << (four_byte ? 30 : 31));
-        // Every parameter with a master copy or none, rounded to nearest: the generic kernel takes
-        // mixed masters and stochastic rounding (kernels/adam.hpp master_code_stochastic).
-        const bool master_ok = !c.mixed_master && !c.master_stochastic;
+        // Every parameter with a master copy or none; stochastic rounding only of BF16 parameters
+        // without masters (O1/O2 layouts): the generic kernel takes mixed masters, stochastic masters
+        // and stochastic F16 parameters (kernels/adam.hpp master_code_stochastic).
+        const uint32_t f16_params = 0x1Fu << (kF16 * 5);  // pair codes (F16, any gradient dtype)
+        const bool master_ok = !c.mixed_master && (!c.master_stochastic || (!MASTER && (c.pair_mask & f16_params) == 0));
         if (blocks_ok && pairs_ok && size_ok && master_ok && FP8AMP_ADAM_FAST) {
             const bool l2 = !c.adamw && c.weight_decay != 0.0f, clip = c.max_grad_norm > 0.0f;
             if (l2) {

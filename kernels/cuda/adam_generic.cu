@@ -286,6 +286,22 @@ __device__ __forceinline__ void store_chunk(const StepConfig &c, const Param &p,
     // The parameter, in its own dtype (the CPU's codec rules: BF16/F16 overflow to inf, scaled F16 and
     // FP8 saturate).
     const bool vec = p.vec_ok;
+    // Without a master the parameter is the value of record: stochastic rounding takes its codes
+    // (kernels/adam.hpp bf16_code_stochastic / f16_param_code_stochastic: the CPU's bytes).
+    if (c.master_stochastic && !(MASTER && p.master) &&
+        (p.param_dtype == FP8AMP_DTYPE_BF16 || p.param_dtype == FP8AMP_DTYPE_F16)) {
+        uint32_t h[4];
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+            const uint32_t r = rounding_bits(key, i + k);
+            h[k] = p.param_dtype == FP8AMP_DTYPE_BF16
+                       ? bf16_code_stochastic(l.w[k], r)
+                       : f16_param_code_stochastic(p.param_meta ? scaled(l.w[k], param_scale) : l.w[k],
+                                                   p.param_meta != nullptr, r);
+        }
+        store_halves(p.param, i, n, vec, make_uint2(h[0] | h[1] << 16, h[2] | h[3] << 16));
+        return;
+    }
     switch (p.param_dtype) {
     case FP8AMP_DTYPE_F32: store_floats(p.param, i, n, vec, l.w); break;
     case FP8AMP_DTYPE_BF16: store_halves(p.param, i, n, vec, pack_16<true>(l.w)); break;

@@ -9,6 +9,9 @@
  *     max_grad_norm the norm is global over all of them;
  *   - checkpoints: 0.3.0's format (version 1) when nothing new is used, version 2 with per-parameter
  *     masters, a round trip, and a checkpoint refused by an optimizer with other master choices;
+ *   - a parameter without a master (BF16, F16) is its own value of record: STOCHASTIC rounds its
+ *     codes the same way (a tiny update's mean move exact, NEAREST unchanged), with the CPU's bytes
+ *     on CUDA in both of its kernels;
  *   - master_init: the master starts from the given full-precision values, not the E4M3 codes;
  *     bad master_init values refused;
  *   - bad input: a master for an F32 parameter, no master for an E4M3 one, an unknown master dtype,
@@ -224,18 +227,22 @@ static void test_mixed_masters_equal_two_optimizers(void **state) {
         g_block = sr / 2 == 0 ? 128 : sr / 2 == 1 ? 512 : 0;
         const int32_t rounding = sr % 2 ? FP8AMP_MASTER_ROUND_STOCHASTIC : FP8AMP_MASTER_ROUND_NEAREST;
         const uint32_t seed = (uint32_t)test_rng_u64();
-        mixset one, two;
+        mixset one, two, pad;
         mix_make(ctx, &one, init);
         mix_make(ctx, &two, init);
+        mix_make(ctx, &pad, init);
         /* one optimizer, O2 desc: A with a master by add_param_ex, B explicitly without, C by default */
         fp8amp_optimizer mixed = make_opt(ctx, FP8AMP_OPT_LEVEL_O2, rounding, seed, 1e-3f, 0.0f);
         add_with(mixed, one.p[0], one.g[0], FP8AMP_DTYPE_F16);
         add_with(mixed, one.p[1], one.g[1], FP8AMP_NO_MASTER);
         EXPECT_OK(fp8amp_optimizer_add_param_ex(mixed, one.p[2], one.g[2], NULL));
-        /* two optimizers: O3 for A (parameter index 0 in both: the same random bits), O2 for B and C */
+        /* two optimizers: O3 for A, O2 for B and C, each at its index in the mixed one (the random bits
+         * are drawn per parameter index: stochastic rounding takes the masters, and the parameters
+         * without one); o2's index 0 is a stand-in for A, stepped and not compared */
         fp8amp_optimizer o3 = make_opt(ctx, FP8AMP_OPT_LEVEL_O3, rounding, seed, 1e-3f, 0.0f);
         fp8amp_optimizer o2 = make_opt(ctx, FP8AMP_OPT_LEVEL_O2, rounding, seed, 1e-3f, 0.0f);
         EXPECT_OK(fp8amp_optimizer_add_param(o3, two.p[0], two.g[0]));
+        EXPECT_OK(fp8amp_optimizer_add_param(o2, pad.p[0], pad.g[0]));
         EXPECT_OK(fp8amp_optimizer_add_param(o2, two.p[1], two.g[1]));
         EXPECT_OK(fp8amp_optimizer_add_param(o2, two.p[2], two.g[2]));
         for (int step = 0; step < 6; ++step) {
@@ -243,6 +250,7 @@ static void test_mixed_masters_equal_two_optimizers(void **state) {
                 for (int64_t i = 0; i < kMixNumel[k]; ++i) grads[k][i] = (float)test_rng_uniform(-1, 1) * (k == 1 ? 1e-3f : 1.0f);
                 upload_f32(one.g[k], grads[k], kMixNumel[k]);
                 upload_f32(two.g[k], grads[k], kMixNumel[k]);
+                upload_f32(pad.g[k], grads[k], kMixNumel[k]);
             }
             EXPECT_OK(fp8amp_optimizer_step(mixed, NULL));
             EXPECT_OK(fp8amp_optimizer_step(o3, NULL));
@@ -267,6 +275,7 @@ static void test_mixed_masters_equal_two_optimizers(void **state) {
         EXPECT_OK(fp8amp_optimizer_destroy(o2));
         mix_free(&one);
         mix_free(&two);
+        mix_free(&pad);
     }
     g_block = 128;
     for (int k = 0; k < MN; ++k) free(init[k]), free(grads[k]);
@@ -604,6 +613,170 @@ static void test_cpu_cuda_identical_mixed_masters(void **state) {
     EXPECT_OK(fp8amp_context_destroy(ctx[1]));
 }
 
+/* ---- parameters without a master: their own value of record -------------------------------------- */
+
+/* Host copy of a 16-bit parameter's values (BF16 or unscaled F16). */
+static void values16(fp8amp_tensor t, fp8amp_dtype dt, int64_t n, float *out) {
+    uint16_t *h = xmalloc(2 * (size_t)n);
+    EXPECT_OK(fp8amp_tensor_copy_to_host(t, h, 2 * (size_t)n));
+    for (int64_t i = 0; i < n; ++i) {
+        if (dt == FP8AMP_DTYPE_BF16) {
+            const uint32_t u = (uint32_t)h[i] << 16;
+            memcpy(&out[i], &u, 4);
+        } else {
+            out[i] = f16_value(h[i]);
+        }
+    }
+    free(h);
+}
+
+/* A BF16 or F16 parameter without a master (O2's layout, the PyTorch front's O1/O2 weights) and an
+ * update 16 times below half its ulp: NEAREST leaves every code as it was, STOCHASTIC moves each
+ * element by 0 or one ulp down and the mean move is the exact update within 6 sigma. */
+static void test_tiny_update_param_without_master(void **state) {
+    require_variant(state);
+    fp8amp_context ctx = make_context(variant_device(state));
+    const int64_t n = TN;
+    float *w = xmalloc(sizeof(float) * TN), *g = xmalloc(sizeof(float) * TN);
+    float *before = xmalloc(sizeof(float) * TN), *after = xmalloc(sizeof(float) * TN);
+    for (int di = 0; di < 2; ++di) {
+        const fp8amp_dtype dt = di ? FP8AMP_DTYPE_F16 : FP8AMP_DTYPE_BF16;
+        const int mant = di ? 10 : 7;                              /* stored fraction bits */
+        const float lr = di ? 0x1p-16f : 0x1p-13f;                 /* half an ulp in [0.5, 1) / 16 */
+        for (int i = 0; i < TN; ++i) {
+            w[i] = (float)test_rng_uniform(0.51, 0.99);
+            g[i] = (float)test_rng_uniform(0.5, 2.0); /* positive: the first step's update is -lr exactly */
+        }
+        for (int sr = 0; sr < 2; ++sr) {
+            fp8amp_optimizer opt = make_opt(ctx, FP8AMP_OPT_LEVEL_O2,
+                                            sr ? FP8AMP_MASTER_ROUND_STOCHASTIC : FP8AMP_MASTER_ROUND_NEAREST,
+                                            (uint32_t)test_rng_u64(), lr, 0.0f);
+            fp8amp_tensor p = make_tensor(ctx, dt, 1, &n), gt = make_tensor(ctx, FP8AMP_DTYPE_F32, 1, &n);
+            fp8amp_tensor src = make_tensor(ctx, FP8AMP_DTYPE_F32, 1, &n);
+            upload_f32(src, w, n);
+            EXPECT_OK(fp8amp_cast(ctx, src, p));
+            EXPECT_OK(fp8amp_optimizer_add_param(opt, p, gt)); /* O2: no master */
+            upload_f32(gt, g, n);
+            values16(p, dt, n, before);
+            EXPECT_OK(fp8amp_optimizer_step(opt, NULL));
+            values16(p, dt, n, after);
+            double sum = 0.0, var = 0.0;
+            int moved = 0;
+            for (int i = 0; i < TN; ++i) {
+                const double ulp = ldexp(1.0, (int)floor(log2((double)before[i])) - mant);
+                const double d = (double)after[i] - (double)before[i];
+                if (!sr) {
+                    if (d != 0.0) fail_msg("nearest, element %d: %.9g -> %.9g", i, (double)before[i], (double)after[i]);
+                    continue;
+                }
+                if (!(d == 0.0 || d == -ulp)) fail_msg("element %d: %.9g -> %.9g (ulp %.3g)", i, (double)before[i], (double)after[i], ulp);
+                moved += d != 0.0;
+                sum += d;
+                var += ulp * lr;
+            }
+            if (sr) {
+                const double mean = sum / TN, sigma = sqrt(var) / TN;
+                print_message("%s without a master, stochastic: %d of %d moved, mean %.3g (exact %.3g, sigma %.2g)\n",
+                              di ? "F16" : "BF16", moved, TN, mean, -(double)lr, sigma);
+                assert_true(moved > 0);
+                assert_true(fabs(mean + (double)lr) <= 6.0 * sigma);
+            }
+            EXPECT_OK(fp8amp_optimizer_destroy(opt));
+            EXPECT_OK(fp8amp_tensor_destroy(p));
+            EXPECT_OK(fp8amp_tensor_destroy(gt));
+            EXPECT_OK(fp8amp_tensor_destroy(src));
+        }
+    }
+    free(w), free(g), free(before), free(after);
+    EXPECT_OK(fp8amp_context_destroy(ctx));
+}
+
+/* Stochastically rounded parameters without masters give the CPU's bytes on CUDA: BF16 parameters
+ * with BF16 gradients at O1 and O2 (the fast kernel's pairs), and beside them a scaled and an unscaled
+ * F16 parameter (the generic kernel), over three steps, in odd sizes. */
+static void test_cpu_cuda_identical_param_rounding(void **state) {
+    (void)state;
+    SKIP_WITHOUT_CUDA();
+    enum { PN = 4 };
+    const int64_t numel[PN] = {test_small() ? 20001 : 300001, 1000, 4477, 129};
+    fp8amp_context ctx[2] = {make_context(cpu_device()), make_context(cuda_device(0))};
+    for (int cfg = 0; cfg < 3; ++cfg) {
+        /* cfg 0: O2, all BF16 (fast); 1: O1, all BF16 (fast); 2: O2 with F16 parameters (generic) */
+        const fp8amp_opt_level level = cfg == 1 ? FP8AMP_OPT_LEVEL_O1 : FP8AMP_OPT_LEVEL_O2;
+        const fp8amp_dtype pdt[PN] = {FP8AMP_DTYPE_BF16, FP8AMP_DTYPE_BF16, cfg == 2 ? FP8AMP_DTYPE_F16 : FP8AMP_DTYPE_BF16,
+                                      cfg == 2 ? FP8AMP_DTYPE_F16 : FP8AMP_DTYPE_BF16};
+        const int scaled[PN] = {0, 0, cfg == 2, 0};
+        const uint32_t seed = (uint32_t)test_rng_u64();
+        fp8amp_optimizer opt[2];
+        fp8amp_tensor p[2][PN], g[2][PN];
+        fp8amp_scaling meta[2];
+        for (int d = 0; d < 2; ++d) {
+            fp8amp_adam_desc desc;
+            EXPECT_OK(fp8amp_opt_level_adam_config(level, &desc));
+            desc.lr = 1e-3f;
+            desc.master_rounding = FP8AMP_MASTER_ROUND_STOCHASTIC;
+            desc.rounding_seed = seed;
+            EXPECT_OK(fp8amp_optimizer_create(ctx[d], &desc, &opt[d]));
+            fp8amp_recipe r;
+            EXPECT_OK(fp8amp_recipe_init_default(&r));
+            EXPECT_OK(fp8amp_scaling_create(ctx[d], &r, FP8AMP_DTYPE_F16, &meta[d]));
+            EXPECT_OK(fp8amp_scaling_set_scale(meta[d], 256.0f));
+            for (int k = 0; k < PN; ++k) {
+                p[d][k] = make_tensor(ctx[d], pdt[k], 1, &numel[k]);
+                g[d][k] = make_tensor(ctx[d], FP8AMP_DTYPE_BF16, 1, &numel[k]);
+                if (scaled[k]) EXPECT_OK(fp8amp_tensor_set_scaling(p[d][k], meta[d]));
+            }
+        }
+        for (int k = 0; k < PN; ++k) {
+            float *v = xmalloc(sizeof(float) * (size_t)numel[k]);
+            for (int64_t i = 0; i < numel[k]; ++i) v[i] = (float)test_rng_uniform(-0.05, 0.05);
+            for (int d = 0; d < 2; ++d) {
+                fp8amp_tensor src = make_tensor(ctx[d], FP8AMP_DTYPE_F32, 1, &numel[k]);
+                upload_f32(src, v, numel[k]);
+                if (scaled[k])
+                    EXPECT_OK(fp8amp_quantize(ctx[d], src, p[d][k]));
+                else
+                    EXPECT_OK(fp8amp_cast(ctx[d], src, p[d][k]));
+                EXPECT_OK(fp8amp_tensor_destroy(src));
+                EXPECT_OK(fp8amp_optimizer_add_param(opt[d], p[d][k], g[d][k]));
+            }
+            free(v);
+        }
+        for (int step = 0; step < 3; ++step) {
+            for (int k = 0; k < PN; ++k) {
+                uint16_t *gv = xmalloc(2 * (size_t)numel[k]);
+                test_fill_bf16(gv, (size_t)numel[k], 1.0);
+                for (int d = 0; d < 2; ++d) EXPECT_OK(fp8amp_tensor_copy_from_host(g[d][k], gv, 2 * (size_t)numel[k]));
+                free(gv);
+            }
+            for (int d = 0; d < 2; ++d) EXPECT_OK(fp8amp_optimizer_step(opt[d], NULL));
+            for (int k = 0; k < PN; ++k) {
+                const size_t nb = tensor_bytes(p[0][k]);
+                unsigned char *a = xmalloc(nb), *b = xmalloc(nb);
+                EXPECT_OK(fp8amp_tensor_copy_to_host(p[0][k], a, nb));
+                EXPECT_OK(fp8amp_tensor_copy_to_host(p[1][k], b, nb));
+                if (memcmp(a, b, nb) != 0) {
+                    size_t at = 0;
+                    while (a[at] == b[at]) ++at;
+                    fail_msg("configuration %d, step %d, parameter %d: CPU and CUDA differ first at byte %zu of %zu",
+                             cfg, step, k, at, nb);
+                }
+                free(a), free(b);
+            }
+        }
+        for (int d = 0; d < 2; ++d) {
+            EXPECT_OK(fp8amp_optimizer_destroy(opt[d]));
+            for (int k = 0; k < PN; ++k) {
+                EXPECT_OK(fp8amp_tensor_destroy(p[d][k]));
+                EXPECT_OK(fp8amp_tensor_destroy(g[d][k]));
+            }
+            EXPECT_OK(fp8amp_scaling_destroy(meta[d]));
+        }
+    }
+    EXPECT_OK(fp8amp_context_destroy(ctx[0]));
+    EXPECT_OK(fp8amp_context_destroy(ctx[1]));
+}
+
 /* ---- bad input ----------------------------------------------------------------------------------- */
 
 static void test_bad_master_choices(void **state) {
@@ -785,6 +958,8 @@ int main(void) {
         DEVICE_TESTS(test_bad_master_choices),
         DEVICE_TESTS(test_master_init),
         cmocka_unit_test(test_cpu_cuda_identical_mixed_masters),
+        DEVICE_TESTS(test_tiny_update_param_without_master),
+        cmocka_unit_test(test_cpu_cuda_identical_param_rounding),
     };
     return run_tests_sharded(tests, sizeof tests / sizeof tests[0], test_setup_rng, NULL);
 }

@@ -773,7 +773,8 @@ typedef struct fp8amp_adam_desc {
                                        128..FP8AMP_MAX_STATE_BLOCK (default 128), or 0 for one scale
                                        per tensor (costs an extra read pass over the state) */
     float max_grad_norm;          /**< global L2 gradient-norm clipping; 0 (default) = off; >= 0 */
-    int32_t master_rounding;      /**< how each step rounds the F16 master copies: an
+    int32_t master_rounding;      /**< how each step rounds the value of record: the F16 master copies,
+                                       and a BF16 or F16 parameter that has none: an
                                        fp8amp_master_rounding, FP8AMP_MASTER_ROUND_NEAREST (0, default)
                                        or FP8AMP_MASTER_ROUND_STOCHASTIC (docs/numerics.md 6.3). Since 0.4.0 */
     uint32_t rounding_seed;       /**< the seed of stochastic rounding (default 0): with the step count,
@@ -782,14 +783,15 @@ typedef struct fp8amp_adam_desc {
                                        CUDA. Since 0.4.0 */
 } fp8amp_adam_desc;
 
-/** fp8amp_adam_desc.master_rounding: how a step writes an F16 master copy (docs/numerics.md 6.3).
- *  Since 0.4.0. */
+/** fp8amp_adam_desc.master_rounding: how a step writes an F16 master copy, and a BF16 or
+ *  F16 parameter without one (it is then its own value of record; E4M3 parameters always have one
+ *  or round to nearest) (docs/numerics.md 6.3). Since 0.4.0. */
 typedef enum fp8amp_master_rounding {
-    /** round to nearest even (0.3.0's bytes): an update smaller than half an F16 ulp of the master
-     *  is lost, every step */
+    /** round to nearest even (0.3.0's bytes): an update smaller than half an ulp of the master
+     *  (F16: 2^-11 relative; a BF16 parameter without a master: 2^-8) is lost, every step */
     FP8AMP_MASTER_ROUND_NEAREST = 0,
-    /** stochastic rounding: up with the probability of the distance to the lower F16 neighbour over
-     *  the ulp, from a counter-based hash of (rounding_seed, step, parameter index, element index);
+    /** stochastic rounding: up with the probability of the distance to the lower F16 (BF16)
+     *  neighbour over the ulp, from a counter-based hash of (rounding_seed, step, parameter index, element index);
      *  unbiased, so small updates survive in expectation. No extra memory. */
     FP8AMP_MASTER_ROUND_STOCHASTIC = 1
 } fp8amp_master_rounding;

@@ -41,9 +41,9 @@ _LEVEL_NAMES = {"o1": OptLevel.O1, "o2": OptLevel.O2, "o3": OptLevel.O3}
 
 
 class MasterRounding(enum.IntEnum):
-    """fp8amp_master_rounding: how a step rounds the F16 master copies (docs/numerics.md 6.3).
-    NEAREST loses updates below half an F16 ulp; STOCHASTIC keeps them in expectation (seeded,
-    identical bytes on CPU and CUDA)."""
+    """fp8amp_master_rounding: how a step rounds the value of record -- the F16 master copies, and BF16
+    or F16 parameters without one (docs/numerics.md 6.3). NEAREST loses updates below half an ulp;
+    STOCHASTIC keeps them in expectation (seeded, identical bytes on CPU and CUDA)."""
 
     NEAREST = 0
     STOCHASTIC = 1
