@@ -129,8 +129,11 @@ def build(mode, args, device):
         recipe = fp8amp.Recipe(mode=fp8amp.ScalingMode.DELAYED if args.fp8amp_recipe == "delayed"
                                else fp8amp.ScalingMode.CURRENT)
         save_input = {"auto": None, "true": True, "false": False}[args.fp8amp_save_input]
+        # --fp8amp-weight-dtype: the O1/O2 Linear weights (default: initialize's, bfloat16 rounded
+        # stochastically by the step; float32 was the front's layout until 2026-11-26)
+        wdt = {"weight_dtype": getattr(torch, args.fp8amp_weight_dtype)} if args.fp8amp_weight_dtype else {}
         model, opt = ft.initialize(model, torch.optim.AdamW(model.parameters(), **adamw), opt_level=mode.split("_")[0],
-                                   policy=args.policy, exclude=keep, recipe=recipe, save_input=save_input)
+                                   policy=args.policy, exclude=keep, recipe=recipe, save_input=save_input, **wdt)
         if args.fp8amp_lean != 1:  # the front's default is 1 (0: the buffers kept between calls, as before)
             for m in fp8amp_linears(model):
                 m.fp8amp_linear.lean = args.fp8amp_lean
@@ -352,6 +355,8 @@ def main(argv=None):
     ap.add_argument("--fp8amp-recipe", choices=("current", "delayed"), default="current",
                     help="the fp8amp modes' scaling: current (the front's default) or delayed (E4M3 weight "
                          "gradients without their amax pass: docs/numerics.md 9.2)")
+    ap.add_argument("--fp8amp-weight-dtype", choices=("bfloat16", "float32"), default=None,
+                    help="the O1/O2 Linear weights' dtype (default: initialize's, bfloat16)")
     ap.add_argument("--fp8amp-save-input", choices=("auto", "true", "false"), default="auto",
                     help="the fp8amp Linears' save_input (docs/torch.md section 2): auto keeps each input for the "
                          "backward under torch.compile (a layer may be reused); false keeps only the C Linear's FP8 "
@@ -392,7 +397,7 @@ def main(argv=None):
     out = {"device": name, "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
            "commit": git_commit(), "torch": torch.__version__, "preset": preset,
            "config": {k: getattr(args, k) for k in ("layers", "d", "heads", "seq", "batch", "steps", "warmup",
-                                                    "policy", "fp8amp_recipe", "fp8amp_save_input", "fp8amp_lean",
+                                                    "policy", "fp8amp_recipe", "fp8amp_weight_dtype", "fp8amp_save_input", "fp8amp_lean",
                                                     "seed")},
            "tokens_per_step": args.seq * args.batch, "modes": {}}
     for m in modes:

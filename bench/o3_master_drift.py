@@ -8,6 +8,9 @@ fp8amp's optimizer in several configurations on the same batches, each following
   o3-sr      the same with FP8AMP_MASTER_ROUND_STOCHASTIC
   bf16m      BF16 weights + F16 master (NEAREST): the master's rounding without E4M3's forward error
   bf16m-sr   the same, stochastic
+  bf16       BF16 weights without a master, NEAREST (an update below half a BF16 ulp is lost)
+  bf16-sr    BF16 weights without a master, STOCHASTIC: MS-AMP's 16-bit O1/O2 weights as the PyTorch
+             front keeps them since 2026-11-26 (the parameter is its own value of record)
 
 Per weight tensor it prints: the fraction of the f32 run's updates that are smaller than half an
 F16 ulp of the master (block-scaled as the optimizer stores it: the updates a NEAREST master loses),
@@ -48,7 +51,9 @@ def half_ulp_f16_blocked(w, block=128):
 class Run:
     def __init__(self, ctx, name, init, lr, wd):
         self.name = name
-        kind = {"f32": "f32", "o3": "e4m3", "o3-sr": "e4m3", "bf16m": "bf16", "bf16m-sr": "bf16"}[name]
+        kind = {"f32": "f32", "o3": "e4m3", "o3-sr": "e4m3", "bf16m": "bf16", "bf16m-sr": "bf16", "bf16": "bf16",
+                "bf16-sr": "bf16"}[name]
+        master = fp8amp.F16 if name not in ("bf16", "bf16-sr") else None
         cfg = fp8amp.AdamConfig.for_level("O2", lr=lr, weight_decay=wd, beta2=0.95,
                                           master_rounding="stochastic" if name.endswith("-sr") else "nearest",
                                           rounding_seed=1234)
@@ -71,7 +76,7 @@ class Run:
                 p = fp8amp.Tensor.from_numpy(ctx, v)
             g = fp8amp.Tensor(ctx, v.shape, fp8amp.F32)
             if weight and kind != "f32":
-                self.opt.add_param(p, g, master=fp8amp.F16)
+                self.opt.add_param(p, g, master=master)
             else:
                 self.opt.add_param(p, g, master=None)
             self.params[key], self.grads[key] = p, g
@@ -130,7 +135,7 @@ def main():
             "W2": rng.normal(0, 0.02, (D_H, D_OUT)).astype(np.float32), "b2": np.zeros(D_OUT, np.float32)}
     x_test, y_test = batch(np.random.default_rng(99 + 1000 * args.seed), 4096)
     ctx = fp8amp.Context("cpu")
-    names = ["f32", "o3", "o3-sr", "bf16m", "bf16m-sr"]
+    names = ["f32", "o3", "o3-sr", "bf16m", "bf16m-sr", "bf16", "bf16-sr"]
     runs = [Run(ctx, n, init, args.lr, args.wd) for n in names]
     w0 = {n: r.weights() for n, r in zip(names, runs)}
     lost = {k: [0, 0, 0] for k in ("W1", "W2")}  # updates below half an ulp, decay terms below, all

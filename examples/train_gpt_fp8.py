@@ -5,8 +5,9 @@ standard library's own source files, three ways with the same seed, initial weig
   bf16 : torch.autocast(bfloat16) + torch.optim.AdamW(fused=True), gradient clipping 1.0
   O1   : fp8amp.torch.initialize(..., "O1"): every nn.Linear of the blocks on fp8amp's FP8 GEMMs
          (the output head stays bf16, as is usual; --keep-bf16 '' puts it in FP8 too) with E4M3 weight
-         gradients, Adam states in F32 (fp8amp's optimizer); attention, LayerNorm, embeddings in
-         bf16 autocast as in the baseline
+         gradients, BF16 weights rounded stochastically by the step (no F32 copy; --weight-dtype
+         float32 keeps F32 weights), Adam states in F32 (fp8amp's optimizer); attention, LayerNorm,
+         embeddings in bf16 autocast as in the baseline
   O2   : the same with O2 (m in E4M3, v in F16, per-block scales)
 
 Prints progress; writes the loss curves, held-out losses, peak GPU memory and step times to a JSON
@@ -131,6 +132,7 @@ def run(mode, args, train, held_out, device):
                                                             weight_decay=0.1),
                                    opt_level=mode, policy=args.policy, max_grad_norm=1.0,
                                    master_rounding=args.master_rounding, recipe=recipe,
+                                   **({"weight_dtype": getattr(torch, args.weight_dtype)} if args.weight_dtype else {}),
                                    exclude=tuple(x for x in args.keep_bf16.split(",") if x))
     # --compile: torch.compile the model (the fp8amp Linears are custom ops, so inductor fuses the rest
     # around them); bf16 is compiled too, so that each mode is measured the same way.
@@ -217,8 +219,12 @@ def main():
     ap.add_argument("--heads", type=int, default=12)
     ap.add_argument("--lr", type=float, default=6e-4)
     ap.add_argument("--seed", type=int, default=1234)
-    ap.add_argument("--master-rounding", default="nearest",
-                    help="O3's F16 master copies: nearest or stochastic (docs/numerics.md 6.3)")
+    ap.add_argument("--master-rounding", default=None, choices=(None, "nearest", "stochastic"),
+                    help="the value of record's rounding (O3's F16 master copies, the O1/O2 16-bit weights): "
+                         "nearest or stochastic; default: initialize's (stochastic for 16-bit weights without a "
+                         "master, nearest for O3's masters; docs/numerics.md 6.3)")
+    ap.add_argument("--weight-dtype", default=None, choices=(None, "bfloat16", "float32"),
+                    help="the O1/O2 Linear weights' dtype; default: initialize's (bfloat16, MS-AMP's 16-bit weights)")
     ap.add_argument("--amax-history", type=int, default=0,
                     help="amax history length of the delayed metas (O3's E4M3 weights); 0: the recipe default")
     ap.add_argument("--snap-init-e4m3", action="store_true",

@@ -36,13 +36,14 @@ def test_bench_gpt_smoke(tmp_path):
         assert r_["rest_mem_MiB"] is None and r_["rest_bytes_per_linear_param"] is None, m
         assert r_["rest_bytes_per_linear_param_own"] is None and r_["rest_residual_MiB"] is None, m
         # held for the Linears' parameters, counted from the tensors, per Linear parameter: bf16 AMP
-        # keeps F32 weights and AdamW's F32 m and v (12 B, 16 with a gradient); fp8amp O1 an F32 weight,
-        # an E4M3 gradient and F32 m, v (13 B); O2 m in E4M3 and v in F16 (8 B) -- plus block scales,
-        # and the head (kept out of FP8 here, 12-16 B) pulls each up
+        # keeps F32 weights and AdamW's F32 m and v (12 B, 16 with a gradient); fp8amp O1 a BF16 weight,
+        # an E4M3 gradient and F32 m, v (11 B); O2 m in E4M3 and v in F16 (6 B) -- plus block scales,
+        # and the head (kept out of FP8 here, 12-16 B) pulls each up; issue 18's targets: O1 <= 13,
+        # O2 <= 8
         assert modes[m]["held_linear_MiB"] > 0 and modes[m]["held_other_MiB"] > 0, m
     per = {m: modes[m]["held_linear_MiB"] * 2**20 / modes[m]["linear_params"] for m in ("bf16", "O1", "O2")}
     assert 12.0 <= per["bf16"] <= 16.0, per
-    assert 13.0 <= per["O1"] < 16.0 and 8.0 <= per["O2"] < per["O1"], per
+    assert 11.0 <= per["O1"] <= 13.0 and 6.0 <= per["O2"] <= 8.0, per
     # the fp8amp modes count their Linears' graph replays per step (none on the CPU); bf16 has none
     for m in ("O1", "O2"):
         assert modes[m]["linear_calls_per_step"] > 0 and modes[m]["linear_graph_replays_per_step"] == 0, m

@@ -180,7 +180,7 @@ def test_initialize_o1_f32_path_matches_torch_adamw(tdev, gen):
     rs = torch.optim.lr_scheduler.StepLR(ropt, 5, 0.5)
     model = make_model(tdev)
     model, opt = ft.initialize(model, torch.optim.AdamW(groups(model, 1e-2), lr=1e-2, betas=(0.8, 0.99), eps=1e-4),
-                               "O1", policy="bf16", wgrad_dtype=torch.float32)
+                               "O1", policy="bf16", wgrad_dtype=torch.float32, weight_dtype=torch.float32)
     assert isinstance(model[0], ft.Linear) and isinstance(opt, torch.optim.Optimizer)
     sched = torch.optim.lr_scheduler.StepLR(opt, 5, 0.5)
     l1 = train(ref, ropt, data, 20, rs)

@@ -238,8 +238,12 @@ def _init(level, wgrad, policy, seed, dev):
 
     model = _model(seed, dev)
     init = [p.detach().float().clone().cpu() for p in model.parameters()]
+    # F32 weight gradients: the float32 path throughout (weights too), whose runs differ only in the
+    # order of float32 sums (tolerance()); otherwise the level's default bfloat16 weights (O1/O2),
+    # whose stochastic rounding the O2 tolerances cover (one BF16 rounding, 2^-8, of an update).
+    wdt = {"weight_dtype": torch.float32} if wgrad == torch.float32 else {}
     model, opt = ft.initialize(model, torch.optim.Adam(model.parameters(), lr=LR, eps=EPS), level, policy=policy,
-                               wgrad_dtype=wgrad)
+                               wgrad_dtype=wgrad, **wdt)
     return model, opt, init
 
 

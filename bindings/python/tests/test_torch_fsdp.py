@@ -115,8 +115,10 @@ def refusal_case(rank, world, seed, dev, out):
         with pytest.raises(RuntimeError, match="Invalid scalar type"):
             model(x[:B])
     # an optimizer made before fully_shard steps the C Linear's copy, which the module no longer reads
+    # (float32 weights beside the float32 biases: with O2's default bfloat16 weights FSDP2 would refuse
+    # the module's mixed dtypes before the step could)
     model = _model(seed, dev)
-    model, opt = ft.initialize(model, torch.optim.Adam(model.parameters(), lr=LR), "O2")
+    model, opt = ft.initialize(model, torch.optim.Adam(model.parameters(), lr=LR), "O2", weight_dtype=torch.float32)
     model = _shard(model, dev, world)
     (model(x[:B]) - y[:B]).square().mean().backward()
     with pytest.raises(RuntimeError, match="fully_shard"):

@@ -38,9 +38,13 @@ class Config:
     - ``policy``: the Linears' GEMM policy, "auto", "fp8" or "bf16" (docs/linear.md section 4).
     - ``recipe``: the Linears' fp8amp.Recipe (None: current scaling).
     - ``weight_dtype`` / ``wgrad_dtype``: the Linear weights' and weight gradients' torch dtypes (None:
-      float32 / float8_e4m3fn at O1/O2, float8_e4m3fn at O3; the weight dtype without an optimizer).
+      bfloat16 / float8_e4m3fn at O1/O2 with an optimizer -- MS-AMP's 16-bit weights, no float32 copy
+      --, float8_e4m3fn at O3; float32 / the weight dtype without an optimizer).
     - ``max_grad_norm``: fp8amp's global gradient clipping inside the step (0: off).
-    - ``master_rounding`` / ``rounding_seed``: how O3 rounds the F16 master copies.
+    - ``master_rounding`` / ``rounding_seed``: how the optimizer rounds the value of record -- O3's F16
+      master copies, the O1/O2 16-bit weights -- "nearest" or "stochastic" (None: stochastic for 16-bit
+      weights without a master, whose updates below half a BF16 ulp would be lost; nearest for O3's
+      masters and float32 weights).
     - ``save_input``: each new Linear's (None: auto; True; False): docs/torch.md section 2.
     - ``exclude``: qualified names of nn.Linear modules to keep, or a callable ``(name, module) -> bool``
       (True = keep).
@@ -55,7 +59,7 @@ class Config:
     weight_dtype: Optional[torch.dtype] = None
     wgrad_dtype: Optional[torch.dtype] = None
     max_grad_norm: float = 0.0
-    master_rounding: Any = "nearest"
+    master_rounding: Any = None
     rounding_seed: int = 0
     save_input: Optional[bool] = None
     exclude: Any = ()
@@ -133,17 +137,21 @@ def initialize(model: nn.Module, optimizer: Optional[torch.optim.Optimizer] = No
     The settings come from `config` (an ``fp8amp.torch.Config``; its docstring lists them) or from the
     keywords of the same names, with the same defaults: opt_level "O1", policy "auto", recipe None
     (current scaling), weight_dtype / wgrad_dtype None, max_grad_norm 0, exclude (), module_filter_fn
-    None, master_rounding "nearest", rounding_seed 0, save_input None. A keyword given together with a
-    config must agree with it (ValueError otherwise). Linear weights are float32 at O1/O2 and
-    float8_e4m3fn at O3 (weight_dtype; O3 needs E4M3 weights and E4M3 weights need O3), their gradients
+    None, master_rounding None, rounding_seed 0, save_input None. A keyword given together with a
+    config must agree with it (ValueError otherwise). Linear weights are bfloat16 at O1/O2 with an
+    optimizer (MS-AMP's layout: 16-bit weights, no float32 copy; float32 without an optimizer, or
+    weight_dtype=torch.float32) and float8_e4m3fn at O3 (weight_dtype; O3 needs E4M3 weights and E4M3
+    weights need O3), their gradients
     are E4M3 (wgrad_dtype, default float8_e4m3fn with an optimizer, the weight dtype without), the GEMM
     policy is `policy` ("auto", "fp8", "bf16") and the recipe current scaling unless given. Which
     nn.Linear modules are kept as they are: a Linear whose weight another module shares (tied
     embeddings); `exclude` (qualified names, e.g. ``("lm_head",)``: output layers are commonly kept in
     16 bits, or a callable ``(name, module) -> bool``); `module_filter_fn` returning False (torchao's
     ``(module, fqn) -> bool``, True = convert); with policy "fp8", in/out features not multiples of 16
-    (cuBLASLt's FP8 GEMMs cannot run them). `master_rounding` ("nearest" or "stochastic") and
-    `rounding_seed`: how the O3 optimizer rounds the F16 master copies (fp8amp_adam_desc.master_rounding).
+    (cuBLASLt's FP8 GEMMs cannot run them). `master_rounding` ("nearest" or "stochastic"; None:
+    stochastic where 16-bit weights have no master, i.e. the O1/O2 bfloat16 weights, else nearest) and
+    `rounding_seed`: how the optimizer rounds the value of record, O3's F16 master copies or the O1/O2
+    16-bit weights (fp8amp_adam_desc.master_rounding; docs/torch.md section 9).
     `save_input`: each new Linear's (None: keep inputs for backward only once a layer is seen used
     twice per forward; True: always, as nn.Linear; False: never). The logger "fp8amp" tells at INFO
     level which Linears were replaced and which kept, and why, and what the optimizer holds.
@@ -167,7 +175,12 @@ def initialize(model: nn.Module, optimizer: Optional[torch.optim.Optimizer] = No
     level = as_opt_level(opt_level)
     o3 = level == fp8amp.OptLevel.O3
     if weight_dtype is None:
-        weight_dtype = torch.float8_e4m3fn if o3 else torch.float32
+        # MS-AMP's layout: 16-bit weights at O1/O2 (no float32 copy kept; the optimizer rounds their
+        # updates stochastically, below), E4M3 at O3. Without fp8amp's optimizer float32 weights:
+        # another optimizer would round a bfloat16 weight's updates to nearest.
+        weight_dtype = torch.float8_e4m3fn if o3 else torch.bfloat16 if optimizer is not None else torch.float32
+    if master_rounding is None:
+        master_rounding = "stochastic" if weight_dtype in (torch.bfloat16, torch.float16) else "nearest"
     if o3 and weight_dtype != torch.float8_e4m3fn:
         raise ValueError("O3 keeps the Linear weights in E4M3 (weight_dtype=torch.float8_e4m3fn); use O2 for %s "
                          "weights" % weight_dtype)

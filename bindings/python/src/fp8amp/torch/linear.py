@@ -779,15 +779,18 @@ if _HAVE_OPS:
         y, rec = _train_fwd(st, x, out_dtype)
         return y, torch.full((), rec.fwd_id, dtype=torch.int64)
 
+    # The fake implementations take shapes and dtypes from the op's tensor arguments, never from the
+    # layer its key names: Dynamo may make that int dynamic once it has seen two layers (automatic
+    # dynamic), and then traces with the first layer's key as the hint, whose dtypes and sizes need
+    # not be this layer's (seen: a float32-weight layer's gradient dtype given to a bfloat16 one).
     @_op_forward.register_fake
     def _(x, weight, bias, wgrad, bgrad, layer, out_dtype, training):
-        n = _layer(layer).n
-        return x.new_empty(tuple(x.shape[:-1]) + (n,), dtype=out_dtype), torch.empty((), dtype=torch.int64)
+        return x.new_empty(tuple(x.shape[:-1]) + (weight.shape[0],), dtype=out_dtype), torch.empty((), dtype=torch.int64)
 
     @torch.library.custom_op("fp8amp::linear_backward", mutates_args=("wgrad", "bgrad"))
     def _op_backward(dy: torch.Tensor, token: torch.Tensor, x: Optional[torch.Tensor], wgrad: torch.Tensor,
                      bgrad: Optional[torch.Tensor], layer: int, x_shape: Sequence[int], x_dtype: torch.dtype,
-                     need_dx: bool) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                     need_dx: bool, w_dtype: torch.dtype) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         st = _layer(layer)
         dx = dy.new_empty(tuple(x_shape), dtype=x_dtype) if need_dx else dy.new_empty((0,))
         _train_bwd(st, int(token), x, x._version if x is not None else 0, dy, dx if need_dx else None)
@@ -804,17 +807,18 @@ if _HAVE_OPS:
         return dx, st.wref, st.bref if st.bref is not None else dy.new_empty((0,))
 
     @_op_backward.register_fake
-    def _(dy, token, x, wgrad, bgrad, layer, x_shape, x_dtype, need_dx):
-        st = _layer(layer)
+    def _(dy, token, x, wgrad, bgrad, layer, x_shape, x_dtype, need_dx, w_dtype):
+        # the weight's gradient has the weight's shape (wgrad's: its buffer, E4M3 codes or floats) and
+        # dtype (w_dtype); the bias's is its buffer's (float32)
         dx = dy.new_empty(tuple(x_shape), dtype=x_dtype) if need_dx else dy.new_empty((0,))
-        dw = dy.new_empty(tuple(st.wref.shape), dtype=st.wref.dtype)
-        db = dy.new_empty(tuple(st.bref.shape), dtype=st.bref.dtype) if st.bref is not None else dy.new_empty((0,))
+        dw = dy.new_empty(tuple(wgrad.shape), dtype=w_dtype)
+        db = dy.new_empty(tuple(bgrad.shape), dtype=bgrad.dtype) if bgrad is not None else dy.new_empty((0,))
         return dx, dw, db
 
     def _setup_forward(ctx, inputs, output):  # type: ignore[no-untyped-def]
         x, weight, bias, wgrad, bgrad, layer, out_dtype, training = inputs
         st = _layer(layer)
-        ctx.layer, ctx.x_shape, ctx.x_dtype = layer, tuple(x.shape), x.dtype
+        ctx.layer, ctx.x_shape, ctx.x_dtype, ctx.w_dtype = layer, tuple(x.shape), x.dtype, weight.dtype
         ctx.save_for_backward(output[1], x if st.save_input is not False else None)
         # Not through save_for_backward: each backward writes them (a version bump), and a layer
         # used twice would fail autograd's check that saved tensors were not modified.
@@ -826,7 +830,7 @@ if _HAVE_OPS:
         need = ctx.needs_input_grad
         need_dx = bool(need[0])
         dx, dw, db = torch.ops.fp8amp.linear_backward(dy.contiguous(), token, x, wgrad, bgrad, ctx.layer,
-                                                      list(ctx.x_shape), ctx.x_dtype, need_dx)
+                                                      list(ctx.x_shape), ctx.x_dtype, need_dx, ctx.w_dtype)
         return (dx if need_dx else None), (dw if need[1] else None), (db if need[2] else None), None, None, None, \
             None, None
 
