@@ -226,6 +226,35 @@ def test_inf_or_nan_seen_by_unscale_skips_the_step(tdev, gen, kind, where):
     assert scaler.get_scale() == 128.0
 
 
+@pytest.mark.parametrize("kind", SCALERS)
+@pytest.mark.parametrize("unscale", [True, False])
+def test_skipped_step_still_updates_the_delayed_metas(tdev, gen, kind, unscale):
+    """With the delayed recipe, a step skipped for an inf loss folds the Linears' INPUT and GRAD_OUTPUT
+    amaxes into their histories like a step taken (the same number of updates, nothing left pending),
+    with either scaler, with and without unscale_ (torch's GradScaler hands the skip to the step as
+    found_inf; before the fix that path returned without the update)."""
+    data = dataset(gen, tdev)
+    model, opt = fp8_model(tdev, recipe=fp8amp.Recipe(mode=fp8amp.ScalingMode.DELAYED))
+    metas = opt._metas
+    assert metas  # the delayed Linears' INPUT and GRAD_OUTPUT metas
+    scaler = make_scaler(kind, tdev, init_scale=256.0)
+    train(model, opt, scaler, data, 2, unscale=unscale)
+    x, t = data[0]
+    scaler.scale((model(x) - t).square().mean() * float("inf")).backward()
+    # this step's amaxes are recorded, not yet folded
+    assert all(m.amax > 0 for m in metas)
+    newest = [float(m.history()[0]) for m in metas]
+    if unscale:
+        scaler.unscale_(opt)
+    scaler.step(opt)
+    scaler.update()
+    opt.zero_grad()
+    assert scaler.get_scale() == 128.0 and all(o.step_count == 2 for o in opt.fp8amp_optimizers)
+    for m, old in zip(metas, newest):
+        assert m.amax == 0.0  # nothing pending
+        assert float(m.history()[0]) != old or math.isinf(float(m.history()[0]))  # this step's amax folded in
+
+
 def test_fp8amp_scaler_hysteresis_after_unscale(tdev, gen):
     """fp8amp's scaler backs off by its own rule for a step unscale_ skipped: with hysteresis 2 the
     first overflow keeps the scale, the second halves it; a good step in between refills nothing."""

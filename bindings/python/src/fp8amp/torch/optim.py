@@ -199,6 +199,12 @@ class Optimizer(torch.optim.Optimizer):
         gs, fi = getattr(self, "grad_scale", None), getattr(self, "found_inf", None)
         if gs is not None or fi is not None:  # torch.amp.GradScaler.step
             if fi is not None and float(fi) > 0:
+                # skipped, as after a step that skipped itself: the delayed metas still fold this
+                # step's amaxes into their histories (else they would wait in the next step's record)
+                if self._metas:
+                    assert self._ctx is not None and self._device is not None
+                    _on_current_stream(self._ctx, self._device)
+                    fp8amp.update_many(self._ctx, self._metas)
                 self._release_buffers()
                 return loss
             if gs is not None:
