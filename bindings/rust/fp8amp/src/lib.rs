@@ -1273,6 +1273,44 @@ pub struct ParamState<'c> {
     pub param_meta_updates: i64,
 }
 
+/// What [`Optimizer::set_param_state`] writes into one parameter's state (`fp8amp_param_state` as
+/// `fp8amp_optimizer_set_param_state` takes it). Each part in one of two forms: its stored dtype with
+/// its block scale tensor (copied bit-exactly: what [`Optimizer::param_state`] gave round-trips), or
+/// F32/BF16/F16 values with `None` scales (quantized with the optimizer's own block scaling).
+pub struct ParamStateIn<'a, 'c> {
+    /// m (required).
+    pub exp_avg: &'a Tensor<'c>,
+    /// m's block scales (stored form) or `None` (values).
+    pub exp_avg_scale_inv: Option<&'a Tensor<'c>>,
+    /// v (required).
+    pub exp_avg_sq: &'a Tensor<'c>,
+    /// v's block scales or `None`.
+    pub exp_avg_sq_scale_inv: Option<&'a Tensor<'c>>,
+    /// The master copy: required for a parameter that has one, `None` otherwise.
+    pub master: Option<&'a Tensor<'c>>,
+    /// The master's block scales or `None`.
+    pub master_scale_inv: Option<&'a Tensor<'c>>,
+    /// A scaled parameter's meta state to restore: its amax history (F32, newest first), scale,
+    /// recorded amax and update count; `None` leaves the meta as it is.
+    pub param_meta: Option<(&'a Tensor<'c>, f32, f32, i64)>,
+}
+
+impl<'a, 'c> ParamStateIn<'a, 'c> {
+    /// The state `st` holds (a [`ParamState`] read from this or another optimizer), parts and meta.
+    pub fn from_state(st: &'a ParamState<'c>) -> ParamStateIn<'a, 'c> {
+        ParamStateIn {
+            exp_avg: &st.exp_avg,
+            exp_avg_scale_inv: st.exp_avg_scale_inv.as_ref(),
+            exp_avg_sq: &st.exp_avg_sq,
+            exp_avg_sq_scale_inv: st.exp_avg_sq_scale_inv.as_ref(),
+            master: st.master.as_ref(),
+            master_scale_inv: st.master_scale_inv.as_ref(),
+            param_meta: st.param_meta_history.as_ref().map(|h| (h, st.param_meta_scale, st.param_meta_amax,
+                                                                 st.param_meta_updates)),
+        }
+    }
+}
+
 impl<'c> Optimizer<'c> {
     /// An optimizer on `ctx` (`fp8amp_optimizer_create`).
     pub fn new(ctx: &'c Context, desc: &AdamDesc) -> Result<Optimizer<'c>> {
@@ -1354,6 +1392,41 @@ impl<'c> Optimizer<'c> {
             }),
             _ => Err(Error::binding(Status::Internal, "Optimizer::param_state: the library returned no m or v".into())),
         }
+    }
+
+    /// Writes parameter `index`'s m, v and master from `state` (`fp8amp_optimizer_set_param_state`):
+    /// everything is checked first, so an error changes nothing. The parameter's own values and the
+    /// step count ([`set_step`](Self::set_step)) are left alone. Synchronizes.
+    pub fn set_param_state(&self, index: usize, state: &ParamStateIn<'_, '_>) -> Result<()> {
+        if index > i32::MAX as usize {
+            return Err(Error::binding(Status::InvalidArgument,
+                                      format!("Optimizer::set_param_state: index {} is too large", index)));
+        }
+        // SAFETY: zeroed plain data (NULL handles); init sets struct_size from our sizeof.
+        let mut s: sys::fp8amp_param_state = unsafe { std::mem::zeroed() };
+        check(unsafe { sys::fp8amp_param_state_init(&mut s, std::mem::size_of_val(&s)) })?;
+        let raw = |t: Option<&Tensor<'_>>| t.map_or(ptr::null_mut(), |t| t.raw);
+        s.exp_avg = state.exp_avg.raw;
+        s.exp_avg_scale_inv = raw(state.exp_avg_scale_inv);
+        s.exp_avg_sq = state.exp_avg_sq.raw;
+        s.exp_avg_sq_scale_inv = raw(state.exp_avg_sq_scale_inv);
+        s.master = raw(state.master);
+        s.master_scale_inv = raw(state.master_scale_inv);
+        if let Some((history, scale, amax, updates)) = state.param_meta {
+            s.param_meta_history = history.raw;
+            s.param_meta_scale = scale;
+            s.param_meta_amax = amax;
+            s.param_meta_updates = updates;
+        }
+        // SAFETY: live handles (borrowed for the call); the library copies from them and keeps none.
+        check(unsafe { sys::fp8amp_optimizer_set_param_state(self.raw, index as i32, &s) })
+    }
+
+    /// Sets the step count (`fp8amp_optimizer_set_step`: the next step's bias corrections use
+    /// `step + 1`), e.g. after [`set_param_state`](Self::set_param_state) from another optimizer.
+    pub fn set_step(&self, step: i64) -> Result<()> {
+        // SAFETY: live handle.
+        check(unsafe { sys::fp8amp_optimizer_set_step(self.raw, step) })
     }
 
     /// Steps taken (skipped steps not counted).

@@ -5,8 +5,8 @@ mod common;
 
 use common::{e4m3_decode, e4m3_encode, Rng};
 use fp8amp::{
-    sys, AdamDesc, Context, Dtype, GemmKind, GemmPolicy, Linear, LinearDesc, OptLevel, Optimizer, Recipe, Scaling,
-    Status, StepArgs, Tensor,
+    sys, AdamDesc, Context, Dtype, GemmKind, GemmPolicy, Linear, LinearDesc, OptLevel, Optimizer, ParamStateIn, Recipe,
+    Scaling, Status, StepArgs, Tensor,
 };
 
 fn linear_desc(k: i64, n: i64) -> LinearDesc {
@@ -459,4 +459,67 @@ fn grad_scaler_backs_off_on_a_nan_step() {
     let e = scaler.set_state(&fp8amp::GradScalerState { scale: f32::NAN, ..st }).unwrap_err();
     assert_eq!(e.status, Status::InvalidArgument, "{}", e);
     assert_eq!(scaler.scale().unwrap(), 1024.0);
+}
+
+#[test]
+fn optimizer_state_moves_between_optimizers() {
+    let mut rng = Rng::new("set_param_state");
+    let ctx = Context::cpu().unwrap();
+    let desc = AdamDesc::opt_level(OptLevel::O2).unwrap();
+    let (a, b) = (Optimizer::new(&ctx, &desc).unwrap(), Optimizer::new(&ctx, &desc).unwrap());
+    let n = 300;
+    let shape = [n as i64];
+    let p0 = rng.spread(n, -3, 1);
+    let (pa, pb) = (Tensor::from_f32(&ctx, &shape, &p0).unwrap(), Tensor::from_f32(&ctx, &shape, &p0).unwrap());
+    let zeros = vec![0f32; n];
+    let (ga, gb) = (Tensor::from_f32(&ctx, &shape, &zeros).unwrap(), Tensor::from_f32(&ctx, &shape, &zeros).unwrap());
+    a.add_param(&pa, &ga).unwrap();
+    b.add_param(&pb, &gb).unwrap();
+    for _ in 0..3 {
+        ga.copy_from_host(&rng.spread(n, -2, 1)).unwrap();
+        a.step(&StepArgs::default()).unwrap();
+    }
+    // b takes a's state (stored form, bit for bit), step count and parameter values: the next step
+    // with the same gradient gives both the same bytes
+    let st = a.param_state(0).unwrap();
+    b.set_param_state(0, &ParamStateIn::from_state(&st)).unwrap();
+    b.set_step(a.step_count().unwrap()).unwrap();
+    pb.copy_from_host(&pa.to_vec::<f32>().unwrap()).unwrap();
+    let g = rng.spread(n, -2, 1);
+    ga.copy_from_host(&g).unwrap();
+    gb.copy_from_host(&g).unwrap();
+    a.step(&StepArgs::default()).unwrap();
+    b.step(&StepArgs::default()).unwrap();
+    assert_eq!(pa.to_vec::<f32>().unwrap(), pb.to_vec::<f32>().unwrap());
+    let (sa, sb) = (a.param_state(0).unwrap(), b.param_state(0).unwrap());
+    assert_eq!(sa.exp_avg.to_vec::<u8>().unwrap(), sb.exp_avg.to_vec::<u8>().unwrap());
+    assert_eq!(sa.exp_avg_sq.to_vec::<u16>().unwrap(), sb.exp_avg_sq.to_vec::<u16>().unwrap());
+    assert_eq!(b.step_count().unwrap(), 4);
+    // the values form: F32 m and v quantized with the optimizer's block scaling (m within half an
+    // E4M3 step of each value: 2^-4 relative for normal codes, half the smallest subnormal below)
+    let m = rng.spread(n, -4, 1);
+    let v: Vec<f32> = rng.spread(n, -6, 0).iter().map(|x| x.abs()).collect();
+    let (mt, vt) = (Tensor::from_f32(&ctx, &shape, &m).unwrap(), Tensor::from_f32(&ctx, &shape, &v).unwrap());
+    let values = ParamStateIn { exp_avg: &mt, exp_avg_scale_inv: None, exp_avg_sq: &vt, exp_avg_sq_scale_inv: None,
+                                master: None, master_scale_inv: None, param_meta: None };
+    b.set_param_state(0, &values).unwrap();
+    let st = b.param_state(0).unwrap();
+    let (codes, si) = (st.exp_avg.to_vec::<u8>().unwrap(), st.exp_avg_scale_inv.as_ref().unwrap().to_vec::<f32>().unwrap());
+    for i in 0..n {
+        let (got, want) = (e4m3_decode(codes[i]) * si[i / 128] as f64, m[i] as f64);
+        assert!((got - want).abs() <= want.abs() / 16.0 * 1.0001 + (si[i / 128] as f64) / 1024.0,
+                "m element {}: {} against {}", i, got, want);
+    }
+    // refusals change nothing: a shape that is not the parameter's, a master for a parameter without one
+    let before = (st.exp_avg.to_vec::<u8>().unwrap(), st.exp_avg_sq.to_vec::<u16>().unwrap());
+    let short = Tensor::from_f32(&ctx, &[(n - 1) as i64], &m[..n - 1]).unwrap();
+    let e = b.set_param_state(0, &ParamStateIn { exp_avg: &short, ..values }).unwrap_err();
+    assert_eq!(e.status, Status::ShapeMismatch, "{}", e);
+    let e = b.set_param_state(0, &ParamStateIn { master: Some(&mt), ..values }).unwrap_err();
+    assert_eq!(e.status, Status::InvalidArgument, "{}", e);
+    assert!(b.set_param_state(1, &values).is_err());
+    assert!(b.set_step(-1).is_err());
+    let st = b.param_state(0).unwrap();
+    assert_eq!((st.exp_avg.to_vec::<u8>().unwrap(), st.exp_avg_sq.to_vec::<u16>().unwrap()), before);
+    assert_eq!(b.step_count().unwrap(), 4);
 }
