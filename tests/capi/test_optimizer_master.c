@@ -516,6 +516,19 @@ static void test_version1_checkpoint_loads(void **state) {
  * BF16 and E4M3 (bound to a meta) parameters with a master, BF16 and F32 ones without; long enough
  * that every warp of the grid takes several blocks. CUDA only (skipped without a GPU). */
 #define XN 4
+/* Destroys the CPU (d = 0) and CUDA (d = 1) sides of a comparison: each side's optimizer, its n
+ * parameters and gradients (p and g: [2][n] arrays, row d the side's) and its meta. */
+static void free_twins(fp8amp_optimizer opt[2], fp8amp_tensor *p, fp8amp_tensor *g, int n, fp8amp_scaling meta[2]) {
+    for (int d = 0; d < 2; ++d) {
+        EXPECT_OK(fp8amp_optimizer_destroy(opt[d]));
+        for (int k = 0; k < n; ++k) {
+            EXPECT_OK(fp8amp_tensor_destroy(p[d * n + k]));
+            EXPECT_OK(fp8amp_tensor_destroy(g[d * n + k]));
+        }
+        EXPECT_OK(fp8amp_scaling_destroy(meta[d]));
+    }
+}
+
 static void test_cpu_cuda_identical_mixed_masters(void **state) {
     (void)state;
     SKIP_WITHOUT_CUDA();
@@ -600,14 +613,7 @@ static void test_cpu_cuda_identical_mixed_masters(void **state) {
                          sr ? "stochastic" : "nearest", at, na);
             }
             free(sa), free(sb);
-            for (int d = 0; d < 2; ++d) {
-                EXPECT_OK(fp8amp_optimizer_destroy(opt[d]));
-                for (int k = 0; k < XN; ++k) {
-                    EXPECT_OK(fp8amp_tensor_destroy(p[d][k]));
-                    EXPECT_OK(fp8amp_tensor_destroy(g[d][k]));
-                }
-                EXPECT_OK(fp8amp_scaling_destroy(meta[d]));
-            }
+            free_twins(opt, &p[0][0], &g[0][0], XN, meta);
         }
     EXPECT_OK(fp8amp_context_destroy(ctx[0]));
     EXPECT_OK(fp8amp_context_destroy(ctx[1]));
@@ -764,14 +770,7 @@ static void test_cpu_cuda_identical_param_rounding(void **state) {
                 free(a), free(b);
             }
         }
-        for (int d = 0; d < 2; ++d) {
-            EXPECT_OK(fp8amp_optimizer_destroy(opt[d]));
-            for (int k = 0; k < PN; ++k) {
-                EXPECT_OK(fp8amp_tensor_destroy(p[d][k]));
-                EXPECT_OK(fp8amp_tensor_destroy(g[d][k]));
-            }
-            EXPECT_OK(fp8amp_scaling_destroy(meta[d]));
-        }
+        free_twins(opt, &p[0][0], &g[0][0], PN, meta);
     }
     EXPECT_OK(fp8amp_context_destroy(ctx[0]));
     EXPECT_OK(fp8amp_context_destroy(ctx[1]));

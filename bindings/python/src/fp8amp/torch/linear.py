@@ -790,7 +790,10 @@ if _HAVE_OPS:
     @torch.library.custom_op("fp8amp::linear_backward", mutates_args=("wgrad", "bgrad"))
     def _op_backward(dy: torch.Tensor, token: torch.Tensor, x: Optional[torch.Tensor], wgrad: torch.Tensor,
                      bgrad: Optional[torch.Tensor], layer: int, x_shape: Sequence[int], x_dtype: torch.dtype,
-                     need_dx: bool, w_dtype: torch.dtype) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                     need_dx: bool, w_dtype: Optional[torch.dtype] = None
+                     ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        # (w_dtype, for the fake implementation, has a default: a graph compiled and cached by an
+        # earlier fp8amp, whose call has no w_dtype, still runs)
         st = _layer(layer)
         dx = dy.new_empty(tuple(x_shape), dtype=x_dtype) if need_dx else dy.new_empty((0,))
         _train_bwd(st, int(token), x, x._version if x is not None else 0, dy, dx if need_dx else None)
@@ -807,10 +810,12 @@ if _HAVE_OPS:
         return dx, st.wref, st.bref if st.bref is not None else dy.new_empty((0,))
 
     @_op_backward.register_fake
-    def _(dy, token, x, wgrad, bgrad, layer, x_shape, x_dtype, need_dx, w_dtype):
+    def _(dy, token, x, wgrad, bgrad, layer, x_shape, x_dtype, need_dx, w_dtype=None):
         # the weight's gradient has the weight's shape (wgrad's: its buffer, E4M3 codes or floats) and
         # dtype (w_dtype); the bias's is its buffer's (float32)
         dx = dy.new_empty(tuple(x_shape), dtype=x_dtype) if need_dx else dy.new_empty((0,))
+        if w_dtype is None:  # a call traced by an earlier fp8amp: the layer's own (see above)
+            w_dtype = _layer(int(layer)).wref.dtype
         dw = dy.new_empty(tuple(wgrad.shape), dtype=w_dtype)
         db = dy.new_empty(tuple(bgrad.shape), dtype=bgrad.dtype) if bgrad is not None else dy.new_empty((0,))
         return dx, dw, db
