@@ -327,15 +327,15 @@ __device__ __forceinline__ void load_raw8(const Seg &s, uint32_t e, uint32_t blk
 // come back as floats (their block scale is not known yet), the weights as floats in nw (master:
 // block-scaled later) and as the parameter's codes in pw. Missing elements (GUARD, j >= n) give zeros.
 template <class C> struct New8 {
-    static constexpr bool kKeepW = C::MASTER || C::PD == kBF16;  // the master's, or for stochastic BF16 codes
     float m[8], v[8];
-    float w[kKeepW ? 8 : 1];
+    float w[C::MASTER ? 8 : 1];
     uint32_t p[2 * C::PB];  // the parameter's codes, packed
     float am, av, aw;       // the lane's NaN-propagating amax of |m|, |v|, |w|
 };
 
+// e: the index of the lane's first element in the parameter (the stochastic BF16 codes' random bits).
 template <class C, bool GUARD, bool FAST>
-__device__ __forceinline__ void compute8(const Consts &k, const Seg &s, const Raw8<C> &r, int n, New8<C> &o) {
+__device__ __forceinline__ void compute8(const Consts &k, const Seg &s, const Raw8<C> &r, uint32_t e, int n, New8<C> &o) {
     o.am = o.av = o.aw = 0.0f;
     float wk[4];  // weights waiting to be encoded with their neighbours
 #pragma unroll
@@ -358,7 +358,7 @@ __device__ __forceinline__ void compute8(const Consts &k, const Seg &s, const Ra
         w = fsub(w, fmul(k.step_size, fdiv(m, denom)));
         if (GUARD && j >= n) m = v = w = 0.0f;  // missing elements take no part in an amax
         o.m[j] = m, o.v[j] = v;
-        if (New8<C>::kKeepW) o.w[j] = w;
+        if (C::MASTER) o.w[j] = w;
         o.am = max_abs_nan(o.am, m);
         o.av = max_abs_nan(o.av, v);
         if (C::WAMAX) o.aw = max_abs_nan(o.aw, w);
@@ -369,7 +369,11 @@ __device__ __forceinline__ void compute8(const Consts &k, const Seg &s, const Ra
             if (j % 2 == 0) {
                 wk[0] = w;
             } else if (C::PD == kBF16) {
-                o.p[j / 2] = FAST ? bf16x2(wk[0], w) : (from_f32<FP8AMP_DTYPE_BF16>(wk[0]) | uint32_t(from_f32<FP8AMP_DTYPE_BF16>(w)) << 16);
+                if (!C::MASTER && s.sr)  // kernels/adam.hpp bf16_code_stochastic, from each element's bits: the CPU's bytes
+                    o.p[j / 2] = uint32_t(bf16_code_stochastic(wk[0], rounding_bits(s.key, e + j - 1))) |
+                                 uint32_t(bf16_code_stochastic(w, rounding_bits(s.key, e + j))) << 16;
+                else
+                    o.p[j / 2] = FAST ? bf16x2(wk[0], w) : (from_f32<FP8AMP_DTYPE_BF16>(wk[0]) | uint32_t(from_f32<FP8AMP_DTYPE_BF16>(w)) << 16);
             } else if (FAST) {
                 // scaled F16: the product by a finite nonzero scale, saturated (NaN: not FAST)
                 o.p[j / 2] = s.meta ? f16x2(fminf(fmaxf(fmul(wk[0], s.param_scale), -65504.0f), 65504.0f),
@@ -409,7 +413,7 @@ template <class C, bool GUARD>
 __device__ __noinline__ void compute8_reference(const Consts &k, const Seg &s, uint32_t e, uint32_t blk, int n, New8<C> &o) {
     Raw8<C> r;
     load_raw8<C, GUARD>(s, e, blk, n, r);
-    compute8<C, GUARD, false>(k, s, r, n, o);
+    compute8<C, GUARD, false>(k, s, r, e, n, o);
 }
 
 // One lane's 8 elements of block `blk` (first element e): update, block scales, stores. hi: the
@@ -421,7 +425,7 @@ template <class C, bool GUARD>
 __device__ __forceinline__ void update8(const Consts &k, const Seg &s, const Raw8<C> &r, uint32_t e, uint32_t blk, int n,
                                         bool hi, bool lead, float &wseg) {
     New8<C> o;
-    compute8<C, GUARD, true>(k, s, r, n, o);
+    compute8<C, GUARD, true>(k, s, r, e, n, o);
     // The fast path's conditions (never false in training): every new v finite (div_const), no new
     // weight NaN (the pair encoders' NaN is not the CPU's), a usable meta scale.
     bool rare = !(o.av <= FLT_MAX);
@@ -470,14 +474,6 @@ __device__ __forceinline__ void update8(const Consts &k, const Seg &s, const Raw
         store8<2, GUARD, C::CACHE>(s.master + e * 2, encode8<kF16>(y, a < 0x7F800000u), n);
         if (lead && inverse_bits(sb) != __float_as_uint(r.w_inv))  // only a changed scale
             s.w_si[blk] = __uint_as_float(inverse_bits(sb));
-    }
-    if constexpr (!C::MASTER && C::PD == kBF16) {
-        if (s.sr) {  // kernels/adam.hpp bf16_code_stochastic, from element e + j's bits: the CPU's bytes
-#pragma unroll
-            for (int j = 0; j < 8; j += 2)
-                o.p[j / 2] = uint32_t(bf16_code_stochastic(o.w[j], rounding_bits(s.key, e + j))) |
-                             uint32_t(bf16_code_stochastic(o.w[j + 1], rounding_bits(s.key, e + j + 1))) << 16;
-        }
     }
     Bits<8 * C::PB> pb;
 #pragma unroll
