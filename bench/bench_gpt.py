@@ -132,6 +132,8 @@ def build(mode, args, device):
         # --fp8amp-weight-dtype: the O1/O2 Linear weights (default: initialize's, bfloat16 rounded
         # stochastically by the step; float32 was the front's layout until 2026-11-26)
         wdt = {"weight_dtype": getattr(torch, args.fp8amp_weight_dtype)} if args.fp8amp_weight_dtype else {}
+        if args.fp8amp_state_block is not None:  # 0: one scale per state tensor (MS-AMP's layout)
+            wdt["state_block_size"] = args.fp8amp_state_block
         model, opt = ft.initialize(model, torch.optim.AdamW(model.parameters(), **adamw), opt_level=mode.split("_")[0],
                                    policy=args.policy, exclude=keep, recipe=recipe, save_input=save_input, **wdt)
         if args.fp8amp_lean != 1:  # the front's default is 1 (0: the buffers kept between calls, as before)
@@ -357,6 +359,8 @@ def main(argv=None):
                          "gradients without their amax pass: docs/numerics.md 9.2)")
     ap.add_argument("--fp8amp-weight-dtype", choices=("bfloat16", "float32"), default=None,
                     help="the O1/O2 Linear weights' dtype (default: initialize's, bfloat16)")
+    ap.add_argument("--fp8amp-state-block", type=int, default=None,
+                    help="elements per optimizer-state scale (default: initialize's 128; 0: one per tensor)")
     ap.add_argument("--fp8amp-save-input", choices=("auto", "true", "false"), default="auto",
                     help="the fp8amp Linears' save_input (docs/torch.md section 2): auto keeps each input for the "
                          "backward under torch.compile (a layer may be reused); false keeps only the C Linear's FP8 "
@@ -397,7 +401,7 @@ def main(argv=None):
     out = {"device": name, "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
            "commit": git_commit(), "torch": torch.__version__, "preset": preset,
            "config": {k: getattr(args, k) for k in ("layers", "d", "heads", "seq", "batch", "steps", "warmup",
-                                                    "policy", "fp8amp_recipe", "fp8amp_weight_dtype", "fp8amp_save_input", "fp8amp_lean",
+                                                    "policy", "fp8amp_recipe", "fp8amp_weight_dtype", "fp8amp_state_block", "fp8amp_save_input", "fp8amp_lean",
                                                     "seed")},
            "tokens_per_step": args.seq * args.batch, "modes": {}}
     for m in modes:

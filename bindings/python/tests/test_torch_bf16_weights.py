@@ -110,3 +110,50 @@ def test_tiny_updates_survive_stochastic_rounding(tdev, gen, rounding):
     mean, sigma = float(d.mean()), math.sqrt(d.numel() * ulp * lr) / d.numel()
     print("moved %d of %d, mean %.3g (exact %.3g, sigma %.2g)" % (moved, d.numel(), mean, -lr, sigma))
     assert moved > 0 and abs(mean + lr) <= 6 * sigma
+
+
+@need_opt
+def test_state_block_size_zero_is_one_scale_per_tensor(tdev, gen):
+    """state_block_size=0 (MS-AMP's optimizer-state layout): one scale per state tensor, fewer bytes
+    than blocks of 128, the state_dict's scale tensors of one element, a save and load that continues
+    bit for bit; bad values refused when the Config is made or by the library."""
+    import fp8amp.torch as ft
+
+    def make(block):
+        m = mlp(tdev)
+        return ft.initialize(m, torch.optim.AdamW(m.parameters(), lr=1e-3), "O2", state_block_size=block,
+                             rounding_seed=7)
+
+    data = [(torch.randn(16, 32, generator=gen).to(tdev), torch.randn(16, 16, generator=gen).to(tdev))
+            for _ in range(4)]
+
+    def train(model, opt, batches):
+        for x, y in batches:
+            (model(x) - y).square().mean().backward()
+            opt.step()
+            opt.zero_grad()
+
+    model, opt = make(0)
+    assert {o.config.state_block_size for o in opt.fp8amp_optimizers} == {0}
+    _, opt128 = make(None)
+    assert {o.config.state_block_size for o in opt128.fp8amp_optimizers} == {128}
+    train(model, opt, data[:3])
+    assert opt.state_bytes() < opt128.state_bytes()
+    sd = opt.state_dict()
+    w0 = 0  # the first Linear's weight: 64 x 32 elements, one scale each for m and v
+    assert tuple(sd["state"][w0]["exp_avg_scale_inv"].shape) == (1,)
+    assert tuple(sd["state"][w0]["exp_avg_sq_scale_inv"].shape) == (1,)
+    # a second model and optimizer loaded from both state dicts continue bit for bit
+    model2, opt2 = make(0)
+    model2.load_state_dict(model.state_dict())
+    opt2.load_state_dict(sd)
+    train(model, opt, data[3:])
+    train(model2, opt2, data[3:])
+    for a, b in zip(model.parameters(), model2.parameters()):
+        assert torch.equal(a, b)
+    with pytest.raises(ValueError, match="state_block_size"):
+        ft.Config(state_block_size=-1)
+    with pytest.raises(TypeError, match="state_block_size"):
+        ft.Config(state_block_size=True)
+    with pytest.raises(Exception, match="state_block_size"):  # not a power of two: the library refuses
+        make(100)

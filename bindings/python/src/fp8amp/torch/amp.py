@@ -45,6 +45,10 @@ class Config:
       master copies, the O1/O2 16-bit weights -- "nearest" or "stochastic" (None: stochastic for 16-bit
       weights without a master, whose updates below half a BF16 ulp would be lost; nearest for O3's
       masters and float32 weights).
+    - ``state_block_size``: elements per scale of the O2/O3 optimizer state (m, v, O3's master): None
+      for the level's (128), a power of two up to fp8amp's maximum, or 0 for one scale per tensor
+      (MS-AMP's layout: no per-block scale bytes; coarser scales for the state) -- docs/torch.md
+      section 13.
     - ``save_input``: each new Linear's (None: auto; True; False): docs/torch.md section 2.
     - ``exclude``: qualified names of nn.Linear modules to keep, or a callable ``(name, module) -> bool``
       (True = keep).
@@ -61,6 +65,7 @@ class Config:
     max_grad_norm: float = 0.0
     master_rounding: Any = None
     rounding_seed: int = 0
+    state_block_size: Optional[int] = None
     save_input: Optional[bool] = None
     exclude: Any = ()
     module_filter_fn: Optional[Callable[[nn.Module, str], bool]] = None
@@ -83,6 +88,12 @@ class Config:
         g = self.max_grad_norm
         if isinstance(g, bool) or not isinstance(g, (int, float)) or not math.isfinite(g) or g < 0:
             raise ValueError("%s: max_grad_norm must be a finite number >= 0 (0: off), not %r" % (where, g))
+        b = self.state_block_size
+        if b is not None and (isinstance(b, bool) or not isinstance(b, int)):
+            raise TypeError("%s: state_block_size must be None or an int, not %r" % (where, b))
+        if b is not None and b < 0:
+            raise ValueError("%s: state_block_size must be 0 (one scale per tensor) or a power of two, not %r"
+                             % (where, b))
         if self.save_input not in (None, True, False):
             raise TypeError("%s: save_input must be None (auto), True or False, not %r" % (where, self.save_input))
         if isinstance(self.exclude, str):
@@ -128,7 +139,8 @@ def initialize(model: nn.Module, optimizer: Optional[torch.optim.Optimizer] = No
                *, config: Optional[Config] = None, module_filter_fn: Any = _UNSET, policy: Any = _UNSET,
                recipe: Any = _UNSET, weight_dtype: Any = _UNSET, wgrad_dtype: Any = _UNSET,
                max_grad_norm: Any = _UNSET, exclude: Any = _UNSET, master_rounding: Any = _UNSET,
-               rounding_seed: Any = _UNSET, save_input: Any = _UNSET, process_group: Any = None) -> Any:
+               rounding_seed: Any = _UNSET, save_input: Any = _UNSET, state_block_size: Any = _UNSET,
+               process_group: Any = None) -> Any:
     """Replaces every nn.Linear of `model` by an fp8amp.torch.Linear (parameters copied) and, with
     an optimizer (torch.optim.Adam or AdamW), returns ``(model, Optimizer)`` running fp8amp's Adam at
     `opt_level` ("O1": F32 m and v; "O2": E4M3 m, F16 v; "O3": O2 plus E4M3 Linear weights with an
@@ -137,7 +149,8 @@ def initialize(model: nn.Module, optimizer: Optional[torch.optim.Optimizer] = No
     The settings come from `config` (an ``fp8amp.torch.Config``; its docstring lists them) or from the
     keywords of the same names, with the same defaults: opt_level "O1", policy "auto", recipe None
     (current scaling), weight_dtype / wgrad_dtype None, max_grad_norm 0, exclude (), module_filter_fn
-    None, master_rounding None, rounding_seed 0, save_input None. A keyword given together with a
+    None, master_rounding None, rounding_seed 0, save_input None, state_block_size None (128; 0: one
+    scale per tensor, MS-AMP's optimizer-state layout). A keyword given together with a
     config must agree with it (ValueError otherwise). Linear weights are bfloat16 at O1/O2 with an
     optimizer (MS-AMP's layout: 16-bit weights, no float32 copy; float32 without an optimizer, or
     weight_dtype=torch.float32) and float8_e4m3fn at O3 (weight_dtype; O3 needs E4M3 weights and E4M3
@@ -165,7 +178,8 @@ def initialize(model: nn.Module, optimizer: Optional[torch.optim.Optimizer] = No
                                ("recipe", recipe), ("weight_dtype", weight_dtype), ("wgrad_dtype", wgrad_dtype),
                                ("max_grad_norm", max_grad_norm), ("exclude", exclude),
                                ("master_rounding", master_rounding), ("rounding_seed", rounding_seed),
-                               ("save_input", save_input)) if v is not _UNSET}
+                               ("save_input", save_input), ("state_block_size", state_block_size))
+             if v is not _UNSET}
     cfg = _merge_config(config, given)
     opt_level, policy, recipe, weight_dtype, wgrad_dtype = (cfg.opt_level, cfg.policy, cfg.recipe, cfg.weight_dtype,
                                                             cfg.wgrad_dtype)
@@ -234,7 +248,8 @@ def initialize(model: nn.Module, optimizer: Optional[torch.optim.Optimizer] = No
             raise NotImplementedError("parameters on several devices")
         comm = communicator(next(iter(devices)), process_group)
     opt = Optimizer(groups, level, isinstance(optimizer, torch.optim.AdamW), linears, max_grad_norm=max_grad_norm,
-                    master_rounding=master_rounding, rounding_seed=rounding_seed, comm=comm, master_inits=master_inits)
+                    master_rounding=master_rounding, rounding_seed=rounding_seed, comm=comm, master_inits=master_inits,
+                    state_block_size=cfg.state_block_size)
     nlin = len({id(m) for m, _ in linears.values()})
     _log.info("fp8amp.initialize: %s at %s over %d param group(s): the parameters of %d fp8amp.torch.Linear layer(s) "
               "(updated from fp8amp's gradients, weight gradients %s) and %d other parameter(s) (updated from their "

@@ -60,7 +60,8 @@ class Optimizer(torch.optim.Optimizer):
     def __init__(self, param_groups: List[Dict[str, Any]], opt_level: Any, adamw: bool, linears: Dict[int, Tuple[Linear, str]],
                  max_grad_norm: float = 0.0, master_rounding: Any = "nearest", rounding_seed: int = 0,
                  comm: Optional[fp8amp.Communicator] = None,
-                 master_inits: Optional[Dict[int, torch.Tensor]] = None) -> None:
+                 master_inits: Optional[Dict[int, torch.Tensor]] = None,
+                 state_block_size: Optional[int] = None) -> None:
         super().__init__(param_groups, {})
         self.opt_level = as_opt_level(opt_level)
         o3 = self.opt_level == fp8amp.OptLevel.O3
@@ -84,8 +85,10 @@ class Optimizer(torch.optim.Optimizer):
             cfg = AdamConfig.for_level(self.opt_level, adamw=adamw, lr=float(g["lr"]), beta1=float(beta1),
                                        beta2=float(beta2), eps=float(g["eps"]), weight_decay=float(g["weight_decay"]),
                                        maximize=bool(g.get("maximize", False)), max_grad_norm=float(max_grad_norm))
-            if master_rounding != "nearest" or rounding_seed:  # fp8amp 0.4.0: how O3's masters are rounded
+            if master_rounding != "nearest" or rounding_seed:  # fp8amp 0.4.0: how the value of record is rounded
                 cfg = dataclasses.replace(cfg, master_rounding=master_rounding, rounding_seed=rounding_seed)
+            if state_block_size is not None:  # elements per state scale (0: one per tensor, MS-AMP's)
+                cfg = dataclasses.replace(cfg, state_block_size=state_block_size)
             low, other = [], []  # O3: E4M3 weights (with the F16 master) / everything else (no master)
             for p in g["params"]:
                 dev = _norm_device(p.device)
