@@ -164,7 +164,7 @@ def initialize(model: nn.Module, optimizer: Optional[torch.optim.Optimizer] = No
     (cuBLASLt's FP8 GEMMs cannot run them). `master_rounding` ("nearest" or "stochastic"; None:
     stochastic where 16-bit weights have no master, i.e. the O1/O2 bfloat16 weights, else nearest) and
     `rounding_seed`: how the optimizer rounds the value of record, O3's F16 master copies or the O1/O2
-    16-bit weights (fp8amp_adam_desc.master_rounding; docs/torch.md section 9).
+    16-bit weights (fp8amp_adam_desc.master_rounding; docs/torch.md section 13).
     `save_input`: each new Linear's (None: keep inputs for backward only once a layer is seen used
     twice per forward; True: always, as nn.Linear; False: never). The logger "fp8amp" tells at INFO
     level which Linears were replaced and which kept, and why, and what the optimizer holds.

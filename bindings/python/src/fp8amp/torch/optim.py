@@ -202,13 +202,7 @@ class Optimizer(torch.optim.Optimizer):
         gs, fi = getattr(self, "grad_scale", None), getattr(self, "found_inf", None)
         if gs is not None or fi is not None:  # torch.amp.GradScaler.step
             if fi is not None and float(fi) > 0:
-                # skipped, as after a step that skipped itself: the delayed metas still fold this
-                # step's amaxes into their histories (else they would wait in the next step's record)
-                if self._metas:
-                    assert self._ctx is not None and self._device is not None
-                    _on_current_stream(self._ctx, self._device)
-                    fp8amp.update_many(self._ctx, self._metas)
-                self._release_buffers()
+                self._skip()
                 return loss
             if gs is not None:
                 inv = 1.0 / float(gs)
@@ -239,9 +233,7 @@ class Optimizer(torch.optim.Optimizer):
         _on_current_stream(self._ctx, self._device)
         if unscaled:
             scaler._skipped_step()
-            if self._metas:  # as after a step that skipped itself
-                fp8amp.update_many(self._ctx, self._metas)
-            self._release_buffers()
+            self._skip()
             return loss
         c_scaler = scaler._scaler if scaler is not None and unscaled is None else None  # closed: the step raises
         groups = self.param_groups
@@ -264,6 +256,17 @@ class Optimizer(torch.optim.Optimizer):
             fp8amp.update_many(self._ctx, self._metas)
         self._release_buffers()
         return loss
+
+    def _skip(self) -> None:
+        """A step skipped for an inf/NaN that a scaler found (torch's found_inf, or ft.GradScaler's
+        unscale_): as after a step that skipped itself, the delayed metas still fold this step's
+        amaxes into their histories (else they would wait in the next step's record), and the Linears
+        give their buffers back."""
+        if self._metas:
+            assert self._ctx is not None and self._device is not None
+            _on_current_stream(self._ctx, self._device)
+            fp8amp.update_many(self._ctx, self._metas)
+        self._release_buffers()
 
     def _release_buffers(self) -> None:
         # At rest after a step each Linear holds its parameters and gradients only (issue 18 point 3):
