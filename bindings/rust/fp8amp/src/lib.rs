@@ -1152,8 +1152,8 @@ pub struct AdamDesc {
     pub state_block_size: i32,
     /// Global gradient-norm clipping; 0 = off.
     pub max_grad_norm: f32,
-    /// How a step rounds the F16 master copies: nearest (false, the default) or stochastic (true;
-    /// docs/numerics.md 6.3).
+    /// How a step rounds the value of record -- the F16 master copies, and BF16/F16 parameters that
+    /// have none: nearest (false, the default) or stochastic (true; docs/numerics.md 6.3).
     pub stochastic_master_rounding: bool,
     /// The seed of stochastic rounding: one seed gives identical bytes on CPU and CUDA.
     pub rounding_seed: u32,
