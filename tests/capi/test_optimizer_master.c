@@ -87,6 +87,26 @@ static fp8amp_optimizer make_opt(fp8amp_context ctx, fp8amp_opt_level level, int
 
 enum { TN = 8192 };
 
+/* A stochastically rounded tiny update (-lr, far below half an ulp) of TN values with `mant` stored
+ * fraction bits: each moved by 0 or one ulp down, some moved, the mean move the exact update within
+ * 6 sigma (sigma from the per-element variance ulp * lr). */
+static void check_tiny_moves(const char *what, const float *before, const float *after, int mant, float lr) {
+    double sum = 0.0, var = 0.0;
+    int moved = 0;
+    for (int i = 0; i < TN; ++i) {
+        const double ulp = ldexp(1.0, (int)floor(log2((double)before[i])) - mant);
+        const double d = (double)after[i] - (double)before[i];
+        if (!(d == 0.0 || d == -ulp)) fail_msg("%s, element %d: %.9g -> %.9g (ulp %.3g)", what, i, (double)before[i], (double)after[i], ulp);
+        moved += d != 0.0;
+        sum += d;
+        var += ulp * lr;
+    }
+    const double mean = sum / TN, sigma = sqrt(var) / TN;
+    print_message("%s, stochastic: %d of %d moved, mean %.3g (exact %.3g, sigma %.2g)\n", what, moved, TN, mean, -(double)lr, sigma);
+    assert_true(moved > 0);
+    assert_true(fabs(mean + (double)lr) <= 6.0 * sigma);
+}
+
 static void test_tiny_update_nearest_vs_stochastic(void **state) {
     require_variant(state);
     fp8amp_context ctx = make_context(variant_device(state));
@@ -111,19 +131,7 @@ static void test_tiny_update_nearest_vs_stochastic(void **state) {
             for (int i = 0; i < TN; ++i) assert_true(f32_bits(after[i]) == f32_bits(before[i]));
             assert_int_equal(ck_version(opt), 1); /* nothing new used: 0.3.0's format */
         } else {
-            double sum = 0.0, var = 0.0;
-            int moved = 0;
-            for (int i = 0; i < TN; ++i) {
-                const double ulp = ldexp(1.0, (int)floor(log2((double)before[i])) - 10);
-                const double d = (double)after[i] - (double)before[i];
-                if (!(d == 0.0 || d == -ulp)) fail_msg("element %d: %.9g -> %.9g (ulp %.3g)", i, (double)before[i], (double)after[i], ulp);
-                moved += d != 0.0;
-                sum += d;
-                var += ulp * lr;
-            }
-            const double mean = sum / TN, sigma = sqrt(var) / TN;
-            print_message("stochastic: %d of %d moved, mean %.3g (exact %.3g, sigma %.2g)\n", moved, TN, mean, -(double)lr, sigma);
-            assert_true(fabs(mean + (double)lr) <= 6.0 * sigma);
+            check_tiny_moves("F16 master", before, after, 10, lr);
             assert_int_equal(ck_version(opt), 2); /* the rounding is recorded */
         }
         EXPECT_OK(fp8amp_optimizer_destroy(opt));
@@ -666,26 +674,11 @@ static void test_tiny_update_param_without_master(void **state) {
             values16(p, dt, n, before);
             EXPECT_OK(fp8amp_optimizer_step(opt, NULL));
             values16(p, dt, n, after);
-            double sum = 0.0, var = 0.0;
-            int moved = 0;
-            for (int i = 0; i < TN; ++i) {
-                const double ulp = ldexp(1.0, (int)floor(log2((double)before[i])) - mant);
-                const double d = (double)after[i] - (double)before[i];
-                if (!sr) {
-                    if (d != 0.0) fail_msg("nearest, element %d: %.9g -> %.9g", i, (double)before[i], (double)after[i]);
-                    continue;
-                }
-                if (!(d == 0.0 || d == -ulp)) fail_msg("element %d: %.9g -> %.9g (ulp %.3g)", i, (double)before[i], (double)after[i], ulp);
-                moved += d != 0.0;
-                sum += d;
-                var += ulp * lr;
-            }
             if (sr) {
-                const double mean = sum / TN, sigma = sqrt(var) / TN;
-                print_message("%s without a master, stochastic: %d of %d moved, mean %.3g (exact %.3g, sigma %.2g)\n",
-                              di ? "F16" : "BF16", moved, TN, mean, -(double)lr, sigma);
-                assert_true(moved > 0);
-                assert_true(fabs(mean + (double)lr) <= 6.0 * sigma);
+                check_tiny_moves(di ? "F16 without a master" : "BF16 without a master", before, after, mant, lr);
+            } else {
+                for (int i = 0; i < TN; ++i)
+                    if (after[i] != before[i]) fail_msg("nearest, element %d: %.9g -> %.9g", i, (double)before[i], (double)after[i]);
             }
             EXPECT_OK(fp8amp_optimizer_destroy(opt));
             EXPECT_OK(fp8amp_tensor_destroy(p));
