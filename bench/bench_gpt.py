@@ -129,13 +129,16 @@ def build(mode, args, device):
         recipe = fp8amp.Recipe(mode=fp8amp.ScalingMode.DELAYED if args.fp8amp_recipe == "delayed"
                                else fp8amp.ScalingMode.CURRENT)
         save_input = {"auto": None, "true": True, "false": False}[args.fp8amp_save_input]
-        # --fp8amp-weight-dtype: the O1/O2 Linear weights (default: initialize's, bfloat16 rounded
-        # stochastically by the step; float32 was the front's layout until 2026-11-26)
-        wdt = {"weight_dtype": getattr(torch, args.fp8amp_weight_dtype)} if args.fp8amp_weight_dtype else {}
-        if args.fp8amp_state_block is not None:  # 0: one scale per state tensor (MS-AMP's layout)
-            wdt["state_block_size"] = args.fp8amp_state_block
+        # initialize's layout options, given only when set: --fp8amp-weight-dtype (the O1/O2 Linear
+        # weights; default bfloat16 rounded stochastically by the step, float32 until 2026-11-26) and
+        # --fp8amp-state-block (elements per optimizer-state scale; 0: one per tensor, MS-AMP's)
+        layout = {}
+        if args.fp8amp_weight_dtype:
+            layout["weight_dtype"] = getattr(torch, args.fp8amp_weight_dtype)
+        if args.fp8amp_state_block is not None:
+            layout["state_block_size"] = args.fp8amp_state_block
         model, opt = ft.initialize(model, torch.optim.AdamW(model.parameters(), **adamw), opt_level=mode.split("_")[0],
-                                   policy=args.policy, exclude=keep, recipe=recipe, save_input=save_input, **wdt)
+                                   policy=args.policy, exclude=keep, recipe=recipe, save_input=save_input, **layout)
         if args.fp8amp_lean != 1:  # the front's default is 1 (0: the buffers kept between calls, as before)
             for m in fp8amp_linears(model):
                 m.fp8amp_linear.lean = args.fp8amp_lean
