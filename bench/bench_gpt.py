@@ -259,11 +259,15 @@ def held_bytes(model, opt):
     state = opt.state_dict().get("state", {})
     params = [p for g in opt.param_groups for p in g["params"]]
     held = {"linear": sum(m.fp8amp_linear.memory_bytes for m in lins), "other": 0}
+    held["fp8amp"] = held["linear"]  # the fp8amp Linears alone (without the Linears kept in bf16: the head)
     for i, p in enumerate(params):
         b = sum(t.nbytes for t in state.get(i, {}).values() if torch.is_tensor(t) and t.device == p.device)
         if id(p) not in own:
             b += p.nbytes + (p.grad.nbytes if p.grad is not None else 0)
+        else:
+            held["fp8amp"] += b
         held["linear" if id(p) in linear_ids else "other"] += b
+    held["fp8amp_params"] = sum(p.numel() for m in lins for p in m.parameters())
     return held
 
 
@@ -324,6 +328,8 @@ def run_mode(mode, args, device, batches, want_profile):
     # rounding; the residual) stays on the Linears' side.
     held = held_bytes(model, opt)
     res["held_linear_MiB"], res["held_other_MiB"] = held["linear"] / 2**20, held["other"] / 2**20
+    if held["fp8amp_params"]:  # the fp8amp Linears' own layout, from their tensors (no allocator residual)
+        res["held_bytes_per_fp8amp_linear_param"] = held["fp8amp"] / held["fp8amp_params"]
     if rest is not None:
         res["rest_residual_MiB"] = (rest - held["linear"] - held["other"]) / 2**20
         res["rest_bytes_per_linear_param_own"] = (rest - held["other"]) / linear_params
@@ -333,11 +339,12 @@ def run_mode(mode, args, device, batches, want_profile):
         res["profile_top"] = profile_top(step, batches[args.warmup:args.warmup + args.profile_steps], device,
                                          args.profile_top)
     print("  [%s] median %.3f ms/step, %.0f tokens/s, peak %s MiB, at rest %s MiB (%s B per Linear param; "
-          "%s B held for the Linears' own), loss %.4f -> %.4f" % (
+          "%s B held for the Linears' own; %s B per fp8amp Linear param), loss %.4f -> %.4f" % (
               mode, med, res["tokens_per_s"], "%.0f" % res["peak_mem_MiB"] if res["peak_mem_MiB"] is not None else "-",
               "%.0f" % res["rest_mem_MiB"] if rest is not None else "-",
               "%.2f" % res["rest_bytes_per_linear_param"] if rest is not None else "-",
               "%.3f" % res["rest_bytes_per_linear_param_own"] if rest is not None else "-",
+              "%.4f" % res["held_bytes_per_fp8amp_linear_param"] if "held_bytes_per_fp8amp_linear_param" in res else "-",
               res["loss_first"], res["loss_last"]), flush=True)
     del model, opt, step
     gc.collect()
