@@ -44,6 +44,12 @@ def test_bench_gpt_smoke(tmp_path):
     per = {m: modes[m]["held_linear_MiB"] * 2**20 / modes[m]["linear_params"] for m in ("bf16", "O1", "O2")}
     assert 12.0 <= per["bf16"] <= 16.0, per
     assert 11.0 <= per["O1"] <= 13.0 and 6.0 <= per["O2"] <= 8.0, per
+    # the fp8amp Linears alone (no head), from their tensors: MS-AMP's layout, weights 11 B (O1: BF16
+    # weight, E4M3 gradient, F32 m and v) and 6 B + block scales (8 B per 128) at O2, the biases
+    # (one element in d = 64 per weight row here, at most 16 B each) on top
+    fp8 = {m: modes[m]["held_bytes_per_fp8amp_linear_param"] for m in ("O1", "O2")}
+    assert 11.0 <= fp8["O1"] <= 11.0 + 16 / 64 and 6.0 + 8 / 128 <= fp8["O2"] <= 6.0 + 8 / 128 + 16 / 64, fp8
+    assert "held_bytes_per_fp8amp_linear_param" not in modes["bf16"]
     # the fp8amp modes count their Linears' graph replays per step (none on the CPU); bf16 has none
     for m in ("O1", "O2"):
         assert modes[m]["linear_calls_per_step"] > 0 and modes[m]["linear_graph_replays_per_step"] == 0, m
