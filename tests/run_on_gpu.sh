@@ -12,4 +12,8 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | 
 cmake -S . -B build-gpu -G Ninja -DFP8AMP_CUDA=ON "${prefix_args[@]}" "$@" >"$out/configure.log" 2>&1 \
   || { tail -30 "$out/configure.log"; exit 1; }
 cmake --build build-gpu -j "$(nproc)" >"$out/build.log" 2>&1 || { grep -E "error" -A3 "$out/build.log" | head -60; exit 1; }
+# The Python suite is most of the time serially (over 5 minutes on an H100); with pytest-xdist
+# there (the GPU image has it) its tests run in 8 processes (they are independent; every one passed
+# so, 2026-11-26). PYTEST_ADDOPTS set by the caller wins.
+if [ -z "${PYTEST_ADDOPTS+x}" ] && python3 -c "import xdist" 2>/dev/null; then export PYTEST_ADDOPTS="-n 8"; fi
 cd build-gpu && ctest --output-on-failure -j 4 2>&1 | tee "$out/ctest.log" | tail -40
