@@ -5,6 +5,7 @@ one; clip_grad_norm_(model.parameters()) takes torch's total norm over all param
 (the E4M3 values as fp8amp decodes them) and clips them all; the next step does not unscale again; an
 inf/NaN seen by unscale_ skips the step and backs the scale off. Against a float32 model with
 torch.optim.AdamW and torch.amp.GradScaler. CPU; the CUDA variants skip without a GPU."""
+import itertools
 import math
 
 import numpy as np
@@ -144,14 +145,22 @@ def test_clip_grad_norm_takes_torchs_total_norm_across_groups(tdev, gen, kind):
         copies = [torch.nn.Parameter(v.clone()) for v in vals]
         for c, v in zip(copies, vals):
             c.grad = v.clone()
-        # each tensor's norm bit for bit (fp8amp's decoded E4M3 values, as torch reads them); the total
-        # to a float32 rounding: torch sums the per-tensor norms by (device, dtype) group, and the
-        # model's BF16 weights and F32 biases are two groups where the plain copies are one
-        for prm, c in zip(model.parameters(), copies):
-            assert torch.equal(torch.linalg.vector_norm(prm.grad), torch.linalg.vector_norm(c.grad))
+        # each tensor's norm bit for bit (fp8amp's decoded E4M3 values, as torch reads them)
+        per = [torch.linalg.vector_norm(c.grad) for c in copies]
+        for prm, n in zip(model.parameters(), per):
+            assert torch.equal(torch.linalg.vector_norm(prm.grad), n)
+        # torch takes the total as the norm of the per-tensor norms listed group by group, the groups by
+        # (device, dtype): the model's BF16 weights and F32 biases are two groups where the plain
+        # copies are one, so the float32 sum runs in another order; with foreach=False the total is
+        # that of one order of the model's groups, bit for bit
+        dts = [prm.dtype for prm in model.parameters()]
+        totals = [torch.linalg.vector_norm(torch.stack([per[i] for d in order for i in range(len(per)) if dts[i] == d]))
+                  for order in itertools.permutations(dict.fromkeys(dts))]
         ref_norm = torch.nn.utils.clip_grad_norm_(copies, 0.05, foreach=foreach)
         norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 0.05, foreach=foreach)
         assert float(ref_norm) > 0.05  # so it clips
+        if foreach is False:
+            assert any(torch.equal(norm, t) for t in totals), (norm, totals)
         torch.testing.assert_close(norm, ref_norm, rtol=1e-6, atol=0)
         coef = 0.05 / (float(ref_norm) + 1e-6)
         for v, c, g in zip(vals, copies, grad_values(model)):
