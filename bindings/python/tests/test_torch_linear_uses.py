@@ -359,6 +359,64 @@ def test_compiled_training_with_the_fp8amp_optimizer(tdev, gen):
         assert torch.equal(p, q)
 
 
+@need_ops
+@need_opt
+def test_reduce_overhead_runs_the_linears_at_every_step(tdev, gen, monkeypatch):
+    """torch.compile(mode="reduce-overhead"): the two custom ops carry torch's cudagraph_unsafe tag,
+    so inductor's CUDA graphs leave them out (a replay would skip the C Linears' host work: their
+    saved-forward records, their own graph replay, the scratch given back): every step calls each
+    Linear's forward and backward, and the losses and parameters follow eager training (to
+    inductor's fusion rounding, which can move an E4M3 gradient code by one step)."""
+    import fp8amp.torch as ft
+    import fp8amp.torch.linear as lm
+
+    if hasattr(torch.Tag, "cudagraph_unsafe") and lm._OP_TAGS:
+        for op in (torch.ops.fp8amp.linear_forward.default, torch.ops.fp8amp.linear_backward.default):
+            assert torch.Tag.cudagraph_unsafe in op.tags
+    calls = {"fwd": 0, "bwd": 0}
+    train_fwd, train_bwd = lm._train_fwd, lm._train_bwd
+
+    def counting_fwd(*a, **k):
+        calls["fwd"] += 1
+        return train_fwd(*a, **k)
+
+    def counting_bwd(*a, **k):
+        calls["bwd"] += 1
+        return train_bwd(*a, **k)
+
+    monkeypatch.setattr(lm, "_train_fwd", counting_fwd)
+    monkeypatch.setattr(lm, "_train_bwd", counting_bwd)
+
+    def make():
+        torch.manual_seed(0)
+        return torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.LayerNorm(64), torch.nn.GELU(),
+                                   torch.nn.Linear(64, 32)).to(tdev)
+
+    steps = 5  # cudagraph trees record at the second or third call and replay after
+    data = [randn(gen, 16, 32, device=tdev) for _ in range(steps)]
+    losses, params = [], []
+    for compiled in (False, True):
+        model = make()
+        model, opt = ft.initialize(model, torch.optim.AdamW(model.parameters(), lr=1e-3), "O2", policy="fp8")
+        run = torch.compile(model, mode="reduce-overhead") if compiled else model
+        calls["fwd"] = calls["bwd"] = 0
+        run_losses = []
+        for x in data:
+            loss = run(x).square().mean()
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            run_losses.append(float(loss.detach()))
+        assert calls == {"fwd": 2 * steps, "bwd": 2 * steps}, (compiled, calls)
+        losses.append(run_losses)
+        params.append([p.detach().float().clone() for p in model.parameters()])
+    torch.testing.assert_close(losses[1], losses[0], rtol=1e-3, atol=0)
+    for p, q in zip(*params):
+        # Adam moves an element by at most about lr a step, whatever its gradient
+        torch.testing.assert_close(q, p, rtol=0, atol=steps * 1e-3)
+        assert float((q - p).abs().mean()) < 1e-4
+
+
 # ---- memory given back without the cycle collector --------------------------------------------
 
 

@@ -5,6 +5,7 @@ overview and bindings/python/README.md ("PyTorch front") for how the two librari
 streams and gradients."""
 from __future__ import annotations
 
+import inspect
 import itertools
 import logging
 import math
@@ -765,8 +766,18 @@ def release_scratch(ctxs: Any) -> None:
 
 
 _HAVE_OPS = hasattr(torch.library, "custom_op")
+# Both ops are tagged cudagraph_unsafe: their work is host code as much as kernels (the C Linear's
+# saved-forward records, the token, its own CUDA-graph replay of the call, scratch given back at the
+# step), which a replay of a graph captured around them would skip. Under torch.compile(mode=
+# "reduce-overhead") inductor then captures the rest of the model and calls these ops between its
+# graphs (its graph partitions, on by default in torch 2.11; without them a graph holding one of
+# these ops runs uncaptured). A torch without the tag or custom_op's tags gets untagged ops.
+_OP_TAGS: Dict[str, Any] = {}
+if _HAVE_OPS and hasattr(torch.Tag, "cudagraph_unsafe") and \
+        "tags" in inspect.signature(torch.library.custom_op).parameters:
+    _OP_TAGS = {"tags": (torch.Tag.cudagraph_unsafe,)}
 if _HAVE_OPS:
-    @torch.library.custom_op("fp8amp::linear_forward", mutates_args=())
+    @torch.library.custom_op("fp8amp::linear_forward", mutates_args=(), **_OP_TAGS)
     def _op_forward(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], wgrad: torch.Tensor,
                     bgrad: Optional[torch.Tensor], layer: int, out_dtype: torch.dtype,
                     training: bool) -> Tuple[torch.Tensor, torch.Tensor]:
@@ -787,7 +798,7 @@ if _HAVE_OPS:
     def _(x, weight, bias, wgrad, bgrad, layer, out_dtype, training):
         return x.new_empty(tuple(x.shape[:-1]) + (weight.shape[0],), dtype=out_dtype), torch.empty((), dtype=torch.int64)
 
-    @torch.library.custom_op("fp8amp::linear_backward", mutates_args=("wgrad", "bgrad"))
+    @torch.library.custom_op("fp8amp::linear_backward", mutates_args=("wgrad", "bgrad"), **_OP_TAGS)
     def _op_backward(dy: torch.Tensor, token: torch.Tensor, x: Optional[torch.Tensor], wgrad: torch.Tensor,
                      bgrad: Optional[torch.Tensor], layer: int, x_shape: Sequence[int], x_dtype: torch.dtype,
                      need_dx: bool, w_dtype: Optional[torch.dtype] = None
