@@ -10,6 +10,10 @@
   O2_compile    O2, then torch.compile(model): the Linears are custom ops (no graph break), so
                 inductor fuses the rest of the model (norms, activations, residuals) as it does for
                 bf16_compile and torchao
+  O2_cudagraphs, torchao_cudagraphs
+                the same with torch.compile(mode="reduce-overhead"): inductor's CUDA graphs around
+                the fp8amp Linears (whose ops are cudagraph_unsafe: they run between the graphs and
+                replay their own launches); asked for by name only (not in the default list)
 
 The model is examples/train_gpt_fp8.py's GPT (imported, not copied). Presets from the issue:
   --preset d2048: 4 layers, d=2048, context 1024, batch 8   (8192 tokens/step)
@@ -52,6 +56,17 @@ PRESETS = {
     "smoke": dict(layers=2, d=64, heads=4, seq=32, batch=2),
 }
 ALL_MODES = ("bf16", "bf16_compile", "torchao", "O1", "O2", "O2_compile", "O3")
+EXTRA_MODES = ("O2_cudagraphs", "torchao_cudagraphs")  # run when named in --modes
+
+
+def compiled(model, mode):
+    """torch.compile for the modes that ask for it: *_compile and torchao with the default mode,
+    *_cudagraphs with mode="reduce-overhead" (CUDA graphs)."""
+    if mode.endswith("_cudagraphs"):
+        return torch.compile(model, mode="reduce-overhead")
+    if mode.endswith("_compile") or mode == "torchao":
+        return torch.compile(model)
+    return model
 VOCAB = 256  # the example's byte-level vocabulary
 
 
@@ -142,9 +157,9 @@ def build(mode, args, device):
         if args.fp8amp_lean != 1:  # the front's default is 1 (0: the buffers kept between calls, as before)
             for m in fp8amp_linears(model):
                 m.fp8amp_linear.lean = args.fp8amp_lean
-        fwd = torch.compile(model) if mode.endswith("_compile") else model
+        fwd = compiled(model, mode)
     else:
-        if mode == "torchao":
+        if mode.startswith("torchao"):
             why = torchao_unavailable(device)
             if why:
                 return why
@@ -156,7 +171,7 @@ def build(mode, args, device):
                 module_filter_fn=lambda m, fqn: fqn.split(".")[-1] not in keep and m.in_features % 16 == 0
                 and m.out_features % 16 == 0)
         opt = torch.optim.AdamW(model.parameters(), fused=device.type == "cuda", **adamw)
-        fwd = torch.compile(model) if mode in ("bf16_compile", "torchao") else model
+        fwd = compiled(model, mode)
 
     def step(xy):
         x, y = xy[:, :-1], xy[:, 1:]
@@ -395,8 +410,8 @@ def main(argv=None):
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() and not args.smoke else "cpu"))
     modes = [m for m in args.modes.split(",") if m]
     for m in modes:
-        if m not in ALL_MODES:
-            ap.error("unknown mode %r (one of %s)" % (m, ", ".join(ALL_MODES)))
+        if m not in ALL_MODES + EXTRA_MODES:
+            ap.error("unknown mode %r (one of %s)" % (m, ", ".join(ALL_MODES + EXTRA_MODES)))
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     print("GPT %dL d%d heads %d, context %d, batch %d (%d tokens/step) on %s" % (
         args.layers, args.d, args.heads, args.seq, args.batch, args.seq * args.batch, name), flush=True)
