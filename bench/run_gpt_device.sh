@@ -9,6 +9,8 @@
 #   OUT=$OUT BENCH_ARGS= TRAIN_ARGS="--steps 1000 --modes bf16,O1,O2 --compile --fp8amp-recipe delayed \
 #     --eval-batches 64" bash bench/run_gpt_device.sh
 #
+# PYTEST: test files or node ids of the Python suite to run first against the same build and site
+# (e.g. bindings/python/tests/test_torch_linear_uses.py), log in $OUT/pytest.log.
 # Writes $OUT/gpt_step.json and .log (BENCH_ARGS empty: skipped), $OUT/gpt_loss.json, .png and
 # train.log (TRAIN_ARGS given), the build's logs. DEPS: where tests/fetch_gpu_deps.sh put its files
 # (default .deps); LIMIT: seconds the two runs may take together (default 560); CUDA=OFF and
@@ -33,6 +35,12 @@ python3 -m pip install -q --no-index --no-deps --no-compile --target "$site" "$d
   >>"$OUT/site.log" 2>&1 || echo "torchao or cffi wheels missing (tests/fetch_gpu_deps.sh): the torchao mode will say skipped"
 export PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}" LD_LIBRARY_PATH="$PWD/$build:${LD_LIBRARY_PATH:-}"
 limit=${LIMIT:-560}
+if [ -n "${PYTEST:-}" ]; then
+  (cd "$site" && FP8AMP_HEADER="$OLDPWD/capi/include/fp8amp/fp8amp.h" FP8AMP_GENERATED_INCLUDE="$OLDPWD/$build/include" \
+    timeout $((limit - SECONDS)) python3 -m pytest -q -p no:cacheprovider -rs $(for t in $PYTEST; do echo "$OLDPWD/$t"; done)) \
+    >"$OUT/pytest.log" 2>&1
+  echo "pytest rc=$? at $SECONDS s"; tail -3 "$OUT/pytest.log"
+fi
 if [ -n "${BENCH_ARGS:-}" ]; then
   timeout $((limit - SECONDS)) python3 bench/bench_gpt.py $BENCH_ARGS --out "$OUT/gpt_step.json" >"$OUT/gpt_step.log" 2>&1
   echo "bench_gpt rc=$? at $SECONDS s"; grep -E "^GPT|^  \[" "$OUT/gpt_step.log"
