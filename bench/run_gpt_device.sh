@@ -9,8 +9,9 @@
 #   OUT=$OUT BENCH_ARGS= TRAIN_ARGS="--steps 1000 --modes bf16,O1,O2 --compile --fp8amp-recipe delayed \
 #     --eval-batches 64" bash bench/run_gpt_device.sh
 #
-# PYTEST: test files or node ids of the Python suite to run first against the same build and site
-# (e.g. bindings/python/tests/test_torch_linear_uses.py), log in $OUT/pytest.log.
+# PYTEST: test files or node ids of the Python suite to run first against the same build
+# (e.g. bindings/python/tests/test_torch_linear_uses.py; bindings/python/run_tests.sh's
+# PYTEST_PATHS), log in $OUT/pytest.log.
 # Writes $OUT/gpt_step.json and .log (BENCH_ARGS empty: skipped), $OUT/gpt_loss.json, .png and
 # train.log (TRAIN_ARGS given), the build's logs. DEPS: where tests/fetch_gpu_deps.sh put its files
 # (default .deps); LIMIT: seconds the two runs may take together (default 560); CUDA=OFF and
@@ -18,8 +19,9 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 : "${OUT:?set OUT to a directory for the results}"
-deps=${DEPS:-.deps}
-export CMOCKA_PREFIX=${CMOCKA_PREFIX:-$PWD/$deps/cmocka/usr} PYTHONUNBUFFERED=1
+deps=$(cd "${DEPS:-.deps}" 2>/dev/null && pwd) || deps=$PWD/${DEPS:-.deps}
+export CMOCKA_PREFIX=${CMOCKA_PREFIX:-$deps/cmocka/usr} PYTHONUNBUFFERED=1
+if [ -z "${WHEELS:-}" ] && [ -d "$deps/wheels" ]; then export WHEELS=$deps/wheels; fi  # cffi: the binding's build
 . tests/gpu_env.sh
 build=${BUILD:-build-gpu}
 if command -v nvidia-smi >/dev/null; then nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"; fi
@@ -27,18 +29,14 @@ cmake -S . -B "$build" -G Ninja -DFP8AMP_CUDA=${CUDA:-ON} -DCMAKE_CUDA_ARCHITECT
   -DFP8AMP_BUILD_TESTS=OFF "${prefix_args[@]}" >"$OUT/configure.log" 2>&1 || { tail -30 "$OUT/configure.log"; exit 1; }
 cmake --build "$build" -j "$(nproc)" --target fp8amp >"$OUT/build.log" 2>&1 || { grep -E "error" -A3 "$OUT/build.log" | head -40; exit 1; }
 echo "built at $SECONDS s"
-site=$(mktemp -d) pkg=$(mktemp -d)
-cp -r bindings/python/. "$pkg" && rm -rf "$pkg/build" "$pkg"/src/*.egg-info
-FP8AMP_INCLUDE_DIR="$PWD/capi/include:$PWD/$build/include" FP8AMP_LIB_DIR="$PWD/$build" \
-  python3 -m pip install -q --no-build-isolation --no-deps --target "$site" "$pkg" >"$OUT/site.log" 2>&1 || { cat "$OUT/site.log"; exit 1; }
-python3 -m pip install -q --no-index --no-deps --no-compile --target "$site" "$deps"/wheels/*.whl "$deps"/torchao/*.whl \
-  >>"$OUT/site.log" 2>&1 || echo "torchao or cffi wheels missing (tests/fetch_gpu_deps.sh): the torchao mode will say skipped"
+site=$(mktemp -d)
+bash bindings/python/install_site.sh "$build" "$site" . || exit 1
+python3 -m pip install -q --no-index --no-deps --no-compile --target "$site" "$deps"/torchao/*.whl \
+  >"$OUT/site.log" 2>&1 || echo "no torchao wheel in $deps/torchao (tests/fetch_gpu_deps.sh): the torchao modes will say skipped"
 export PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}" LD_LIBRARY_PATH="$PWD/$build:${LD_LIBRARY_PATH:-}"
 limit=${LIMIT:-560}
-if [ -n "${PYTEST:-}" ]; then
-  (cd "$site" && FP8AMP_HEADER="$OLDPWD/capi/include/fp8amp/fp8amp.h" FP8AMP_GENERATED_INCLUDE="$OLDPWD/$build/include" \
-    timeout $((limit - SECONDS)) python3 -m pytest -q -p no:cacheprovider -rs $(for t in $PYTEST; do echo "$OLDPWD/$t"; done)) \
-    >"$OUT/pytest.log" 2>&1
+if [ -n "${PYTEST:-}" ]; then  # through the suite's own runner (it builds its own site)
+  PYTEST_PATHS="$PYTEST" timeout $((limit - SECONDS)) bash bindings/python/run_tests.sh "$build" . >"$OUT/pytest.log" 2>&1
   echo "pytest rc=$? at $SECONDS s"; tail -3 "$OUT/pytest.log"
 fi
 if [ -n "${BENCH_ARGS:-}" ]; then

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds the Python binding against a built libfp8amp (no install needed) into a scratch folder and
 # runs its pytest suite there. Used by ctest (python.bindings) and so by tests/run_all.sh.
-# Usage: run_tests.sh LIB_DIR [SOURCE_DIR] -- LIB_DIR holds libfp8amp.so (the CMake build folder).
+# Usage: run_tests.sh LIB_DIR [SOURCE_DIR] [pytest arguments] -- LIB_DIR holds libfp8amp.so (the CMake
+# build folder); PYTEST_PATHS: what to run, relative to SOURCE_DIR (default bindings/python/tests).
 # Exit 77 (ctest: SKIPPED) when the Python tools are missing: numpy, ml_dtypes, cffi, pytest,
 # setuptools/wheel and the Python headers (tests/run_all.sh installs them).
 set -euo pipefail
@@ -15,13 +16,10 @@ sys.exit(0 if os.path.exists(os.path.join(sysconfig.get_paths()['include'], 'Pyt
 fi
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-# Build from a copy, so the source tree gets no build/ or egg-info folders.
-cp -r "$src/bindings/python" "$work/pkg"
-rm -rf "$work/pkg/build" "$work/pkg/src/fp8amp/_fp8amp_cffi"* "$work/pkg/src/"*.egg-info
-# The public headers: capi/include (the build folder's include/ holds a copy of version.h only).
-FP8AMP_INCLUDE_DIR="$src/capi/include:$libdir/include" FP8AMP_LIB_DIR="$libdir" \
-  "$py" -m pip install -q --no-build-isolation --no-deps --target "$work/site" "$work/pkg" >"$work/pip.log" 2>&1 \
-  || { cat "$work/pip.log"; exit 1; }
+bash "$src/bindings/python/install_site.sh" "$libdir" "$work/site" "$src"
+# PYTEST_PATHS: test files or node ids relative to SOURCE_DIR (default: the whole suite)
+paths=()
+for t in ${PYTEST_PATHS:-bindings/python/tests}; do paths+=("$src/$t"); done
 cd "$work"
 FP8AMP_HEADER="$src/capi/include/fp8amp/fp8amp.h" FP8AMP_GENERATED_INCLUDE="$libdir/include" PYTHONPATH="$work/site${PYTHONPATH:+:$PYTHONPATH}" \
-  "$py" -m pytest -q -p no:cacheprovider -rs "$src/bindings/python/tests" "${@:3}"
+  "$py" -m pytest -q -p no:cacheprovider -rs "${paths[@]}" "${@:3}"
