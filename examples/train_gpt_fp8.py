@@ -133,6 +133,7 @@ def run(mode, args, train, held_out, device):
                                    opt_level=mode, policy=args.policy, max_grad_norm=1.0,
                                    master_rounding=args.master_rounding, recipe=recipe,
                                    **({"weight_dtype": getattr(torch, args.weight_dtype)} if args.weight_dtype else {}),
+                                   **({"state_block_size": args.state_block_size} if args.state_block_size is not None else {}),
                                    exclude=tuple(x for x in args.keep_bf16.split(",") if x))
     # --compile: torch.compile the model (the fp8amp Linears are custom ops, so inductor fuses the rest
     # around them); bf16 is compiled too, so that each mode is measured the same way.
@@ -225,6 +226,8 @@ def main():
                          "master, nearest for O3's masters; docs/numerics.md 6.3)")
     ap.add_argument("--weight-dtype", default=None, choices=(None, "bfloat16", "float32"),
                     help="the O1/O2 Linear weights' dtype; default: initialize's (bfloat16, MS-AMP's 16-bit weights)")
+    ap.add_argument("--state-block-size", type=int, default=None,
+                    help="O2/O3 optimizer state: elements per scale (0: one per tensor, MS-AMP's); default initialize's (128)")
     ap.add_argument("--amax-history", type=int, default=0,
                     help="amax history length of the delayed metas (O3's E4M3 weights); 0: the recipe default")
     ap.add_argument("--snap-init-e4m3", action="store_true",

@@ -25,6 +25,7 @@
 
 #include <cfloat>
 #include <cstdint>
+#include <type_traits>
 #include <utility>
 
 #include "adam.hpp"
@@ -297,6 +298,8 @@ struct Seg {
     bool scale_ok;              // param_scale finite and nonzero: scaled(w) is NaN only for a NaN w
     bool sr;                    // BF16 codes rounded stochastically (no master: the value of record)
     uint64_t key;               // its rounding_key_at in this step (sr)
+    bool pt;                    // per-tensor state scales (state_block_size 0): one scale_inv each, at [0]
+    uint32_t am, av, aw;        // pt, the update: the tensor's new amax of m, v, master (phase 1b's)
 };
 
 // The raw bits of one lane's 8 elements and its block's old scales.
@@ -316,9 +319,10 @@ __device__ __forceinline__ void load_raw8(const Seg &s, uint32_t e, uint32_t blk
     r.w = load8<C::WB, GUARD, C::CACHE>((C::MASTER ? s.master : s.param) + e * C::WB, n);
     r.m = load8<C::M8 ? 1 : 4, GUARD, C::CACHE>(s.m + e * (C::M8 ? 1 : 4), n);
     r.v = load8<C::V16 ? 2 : 4, GUARD, C::CACHE>(s.v + e * (C::V16 ? 2 : 4), n);
-    r.m_inv = C::M8 ? s.m_si[blk] : 1.0f;
-    r.v_inv = C::V16 ? s.v_si[blk] : 1.0f;
-    r.w_inv = C::MASTER ? s.w_si[blk] : 1.0f;
+    const uint32_t si = s.pt ? 0u : blk;
+    r.m_inv = C::M8 ? s.m_si[si] : 1.0f;
+    r.v_inv = C::V16 ? s.v_si[si] : 1.0f;
+    r.w_inv = C::MASTER ? s.w_si[si] : 1.0f;
 }
 
 // The new values of one lane's 8 elements. FAST: sqrt(v) / bc2_sqrt by div_const, the parameter's
@@ -421,10 +425,11 @@ __device__ __noinline__ void compute8_reference(const Consts &k, const Seg &s, u
 // where they changed: a power of two that most blocks keep from step to step, so that most lines of
 // the scale arrays stay clean and are never written back; the same bytes either way). wseg: the
 // lane's amax of its new weights over the segment (scaled parameters' metas).
+// The new values of one lane's 8 elements, by the fast path where its conditions hold, else by the
+// reference path.
 template <class C, bool GUARD>
-__device__ __forceinline__ void update8(const Consts &k, const Seg &s, const Raw8<C> &r, uint32_t e, uint32_t blk, int n,
-                                        bool hi, bool lead, float &wseg) {
-    New8<C> o;
+__device__ __forceinline__ void new8(const Consts &k, const Seg &s, const Raw8<C> &r, uint32_t e, uint32_t blk, int n,
+                                     New8<C> &o) {
     compute8<C, GUARD, true>(k, s, r, e, n, o);
     // The fast path's conditions (never false in training): every new v finite (div_const), no new
     // weight NaN (the pair encoders' NaN is not the CPU's), a usable meta scale.
@@ -437,9 +442,32 @@ __device__ __forceinline__ void update8(const Consts &k, const Seg &s, const Raw
         compute8_reference<C, GUARD>(k, s, e, blk, n, ref);
         o = ref;
     }
+}
+
+// Per-tensor mode, phase 1b: a lane's amax of the new m, v and master over the elements it visits
+// (NaN-propagating, as the update's block amax).
+struct LaneAmax {
+    float m = 0.0f, v = 0.0f, w = 0.0f;
+};
+
+// The scale of the state's elements: their block's (the half-warp's amax) or, per-tensor, the
+// tensor's amax from phase 1b. Every lane of the warp calls it (half_max is warp-wide; s.pt is the
+// same for the whole warp).
+__device__ __forceinline__ uint32_t state_amax(const Seg &s, uint32_t tensor_amax, float lane_amax, bool hi) {
+    return s.pt ? tensor_amax : half_max(__float_as_uint(lane_amax), hi);
+}
+
+template <class C, bool GUARD>
+__device__ __forceinline__ void update8(const Consts &k, const Seg &s, const Raw8<C> &r, uint32_t e, uint32_t blk, int n,
+                                        bool hi, bool lead, float &wseg) {
+    New8<C> o;
+    new8<C, GUARD>(k, s, r, e, blk, n, o);
+    // a block's scale_inv is stored here by the half's lead lane; per-tensor scales only in phase 3
+    // (other warps still read the old one)
+    lead = lead && !s.pt;
     if (C::WAMAX) wseg = max_abs_nan(wseg, o.aw);
     if (C::M8) {
-        const uint32_t a = half_max(__float_as_uint(o.am), hi);
+        const uint32_t a = state_amax(s, s.am, o.am, hi);
         const uint32_t sb = scale_bits<8, 0x600000u>(a);
         const float sc = __uint_as_float(sb);
         float y[8];
@@ -452,7 +480,7 @@ __device__ __forceinline__ void update8(const Consts &k, const Seg &s, const Raw
         store8<4, GUARD, C::CACHE>(s.m + e * 4, encode8<kF32>(o.m, true), n);
     }
     if (C::V16) {
-        const uint32_t a = half_max(__float_as_uint(o.av), hi);
+        const uint32_t a = state_amax(s, s.av, o.av, hi);
         const uint32_t sb = scale_bits<15, 0x7FE000u>(a);
         const float sc = __uint_as_float(sb);
         float y[8];
@@ -465,7 +493,7 @@ __device__ __forceinline__ void update8(const Consts &k, const Seg &s, const Raw
         store8<4, GUARD, C::CACHE>(s.v + e * 4, encode8<kF32>(o.v, true), n);
     }
     if constexpr (C::MASTER) {
-        const uint32_t a = half_max(__float_as_uint(o.aw), hi);
+        const uint32_t a = state_amax(s, s.aw, o.aw, hi);
         const uint32_t sb = scale_bits<15, 0x7FE000u>(a);
         const float sc = __uint_as_float(sb);
         float y[8];
@@ -481,14 +509,29 @@ __device__ __forceinline__ void update8(const Consts &k, const Seg &s, const Raw
     store8<C::PB, GUARD, C::CACHE>(s.param + e * C::PB, pb, n);
 }
 
-// The update over global chunks [x, xend) of parameter s (chunks are numbered across parameters:
+// One lane's 8 elements: the update (AMAX false) or, per-tensor phase 1b, only their new amax into acc.
+template <class C, bool GUARD, bool AMAX>
+__device__ __forceinline__ void visit8(const Consts &k, const Seg &s, const Raw8<C> &r, uint32_t e, uint32_t blk, int n,
+                                       bool hi, bool lead, float &wseg, LaneAmax &acc) {
+    if constexpr (AMAX) {
+        New8<C> o;
+        new8<C, GUARD>(k, s, r, e, blk, n, o);
+        acc.m = max_abs_nan(acc.m, o.am);
+        acc.v = max_abs_nan(acc.v, o.av);
+        if (C::MASTER) acc.w = max_abs_nan(acc.w, o.aw);
+    } else {
+        update8<C, GUARD>(k, s, r, e, blk, n, hi, lead, wseg);
+    }
+}
+
+// The update (AMAX: phase 1b's amax) over global chunks [x, xend) of parameter s (chunks are numbered across parameters:
 // s's are [pb, pb + its chunk count); pairs of chunks start at even numbers, the lower half-warp
 // taking the first, the upper the second). x is even, or odd when its pair's first chunk belonged
 // to the parameter before (or to the empty rest of its last unit). Returns where it stopped: xend, the end of s's chunks, or the odd second
 // chunk of a pair cut by s's end (taken with the next parameter).
-template <class C>
+template <class C, bool AMAX>
 __device__ __forceinline__ int64_t run_pairs(const Consts &k, const Seg &s, int64_t x, int64_t pb, int64_t xend, bool vec,
-                                             int lane, float &wseg) {
+                                             int lane, float &wseg, LaneAmax &acc) {
     const bool hi = lane >= 16;
     const bool lead = (lane & 15) == 0;
     const uint32_t lane_off = (lane & 15) * 8;
@@ -504,7 +547,7 @@ __device__ __forceinline__ int64_t run_pairs(const Consts &k, const Seg &s, int6
                 const uint32_t blk = xl + (hi ? 1 : 0);
                 Raw8<C> a;
                 load_raw8<C, false>(s, blk * kChunk + lane_off, blk, 8, a);
-                update8<C, false>(k, s, a, blk * kChunk + lane_off, blk, 8, hi, lead, wseg);
+                visit8<C, false, AMAX>(k, s, a, blk * kChunk + lane_off, blk, 8, hi, lead, wseg, acc);
             }
         }
         if (xl >= nch) break;
@@ -517,7 +560,7 @@ __device__ __forceinline__ int64_t run_pairs(const Consts &k, const Seg &s, int6
         const int n = int(max(int64_t(0), min(int64_t(8), s.numel - int64_t(e))));
         Raw8<C> r;
         load_raw8<C, true>(s, e, b1, n, r);
-        update8<C, true>(k, s, r, e, b1, n, hi, lead, wseg);
+        visit8<C, true, AMAX>(k, s, r, e, b1, n, hi, lead, wseg, acc);
         if (pair_start && second == xl) return pb + xl + 1;  // the pair's second chunk is past this parameter
         xl = (pair_start ? xl : xl - 1) + 2;
     }
@@ -546,7 +589,9 @@ __device__ __forceinline__ void dispatch_pairs(int code, Body &&body) {
 }
 
 // Parameter p as the update's loops read it.
-__device__ __forceinline__ Seg make_seg(const StepConfig &c, const Param &p, float loss_scale_inv, uint64_t key) {
+// pt: per-tensor state scales; amax: the tensor's new amaxes are final (after phase 1b's grid sync).
+__device__ __forceinline__ Seg make_seg(const StepConfig &c, const Param &p, int kk, float loss_scale_inv, uint64_t key,
+                                        bool pt, bool amax) {
     Seg s;
     s.grad = static_cast<const uint8_t *>(p.grad);
     s.param = static_cast<uint8_t *>(p.param);
@@ -565,6 +610,9 @@ __device__ __forceinline__ Seg make_seg(const StepConfig &c, const Param &p, flo
     s.scale_ok = s.param_scale != 0.0f && fabsf(s.param_scale) <= FLT_MAX;
     s.sr = c.master_stochastic && p.master == nullptr;
     s.key = key;
+    s.pt = pt;
+    s.am = s.av = s.aw = 0;
+    if (pt && amax) s.am = c.tensor_amax[3 * kk + 0], s.av = c.tensor_amax[3 * kk + 1], s.aw = c.tensor_amax[3 * kk + 2];
     return s;
 }
 
@@ -653,7 +701,9 @@ __device__ __forceinline__ void check_grad(const uint8_t *grad, int64_t e0, int6
     }
 }
 
-template <bool M8, bool V16, bool MASTER, bool L2, bool CLIP>
+// PT: per-tensor state scales (state_block_size 0, MS-AMP's layout; O2 and O3 layouts): a separate
+// instantiation, so that the block-scaled kernels carry none of phase 1b's code or registers.
+template <bool M8, bool V16, bool MASTER, bool L2, bool CLIP, bool PT>
 __global__ void __launch_bounds__(kThreads, kFastMinBlocks) adam_fast_kernel(const __grid_constant__ StepConfig c) {
     cg::grid_group grid = cg::this_grid();
     const int lane = threadIdx.x % 32;
@@ -661,6 +711,7 @@ __global__ void __launch_bounds__(kThreads, kFastMinBlocks) adam_fast_kernel(con
     const int64_t warps = int64_t(gridDim.x) * kWarps;
     // Units are state blocks (block mode) or 128-element chunks (per-tensor mode, no scaled state).
     const int64_t unit_elems = c.block_size > 0 ? c.block_size : kChunk;
+    constexpr bool pt = PT;
     const int64_t ub = c.total_units * warp / warps, ue = c.total_units * (warp + 1) / warps;
 
     // Read before the first grid sync; CTA 0 rewrites them after it.
@@ -668,6 +719,10 @@ __global__ void __launch_bounds__(kThreads, kFastMinBlocks) adam_fast_kernel(con
     const float loss_scale_inv = c.scaler ? fdiv(1.0f, c.scaler->scale) : 1.0f;
 
     // ---- phase 1: the sum of squares (inf/NaN if any gradient is not finite) ----
+    if (pt)  // phase 1b's accumulators, first used after end_check's grid sync
+        for (int64_t i = int64_t(blockIdx.x) * kThreads + threadIdx.x; i < 3 * int64_t(c.nparams);
+             i += int64_t(gridDim.x) * kThreads)
+            c.tensor_amax[i] = 0;
     double acc0 = 0.0, acc1 = 0.0;
     bool bad = false;
     // O2, O3: the check runs back to front with normal-priority loads (below); O1 streams evict-first.
@@ -723,42 +778,69 @@ __global__ void __launch_bounds__(kThreads, kFastMinBlocks) adam_fast_kernel(con
     k.bc2 = ss.bc2_sqrt, k.step_size = ss.step_size, k.decay = ss.decay, k.wd = in_register(c.weight_decay), k.coef = 1.0f;
     k.div = make_const_div(ss.bc2_sqrt);
     if (CLIP) k.coef = clip_coefficient(c.max_grad_norm, norm);
+    // chunks of 128 elements: units are 128 (scaled state) or multiples of it (O1)
+    const int64_t per = unit_elems / kChunk;
+    const int64_t total_chunks = c.total_units * per;
+    const int64_t pairs = (total_chunks + 1) / 2;
+    // Chunks [x, xend), parameter by parameter (chunks are numbered across parameters: parameter k's
+    // start at params[k].unit_begin * per): the update, or (AMAX) phase 1b's amax of the new state.
+    const auto run_range = [&](int64_t x, int64_t xend, auto amax_pass) {
+        constexpr bool AMAX = decltype(amax_pass)::value;
+        int kk = x < xend ? find_param(c, x / per) : 0;
+        while (x < xend) {
+            while (kk + 1 < c.nparams && c.params[kk + 1].unit_begin * per <= x) ++kk;
+            const Param &p = c.params[kk];
+            const int64_t pb = p.unit_begin * per;
+            if (x >= pb + (p.numel + kChunk - 1) / kChunk) {
+                // past the parameter's last element, in the rest of its last unit (O1 units of
+                // several chunks): on to the next parameter's first chunk
+                x = min(xend, kk + 1 < c.nparams ? c.params[kk + 1].unit_begin * per : total_chunks);
+                continue;
+            }
+            const Seg s = make_seg(c, p, kk, loss_scale_inv,
+                                   c.master_stochastic ? rounding_key_at(c.rounding_seed, step + 1, kk, p.element_offset)
+                                                       : uint64_t(0),
+                                   pt, !AMAX);
+            float wseg = 0.0f;
+            LaneAmax acc;
+            dispatch_pairs<M8, V16, MASTER, L2, CLIP>(p.param_dtype * 5 + p.grad_dtype, [&](auto cfg) {
+                x = run_pairs<decltype(cfg), AMAX>(k, s, x, pb, xend, p.vec_ok != 0, lane, wseg, acc);
+            });
+            if constexpr (AMAX) {
+                // non-negative floats (NaN: 0x7FFFFFFF) order as their bits
+                const uint32_t am = __reduce_max_sync(kFull, __float_as_uint(acc.m));
+                const uint32_t av = __reduce_max_sync(kFull, __float_as_uint(acc.v));
+                const uint32_t aw = __reduce_max_sync(kFull, __float_as_uint(acc.w));
+                if (lane == 0) {
+                    atomicMax(&c.tensor_amax[3 * kk + 0], am);
+                    atomicMax(&c.tensor_amax[3 * kk + 1], av);
+                    if (MASTER) atomicMax(&c.tensor_amax[3 * kk + 2], aw);
+                }
+            } else if (s.meta) {
+                record_weight_amax(p, wseg, lane);
+            }
+        }
+    };
+
+    // ---- phase 1b (per-tensor state scales): every tensor's new amax of m, v, master ----
+    // The update computed once more, nothing stored (m, v and the master are read twice: MS-AMP's
+    // layout costs a pass; docs/performance.md). Equal warp shares of the pairs.
+    if (pt) {
+        run_range(2 * (pairs * warp / warps), min(total_chunks, 2 * (pairs * (warp + 1) / warps)), std::true_type{});
+        grid.sync();
+    }
+
+    // ---- phase 2: the update ----
     {
-        // chunks of 128 elements: units are 128 (scaled state) or multiples of it (O1)
-        const int64_t per = unit_elems / kChunk;
         // Each warp its own contiguous share of the first 90% of the pairs, then runs of kRun pairs
         // of the rest, taken in turn from a counter: warps do not all stream at the same rate, and
         // with fixed shares alone the first warps finished their update about 10% of the step before
         // the last (H100; docs/performance.md, "Fifth round").
         constexpr int64_t kRun = 16, kFixedPercent = 90;
-        const int64_t total_chunks = c.total_units * per;
-        const int64_t pairs = (total_chunks + 1) / 2;
         const int64_t fixed = pairs * kFixedPercent / 100;
-        // Chunks are numbered across parameters: parameter k's start at params[k].unit_begin * per.
         int64_t x = 2 * (fixed * warp / warps), xend = min(total_chunks, 2 * (fixed * (warp + 1) / warps));
         for (;;) {
-            // chunks [x, xend), parameter by parameter
-            int kk = x < xend ? find_param(c, x / per) : 0;
-            while (x < xend) {
-                while (kk + 1 < c.nparams && c.params[kk + 1].unit_begin * per <= x) ++kk;
-                const Param &p = c.params[kk];
-                const int64_t pb = p.unit_begin * per;
-                if (x >= pb + (p.numel + kChunk - 1) / kChunk) {
-                    // past the parameter's last element, in the rest of its last unit (O1 units of
-                    // several chunks): on to the next parameter's first chunk
-                    x = min(xend, kk + 1 < c.nparams ? c.params[kk + 1].unit_begin * per : total_chunks);
-                    continue;
-                }
-                const Seg s = make_seg(c, p, loss_scale_inv,
-                                       c.master_stochastic
-                                           ? rounding_key_at(c.rounding_seed, step + 1, kk, p.element_offset)
-                                           : uint64_t(0));
-                float wseg = 0.0f;
-                dispatch_pairs<M8, V16, MASTER, L2, CLIP>(p.param_dtype * 5 + p.grad_dtype, [&](auto cfg) {
-                    x = run_pairs<decltype(cfg)>(k, s, x, pb, xend, p.vec_ok != 0, lane, wseg);
-                });
-                if (s.meta) record_weight_amax(p, wseg, lane);
-            }
+            run_range(x, xend, std::false_type{});
             uint32_t r = 0;
             if (lane == 0) r = atomicAdd(&c.partials[0].next_run, 1u);
             r = __shfl_sync(kFull, r, 0);
@@ -768,12 +850,23 @@ __global__ void __launch_bounds__(kThreads, kFastMinBlocks) adam_fast_kernel(con
         }
     }
 
-    // ---- phase 3: the metas of scaled parameters ----
-    if (!c.has_param_metas) return;
+    // ---- phase 3: the metas of scaled parameters; per-tensor state scales ----
+    if (!c.has_param_metas && !pt) return;
     grid.sync();
     fold_param_metas<M8, V16, MASTER>(c, warp, warps, lane);
 }
 
+// The kernel for weight-decay form l2 and clipping clip.
+template <bool M8, bool V16, bool MASTER, bool PT>
+void launch_variant(int device, cudaStream_t stream, const adam::StepConfig &c, int max_partials, bool l2, bool clip) {
+    if (l2) {
+        if (clip) adam_launch::launch_cooperative(adam_fast_kernel<M8, V16, MASTER, true, true, PT>, device, stream, c, max_partials);
+        else adam_launch::launch_cooperative(adam_fast_kernel<M8, V16, MASTER, true, false, PT>, device, stream, c, max_partials);
+    } else {
+        if (clip) adam_launch::launch_cooperative(adam_fast_kernel<M8, V16, MASTER, false, true, PT>, device, stream, c, max_partials);
+        else adam_launch::launch_cooperative(adam_fast_kernel<M8, V16, MASTER, false, false, PT>, device, stream, c, max_partials);
+    }
+}
 }  // namespace
 
 namespace adam_launch {
@@ -782,7 +875,8 @@ template <bool M8, bool V16, bool MASTER>
 bool launch_fast(int device, cudaStream_t stream, const adam::StepConfig &c, int max_partials) {
     constexpr bool kFastLayout = (M8 == V16) && (V16 || !MASTER) && (M8 || !MASTER);  // O1, O2, O3 layouts
     if constexpr (kFastLayout) {
-        const bool blocks_ok = c.block_size == adam::kChunk || !(M8 || V16 || MASTER);
+        // blocks of 128, one scale per tensor (phase 1b), or no scaled state (O1)
+        const bool blocks_ok = c.block_size == adam::kChunk || c.block_size == 0 || !(M8 || V16 || MASTER);
         const bool pairs_ok = (c.pair_mask & ~fast_pair_mask<M8, V16, MASTER>()) == 0;
         // The fast kernel computes element indices and byte offsets in 32 bits (index x element
         // size): below 2^30 elements per parameter where any array has 4-byte elements (F32 m and v,
@@ -797,13 +891,14 @@ bool launch_fast(int device, cudaStream_t stream, const adam::StepConfig &c, int
         const bool master_ok = !c.mixed_master && (!c.master_stochastic || (!MASTER && (c.pair_mask & f16_params) == 0));
         if (blocks_ok && pairs_ok && size_ok && master_ok && FP8AMP_ADAM_FAST) {
             const bool l2 = !c.adamw && c.weight_decay != 0.0f, clip = c.max_grad_norm > 0.0f;
-            if (l2) {
-                if (clip) launch_cooperative(adam_fast_kernel<M8, V16, MASTER, true, true>, device, stream, c, max_partials);
-                else launch_cooperative(adam_fast_kernel<M8, V16, MASTER, true, false>, device, stream, c, max_partials);
-            } else {
-                if (clip) launch_cooperative(adam_fast_kernel<M8, V16, MASTER, false, true>, device, stream, c, max_partials);
-                else launch_cooperative(adam_fast_kernel<M8, V16, MASTER, false, false>, device, stream, c, max_partials);
+            const bool pt = M8 && c.block_size == 0;
+            if constexpr (M8) {
+                if (pt) {
+                    launch_variant<M8, V16, MASTER, true>(device, stream, c, max_partials, l2, clip);
+                    return true;
+                }
             }
+            launch_variant<M8, V16, MASTER, false>(device, stream, c, max_partials, l2, clip);
             return true;
         }
     }

@@ -760,7 +760,7 @@ typedef struct {
     int adamw, maximize;
     float wd;
     fp8amp_dtype pdt[3], gdt[3];
-    int32_t block; /* state_block_size; 0: the level's */
+    int32_t block; /* state_block_size; 0: the level's; -1: 0, one scale per tensor (MS-AMP's layout) */
 } many_blocks_case;
 
 /* Three steps of each case on the CPU and on CUDA from the same values, then the same checkpoint. */
@@ -773,7 +773,7 @@ static void many_blocks_run(const many_blocks_case *cases, size_t ncases, const 
         d.adamw = cc->adamw;
         d.maximize = cc->maximize;
         d.weight_decay = cc->wd;
-        if (cc->block) d.state_block_size = cc->block;
+        if (cc->block) d.state_block_size = cc->block < 0 ? 0 : cc->block;
         fill_uniform(p0, 3, shapes, -1, 1);
         /* b starts from the same original values: problem_init overwrites p0 with what a's tensors
          * hold, and a scaled parameter's meta records the amax of the values quantized into it, so
@@ -835,6 +835,11 @@ static void test_cpu_cuda_bit_identical_many_blocks(void **state) {
         {FP8AMP_OPT_LEVEL_O1, 0, 0, 0.0f, {BF16, F32, F16S}, {E4M3, F32, E4M3}, 1024},
         {FP8AMP_OPT_LEVEL_O3, 1, 0, 0.01f, {E4M3, E4M3, BF16}, {E4M3, E4M3, E4M3}, 0},
         {FP8AMP_OPT_LEVEL_O3, 0, 1, 0.05f, {F16S, BF16, E4M3}, {E4M3, BF16, E4M3}, 0},
+        /* one scale per tensor: the fast kernel's phase 1b (every tensor's new amax) */
+        {FP8AMP_OPT_LEVEL_O2, 1, 0, 0.01f, {BF16, BF16, F32}, {E4M3, E4M3, F32}, -1},
+        {FP8AMP_OPT_LEVEL_O2, 0, 1, 0.05f, {F16S, F32, BF16}, {E4M3, E4M3, BF16}, -1},
+        {FP8AMP_OPT_LEVEL_O3, 1, 0, 0.01f, {E4M3, E4M3, BF16}, {E4M3, E4M3, E4M3}, -1},
+        {FP8AMP_OPT_LEVEL_O3, 0, 1, 0.05f, {F16S, BF16, E4M3}, {E4M3, BF16, E4M3}, -1},
     };
     const int64_t full[3] = {1000003, 262144, 4477}; /* 7813 blocks (the last partial), 2048, 35 */
     const int64_t small[3] = {100003, 26240, 4477};  /* 782 blocks (the last partial), 205, 35 */
@@ -854,6 +859,9 @@ static void test_cpu_cuda_bit_identical_long_ranges(void **state) {
         {FP8AMP_OPT_LEVEL_O2, 1, 0, 0.01f, {BF16, BF16, F32}, {E4M3, E4M3, F32}, 0},
         {FP8AMP_OPT_LEVEL_O2, 0, 0, 0.01f, {F32, F32, F32}, {E4M3, F32, E4M3}, 0},
         {FP8AMP_OPT_LEVEL_O3, 0, 1, 0.05f, {F16S, BF16, E4M3}, {E4M3, BF16, E4M3}, 0},
+        /* per tensor: phase 1b's warp shares cut tensors anywhere, many warps add to one amax */
+        {FP8AMP_OPT_LEVEL_O2, 1, 0, 0.01f, {BF16, BF16, F32}, {E4M3, E4M3, F32}, -1},
+        {FP8AMP_OPT_LEVEL_O3, 0, 1, 0.05f, {F16S, BF16, E4M3}, {E4M3, BF16, E4M3}, -1},
     };
     const int64_t full[3] = {9000011, 262151, 4477}; /* 70313 blocks, 2049, 35 (the last ones partial) */
     /* under the sanitizers (test_small) about 3 blocks per warp, as the test above */
