@@ -1,6 +1,7 @@
-// The fast Adam/AdamW kernel. Used when the state blocks are 128 elements (or no state is
-// block-scaled: O1) and every parameter's (param dtype, grad dtype) pair is in FastPairs below;
-// otherwise the generic kernel (adam_generic.cu) runs. The same three phases (adam.cu) and the same
+// The fast Adam/AdamW kernel. Used when the state blocks are 128 elements, or one scale per tensor
+// (O2/O3 layouts: phase 1b, a pass for each tensor's new amax, then the update with those scales), or
+// no state is block-scaled (O1), and every parameter's (param dtype, grad dtype) pair is in FastPairs
+// below, all with a master or none; otherwise the generic kernel (adam_generic.cu) runs. The same three phases (adam.cu) and the same
 // arithmetic (kernels/adam.hpp, bit-identical to kernels/cpu/adam.cpp); what differs is the cost per
 // element (docs/performance.md, "Adam"):
 //  - a half-warp per 128-element block: 16 lanes x 8 contiguous elements, two blocks (a pair of

@@ -2,7 +2,9 @@
 // pair), where adam_fast.cu's kernel has none. Each warp takes one contiguous range of units, and
 // each lane handles 4 contiguous elements of a 128-element chunk, so a block's new amax is a warp
 // reduction of values still in registers (block_size 128) or of a first pass over the block (larger
-// blocks). The phases are adam.cu's.
+// blocks); per-tensor mode takes its scales from phase 1b's amaxes and runs the block-128 loop (two
+// chunks' loads in flight; the PyTorch front's O3, whose E4M3 weights have masters and the rest none,
+// lands here). The phases are adam.cu's.
 #include <cooperative_groups.h>
 
 #include <cstdint>
@@ -421,18 +423,37 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) adam_kernel(const __grid
             }
             acc = Amax();
         };
-        for_my_units(c, warp, warps, [&](int k, const Param &p, int64_t lu) {
+        // This warp's units (128-element chunks), two chunks' loads in flight as in the update.
+        const int64_t ub = c.total_units * warp / warps, ue = c.total_units * (warp + 1) / warps;
+        int k = ub < ue ? find_param(c, ub) : 0;
+        for (int64_t u = ub; u < ue;) {
+            while (k + 1 < c.nparams && c.params[k + 1].unit_begin <= u) ++k;
             if (k != cur) flush(), cur = k;
+            const Param &p = c.params[k];
+            const int64_t next = k + 1 < c.nparams ? c.params[k + 1].unit_begin : c.total_units;
             const BlockScales old{M8 ? p.m_scale_inv[p.scale_begin] : 1.0f, V16 ? p.v_scale_inv[p.scale_begin] : 1.0f,
                                   (MASTER && p.master) ? p.master_scale_inv[p.scale_begin] : 1.0f};
             const float param_inv = p.param_scale_inv ? *p.param_scale_inv : 1.0f;
             const float f = grad_factor(c, p, loss_scale_inv);
-            const int64_t base = lu * kChunk + lane * 4;
+            const int64_t i0 = (u - p.unit_begin) * kChunk + lane * 4;
+            const int n0 = lane_count(p.numel - i0);
             Lane l;
-            compute_chunk<M8, V16, MASTER>(c, s, p, base, lane_count(p.numel - base), f, coef,
-                                           clip, old, param_inv, l);
-            lane_amax(l, acc);
-        });
+            if (u + 1 < ue && u + 1 < next) {
+                const int n1 = lane_count(p.numel - i0 - kChunk);
+                Raw r0, r1;
+                load_raw<M8, V16, MASTER>(p, i0, n0, r0);
+                load_raw<M8, V16, MASTER>(p, i0 + kChunk, n1, r1);
+                compute_raw<M8, V16, MASTER>(c, s, p, r0, n0, f, coef, clip, old, param_inv, l);
+                lane_amax(l, acc);
+                compute_raw<M8, V16, MASTER>(c, s, p, r1, n1, f, coef, clip, old, param_inv, l);
+                lane_amax(l, acc);
+                u += 2;
+            } else {
+                compute_chunk<M8, V16, MASTER>(c, s, p, i0, n0, f, coef, clip, old, param_inv, l);
+                lane_amax(l, acc);
+                u += 1;
+            }
+        }
         flush();
         grid.sync();
     }
@@ -453,30 +474,43 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) adam_kernel(const __grid
     auto key_of = [&](int k) {
         return c.master_stochastic ? rounding_key_at(c.rounding_seed, step + 1, k, c.params[k].element_offset) : uint64_t(0);
     };
+    // Per-tensor mode: the current parameter's scales, from phase 1b's amaxes.
+    NewScales tensor_scales{1.0f, 1.0f, 1.0f};
     auto finish_block = [&](const Param &p, int64_t si, int64_t i, const Lane &l, float param_scale, uint64_t key) {
-        Amax a;
-        lane_amax(l, a);
-        const NewScales ns = scales_of(warp_amax(a));
-        __syncwarp();  // every lane has read the old scales
-        if (lane == 0) {
-            if (M8) p.m_scale_inv[si] = fdiv(1.0f, ns.m);
-            if (V16) p.v_scale_inv[si] = fdiv(1.0f, ns.v);
-            if (MASTER && p.master) p.master_scale_inv[si] = fdiv(1.0f, ns.w);
+        NewScales ns = tensor_scales;
+        if (!per_tensor) {
+            Amax a;
+            lane_amax(l, a);
+            ns = scales_of(warp_amax(a));
+            __syncwarp();  // every lane has read the old scales
+            if (lane == 0) {
+                if (M8) p.m_scale_inv[si] = fdiv(1.0f, ns.m);
+                if (V16) p.v_scale_inv[si] = fdiv(1.0f, ns.v);
+                if (MASTER && p.master) p.master_scale_inv[si] = fdiv(1.0f, ns.w);
+            }
         }
 #pragma unroll
         for (int q = 0; q < 4; ++q) param_amax = max(param_amax, amax_bits_of(l.w[q]));
         if (l.n > 0) store_chunk<M8, V16, MASTER>(c, p, i, l, ns, param_scale, key);
     };
-    if (!per_tensor && c.block_size == kChunk) {
-        // The common case: one block per chunk. Two blocks per iteration, all loads issued first.
+    if (per_tensor || c.block_size == kChunk) {
+        // The common cases: one block per chunk, or one scale per tensor (written in phase 3: other
+        // warps still read the old one). Two chunks per iteration, all loads issued first.
         const int64_t ub = c.total_units * warp / warps, ue = c.total_units * (warp + 1) / warps;
         int k = ub < ue ? find_param(c, ub) : 0;
         for (int64_t u = ub; u < ue;) {
             while (k + 1 < c.nparams && c.params[k + 1].unit_begin <= u) ++k;
-            if (k != cur) flush_param(), cur = k, param_amax = 0;
+            if (k != cur) {
+                flush_param(), cur = k, param_amax = 0;
+                if (per_tensor) {
+                    Amax a;
+                    a.m = c.tensor_amax[3 * k + 0], a.v = c.tensor_amax[3 * k + 1], a.w = c.tensor_amax[3 * k + 2];
+                    tensor_scales = scales_of(a);
+                }
+            }
             const Param &p = c.params[k];
             const int64_t next = k + 1 < c.nparams ? c.params[k + 1].unit_begin : c.total_units;
-            const int64_t lu = u - p.unit_begin, si = p.scale_begin + lu;
+            const int64_t lu = u - p.unit_begin, si = p.scale_begin + (per_tensor ? 0 : lu);
             const float param_inv = p.param_scale_inv ? *p.param_scale_inv : 1.0f;
             const float param_scale = p.param_meta ? p.param_meta->scale : 1.0f;
             const float f = grad_factor(c, p, loss_scale_inv);
@@ -488,7 +522,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) adam_kernel(const __grid
                 Raw r0, r1;
                 load_raw<M8, V16, MASTER>(p, i0, n0, r0);
                 load_raw<M8, V16, MASTER>(p, i0 + kChunk, n1, r1);
-                const BlockScales o0 = old_scales(p, si), o1 = old_scales(p, si + 1);
+                const BlockScales o0 = old_scales(p, si), o1 = old_scales(p, per_tensor ? si : si + 1);
                 Lane l;
                 compute_raw<M8, V16, MASTER>(c, s, p, r0, n0, f, coef, clip, o0, param_inv, l);
                 finish_block(p, si, i0, l, param_scale, key);

@@ -51,11 +51,17 @@ def train(model, opt, data, steps):
         opt.zero_grad()
 
 
-def fp8amp_pair(device, seed, level):
+def fp8amp_pair(device, seed, level, **kw):
     import fp8amp.torch as ft
 
     m = remake(device, seed)
-    return ft.initialize(m, torch.optim.AdamW(groups(m), lr=3e-3), level, policy="fp8")
+    return ft.initialize(m, torch.optim.AdamW(groups(m), lr=3e-3), level, policy="fp8", **kw)
+
+
+def block_of(opt):
+    """The state block size of an fp8amp.torch optimizer (0: one scale per tensor, O3's default)."""
+    (b,) = {o.config.state_block_size for o in opt.fp8amp_optimizers}
+    return b
 
 
 def raw(t):
@@ -136,7 +142,9 @@ def test_round_trip_bit_exact_and_continues(tdev, gen, tmp_path, level, kind):
         assert w["exp_avg"].dtype == torch.float32 and "exp_avg_scale_inv" not in w
     else:
         assert w["exp_avg"].dtype == torch.float8_e4m3fn and w["exp_avg_sq"].dtype == torch.float16
-        assert w["exp_avg"].shape == (64, 32) and w["exp_avg_scale_inv"].shape == (64 * 32 // 128,)
+        b = block_of(o1)
+        assert b == (0 if level == "O3" else 128)  # O3: MS-AMP's one scale per tensor
+        assert w["exp_avg"].shape == (64, 32) and w["exp_avg_scale_inv"].shape == ((64 * 32 // b,) if b else (1,))
     assert ("master" in w) == (level == "O3") and ("param_meta_history" in w) == (level == "O3")
     assert ("master" in sd["state"][1]) == (level == "O3") and "master" not in sd["state"][2]  # a bias: none
     m2, o2 = fp8amp_pair(tdev, seed, level)
@@ -161,7 +169,7 @@ def within_one_rounding(q, x, scale_inv, block, fmt):
     """|q - x| <= half an ulp of fmt at x (relative 2^-4 for E4M3, 2^-11 for F16), at least half the
     smallest subnormal step of x's block (E4M3 2^-9 * scale_inv... as value, F16 2^-24)."""
     rel, sub = (2.0 ** -4, 2.0 ** -10) if fmt == "e4m3" else (2.0 ** -11, 2.0 ** -25)
-    per = scale_inv.repeat_interleave(block)[:x.numel()].reshape(x.shape).double()
+    per = scale_inv.repeat_interleave(block or x.numel())[:x.numel()].reshape(x.shape).double()
     bound = rel * x.double().abs() + sub * per + 1e-45
     return bool(((q.double() - x.double()).abs() <= bound).all())
 
@@ -190,9 +198,10 @@ def test_torch_adamw_state_loads_and_trains_on(tdev, gen, level):
         else:
             from fp8amp.torch.optim import _dequantize
 
+            b = block_of(opt)
             for name, fmt in (("exp_avg", "e4m3"), ("exp_avg_sq", "f16")):
-                q = _dequantize(got[name], got[name + "_scale_inv"], 128)
-                assert within_one_rounding(q, e[name], got[name + "_scale_inv"], 128, fmt), (i, name)
+                q = _dequantize(got[name], got[name + "_scale_inv"], b)
+                assert within_one_rounding(q, e[name], got[name + "_scale_inv"], b, fmt), (i, name)
     # one more step of both from the same gradients
     before = [p.detach().clone() for p in ref.parameters()]
     train(ref, topt, data[1:], 1)
@@ -218,7 +227,7 @@ def test_torch_adamw_state_loads_and_trains_on(tdev, gen, level):
         for name in ("exp_avg", "exp_avg_sq"):
             from fp8amp.torch.optim import _dequantize
 
-            want = _dequantize(sd["state"][i][name], sd["state"][i].get(name + "_scale_inv"), 128)
+            want = _dequantize(sd["state"][i][name], sd["state"][i].get(name + "_scale_inv"), block_of(opt))
             assert torch.equal(e[name], want), (i, name)  # exact: code * scale_inv, powers of two
     p_before = [p.detach().clone() for p in back_model.parameters()]
     train(back_model, back, data[2:], 1)
@@ -253,7 +262,7 @@ def test_torch_adamw_state_into_o3_linears(tdev, gen):
 
     for i, lin in ((0, m[0]), (1, m[3])):  # group 0: the two weights
         e = sd["state"][i]
-        master = _dequantize(e["master"], e["master_scale_inv"], 128)
+        master = _dequantize(e["master"], e["master_scale_inv"], block_of(o))
         weight = lin.weight.detach().float() * lin.weight_scale_inv.float()
         assert bool(((master - weight).abs() <= weight.abs() * 2.0 ** -11 + 2.0 ** -24).all())
         assert int(e["step"]) == 3
@@ -286,26 +295,36 @@ def test_blob_format_of_earlier_releases_still_loads(tdev, gen):
 
 
 def test_cross_level_and_block_size(tdev, gen):
-    """An O3 state dict into an O2 optimizer (same storage: m and v bit for bit, the masters left
-    out) and into O1 (dequantized: exact values)."""
+    """An O3 state dict into an O2 optimizer and into O1 (dequantized: exact values), the masters left
+    out: with O3 in O2's layout (blocks of 128) m and v load bit for bit; from O3's default (one scale
+    per tensor) into O2's blocks each value is requantized, within one rounding of its format."""
     data = dataset(gen, tdev)
     _, seed = make_model(tdev, gen)
-    m3, o3 = fp8amp_pair(tdev, seed, "O3")
-    train(m3, o3, data, 3)
-    sd3 = o3.state_dict()
     from fp8amp.torch.optim import _dequantize
 
-    _, o2 = fp8amp_pair(tdev, seed, "O2")
-    o2.load_state_dict(sd3)
-    sd2 = o2.state_dict()
-    _, o1 = fp8amp_pair(tdev, seed, "O1")
-    o1.load_state_dict(sd3)
-    sd1 = o1.state_dict()
-    for i, e in sd3["state"].items():
-        for name in ("exp_avg", "exp_avg_sq"):
-            assert torch.equal(raw(sd2["state"][i][name]), raw(e[name]))
-            assert torch.equal(sd1["state"][i][name], _dequantize(e[name], e[name + "_scale_inv"], 128))
-        assert "master" not in sd2["state"][i]
+    for layout in ({"state_block_size": 128}, {}):
+        m3, o3 = fp8amp_pair(tdev, seed, "O3", **layout)
+        b3 = block_of(o3)
+        assert b3 == (128 if layout else 0)
+        train(m3, o3, data, 3)
+        sd3 = o3.state_dict()
+        _, o2 = fp8amp_pair(tdev, seed, "O2")
+        o2.load_state_dict(sd3)
+        sd2 = o2.state_dict()
+        _, o1 = fp8amp_pair(tdev, seed, "O1")
+        o1.load_state_dict(sd3)
+        sd1 = o1.state_dict()
+        for i, e in sd3["state"].items():
+            for name, fmt in (("exp_avg", "e4m3"), ("exp_avg_sq", "f16")):
+                exact = _dequantize(e[name], e[name + "_scale_inv"], b3)
+                assert torch.equal(sd1["state"][i][name], exact)
+                if b3 == 128:
+                    assert torch.equal(raw(sd2["state"][i][name]), raw(e[name]))
+                else:
+                    got = sd2["state"][i]
+                    q = _dequantize(got[name], got[name + "_scale_inv"], 128)
+                    assert within_one_rounding(q, exact, got[name + "_scale_inv"], 128, fmt), (i, name)
+            assert "master" not in sd2["state"][i]
 
 
 def test_refusals_change_nothing(tdev, gen):

@@ -115,6 +115,33 @@ def test_o3_several_groups_non_finite_changes_nothing(tdev, gen):
     assert [o.step_count for o in opt.fp8amp_optimizers] == [2, 2]
 
 
+def test_o3_defaults_to_one_state_scale_per_tensor(tdev, gen):
+    """O3 without state_block_size takes MS-AMP's layout: one scale per state tensor (m, v, the F16
+    master), no per-block scale bytes; O2 keeps blocks of 128; a given value wins. The per-tensor
+    state trains (the loss falls) and its state_dict has one-element scale tensors."""
+    import fp8amp.torch as ft
+
+    data = data_of(gen, tdev)
+
+    def make(level, **kw):
+        m = make_model(tdev)
+        return ft.initialize(m, torch.optim.AdamW(m.parameters(), lr=3e-3), level, policy="fp8", **kw)
+
+    m, opt = make("O3")
+    assert {o.config.state_block_size for o in opt.fp8amp_optimizers} == {0}
+    _, o128 = make("O3", state_block_size=128)
+    assert {o.config.state_block_size for o in o128.fp8amp_optimizers} == {128}
+    _, o2 = make("O2")
+    assert {o.config.state_block_size for o in o2.fp8amp_optimizers} == {128}
+    assert opt.state_bytes() < o128.state_bytes()
+    x, t = data[0]
+    before = float((m(x) - t).square().mean())
+    run(m, opt, data, 6)
+    assert float((m(x) - t).square().mean()) < before
+    st = opt.state_dict()["state"][0]  # the first Linear's weight: one scale for m, v and the master
+    assert all(tuple(st[k].shape) == (1,) for k in ("exp_avg_scale_inv", "exp_avg_sq_scale_inv", "master_scale_inv"))
+
+
 def test_o3_several_groups_checkpoint_round_trip(tdev, gen):
     import fp8amp.torch as ft
 
@@ -148,8 +175,10 @@ def test_process_group_refused_on_the_cpu():
 
 def _master_of_last(o, n):
     """The F16 master of an fp8amp optimizer's last parameter, decoded from its checkpoint: the last
-    arrays before the CRC are the master codes and their block scale_inv (docs/api.md 12.6)."""
+    arrays before the CRC are the master codes and their block scale_inv (docs/api.md 12.6; block size
+    0: one scale for the tensor)."""
     ck, b = o.save(), o.config.state_block_size
+    b = b or n
     k = (n + b - 1) // b
     end = len(ck) - 4
     scales = np.frombuffer(ck[end - 4 * k:end], "<f4").astype(np.float64)

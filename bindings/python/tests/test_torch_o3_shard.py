@@ -37,8 +37,11 @@ def _init(seed, dev, group=None):
 
     model = _model(seed, dev)
     init = [p.detach().float().clone().cpu() for p in model.parameters()]
+    # the unsharded reference with the sharded default's state layout (blocks of 128; unsharded O3's
+    # default is one scale per tensor)
+    layout = {} if group is not None else {"state_block_size": 128}
     model, opt = ft.initialize(model, torch.optim.AdamW(model.parameters(), lr=LR, eps=0.1, weight_decay=0.01), "O3",
-                               policy="fp8", master_rounding="stochastic", process_group=group)
+                               policy="fp8", master_rounding="stochastic", process_group=group, **layout)
     return model, opt, init
 
 
@@ -52,6 +55,8 @@ def _train(model, opt, data, rows):
 
 def _case(rank, world, seed, dev, out):
     model, opt, _ = _init(seed, dev, dist.group.WORLD)
+    # a sharded O3 keeps blocks of 128 by default: a tensor's scale would span ranks
+    assert {o.config.state_block_size for o in opt.fp8amp_optimizers} == {128}
     params = _train(model, opt, _data(seed, world, dev), slice(rank * B, (rank + 1) * B))
     raw = [p.detach().reshape(-1).view(torch.uint8).cpu().clone() for p in model.parameters()]
     torch.save({"params": params, "raw": raw, "state_bytes": opt.state_bytes()}, os.path.join(out, "rank%d.pt" % rank))

@@ -46,9 +46,9 @@ class Config:
       weights without a master, whose updates below half a BF16 ulp would be lost; nearest for O3's
       masters and float32 weights).
     - ``state_block_size``: elements per scale of the O2/O3 optimizer state (m, v, O3's master): None
-      for the level's (128), a power of two up to fp8amp's maximum, or 0 for one scale per tensor
-      (MS-AMP's layout: no per-block scale bytes; coarser scales for the state) -- docs/torch.md
-      section 13.
+      for the level's (O2: 128; O3: 0, or 128 when sharded over a process_group), a power of two up to
+      fp8amp's maximum, or 0 for one scale per tensor (MS-AMP's layout: no per-block scale bytes;
+      coarser scales for the state) -- docs/torch.md section 13.
     - ``save_input``: each new Linear's (None: auto; True; False): docs/torch.md section 2.
     - ``exclude``: qualified names of nn.Linear modules to keep, or a callable ``(name, module) -> bool``
       (True = keep).
@@ -149,8 +149,9 @@ def initialize(model: nn.Module, optimizer: Optional[torch.optim.Optimizer] = No
     The settings come from `config` (an ``fp8amp.torch.Config``; its docstring lists them) or from the
     keywords of the same names, with the same defaults: opt_level "O1", policy "auto", recipe None
     (current scaling), weight_dtype / wgrad_dtype None, max_grad_norm 0, exclude (), module_filter_fn
-    None, master_rounding None, rounding_seed 0, save_input None, state_block_size None (128; 0: one
-    scale per tensor, MS-AMP's optimizer-state layout). A keyword given together with a
+    None, master_rounding None, rounding_seed 0, save_input None, state_block_size None (O2: blocks of
+    128; O3: 0, one scale per tensor, MS-AMP's optimizer-state layout, or 128 with a process_group). A
+    keyword given together with a
     config must agree with it (ValueError otherwise). Linear weights are bfloat16 at O1/O2 with an
     optimizer (MS-AMP's layout: 16-bit weights, no float32 copy; float32 without an optimizer, or
     weight_dtype=torch.float32) and float8_e4m3fn at O3 (weight_dtype; O3 needs E4M3 weights and E4M3
@@ -247,9 +248,17 @@ def initialize(model: nn.Module, optimizer: Optional[torch.optim.Optimizer] = No
         if len(devices) != 1:
             raise NotImplementedError("parameters on several devices")
         comm = communicator(next(iter(devices)), process_group)
+    block = cfg.state_block_size
+    if block is None and o3:
+        # O3 is the level that saves memory: MS-AMP's layout, one state scale per tensor (7 bytes per
+        # Linear parameter at rest, none of the 0.09 that blocks of 128 add). Sharded, a tensor's scale
+        # would span ranks (the sharded optimizer refuses it): blocks of 128 there.
+        block = 128 if comm is not None else 0
+        _log.info("fp8amp.initialize: O3 optimizer state with %s", "one scale per 128-element block (sharded)"
+                  if block else "one scale per tensor (MS-AMP's layout)")
     opt = Optimizer(groups, level, isinstance(optimizer, torch.optim.AdamW), linears, max_grad_norm=max_grad_norm,
                     master_rounding=master_rounding, rounding_seed=rounding_seed, comm=comm, master_inits=master_inits,
-                    state_block_size=cfg.state_block_size)
+                    state_block_size=block)
     nlin = len({id(m) for m, _ in linears.values()})
     _log.info("fp8amp.initialize: %s at %s over %d param group(s): the parameters of %d fp8amp.torch.Linear layer(s) "
               "(updated from fp8amp's gradients, weight gradients %s) and %d other parameter(s) (updated from their "
