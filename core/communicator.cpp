@@ -50,8 +50,9 @@ int64_t chunk_elements(int64_t total, int N) {
 
 // The all-reduce's pipeline pieces (docs/communicator.md, "Pipeline"): each rank chunk of C elements is
 // moved in pieces (multiples of 16 elements), so that converting one piece overlaps moving another.
-// Which piece an element travels in changes nothing in its value (the scales are agreed for the whole
-// bucket first, the sum is per element), so the bytes do not depend on the schedule: the tests run
+// Which piece an element travels in changes nothing in its value (its scale is its scale segment's,
+// fixed by the regions -- region_elements -- and agreed over the whole segment at the first piece that
+// holds any of it; the sum is per element), so the bytes do not depend on the schedule: the tests run
 // with small pieces too (FP8AMP_COMM_PIECE_ELEMENTS, FP8AMP_COMM_PIECE_TAPER).
 //
 // The schedule is a function of C, P (piece_elements) and the taper D (piece_taper), values every
