@@ -736,8 +736,9 @@ void Communicator::all_reduce(const std::vector<std::shared_ptr<Tensor>> &inputs
     // its own stream beside the transfers, and A(t+1) reads inputs that no earlier D wrote (a
     // segment's elements lie in pieces >= the one that needs it, decoded at step >= t + 3). Slots 6
     // (S -> Y, recorded and waited at once) and 7 (G(t+1) done, waited by S at step t + 1 before its
-    // next record) hand them over; every Y operation is joined back to S. So that the transfers of pieces t and t - 1 overlap the conversions of pieces t - 1, t - 2 and
-    // t + 1; every hand-over is an event (no host synchronization): slot 0 S -> X (recorded and waited
+    // next record) hand them over; every Y operation is joined back to S. So the transfers of pieces t
+    // and t - 1 overlap the conversions of pieces t - 1, t - 2 and t + 1 and the amaxes of piece t + 1;
+    // every hand-over is an event (no host synchronization): slot 0 S -> X (recorded and waited
     // at once), slots 2 + t % 2 "RS(t) done" and 4 + t % 2 "AG(t) done" alternate, so that a slot is
     // recorded again only after the wait for its previous mark was enqueued (a wait sees the latest
     // record). S waits for X's last operation before the call returns (the last D waits for the last
