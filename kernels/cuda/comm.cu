@@ -534,14 +534,11 @@ __global__ void reduce_requantize_kernel(const uint8_t *src, int64_t stride, int
     fold_count(sat, saturated);
 }
 
-__global__ void all_reduce_scales_kernel(const uint32_t *amax_bits, int64_t count, fp8amp_dtype wire,
-                                         fp8amp_dtype format, int nranks, bool average, float *wire_scale_inv,
-                                         float *out_scale_inv) {
-    for (int64_t k = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; k < count; k += int64_t(gridDim.x) * blockDim.x) {
-        const float si = 1.0f / comm_scale(comm_fp8_max(wire), amax_bits[k]);
-        wire_scale_inv[k] = si;
-        out_scale_inv[k] = comm_requant_scale_inv(si, wire, format, nranks, average);
-    }
+__global__ void all_reduce_scales_kernel(const uint32_t *amax_bits, fp8amp_dtype wire, fp8amp_dtype format, int nranks,
+                                         bool average, float *wire_scale_inv, float *out_scale_inv) {
+    const float si = 1.0f / comm_scale(comm_fp8_max(wire), *amax_bits);
+    *wire_scale_inv = si;
+    *out_scale_inv = comm_requant_scale_inv(si, wire, format, nranks, average);
 }
 
 __global__ void accumulate_quantize_kernel(const uint8_t *src, int64_t stride, int nranks, int64_t n, fp8amp_dtype wire,
@@ -593,7 +590,6 @@ public:
         for (cudaEvent_t e : events_)
             if (e) cudaEventDestroy(e);
         if (side_) cudaStreamDestroy(side_);  // returns at once; queued work still completes
-        if (agree_) cudaStreamDestroy(agree_);
     }
     void memset_async(void *dst, int value, size_t nbytes, void *stream) override {
         if (!nbytes) return;
@@ -735,13 +731,11 @@ public:
         }
         cuda::check_launch("comm reduce_requantize_kernel");
     }
-    void all_reduce_scales(const uint32_t *amax_bits, int64_t count, fp8amp_dtype wire, fp8amp_dtype format,
-                           int nranks, bool average, float *wire_scale_inv, float *out_scale_inv,
-                           void *stream) override {
-        if (count <= 0) return;
+    void all_reduce_scales(const uint32_t *amax_bits, fp8amp_dtype wire, fp8amp_dtype format, int nranks, bool average,
+                           float *wire_scale_inv, float *out_scale_inv, void *stream) override {
         cuda::DeviceGuard g(device_);
-        all_reduce_scales_kernel<<<1, 256, 0, st(stream)>>>(amax_bits, count, wire, format, nranks, average,
-                                                            wire_scale_inv, out_scale_inv);
+        all_reduce_scales_kernel<<<1, 1, 0, st(stream)>>>(amax_bits, wire, format, nranks, average, wire_scale_inv,
+                                                          out_scale_inv);
         cuda::check_launch("comm all_reduce_scales_kernel");
     }
     void requantize(const float *src, int64_t n, const uint32_t *amax_bits, fp8amp_dtype format, uint8_t *dst,
@@ -784,17 +778,11 @@ public:
             cuda::check(cudaDeviceGetStreamPriorityRange(&least, &greatest), "cudaDeviceGetStreamPriorityRange");
             cuda::check(cudaStreamCreateWithPriority(&side_, cudaStreamNonBlocking, greatest),
                         "cudaStreamCreateWithPriority (the communicator's transfer stream)");
-            cuda::check(cudaStreamCreateWithPriority(&agree_, cudaStreamNonBlocking, greatest),
-                        "cudaStreamCreateWithPriority (the communicator's agreement stream)");
             // Every event now too, so that a call captured in a graph (after a first call, as the
             // scratch requires) creates nothing.
             for (int slot = 0; slot < kEventSlots; ++slot) event(slot);
         }
         return side_;
-    }
-    void *agreement_stream(void *stream) override {
-        side_stream(stream);
-        return agree_;
     }
     void record(int slot, void *stream) override {
         cuda::DeviceGuard g(device_);
@@ -847,7 +835,6 @@ private:
     int max_blocks_ = 0;  // set_grid_limit's cap, 0: none
     int amax_free_sms_ = 0;  // set_amax_free_sms
     cudaStream_t side_ = nullptr;
-    cudaStream_t agree_ = nullptr;  // agreement_stream, made with side_
     cudaEvent_t events_[kEventSlots] = {};
 };
 
