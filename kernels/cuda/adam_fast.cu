@@ -1,9 +1,9 @@
 // The fast Adam/AdamW kernel. Used when the state blocks are 128 elements, or one scale per tensor
 // (O2/O3 layouts: phase 1b, a pass for each tensor's new amax, then the update with those scales), or
 // no state is block-scaled (O1), and every parameter's (param dtype, grad dtype) pair is in FastPairs
-// below, all with a master or none; otherwise the generic kernel (adam_generic.cu) runs. The same three phases (adam.cu) and the same
-// arithmetic (kernels/adam.hpp, bit-identical to kernels/cpu/adam.cpp); what differs is the cost per
-// element (docs/performance.md, "Adam"):
+// below, all with a master or none; otherwise the generic kernel (adam_generic.cu) runs. The same
+// three phases (adam.cu) and the same arithmetic (kernels/adam.hpp, bit-identical to
+// kernels/cpu/adam.cpp); what differs is the cost per element (docs/performance.md, "Adam"):
 //  - a half-warp per 128-element block: 16 lanes x 8 contiguous elements, two blocks (a pair of
 //    chunks) per warp iteration, 8- and 16-byte vector loads; each warp takes a contiguous range of
 //    pairs, and the last 10% of the pairs go in runs of 16 to whichever warp is free (run_pairs);
