@@ -537,9 +537,10 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) adam_kernel(const __grid
             }
         }
     } else {
+    // Blocks of several chunks (per-tensor mode took the loop above).
     for_my_units(c, warp, warps, [&](int k, const Param &p, int64_t lu) {
         if (k != cur) flush_param(), cur = k, param_amax = 0;
-        const int64_t si = p.scale_begin + (per_tensor ? 0 : lu);
+        const int64_t si = p.scale_begin + lu;
         const BlockScales old = old_scales(p, si);
         const float param_inv = p.param_scale_inv ? *p.param_scale_inv : 1.0f;
         const float param_scale = p.param_meta ? p.param_meta->scale : 1.0f;
@@ -549,12 +550,8 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) adam_kernel(const __grid
         const int64_t end = min(begin + unit_elems, p.numel);
         auto count = [&](int64_t base) { return lane_count(end - base); };
         NewScales ns{1.0f, 1.0f, 1.0f};
-        if (per_tensor) {
-            Amax a;
-            a.m = c.tensor_amax[3 * k + 0], a.v = c.tensor_amax[3 * k + 1], a.w = c.tensor_amax[3 * k + 2];
-            ns = scales_of(a);
-        } else if (M8 || V16 || MASTER) {
-            // Blocks of several chunks: a first pass for the block's amax, then the stores.
+        if (M8 || V16 || MASTER) {
+            // A first pass for the block's amax, then the stores.
             Amax a;
             for (int64_t base = begin + lane * 4; base < end; base += kChunk) {
                 Lane t;
@@ -563,10 +560,9 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) adam_kernel(const __grid
             }
             ns = scales_of(warp_amax(a));
         }
-        // Block mode: the old scales were read above (by every lane) before lane 0 replaces them.
-        // Per-tensor mode: other warps still read them; phase 3 writes them after a grid sync.
+        // The old scales were read above (by every lane) before lane 0 replaces them.
         __syncwarp();
-        if (lane == 0 && !per_tensor) {
+        if (lane == 0) {
             if (M8) p.m_scale_inv[si] = fdiv(1.0f, ns.m);
             if (V16) p.v_scale_inv[si] = fdiv(1.0f, ns.v);
             if (MASTER && p.master) p.master_scale_inv[si] = fdiv(1.0f, ns.w);
