@@ -46,6 +46,13 @@ __device__ __forceinline__ NewScales scales_of(const Amax &a) {
             pow2(pow2_exponent(__uint_as_float(a.w), kF16Max))};
 }
 
+// Per-tensor mode: parameter k's state scales, from phase 1b's amaxes of its new m, v and master.
+__device__ __forceinline__ NewScales tensor_scales_of(const StepConfig &c, int64_t k) {
+    Amax a;
+    a.m = c.tensor_amax[3 * k + 0], a.v = c.tensor_amax[3 * k + 1], a.w = c.tensor_amax[3 * k + 2];
+    return scales_of(a);
+}
+
 // Encodes of two values in one hardware instruction (cvt.rn.satfinite.e4m3x2.f32, cvt.rn.f16x2.f32,
 // cvt.rn.bf16x2.f32): round to nearest even, as the CPU codec, for values that are not NaN (the
 // hardware's NaN is not the CPU codec's; the callers take from_f32 for those).
@@ -116,9 +123,7 @@ __device__ __forceinline__ void fold_param_metas(const StepConfig &c, int64_t wa
     for (int64_t k = warp; k < c.nparams; k += warps) {
         const Param &p = c.params[k];
         if (per_tensor && lane == 0) {
-            Amax a;
-            a.m = c.tensor_amax[3 * k + 0], a.v = c.tensor_amax[3 * k + 1], a.w = c.tensor_amax[3 * k + 2];
-            const NewScales ns = scales_of(a);
+            const NewScales ns = tensor_scales_of(c, k);
             if (M8) p.m_scale_inv[p.scale_begin] = fdiv(1.0f, ns.m);
             if (V16) p.v_scale_inv[p.scale_begin] = fdiv(1.0f, ns.v);
             if (MASTER && p.master) p.master_scale_inv[p.scale_begin] = fdiv(1.0f, ns.w);

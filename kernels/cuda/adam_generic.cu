@@ -502,11 +502,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) adam_kernel(const __grid
             while (k + 1 < c.nparams && c.params[k + 1].unit_begin <= u) ++k;
             if (k != cur) {
                 flush_param(), cur = k, param_amax = 0;
-                if (per_tensor) {
-                    Amax a;
-                    a.m = c.tensor_amax[3 * k + 0], a.v = c.tensor_amax[3 * k + 1], a.w = c.tensor_amax[3 * k + 2];
-                    tensor_scales = scales_of(a);
-                }
+                if (per_tensor) tensor_scales = tensor_scales_of(c, k);
             }
             const Param &p = c.params[k];
             const int64_t next = k + 1 < c.nparams ? c.params[k + 1].unit_begin : c.total_units;

@@ -248,17 +248,9 @@ def initialize(model: nn.Module, optimizer: Optional[torch.optim.Optimizer] = No
         if len(devices) != 1:
             raise NotImplementedError("parameters on several devices")
         comm = communicator(next(iter(devices)), process_group)
-    block = cfg.state_block_size
-    if block is None and o3:
-        # O3 is the level that saves memory: MS-AMP's layout, one state scale per tensor (7 bytes per
-        # Linear parameter at rest, none of the 0.09 that blocks of 128 add). Sharded, a tensor's scale
-        # would span ranks (the sharded optimizer refuses it): blocks of 128 there.
-        block = 128 if comm is not None else 0
-        _log.info("fp8amp.initialize: O3 optimizer state with %s", "one scale per 128-element block (sharded)"
-                  if block else "one scale per tensor (MS-AMP's layout)")
     opt = Optimizer(groups, level, isinstance(optimizer, torch.optim.AdamW), linears, max_grad_norm=max_grad_norm,
                     master_rounding=master_rounding, rounding_seed=rounding_seed, comm=comm, master_inits=master_inits,
-                    state_block_size=block)
+                    state_block_size=cfg.state_block_size)
     nlin = len({id(m) for m, _ in linears.values()})
     _log.info("fp8amp.initialize: %s at %s over %d param group(s): the parameters of %d fp8amp.torch.Linear layer(s) "
               "(updated from fp8amp's gradients, weight gradients %s) and %d other parameter(s) (updated from their "

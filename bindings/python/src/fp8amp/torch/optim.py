@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
 
@@ -14,6 +15,8 @@ from fp8amp.optim import AdamConfig, as_opt_level
 from fp8amp.torch.context import _from_fp8amp, _norm_device, _on_current_stream, context, to_fp8amp
 from fp8amp.torch.linear import Linear
 from fp8amp.torch.linear import release_scratch as _release_scratch
+
+_log = logging.getLogger("fp8amp")
 
 if TYPE_CHECKING:
     from fp8amp.torch.amp import GradScaler
@@ -43,6 +46,9 @@ class Optimizer(torch.optim.Optimizer):
     with its torch ``.grad`` (kept in a buffer registered with fp8amp, zeroed in place by
     ``zero_grad``).
 
+    ``state_block_size`` (elements per scale of m, v and O3's masters): None is 128, except at O3,
+    where it is 0 (one scale per tensor, MS-AMP's layout), or 128 again when sharded (``comm``).
+
     Works with ``torch.amp.GradScaler`` (it declares ``_step_supports_amp_scaling``: the step gets
     the scale and the found-inf flag, unscales inside fp8amp's step and skips on overflow) and with
     this module's ``GradScaler`` (``step(scaler=...)``); with either, ``scaler.unscale_(opt)`` may come
@@ -65,6 +71,13 @@ class Optimizer(torch.optim.Optimizer):
         super().__init__(param_groups, {})
         self.opt_level = as_opt_level(opt_level)
         o3 = self.opt_level == fp8amp.OptLevel.O3
+        if state_block_size is None and o3:
+            # O3 is the level that saves memory: MS-AMP's layout, one state scale per tensor (7 bytes per
+            # Linear parameter at rest, none of the 0.09 that blocks of 128 add). Sharded, a tensor's
+            # scale would span ranks (the sharded optimizer refuses it): blocks of 128 there.
+            state_block_size = 128 if comm is not None else 0
+            _log.info("fp8amp.torch.Optimizer: O3 optimizer state with %s", "one scale per 128-element block "
+                      "(sharded)" if state_block_size else "one scale per tensor (MS-AMP's layout)")
         self._linears = sorted({id(m): m for m, _ in linears.values()}.values(), key=id)
         self._opts: List[fp8amp.Optimizer] = []
         self._opt_groups: List[int] = []  # the param group of each fp8amp optimizer
