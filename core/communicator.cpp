@@ -507,31 +507,34 @@ void Communicator::all_reduce(const std::vector<std::shared_ptr<Tensor>> &inputs
     // operations), so the pieces can be at different steps at once:
     //  - reduce-scatter half, two ranks (pair): one in-place all-gather of recv[2 lo, 2 lo + 2 L):
     //    rank r contributes, at its block r, its codes of the piece of the other rank's chunk and
-    //    receives, at block 1 - r, the other rank's codes of the piece of its own chunk; its own codes
-    //    of its own chunk go to wire[2 lo + (1 - r) L, ...) (the block of the second half's all-gather
-    //    that receives the peer's codes, which that all-gather overwrites only after the requantization
-    //    of the piece has read them);
+    //    receives, at block 1 - r, the other rank's codes of the piece of its own chunk;
     //  - reduce-scatter half, otherwise: rank r's codes of chunk j's piece at wire[N lo + j L, ...)
     //    (piece-major, the second half's blocks: the piece's all-gather overwrites them after its
-    //    sends), received at recv + j C + lo; a rank's own chunk is quantized straight into recv + r C
-    //    (no copy to itself);
+    //    sends), received at recv + j C + lo;
+    //  - a rank's own chunk is never quantized into memory: the requantization reads its input and
+    //    quantizes it in registers (reduce_requantize's OwnInput), so its codes are neither written
+    //    nor read back, nor copied to itself;
     //  - all-gather half: piece-major, wire[N lo, N lo + N L), rank j's codes at block j: one
     //    in-place all-gather per piece.
     auto piece = [&](int64_t p) { return std::make_pair(bounds[p], bounds[p + 1]); };
-    // The codes of every rank for element k of this rank's piece p: rank j's at base + j * stride.
+    // The codes of every other rank for element k of this rank's piece p: rank j's at base + j *
+    // stride (j != r; base + r * stride is never read). Two ranks: the peer's codes at block 1 - r of
+    // the piece's first all-gather, so base = peer - (1 - r) * L with stride L.
     auto codes_of = [&](int64_t lo, int64_t hi, int64_t k) -> std::pair<const uint8_t *, int64_t> {
         if (!pair) return {recv + lo + k, C};
         const int64_t L = hi - lo;
-        const uint8_t *own = wire + 2 * lo + (1 - r) * L + k, *peer = recv + 2 * lo + (1 - r) * L + k;
-        return r == 0 ? std::make_pair(own, static_cast<int64_t>(peer - own))
-                      : std::make_pair(peer, static_cast<int64_t>(own - peer));
+        return {recv + 2 * lo + k, L};
     };
-    // Where rank r quantizes its codes of element k of piece p of chunk j.
+    // Where rank r quantizes its codes of element k of piece p of chunk j (j != r).
     auto wire_of = [&](int64_t lo, int64_t hi, int j, int64_t k) -> uint8_t * {
         const int64_t L = hi - lo;
-        if (!pair) return j == r ? recv + j * C + lo + k : wire + N * lo + j * L + k;
-        return j == r ? wire + 2 * lo + (1 - r) * L + k : recv + 2 * lo + r * L + k;
+        return pair ? recv + 2 * lo + r * L + k : wire + N * lo + j * L + k;
     };
+    // Where the conversions overlap the transfers (X != S: CUDA), the requantization writes this rank's
+    // own chunk of the outputs as well (from the codes it has in registers: no pass over them after
+    // the all-gather); otherwise (CPU: synchronous, one piece) the outputs are all written in the last
+    // step, after every transfer, so that a failed transfer leaves them unchanged.
+    const bool own_outputs_early = X != S;
 
     // f(i, a, b) for each tensor i with elements in the bucket range [lo, hi): its part [a, b).
     auto each = [&](int64_t lo, int64_t hi, auto &&f) {
@@ -550,12 +553,14 @@ void Communicator::all_reduce(const std::vector<std::shared_ptr<Tensor>> &inputs
     // the piece into the outputs, codes or their values).
     auto quantize_piece = [&](int64_t p) {
         const int64_t lo = piece(p).first, hi = piece(p).second;  // not a structured binding: C++17 lambdas cannot capture one (clang refuses)
-        for (int j = 0; j < N; ++j)
+        for (int j = 0; j < N; ++j) {
+            if (j == r) continue;  // read by the requantization itself
             each(j * C + lo, j * C + hi, [&](size_t i, int64_t a, int64_t b) {
                 const Tensor &in = *inputs[i];
                 compute_->quantize(element(in, a - offset[i]), in.dtype(), in.scale_inv(), b - a, amax_in + i, o.wire,
                                    wire_of(lo, hi, j, a - j * C - lo), nullptr, sat, S);
             });
+        }
     };
     auto reduce_scatter_piece = [&](int64_t p) {
         if (N == 1) return;
@@ -578,7 +583,13 @@ void Communicator::all_reduce(const std::vector<std::shared_ptr<Tensor>> &inputs
         uint8_t *block = wire + N * lo + r * (hi - lo);
         each(lo_r + lo, lo_r + hi, [&](size_t i, int64_t a, int64_t b) {
             const auto [src, stride] = codes_of(lo, hi, a - lo_r - lo);
-            compute_->reduce_requantize(src, stride, N, b - a, o.wire, gather[i], block + (a - lo_r - lo), sat, S);
+            const Tensor &in = *inputs[i];
+            Tensor &out = *outputs[i];
+            const kernels::CommCompute::OwnInput own{element(in, a - offset[i]), in.dtype(), in.scale_inv(), amax_in + i};
+            const kernels::CommCompute::OwnOutput early{own_outputs_early ? element(out, a - offset[i]) : nullptr,
+                                                        out.dtype(), out_si + i};
+            compute_->reduce_requantize(src, stride, N, r, own, b - a, o.wire, gather[i], block + (a - lo_r - lo), early,
+                                        sat, S);
         });
     };
     auto all_gather_piece = [&](int64_t p) {
@@ -590,6 +601,7 @@ void Communicator::all_reduce(const std::vector<std::shared_ptr<Tensor>> &inputs
     auto decode_piece = [&](int64_t p) {
         const int64_t lo = piece(p).first, hi = piece(p).second;  // not a structured binding: C++17 lambdas cannot capture one (clang refuses)
         for (int j = 0; j < N; ++j) {
+            if (j == r && own_outputs_early) continue;  // written by the requantization
             const uint8_t *block = wire + N * lo + j * (hi - lo);
             each(j * C + lo, j * C + hi, [&](size_t i, int64_t a, int64_t b) {
                 Tensor &out = *outputs[i];

@@ -141,13 +141,34 @@ public:
                                      const float *wire_scale_inv, bool average, const uint32_t *amax_bits,
                                      fp8amp_dtype format, uint8_t *dst, unsigned long long *saturated,
                                      void *stream) = 0;
+    // This rank's own part of the all-reduce's sum (reduce_requantize): its input, read where the
+    // other ranks' codes are read, and quantized there as quantize would have (comm_scale(*amax_bits)
+    // of the wire, saturations counted) -- its codes are never stored nor read back.
+    struct OwnInput {
+        const void *data;
+        fp8amp_dtype dtype;
+        const float *scale_inv;  // FP8 inputs: their scale_inv; else unused
+        const uint32_t *amax_bits;  // the agreed amax of the tensor (its wire scale)
+    };
+    // The output elements the pass writes as well (data null: none): the requantized codes themselves
+    // when dtype is `format`, else decode(code) * *scale_inv rounded once into dtype (F32, F16, BF16:
+    // dequantize's bytes).
+    struct OwnOutput {
+        void *data;
+        fp8amp_dtype dtype;
+        const float *scale_inv;
+    };
     // The all-reduce's one pass after the reduce-scatter: dst[k] = code in `format` of
-    // scaled(sum over j = 0..nranks-1, in that order, of decode(src[j * stride + k]),
-    // comm_requant_factor(wire, format, nranks)) (comm_reduce with that factor); saturated elements
-    // (none can: see comm_requant_factor) added to *saturated. Reads no device scalar, so it can run
-    // as soon as the codes have landed.
-    virtual void reduce_requantize(const uint8_t *src, int64_t stride, int nranks, int64_t n, fp8amp_dtype wire,
-                                   fp8amp_dtype format, uint8_t *dst, unsigned long long *saturated, void *stream) = 0;
+    // scaled(sum over j = 0..nranks-1, in that order, of decode(code_j(k)),
+    // comm_requant_factor(wire, format, nranks)) (comm_reduce with that factor), where code_j(k) =
+    // src[j * stride + k] for every rank j but `own`, whose code is computed from own.data's element
+    // k (src + own * stride is never read); saturated elements (of own's quantization; the
+    // requantization cannot saturate: see comm_requant_factor) added to *saturated. Reads no device
+    // scalar another piece writes, so it can run as soon as the other ranks' codes have landed.
+    // out.data may be own.data (in place): each element is read before it is written.
+    virtual void reduce_requantize(const uint8_t *src, int64_t stride, int nranks, int own, const OwnInput &in,
+                                   int64_t n, fp8amp_dtype wire, fp8amp_dtype format, uint8_t *dst,
+                                   const OwnOutput &out, unsigned long long *saturated, void *stream) = 0;
     // The all-reduce's scales from the agreed amax: *wire_scale_inv = 1 / comm_scale(*amax_bits) of
     // `wire`, *out_scale_inv = comm_requant_scale_inv(that, wire, format, nranks, average).
     virtual void all_reduce_scales(const uint32_t *amax_bits, fp8amp_dtype wire, fp8amp_dtype format, int nranks,

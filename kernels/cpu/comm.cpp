@@ -77,14 +77,33 @@ public:
         *saturated += sat;
     }
 
-    void reduce_requantize(const uint8_t *src, int64_t stride, int nranks, int64_t n, fp8amp_dtype wire,
-                           fp8amp_dtype format, uint8_t *dst, unsigned long long *saturated, void *) override {
+    void reduce_requantize(const uint8_t *src, int64_t stride, int nranks, int own, const OwnInput &in, int64_t n,
+                           fp8amp_dtype wire, fp8amp_dtype format, uint8_t *dst, const OwnOutput &out,
+                           unsigned long long *saturated, void *) override {
+        const float s = comm_scale(comm_fp8_max(wire), *in.amax_bits);
         const float g = comm_requant_factor(wire, format, nranks);
         unsigned long long sat = 0;
-        for (int64_t k = 0; k < n; ++k) {
-            const float y = comm_reduce(wire, nranks, g, [&](int j) { return src[j * stride + k]; });
-            sat += comm_saturates(format, y);
-            dst[k] = comm_encode(format, y);
+        // store(k, code): what element k of the output gets besides dst[k].
+        auto pass = [&](auto &&store) {
+            for_each_real(in.data, in.dtype, in.scale_inv, n, [&](size_t k, float v) {
+                const float q = scaled(v, s);  // as quantize: this rank's code, never stored
+                sat += comm_saturates(wire, q);
+                const uint8_t mine = comm_encode(wire, q);
+                const float y = comm_reduce(wire, nranks, g, [&](int j) { return j == own ? mine : src[j * stride + k]; });
+                sat += comm_saturates(format, y);
+                dst[k] = comm_encode(format, y);
+                store(k, dst[k]);
+            });
+        };
+        if (!out.data) {
+            pass([](size_t, uint8_t) {});
+        } else if (out.dtype == format) {
+            pass([codes = static_cast<uint8_t *>(out.data)](size_t k, uint8_t c) { codes[k] = c; });
+        } else {
+            const float si = *out.scale_inv;  // as dequantize: decode(code) * scale_inv, rounded once
+            cpu::with_store(out.data, out.dtype, [&](auto st) {
+                pass([&](size_t k, uint8_t c) { st(k, scaled(comm_decode(format, c), si)); });
+            });
         }
         *saturated += sat;
     }

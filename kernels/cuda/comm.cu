@@ -166,8 +166,8 @@ __device__ __forceinline__ void load_pack(const void *src, int64_t pack, float i
 
 // K values (a multiple of 4) scaled by s and encoded into `format` W, four codes a word, with the
 // saturations counted into sat.
-template <fp8amp_dtype W, int K>
-__device__ __forceinline__ void encode_pack(const float *v, float s, unsigned long long &sat, uint32_t *w) {
+template <fp8amp_dtype W, int K, class Count>
+__device__ __forceinline__ void encode_pack(const float *v, float s, Count &sat, uint32_t *w) {
 #pragma unroll
     for (int i = 0; i < K; i += 2) {
         const float y0 = scaled(v[i], s), y1 = scaled(v[i + 1], s);
@@ -389,49 +389,63 @@ __global__ void __launch_bounds__(kThreads) accumulate_quantize_vec_kernel(const
 }
 
 // ---- the all-reduce's reduce + requantize (one pass, no amax) ----------------------------------
+//
+// CommCompute::reduce_requantize: for each element of this rank's piece, the other ranks' codes
+// (received), this rank's own code (made here from its input, as quantize would: never stored),
+// their float32 sum in rank order, requantized with the agreed scale into the piece's all-gather
+// block and, where the pipeline asks for it, decoded into the output as well. A thread's unit is
+// kVec = 8 elements: one 16-byte load of a BF16/F16 input (8 bytes of codes from each other rank, 8
+// codes out, 16 bytes of a BF16 output), so that every load and store of a warp covers one contiguous
+// run (units of 16 elements made each thread's 32-byte accesses two half-sector loads or stores a
+// warp instruction apart: the first H100 run of this kernel moved its 6 bytes an element at 1.65 TB/s
+// beside the transfers, against 2.3-2.4 for the quantization and the decoding).
 
-// 16 codes per rank of one pack: the 16-byte loads of every rank, issued before any arithmetic.
+constexpr int kUnitWords = kVec / 4;  // 32-bit words of codes in a unit
+constexpr int kUnitsInFlight = 4;     // units per thread whose loads are issued before any arithmetic
+
+// The codes of a unit, NR ranks (compile-time), kUnitWords words each.
 template <int NR>
-struct RankPack {
-    uint4 u[NR];
+struct RankUnit {
+    uint2 c[NR];
 };
-template <int NR>
-__device__ __forceinline__ RankPack<NR> load_ranks(const uint8_t *src, int64_t stride, int64_t pack) {
-    RankPack<NR> r;
-#pragma unroll
-    for (int j = 0; j < NR; ++j) r.u[j] = __ldg(reinterpret_cast<const uint4 *>(src + j * stride) + pack);
-    return r;
+// This rank's codes of a unit: its input's elements quantized as quantize_vec_kernel quantizes them
+// (unpack, scaled by s, encode2; saturations counted).
+template <fp8amp_dtype S, fp8amp_dtype W, class Count>
+__device__ __forceinline__ uint2 own_codes(const SrcPack<S> &a, float in_s, float s, Count &sat) {
+    float x[kVec];
+    uint32_t w[kUnitWords];
+    unpack<S>(a, in_s, x);
+    encode_pack<W, kVec>(x, s, sat, w);
+    return make_uint2(w[0], w[1]);
 }
-
-// The requantized codes of one pack of 16 elements over NR ranks (compile-time), into 4 words.
-// Fast path (no code of the pack is special, any_special4: the usual case): the sum in rank order
+// The requantized codes of a unit over NR ranks (compile-time), into kUnitWords words.
+// Fast path (no code of the unit is special, any_special4: the usual case): the sum in rank order
 // is plain float32 additions from +0 (__fadd_rn, never contracted), exactly what comm_add does when
 // no operand is a NaN and no infinity can meet its opposite; times g (finite and nonzero, so no
 // NaN); encoded by the hardware's satfinite conversion, which for a non-NaN value is the software
 // codec (encode2's comment). Otherwise the general definition, element by element (comm_add,
 // scaled, encode2 with its NaN mapping). Either way the bytes of comm_reduce + comm_encode.
-template <fp8amp_dtype W, fp8amp_dtype O, int NR>
-__device__ __forceinline__ void requantize_pack(const RankPack<NR> &r, float g, unsigned &sat, uint32_t out[4]) {
+template <fp8amp_dtype W, fp8amp_dtype O, int NR, class Count>
+__device__ __forceinline__ void requantize_unit(const RankUnit<NR> &r, float g, Count &sat, uint32_t out[kUnitWords]) {
     bool special = false;
 #pragma unroll
     for (int j = 0; j < NR; ++j)
-        special = special || cuda::any_special4<W>(r.u[j].x) || cuda::any_special4<W>(r.u[j].y) ||
-                  cuda::any_special4<W>(r.u[j].z) || cuda::any_special4<W>(r.u[j].w);
-    float v[kCodes];
+#pragma unroll
+        special = special || cuda::any_special4<W>(r.c[j].x) || cuda::any_special4<W>(r.c[j].y);
+    float v[kVec];
     if (!special) {
 #pragma unroll
         for (int j = 0; j < NR; ++j) {
-            const uint32_t w[4] = {r.u[j].x, r.u[j].y, r.u[j].z, r.u[j].w};
 #pragma unroll
-            for (int q = 0; q < 4; ++q) {
+            for (int q = 0; q < kUnitWords; ++q) {
                 float d[4];
-                cuda::decode4_nonnan<W>(w[q], d);
+                cuda::decode4_nonnan<W>(q == 0 ? r.c[j].x : r.c[j].y, d);
 #pragma unroll
                 for (int k = 0; k < 4; ++k) v[4 * q + k] = __fadd_rn(j == 0 ? 0.0f : v[4 * q + k], d[k]);
             }
         }
 #pragma unroll
-        for (int i = 0; i < kCodes; i += 2) {
+        for (int i = 0; i < kVec; i += 2) {
             const float y0 = __fmul_rn(v[i], g), y1 = __fmul_rn(v[i + 1], g);
             sat += comm_saturates(O, y0) + comm_saturates(O, y1);
             const uint32_t pair = __nv_cvt_float2_to_fp8x2(make_float2(y0, y1), __NV_SATFINITE,
@@ -442,94 +456,189 @@ __device__ __forceinline__ void requantize_pack(const RankPack<NR> &r, float g, 
         return;
     }
 #pragma unroll
-    for (int i = 0; i < kCodes; ++i) v[i] = 0.0f;
+    for (int i = 0; i < kVec; ++i) v[i] = 0.0f;
 #pragma unroll
     for (int j = 0; j < NR; ++j) {
-        const uint32_t w[4] = {r.u[j].x, r.u[j].y, r.u[j].z, r.u[j].w};
 #pragma unroll
-        for (int q = 0; q < 4; ++q) {
+        for (int q = 0; q < kUnitWords; ++q) {
             float d[4];
-            cuda::decode4<W>(w[q], d);
+            cuda::decode4<W>(q == 0 ? r.c[j].x : r.c[j].y, d);
 #pragma unroll
             for (int k = 0; k < 4; ++k) v[4 * q + k] = comm_add(v[4 * q + k], d[k]);
         }
     }
 #pragma unroll
-    for (int i = 0; i < kCodes; i += 2) {
-        const float y0 = scaled(v[i], g), y1 = scaled(v[i + 1], g);
-        sat += comm_saturates(O, y0) + comm_saturates(O, y1);
-        const uint32_t pair = cuda::encode2<O>(y0, y1);
-        if (i % 4 == 0) out[i / 4] = pair;
-        else out[i / 4] |= pair << 16;
-    }
+    for (int i = 0; i < kVec; ++i) v[i] = scaled(v[i], g);
+    encode_pack<O, kVec>(v, 1.0f, sat, out);
 }
 
-// dst[k] = comm_encode(O, comm_reduce(W, NR, g, rank j's code of k)) for NR ranks known at compile
-// time (1 and 2: the one-rank communicator and the two-rank benchmark; more ranks take the generic
-// kernel below). Each thread takes two packs per iteration, both packs' loads of every rank in
-// flight before any arithmetic (16 NR x 2 bytes), so that the kernel is bound by memory, not by
-// latency; the grid is not persistent (tile_blocks) unless capped (grid-stride).
-template <fp8amp_dtype W, fp8amp_dtype O, int NR>
-__global__ void __launch_bounds__(kThreads) reduce_requantize_vec_kernel(const uint8_t *__restrict__ src, int64_t stride,
-                                                                         int64_t n, uint8_t *__restrict__ dst,
-                                                                         unsigned long long *saturated) {
+// The output's kVec elements of unit u from their requantized codes w (format O): the codes
+// themselves for an O output, else from_f32<D>(scaled(decode(code), si)) -- the bits of
+// cuda::dequantize's table (quantize.cu, table_word) and of the CPU's decode -- one 16-byte store
+// (two for F32). out: 16-byte aligned.
+template <fp8amp_dtype O, fp8amp_dtype D>
+__device__ __forceinline__ void store_decoded(void *out, int64_t u, const uint32_t w[kUnitWords], float si) {
+    float v[kVec];
+#pragma unroll
+    for (int q = 0; q < kUnitWords; ++q) cuda::decode4<O>(w[q], v + 4 * q);
+    if constexpr (D == FP8AMP_DTYPE_F32) {
+        auto *d = reinterpret_cast<float4 *>(out) + u * 2;
+#pragma unroll
+        for (int i = 0; i < 2; ++i)
+            d[i] = make_float4(cuda::from_f32<D>(scaled(v[4 * i], si)), cuda::from_f32<D>(scaled(v[4 * i + 1], si)),
+                               cuda::from_f32<D>(scaled(v[4 * i + 2], si)), cuda::from_f32<D>(scaled(v[4 * i + 3], si)));
+    } else {
+        uint32_t h[kVec / 2];
+#pragma unroll
+        for (int i = 0; i < kVec / 2; ++i)
+            h[i] = uint32_t(cuda::from_f32<D>(scaled(v[2 * i], si))) | uint32_t(cuda::from_f32<D>(scaled(v[2 * i + 1], si))) << 16;
+        reinterpret_cast<uint4 *>(out)[u] = make_uint4(h[0], h[1], h[2], h[3]);
+    }
+}
+template <fp8amp_dtype O>
+__device__ __forceinline__ void store_out(void *out, fp8amp_dtype dtype, int64_t u, const uint32_t w[kUnitWords], float si) {
+    switch (dtype) {
+    case FP8AMP_DTYPE_F32: store_decoded<O, FP8AMP_DTYPE_F32>(out, u, w, si); break;
+    case FP8AMP_DTYPE_F16: store_decoded<O, FP8AMP_DTYPE_F16>(out, u, w, si); break;
+    case FP8AMP_DTYPE_BF16: store_decoded<O, FP8AMP_DTYPE_BF16>(out, u, w, si); break;
+    default: reinterpret_cast<uint2 *>(out)[u] = make_uint2(w[0], w[1]); break;  // the codes (dtype O)
+    }
+}
+// One element of the same (the tails and unaligned buffers), with the software codec: the CPU's bytes.
+__device__ __forceinline__ void store_out_element(void *out, fp8amp_dtype dtype, fp8amp_dtype format, int64_t k,
+                                                  uint8_t code, float si) {
+    if (dtype == FP8AMP_DTYPE_E4M3 || dtype == FP8AMP_DTYPE_E5M2) static_cast<uint8_t *>(out)[k] = code;
+    else store_wide(out, dtype, k, scaled(comm_decode(format, code), si));
+}
+// Element k of the pass, with the software codec (the tails and unaligned buffers).
+__device__ __forceinline__ uint8_t reduce_requantize_element(const uint8_t *src, int64_t stride, int nranks, int own,
+                                                             const void *in, fp8amp_dtype in_dtype, float in_s,
+                                                             float s, fp8amp_dtype wire, fp8amp_dtype format, float g,
+                                                             int64_t k, unsigned long long &sat) {
+    const float q = scaled(load_real(in, in_dtype, in_s, k), s);
+    sat += comm_saturates(wire, q);
+    const uint8_t mine = comm_encode(wire, q);
+    const float y = comm_reduce(wire, nranks, g, [&](int j) { return j == own ? mine : src[j * stride + k]; });
+    sat += comm_saturates(format, y);
+    return comm_encode(format, y);
+}
+
+// NR ranks known at compile time (1 and 2: the one-rank communicator and the two-rank benchmark) and
+// O = W; more ranks, or another output format, take the generic kernel below. Each thread takes
+// kUnitsInFlight units per iteration (grid-stride between them, so that a warp's accesses stay
+// contiguous), the loads of all of them issued before any arithmetic; the grid is not persistent
+// (tile_blocks) unless capped. in and out may be the same buffer (in place): a unit's elements are
+// read before they are written, by the same thread.
+template <fp8amp_dtype S, fp8amp_dtype W, fp8amp_dtype O, int NR>
+__global__ void __launch_bounds__(kThreads) reduce_requantize_vec_kernel(
+    const uint8_t *__restrict__ src, int64_t stride, int own, const void *in, const float *in_scale_inv,
+    const uint32_t *amax_bits, int64_t n, uint8_t *__restrict__ dst, void *out, fp8amp_dtype out_dtype,
+    const float *out_scale_inv, unsigned long long *saturated) {
+    const float in_s = input_scale(S, in_scale_inv);
+    const float s = comm_scale(comm_fp8_max(W), *amax_bits);
     const float g = comm_requant_factor(W, O, NR);
-    const int64_t packs = n / kCodes;
+    static_assert(NR == 1 || NR == 2, "one or two ranks; more take reduce_requantize_any_kernel");
+    const float si = out && out_dtype != O ? *out_scale_inv : 1.0f;
+    const int64_t units = n / kVec;
     const int64_t step = int64_t(gridDim.x) * blockDim.x;
+    const auto *own_in = static_cast<const SrcPack<S> *>(in);
     unsigned sat = 0;
-    for (int64_t p = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; p < packs; p += 2 * step) {
-        const int64_t p1 = p + step;
-        const RankPack<NR> a = load_ranks<NR>(src, stride, p);
-        RankPack<NR> b{};
-        if (p1 < packs) b = load_ranks<NR>(src, stride, p1);
-        uint32_t w[4];
-        requantize_pack<W, O, NR>(a, g, sat, w);
-        reinterpret_cast<uint4 *>(dst)[p] = make_uint4(w[0], w[1], w[2], w[3]);
-        if (p1 < packs) {
-            requantize_pack<W, O, NR>(b, g, sat, w);
-            reinterpret_cast<uint4 *>(dst)[p1] = make_uint4(w[0], w[1], w[2], w[3]);
+    for (int64_t u0 = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; u0 < units; u0 += kUnitsInFlight * step) {
+        // The other rank's codes (two ranks) and this rank's input of each unit.
+        uint2 other[kUnitsInFlight];
+        SrcPack<S> x[kUnitsInFlight];
+#pragma unroll
+        for (int k = 0; k < kUnitsInFlight; ++k) {
+            const int64_t u = u0 + k * step < units ? u0 + k * step : u0;  // past the end: unit u0 again, not stored
+            if constexpr (NR == 2) other[k] = __ldg(reinterpret_cast<const uint2 *>(src + (1 - own) * stride) + u);
+            x[k] = own_in[u];
+        }
+#pragma unroll
+        for (int k = 0; k < kUnitsInFlight; ++k) {
+            const int64_t u = u0 + k * step;
+            if (u < units) {
+                uint32_t w[kUnitWords];
+                // Rank order, by selects (no index that depends on own: the units stay in registers).
+                const uint2 mine = own_codes<S, W>(x[k], in_s, s, sat);
+                RankUnit<NR> r;
+                if constexpr (NR == 1) {
+                    r.c[0] = mine;
+                } else {
+                    r.c[0] = own == 0 ? mine : other[k];
+                    r.c[1] = own == 0 ? other[k] : mine;
+                }
+                requantize_unit<W, O, NR>(r, g, sat, w);
+                reinterpret_cast<uint2 *>(dst)[u] = make_uint2(w[0], w[1]);
+                if (out) store_out<O>(out, out_dtype, u, w, si);
+            }
         }
     }
-    for (int64_t k = packs * kCodes + blockIdx.x * int64_t(blockDim.x) + threadIdx.x; k < n; k += step) {
-        const float y = comm_reduce(W, NR, g, [&](int j) { return src[j * stride + k]; });
-        sat += comm_saturates(O, y);
-        dst[k] = comm_encode(O, y);
+    unsigned long long tail_sat = sat;
+    for (int64_t k = units * kVec + blockIdx.x * int64_t(blockDim.x) + threadIdx.x; k < n; k += step) {
+        dst[k] = reduce_requantize_element(src, stride, NR, own, in, S, in_s, s, W, O, g, k, tail_sat);
+        if (out) store_out_element(out, out_dtype, O, k, dst[k], si);
     }
-    fold_count(sat, saturated);
+    fold_count(tail_sat, saturated);
 }
 
-// Any number of ranks (a runtime loop over them; 16-byte loads), and the generic arithmetic.
-template <fp8amp_dtype W, fp8amp_dtype O>
-__global__ void __launch_bounds__(kThreads) reduce_requantize_any_kernel(const uint8_t *__restrict__ src, int64_t stride,
-                                                                         int nranks, int64_t n, uint8_t *__restrict__ dst,
-                                                                         unsigned long long *saturated) {
+// Any number of ranks (a runtime loop over them; 8-byte loads), any output format, and the generic
+// arithmetic (comm_add, scaled, encode2 with its NaN mapping).
+template <fp8amp_dtype S, fp8amp_dtype W, fp8amp_dtype O>
+__global__ void __launch_bounds__(kThreads) reduce_requantize_any_kernel(
+    const uint8_t *__restrict__ src, int64_t stride, int nranks, int own, const void *in, const float *in_scale_inv,
+    const uint32_t *amax_bits, int64_t n, uint8_t *__restrict__ dst, void *out, fp8amp_dtype out_dtype,
+    const float *out_scale_inv, unsigned long long *saturated) {
+    const float in_s = input_scale(S, in_scale_inv);
+    const float s = comm_scale(comm_fp8_max(W), *amax_bits);
     const float g = comm_requant_factor(W, O, nranks);
-    const int64_t packs = n / kCodes;
+    const float si = out && out_dtype != O ? *out_scale_inv : 1.0f;
+    const int64_t units = n / kVec;
+    const auto *own_in = static_cast<const SrcPack<S> *>(in);
     unsigned long long sat = 0;
-    for (int64_t p = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; p < packs; p += int64_t(gridDim.x) * blockDim.x) {
-        float v[kCodes];
-        reduce_pack<W>(src, stride, nranks, p, g, v);
-        uint32_t w[kCodes / 4];
-        encode_pack<O, kCodes>(v, 1.0f, sat, w);
-        reinterpret_cast<uint4 *>(dst)[p] = make_uint4(w[0], w[1], w[2], w[3]);
+    for (int64_t u = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; u < units; u += int64_t(gridDim.x) * blockDim.x) {
+        const uint2 mine = own_codes<S, W>(own_in[u], in_s, s, sat);
+        float v[kVec];
+#pragma unroll
+        for (int i = 0; i < kVec; ++i) v[i] = 0.0f;
+        for (int j = 0; j < nranks; ++j) {
+            const uint2 c = j == own ? mine : __ldg(reinterpret_cast<const uint2 *>(src + j * stride) + u);
+            const uint32_t w[kUnitWords] = {c.x, c.y};
+#pragma unroll
+            for (int q = 0; q < kUnitWords; ++q) {
+                float d[4];
+                cuda::decode4<W>(w[q], d);
+#pragma unroll
+                for (int k = 0; k < 4; ++k) v[4 * q + k] = comm_add(v[4 * q + k], d[k]);
+            }
+        }
+#pragma unroll
+        for (int i = 0; i < kVec; ++i) v[i] = scaled(v[i], g);
+        uint32_t w[kUnitWords];
+        encode_pack<O, kVec>(v, 1.0f, sat, w);
+        reinterpret_cast<uint2 *>(dst)[u] = make_uint2(w[0], w[1]);
+        if (out) store_out<O>(out, out_dtype, u, w, si);
     }
-    for (int64_t k = packs * kCodes + blockIdx.x * int64_t(blockDim.x) + threadIdx.x; k < n; k += int64_t(gridDim.x) * blockDim.x) {
-        const float y = comm_reduce(W, nranks, g, [&](int j) { return src[j * stride + k]; });
-        sat += comm_saturates(O, y);
-        dst[k] = comm_encode(O, y);
+    for (int64_t k = units * kVec + blockIdx.x * int64_t(blockDim.x) + threadIdx.x; k < n; k += int64_t(gridDim.x) * blockDim.x) {
+        dst[k] = reduce_requantize_element(src, stride, nranks, own, in, S, in_s, s, W, O, g, k, sat);
+        if (out) store_out_element(out, out_dtype, O, k, dst[k], si);
     }
     fold_count(sat, saturated);
 }
 
-// Unaligned pointers: element by element.
-__global__ void reduce_requantize_kernel(const uint8_t *src, int64_t stride, int nranks, int64_t n, fp8amp_dtype wire,
-                                         fp8amp_dtype format, uint8_t *dst, unsigned long long *saturated) {
+// Unaligned buffers: element by element.
+__global__ void reduce_requantize_kernel(const uint8_t *src, int64_t stride, int nranks, int own, const void *in,
+                                         fp8amp_dtype in_dtype, const float *in_scale_inv, const uint32_t *amax_bits,
+                                         int64_t n, fp8amp_dtype wire, fp8amp_dtype format, uint8_t *dst, void *out,
+                                         fp8amp_dtype out_dtype, const float *out_scale_inv,
+                                         unsigned long long *saturated) {
+    const float in_s = input_scale(in_dtype, in_scale_inv);
+    const float s = comm_scale(comm_fp8_max(wire), *amax_bits);
     const float g = comm_requant_factor(wire, format, nranks);
+    const float si = out && out_dtype != format ? *out_scale_inv : 1.0f;
     unsigned long long sat = 0;
     for (int64_t k = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; k < n; k += int64_t(gridDim.x) * blockDim.x) {
-        const float y = comm_reduce(wire, nranks, g, [&](int j) { return src[j * stride + k]; });
-        sat += comm_saturates(format, y);
-        dst[k] = comm_encode(format, y);
+        dst[k] = reduce_requantize_element(src, stride, nranks, own, in, in_dtype, in_s, s, wire, format, g, k, sat);
+        if (out) store_out_element(out, out_dtype, format, k, dst[k], si);
     }
     fold_count(sat, saturated);
 }
@@ -707,27 +816,44 @@ public:
         }
         cuda::check_launch("comm accumulate_quantize_kernel");
     }
-    void reduce_requantize(const uint8_t *src, int64_t stride, int nranks, int64_t n, fp8amp_dtype wire,
-                           fp8amp_dtype format, uint8_t *dst, unsigned long long *saturated, void *stream) override {
+    void reduce_requantize(const uint8_t *src, int64_t stride, int nranks, int own, const OwnInput &in, int64_t n,
+                           fp8amp_dtype wire, fp8amp_dtype format, uint8_t *dst, const OwnOutput &out,
+                           unsigned long long *saturated, void *stream) override {
         if (n <= 0) return;
         cuda::DeviceGuard g(device_);
-        if (accumulate_aligned(src, stride, dst, kCodes)) {
-            const int grid = capped(tile_blocks(n / kCodes));
-            with_fp8(wire, [&](auto w) {
-                with_fp8(format, [&](auto o) {
-                    constexpr fp8amp_dtype W = decltype(w)::value, O = decltype(o)::value;
-                    if (nranks == 1)
-                        reduce_requantize_vec_kernel<W, O, 1><<<grid, kThreads, 0, st(stream)>>>(src, stride, n, dst, saturated);
-                    else if (nranks == 2)
-                        reduce_requantize_vec_kernel<W, O, 2><<<grid, kThreads, 0, st(stream)>>>(src, stride, n, dst, saturated);
-                    else
-                        reduce_requantize_any_kernel<W, O><<<grid, kThreads, 0, st(stream)>>>(src, stride, nranks, n, dst,
-                                                                                              saturated);
+        // Vectorized when the other ranks' codes and dst are 8-byte aligned (stride too), the output
+        // 16-byte aligned and the input aligned for its packs (as quantize requires).
+        if (aligned(src, kVec) && stride % kVec == 0 && aligned(dst, kVec) && aligned(in.data, kVec * dtype_bytes(in.dtype)) &&
+            (!out.data || aligned(out.data, 16))) {
+            const int grid = capped(tile_blocks(n / kVec));
+            with_dtype(in.dtype, [&](auto d) {
+                with_fp8(wire, [&](auto w) {
+                    with_fp8(format, [&](auto o) {
+                        constexpr fp8amp_dtype S = decltype(d)::value, W = decltype(w)::value, O = decltype(o)::value;
+                        if constexpr (W == O) {
+                            if (nranks == 1) {
+                                reduce_requantize_vec_kernel<S, W, O, 1><<<grid, kThreads, 0, st(stream)>>>(
+                                    src, stride, own, in.data, in.scale_inv, in.amax_bits, n, dst, out.data, out.dtype,
+                                    out.scale_inv, saturated);
+                                return;
+                            }
+                            if (nranks == 2) {
+                                reduce_requantize_vec_kernel<S, W, O, 2><<<grid, kThreads, 0, st(stream)>>>(
+                                    src, stride, own, in.data, in.scale_inv, in.amax_bits, n, dst, out.data, out.dtype,
+                                    out.scale_inv, saturated);
+                                return;
+                            }
+                        }
+                        reduce_requantize_any_kernel<S, W, O><<<grid, kThreads, 0, st(stream)>>>(
+                            src, stride, nranks, own, in.data, in.scale_inv, in.amax_bits, n, dst, out.data, out.dtype,
+                            out.scale_inv, saturated);
+                    });
                 });
             });
         } else {
-            reduce_requantize_kernel<<<capped(blocks_for(n)), kThreads, 0, st(stream)>>>(src, stride, nranks, n, wire, format,
-                                                                                         dst, saturated);
+            reduce_requantize_kernel<<<capped(blocks_for(n)), kThreads, 0, st(stream)>>>(
+                src, stride, nranks, own, in.data, in.dtype, in.scale_inv, in.amax_bits, n, wire, format, dst, out.data,
+                out.dtype, out.scale_inv, saturated);
         }
         cuda::check_launch("comm reduce_requantize_kernel");
     }
