@@ -50,8 +50,9 @@ int64_t chunk_elements(int64_t total, int N) {
 
 // The all-reduce's pipeline pieces (docs/communicator.md, "Pipeline"): each rank chunk of C elements is
 // moved in pieces (multiples of 16 elements), so that converting one piece overlaps moving another.
-// Which piece an element travels in changes nothing in its value (the scales are agreed for the whole
-// bucket first, the sum is per element), so the bytes do not depend on the schedule: the tests run
+// Which piece an element travels in changes nothing in its value (its scale is its scale segment's,
+// fixed by the regions -- region_elements -- and agreed over the whole segment at the first piece that
+// holds any of it; the sum is per element), so the bytes do not depend on the schedule: the tests run
 // with small pieces too (FP8AMP_COMM_PIECE_ELEMENTS, FP8AMP_COMM_PIECE_TAPER).
 //
 // The schedule is a function of C, P (piece_elements) and the taper D (piece_taper), values every
@@ -120,6 +121,25 @@ std::vector<int64_t> piece_bounds(int64_t C, int64_t P, int64_t D) {
     b.push_back(C);
     return b;
 }
+
+// The all-reduce's scale regions (docs/communicator.md, "Algorithm", step 1): each rank chunk of C
+// elements is cut into regions of R = C / kScaleRegions elements (rounded up to a multiple of 16; the
+// last one shorter), and a tensor with a wide output (F32, F16, BF16) gets one agreed wire scale per
+// region it has elements in -- its scale segments. Why per region and not per tensor: the amax of a
+// region can be taken and agreed while the pipeline moves an earlier piece, so that only the first
+// piece's amaxes and their agreement stay before the first transfer, where a tensor's amax needs a
+// pass over the whole tensor (the whole bucket, for one large tensor) first. A tensor with an FP8
+// output keeps one scale (its output has one scale_inv), so one segment: the whole tensor.
+//
+// The regions are a function of C alone (the call's sizes and nranks), never of the device or of the
+// piece schedule: the bytes depend on them, and must be the same on every rank and on both devices.
+// A segment's amax is taken and agreed before the first piece that holds any of its elements, so a
+// schedule that does not follow the regions (FP8AMP_COMM_PIECE_ELEMENTS, the taper, the CPU's one
+// piece) changes when the amaxes are taken, never their values. The default CUDA schedule of a large
+// chunk (C / 4, at least kMinPiece) is the regions themselves: kScaleRegions is its piece count.
+constexpr int64_t kScaleRegions = 4;
+
+int64_t region_elements(int64_t C) { return C <= 0 ? 16 : round16((C + kScaleRegions - 1) / kScaleRegions); }
 
 // How the all-reduce's reduce-scatter half moves the codes (docs/communicator.md, "Data path"). Two
 // ranks: by default one all-gather per piece, each rank contributing the piece of the other rank's
@@ -264,6 +284,7 @@ void *Communicator::scratch(size_t slot, size_t nbytes, bool zero) {
         scratch_[slot].reset();
         registered_[slot] = false;
         scratch_[slot] = ctx_->allocate(nbytes);
+        context_stream_pending_ = true;  // in the context stream's order
         // zero: bytes the transport moves but nothing reads (gaps between tensors, the padding) are
         // defined, so that the wire never carries uninitialized memory.
         if (zero) compute_->memset_async(scratch_[slot]->data(), 0, scratch_[slot]->nbytes(), ctx_->stream());
@@ -285,6 +306,7 @@ void *Communicator::registered_scratch(size_t slot, size_t nbytes) {
     if (scratch_[slot] && scratch_[slot]->nbytes() >= nbytes) return scratch_[slot]->data();
     scratch_[slot].reset();
     registered_[slot] = false;
+    context_stream_pending_ = true;  // the agreement below runs on the context's stream
     void *p = nullptr;
     bool failed = false;
     std::string why;
@@ -339,11 +361,15 @@ void Communicator::prepare_exchange(bool check, void *stream) {
     if (!check || nranks() == 1) return;
     scratch(4, Transport::agree_scratch_bytes(3));
     void *S = ctx_->stream();
-    if (!stream || stream == S) return;
-    // The exchange's stream waits for what S holds now (the scratch may be new, in S's order): slot 0,
-    // recorded and waited at once.
+    if (!stream || stream == S || !context_stream_pending_) return;
+    // The exchange's stream waits for what S holds now -- this communicator's collectives there (NCCL
+    // must not run two of one communicator at once) and scratch allocated in S's order -- but only
+    // when S holds any since the last time (context_stream_pending_): the caller's own work on S (the
+    // backward pass that made the gradients) need not finish before the exchange, so that the host,
+    // which waits for the exchange, does not wait for that work too. Slot 0, recorded and waited at once.
     compute_->record(0, S);
     compute_->wait(0, stream);
+    context_stream_pending_ = false;
 }
 
 void Communicator::exchange_agreement(bool check, const char *op, bool failed, const Signature &sig, void *stream) {
@@ -354,6 +380,7 @@ void Communicator::exchange_agreement(bool check, const char *op, bool failed, c
     void *s = scratch(4, Transport::agree_scratch_bytes(3));
     bool any_failed = false;
     if (!stream || stream == S) {
+        context_stream_pending_ = true;
         any_failed = transport_->agree(sigs, 3, failed, same, s, S);
     } else {
         // Beside the context's stream (the all-reduce's amax pass runs there meanwhile): ordered after
@@ -405,24 +432,88 @@ void Communicator::all_reduce(const std::vector<std::shared_ptr<Tensor>> &inputs
     // on S as before.
     void *S = ctx_->stream();
     void *X = S;
+    int64_t C = 0;                // the chunk per rank
+    std::vector<int64_t> bounds;  // the pieces of a chunk (piece_bounds)
+    // The scale segments (region_elements): segment [a, b) of the bucket, all of tensor i, has one
+    // agreed scale, at `slot` of the small values. In bucket order, tensor by tensor: tensor i's are
+    // segs[seg_first[i] .. seg_first[i + 1]). The slots are ordered by the first piece that needs the
+    // segment (its amax must be agreed before that piece's quantization), then by output format: piece
+    // p's segments are the slots [group[p], group[p + 1]), one contiguous agreement.
+    struct Segment {
+        size_t i;
+        int64_t a, b, slot;
+    };
+    std::vector<Segment> segs;
+    std::vector<size_t> seg_first(n + 1, 0);
+    std::vector<size_t> by_slot;  // the segment at each slot
+    std::vector<int64_t> group;
     uint32_t *amax_in = nullptr;
-    // 1a. The amax pass beside the check: the local amaxes (on S) do not depend on the check, so they
-    // are enqueued once this rank's arguments are valid and run while the check's exchange goes on X
-    // (agreed_beside): the host waits for the check alone, and the amax pass hides it. They write only
-    // the communicator's scratch, so a refused call still changes nothing the caller sees.
-    // With the check beside it, the amax kernels leave kCheckFreeSms multiprocessors empty for NCCL's
-    // block (set_amax_free_sms; CUDA): otherwise that block would start only once the pass drained.
+    // The local amaxes of piece p's segments, each over the whole segment (also its elements in later
+    // pieces), on S.
+    auto amaxes = [&](int64_t p) {
+        for (int64_t slot = group[p]; slot < group[p + 1]; ++slot) {
+            const Segment &g = segs[by_slot[slot]];
+            const Tensor &in = *inputs[g.i];
+            compute_->amax(element(in, g.a - offset[g.i]), in.dtype(), in.scale_inv(), g.b - g.a, amax_in + slot, S);
+        }
+    };
+    // 1a. The first piece's amaxes beside the check: the local amaxes (on S) do not depend on the
+    // check, so they are enqueued once this rank's arguments are valid and run while the check's
+    // exchange goes on X (agreed_beside): the host waits for the check alone, and the amax pass hides
+    // it. They write only the communicator's scratch, so a refused call still changes nothing the
+    // caller sees. With the check beside it, the amax kernels leave kCheckFreeSms multiprocessors empty
+    // for NCCL's block (set_amax_free_sms; CUDA): otherwise that block would start only once the pass
+    // drained. The other pieces' amaxes come in the pipeline, while earlier pieces are on the wire.
     auto amax_pass = [&] {
-        amax_in = static_cast<uint32_t *>(scratch(0, 16 * n));
-        compute_->memset_async(amax_in, 0, 4 * n, S);
+        amax_in = static_cast<uint32_t *>(scratch(0, 16 * segs.size()));
+        compute_->memset_async(amax_in, 0, 4 * segs.size(), S);
         struct FreeSms {
             kernels::CommCompute &c;
             ~FreeSms() { c.set_amax_free_sms(0); }
         } reset{*compute_};
         compute_->set_amax_free_sms(o.check && N > 1 && X != S ? kCheckFreeSms : 0);
-        for (size_t i = 0; i < n; ++i)
-            compute_->amax(inputs[i]->data(), inputs[i]->dtype(), inputs[i]->scale_inv(), inputs[i]->numel(),
-                           amax_in + i, S);
+        amaxes(0);
+    };
+    // The segments and their slots, from offset, gather, C and bounds (in the validation, so that the
+    // amax pass beside the check can use them).
+    auto make_segments = [&] {
+        const int64_t R = region_elements(C);
+        auto piece_of = [&](int64_t x) {  // the piece of element x of a chunk
+            return static_cast<int64_t>(std::upper_bound(bounds.begin(), bounds.end(), x) - bounds.begin()) - 1;
+        };
+        std::vector<int64_t> need;  // the first piece that holds an element of each segment
+        for (size_t i = 0; i < n; ++i) {
+            seg_first[i] = segs.size();
+            const int64_t end = offset[i] + inputs[i]->numel();
+            if (is_fp8(outputs[i]->dtype())) {
+                // One scale for the whole tensor (even an empty one: its output still gets a
+                // scale_inv). Spread over several chunks it has elements in piece 0 of each but the first.
+                const int64_t j0 = C > 0 ? offset[i] / C : 0, j1 = C > 0 && end > offset[i] ? (end - 1) / C : j0;
+                segs.push_back({i, offset[i], end, 0});
+                need.push_back(j1 > j0 || C == 0 ? 0 : piece_of(offset[i] - j0 * C));
+                continue;
+            }
+            for (int64_t a = offset[i]; a < end;) {
+                const int64_t j = a / C, k = (a - j * C) / R;
+                const int64_t b = std::min(end, j * C + std::min((k + 1) * R, C));
+                segs.push_back({i, a, b, 0});
+                need.push_back(piece_of(a - j * C));
+                a = b;
+            }
+        }
+        seg_first[n] = segs.size();
+        by_slot.resize(segs.size());
+        for (size_t s = 0; s < segs.size(); ++s) by_slot[s] = s;
+        std::stable_sort(by_slot.begin(), by_slot.end(), [&](size_t x, size_t y) {
+            return need[x] != need[y] ? need[x] < need[y] : gather[segs[x].i] < gather[segs[y].i];
+        });
+        const int64_t pieces = std::max<int64_t>(1, static_cast<int64_t>(bounds.size()) - 1);
+        group.assign(static_cast<size_t>(pieces) + 1, 0);
+        for (size_t slot = 0; slot < by_slot.size(); ++slot) {
+            segs[by_slot[slot]].slot = static_cast<int64_t>(slot);
+            ++group[static_cast<size_t>(need[by_slot[slot]]) + 1];
+        }
+        for (int64_t p = 0; p < pieces; ++p) group[p + 1] += group[p];
     };
     agreed_beside(o.check, "fp8amp_comm_all_reduce", [&] {
         Signature sig;
@@ -479,20 +570,24 @@ void Communicator::all_reduce(const std::vector<std::shared_ptr<Tensor>> &inputs
         sig.options = options.h;
         // The scratch too, before the agreement: a rank out of memory refuses like any other. (Memory
         // registered with the transport comes after the agreement: its registration is collective.)
-        scratch(0, 16 * n);
+        C = chunk;
+        bounds = piece_bounds(C, P, D);
+        make_segments();
+        scratch(0, 16 * segs.size());
         if (memory_ == Transport::kPlain) scratch(1, static_cast<size_t>(chunk) * N * 2, true);
         return sig;
     }, amax_pass, X);
 
-    const int64_t total = offset[n];
-    const int64_t C = chunk_elements(total, N);  // chunk per rank
-    const std::vector<int64_t> bounds = piece_bounds(C, P, D);
     const int64_t pieces = static_cast<int64_t>(bounds.size()) - 1;
     const int blocks = grid_blocks();
-    // Small per-tensor values: the agreed amax of the inputs, the wire's and the output's scale_inv
-    // (16 n bytes: amax_in, an unused word, wire_si, out_si).
+    // The per-piece agreements of the amaxes go on a third stream Y (CUDA), so that they need not
+    // queue behind the piece on the wire (X).
+    void *const Y = X == S ? S : compute_->agreement_stream(S);
+    // Small per-segment values: the agreed amax of the inputs, the wire's and the output's scale_inv
+    // (16 bytes a segment: amax_in, an unused word, wire_si, out_si).
+    const size_t m = segs.size();
     auto *small = amax_in;
-    float *wire_si = reinterpret_cast<float *>(small + 2 * n), *out_si = reinterpret_cast<float *>(small + 3 * n);
+    float *wire_si = reinterpret_cast<float *>(small + 2 * m), *out_si = reinterpret_cast<float *>(small + 3 * m);
     // One allocation of 2 N C bytes: `wire` (the first N C) and `recv` (the next N C), so that the
     // two-rank layout below may address one rank's codes in each from one base and a stride.
     const size_t wire_bytes = static_cast<size_t>(C) * N * 2;
@@ -545,6 +640,32 @@ void Communicator::all_reduce(const std::vector<std::shared_ptr<Tensor>> &inputs
         }
     };
 
+    // f(i, slot, a, b) for each scale segment with elements in the bucket range [lo, hi): its part
+    // [a, b) of tensor i, and the segment's slot.
+    auto each_segment = [&](int64_t lo, int64_t hi, auto &&f) {
+        each(lo, hi, [&](size_t i, int64_t a, int64_t b) {
+            const Segment *g = segs.data() + seg_first[i], *last = segs.data() + seg_first[i + 1];
+            g = std::upper_bound(g, last, a, [](int64_t v, const Segment &s) { return v < s.b; });
+            for (; g < last && g->a < b; ++g) f(i, g->slot, std::max(a, g->a), std::min(b, g->b));
+        });
+    };
+    // The agreement of piece p's amaxes (all-reduce MAX, on `stream`) and, on S, their scales: one
+    // launch per output format.
+    auto agree_amaxes = [&](int64_t p, void *stream) {
+        if (group[p + 1] > group[p])
+            transport_->allreduce_max_u32(amax_in + group[p], static_cast<size_t>(group[p + 1] - group[p]), stream);
+    };
+    auto scales = [&](int64_t p) {
+        for (int64_t s = group[p]; s < group[p + 1];) {
+            const fp8amp_dtype f = gather[segs[by_slot[s]].i];
+            int64_t e = s + 1;
+            while (e < group[p + 1] && gather[segs[by_slot[e]].i] == f) ++e;
+            compute_->all_reduce_scales(amax_in + s, e - s, o.wire, f, N, o.average, wire_si + s, out_si + s, S);
+            s = e;
+        }
+    };
+    auto has_amaxes = [&](int64_t p) { return group[p + 1] > group[p]; };
+
     // The steps of piece p: quantize (Q, on S: piece p of every rank's chunk onto the wire with the
     // agreed scale), reduce-scatter (RS, on X: piece p of chunk j to rank j), reduce + requantize (R,
     // on S: the float32 sum in rank order of piece p of this rank's chunk, requantized with the same
@@ -555,10 +676,10 @@ void Communicator::all_reduce(const std::vector<std::shared_ptr<Tensor>> &inputs
         const int64_t lo = piece(p).first, hi = piece(p).second;  // not a structured binding: C++17 lambdas cannot capture one (clang refuses)
         for (int j = 0; j < N; ++j) {
             if (j == r) continue;  // read by the requantization itself
-            each(j * C + lo, j * C + hi, [&](size_t i, int64_t a, int64_t b) {
+            each_segment(j * C + lo, j * C + hi, [&](size_t i, int64_t slot, int64_t a, int64_t b) {
                 const Tensor &in = *inputs[i];
-                compute_->quantize(element(in, a - offset[i]), in.dtype(), in.scale_inv(), b - a, amax_in + i, o.wire,
-                                   wire_of(lo, hi, j, a - j * C - lo), nullptr, sat, S);
+                compute_->quantize(element(in, a - offset[i]), in.dtype(), in.scale_inv(), b - a, amax_in + slot,
+                                   o.wire, wire_of(lo, hi, j, a - j * C - lo), nullptr, sat, S);
             });
         }
     };
@@ -581,13 +702,13 @@ void Communicator::all_reduce(const std::vector<std::shared_ptr<Tensor>> &inputs
     auto reduce_piece = [&](int64_t p) {
         const int64_t lo = piece(p).first, hi = piece(p).second;  // not a structured binding: C++17 lambdas cannot capture one (clang refuses)
         uint8_t *block = wire + N * lo + r * (hi - lo);
-        each(lo_r + lo, lo_r + hi, [&](size_t i, int64_t a, int64_t b) {
+        each_segment(lo_r + lo, lo_r + hi, [&](size_t i, int64_t slot, int64_t a, int64_t b) {
             const auto [src, stride] = codes_of(lo, hi, a - lo_r - lo);
             const Tensor &in = *inputs[i];
             Tensor &out = *outputs[i];
-            const kernels::CommCompute::OwnInput own{element(in, a - offset[i]), in.dtype(), in.scale_inv(), amax_in + i};
+            const kernels::CommCompute::OwnInput own{element(in, a - offset[i]), in.dtype(), in.scale_inv(), amax_in + slot};
             const kernels::CommCompute::OwnOutput early{own_outputs_early ? element(out, a - offset[i]) : nullptr,
-                                                        out.dtype(), out_si + i};
+                                                        out.dtype(), out_si + slot};
             compute_->reduce_requantize(src, stride, N, r, own, b - a, o.wire, gather[i], block + (a - lo_r - lo), early,
                                         sat, S);
         });
@@ -603,32 +724,40 @@ void Communicator::all_reduce(const std::vector<std::shared_ptr<Tensor>> &inputs
         for (int j = 0; j < N; ++j) {
             if (j == r && own_outputs_early) continue;  // written by the requantization
             const uint8_t *block = wire + N * lo + j * (hi - lo);
-            each(j * C + lo, j * C + hi, [&](size_t i, int64_t a, int64_t b) {
+            each_segment(j * C + lo, j * C + hi, [&](size_t i, int64_t slot, int64_t a, int64_t b) {
                 Tensor &out = *outputs[i];
                 const uint8_t *codes = block + (a - j * C - lo);
                 if (is_fp8(out.dtype()))
                     compute_->copy_async(element(out, a - offset[i]), codes, static_cast<size_t>(b - a), S);
                 else
-                    compute_->dequantize(codes, gather[i], out_si + i, b - a, element(out, a - offset[i]), out.dtype(), S);
+                    compute_->dequantize(codes, gather[i], out_si + slot, b - a, element(out, a - offset[i]),
+                                         out.dtype(), S);
             });
         }
     };
 
-    // 1b. One scale per tensor for all ranks: the max of the amaxes (the pass above, on S); from it
-    // the wire's scale_inv and the output's (comm_requant_scale_inv), before any piece.
+    // 1b. The first piece's scales for all ranks: the max of its segments' amaxes (the pass above, on
+    // S); from it the wire's scale_inv and the output's (comm_requant_scale_inv), before any piece.
+    // (X is idle until the first piece's transfer, which needs these scales anyway.)
     compute_->record(0, S);
     compute_->wait(0, X);
-    transport_->allreduce_max_u32(amax_in, n, X);
+    agree_amaxes(0, X);
     compute_->record(1, X);
     compute_->wait(1, S);
-    for (size_t i = 0; i < n; ++i)
-        compute_->all_reduce_scales(amax_in + i, o.wire, gather[i], N, o.average, wire_si + i, out_si + i, S);
+    scales(0);
 
-    // 2-7, a pipeline of the pieces over the two streams (S: Q, R, D; X: RS, AG). At step t the host
-    // enqueues
-    //   S: Q(t)  -> X: RS(t)  ;  S: R(t-1) (after RS(t-1))  -> X: AG(t-1)  ;  S: D(t-2) (after AG(t-2))
-    // so that the transfers of pieces t and t - 1 overlap the conversions of pieces t - 1, t - 2 and
-    // t + 1; every hand-over is an event (no host synchronization): slot 0 S -> X (recorded and waited
+    // 2-7, a pipeline of the pieces over the streams (S: A, Q, R, D; X: RS, AG; Y: G). At step t the
+    // host enqueues
+    //   S: Q(t) (after G(t))  -> X: RS(t)  ;  S: A(t+1) -> Y: G(t+1)  ;
+    //   S: R(t-1) (after RS(t-1))  -> X: AG(t-1)  ;  S: D(t-2) (after AG(t-2))
+    // where A(p) is the local amax of the segments piece p needs first and G(p) their agreement (the
+    // segments' scales follow on S right before Q(p)): G(t+1) has R(t-1) and D(t-2) to complete in, on
+    // its own stream beside the transfers, and A(t+1) reads inputs that no earlier D wrote (a
+    // segment's elements lie in pieces >= the one that needs it, decoded at step >= t + 3). Slots 6
+    // (S -> Y, recorded and waited at once) and 7 (G(t+1) done, waited by S at step t + 1 before its
+    // next record) hand them over; every Y operation is joined back to S. So the transfers of pieces t
+    // and t - 1 overlap the conversions of pieces t - 1, t - 2 and t + 1 and the amaxes of piece t + 1;
+    // every hand-over is an event (no host synchronization): slot 0 S -> X (recorded and waited
     // at once), slots 2 + t % 2 "RS(t) done" and 4 + t % 2 "AG(t) done" alternate, so that a slot is
     // recorded again only after the wait for its previous mark was enqueued (a wait sees the latest
     // record). S waits for X's last operation before the call returns (the last D waits for the last
@@ -642,11 +771,22 @@ void Communicator::all_reduce(const std::vector<std::shared_ptr<Tensor>> &inputs
     for (int64_t t = 0; t < pieces + 2; ++t) {
         compute_->set_grid_limit(t == 0 ? 0 : blocks);
         if (t < pieces) {
+            if (t >= 1 && has_amaxes(t)) {
+                compute_->wait(7, S);
+                scales(t);
+            }
             quantize_piece(t);
             compute_->record(0, S);
             compute_->wait(0, X);
             reduce_scatter_piece(t);
             compute_->record(2 + int(t % 2), X);
+            if (t + 1 < pieces && has_amaxes(t + 1)) {
+                amaxes(t + 1);
+                compute_->record(6, S);
+                compute_->wait(6, Y);
+                agree_amaxes(t + 1, Y);
+                compute_->record(7, Y);
+            }
         }
         if (t >= 1 && t - 1 < pieces) {
             compute_->wait(2 + int((t - 1) % 2), S);
@@ -665,7 +805,7 @@ void Communicator::all_reduce(const std::vector<std::shared_ptr<Tensor>> &inputs
     compute_->set_grid_limit(0);
     for (size_t i = 0; i < n; ++i) {
         Tensor &out = *outputs[i];
-        if (is_fp8(out.dtype())) compute_->copy_async(out.scale_inv(), out_si + i, sizeof(float), S);
+        if (is_fp8(out.dtype())) compute_->copy_async(out.scale_inv(), out_si + segs[seg_first[i]].slot, sizeof(float), S);
         out.mark_written();
     }
 }
@@ -675,6 +815,7 @@ void Communicator::reduce_scatter(const std::shared_ptr<Tensor> &input, const st
     const int N = nranks(), r = rank();
     const size_t xs = exchange_slot();
     bool pair = false;  // two ranks: the exchange as one all-gather (exchange_mode), agreed
+    context_stream_pending_ = true;  // its collectives go on the context's stream
     agreed(o.check, "fp8amp_comm_reduce_scatter", [&] {
         Signature sig;
         Hash shapes, dtypes, options;
@@ -785,6 +926,7 @@ void Communicator::all_gather(const std::shared_ptr<Tensor> &input, const std::s
                               const std::shared_ptr<Tensor> &output_scale_inv, bool check) {
     const int N = nranks();
     const size_t xs = exchange_slot();
+    context_stream_pending_ = true;  // its collectives go on the context's stream
     agreed(check, "fp8amp_comm_all_gather", [&] {
         Signature sig;
         Hash shapes, dtypes;

@@ -106,6 +106,12 @@ private:
     // Where the all-reduce's scratch comes from (FP8AMP_COMM_NCCL_MEMORY when the communicator was made,
     // else the transport's default); plain from the first growth on where the ranks disagree.
     Transport::RegisteredMemory memory_ = Transport::kPlain;
+    // Whether the context's stream has work that an exchange on another stream must be ordered after
+    // (prepare_exchange): this communicator's collectives enqueued there (the reduce-scatter, the
+    // all-gather, agreements on it) or scratch (re)allocated in its order. Cleared when a side
+    // stream is ordered after it; otherwise the all-reduce's check need not wait for the caller's
+    // own work on that stream (a backward pass, say) before its exchange.
+    bool context_stream_pending_ = true;
 };
 
 template <class Validate>

@@ -148,7 +148,7 @@ public:
         const void *data;
         fp8amp_dtype dtype;
         const float *scale_inv;  // FP8 inputs: their scale_inv; else unused
-        const uint32_t *amax_bits;  // the agreed amax of the tensor (its wire scale)
+        const uint32_t *amax_bits;  // the agreed amax of its scale segment (its wire scale)
     };
     // The output elements the pass writes as well (data null: none): the requantized codes themselves
     // when dtype is `format`, else decode(code) * *scale_inv rounded once into dtype (F32, F16, BF16:
@@ -169,10 +169,13 @@ public:
     virtual void reduce_requantize(const uint8_t *src, int64_t stride, int nranks, int own, const OwnInput &in,
                                    int64_t n, fp8amp_dtype wire, fp8amp_dtype format, uint8_t *dst,
                                    const OwnOutput &out, unsigned long long *saturated, void *stream) = 0;
-    // The all-reduce's scales from the agreed amax: *wire_scale_inv = 1 / comm_scale(*amax_bits) of
-    // `wire`, *out_scale_inv = comm_requant_scale_inv(that, wire, format, nranks, average).
-    virtual void all_reduce_scales(const uint32_t *amax_bits, fp8amp_dtype wire, fp8amp_dtype format, int nranks,
-                                   bool average, float *wire_scale_inv, float *out_scale_inv, void *stream) = 0;
+    // The all-reduce's scales from the agreed amaxes, for count consecutive scale segments (a tensor,
+    // or a tensor's part in one scale region: core/communicator.cpp) of one output format:
+    // wire_scale_inv[k] = 1 / comm_scale(amax_bits[k]) of `wire`, out_scale_inv[k] =
+    // comm_requant_scale_inv(that, wire, format, nranks, average).
+    virtual void all_reduce_scales(const uint32_t *amax_bits, int64_t count, fp8amp_dtype wire, fp8amp_dtype format,
+                                   int nranks, bool average, float *wire_scale_inv, float *out_scale_inv,
+                                   void *stream) = 0;
     // dst = codes of f32 src scaled by comm_scale(*amax_bits) in `format`; *scale_inv_out = 1 / s.
     virtual void requantize(const float *src, int64_t n, const uint32_t *amax_bits, fp8amp_dtype format, uint8_t *dst,
                             float *scale_inv_out, unsigned long long *saturated, void *stream) = 0;
@@ -191,7 +194,9 @@ public:
     // synchronous stream, nothing to do. CUDA: a second stream of the context's device (created on
     // first use, the highest priority so that NCCL's blocks are scheduled first) and events; both
     // work under graph capture (the fork and the join are captured).
-    static constexpr int kEventSlots = 6;
+    // Slots 6 and 7 hand the all-reduce's per-piece amaxes to the agreement stream and its agreed
+    // values back (agreement_stream).
+    static constexpr int kEventSlots = 8;
     // The grid of the launches that follow (until changed): at most max_blocks blocks (grid-stride
     // loops beyond), 0 for as many as the work needs. Changes no byte of any result (every value is
     // computed element by element; amaxes and saturation counts are a max and a sum). CUDA only: a
@@ -204,6 +209,11 @@ public:
     // byte (a max).
     virtual void set_amax_free_sms(int k) { (void)k; }
     virtual void *side_stream(void *stream) { return stream; }
+    // A third stream for the all-reduce's small per-piece agreements of the amaxes (CUDA: created
+    // with side_stream, the same highest priority), so that they do not queue behind the large
+    // transfers on side_stream's stream: an agreement there would wait for the piece on the wire.
+    // CPU: the same stream.
+    virtual void *agreement_stream(void *stream) { return stream; }
     virtual void record(int slot, void *stream) { (void)slot, (void)stream; }
     virtual void wait(int slot, void *stream) { (void)slot, (void)stream; }
 };

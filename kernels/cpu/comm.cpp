@@ -108,11 +108,13 @@ public:
         *saturated += sat;
     }
 
-    void all_reduce_scales(const uint32_t *amax_bits, fp8amp_dtype wire, fp8amp_dtype format, int nranks, bool average,
-                           float *wire_scale_inv, float *out_scale_inv, void *) override {
-        const float si = 1.0f / comm_scale(comm_fp8_max(wire), *amax_bits);
-        *wire_scale_inv = si;
-        *out_scale_inv = comm_requant_scale_inv(si, wire, format, nranks, average);
+    void all_reduce_scales(const uint32_t *amax_bits, int64_t count, fp8amp_dtype wire, fp8amp_dtype format,
+                           int nranks, bool average, float *wire_scale_inv, float *out_scale_inv, void *) override {
+        for (int64_t k = 0; k < count; ++k) {
+            const float si = 1.0f / comm_scale(comm_fp8_max(wire), amax_bits[k]);
+            wire_scale_inv[k] = si;
+            out_scale_inv[k] = comm_requant_scale_inv(si, wire, format, nranks, average);
+        }
     }
 
     void requantize(const float *src, int64_t n, const uint32_t *amax_bits, fp8amp_dtype format, uint8_t *dst,

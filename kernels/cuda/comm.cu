@@ -164,6 +164,26 @@ __device__ __forceinline__ void load_pack(const void *src, int64_t pack, float i
     unpack<S>(static_cast<const SrcPack<S> *>(src)[pack], in_s, x);
 }
 
+// A pack of the wide inputs or outputs that a pass touches once (the gradients, 2 bytes an element
+// and more), loaded or stored with the evict-first hint (ld.global.cs / st.global.cs): so that they
+// do not push out of L2 the codes (1 byte an element) that a copy engine reads or a kernel reads back
+// right after they were written or received. Changes no byte.
+template <class P>
+__device__ __forceinline__ P load_once(const P *p) {
+    static_assert(sizeof(P) % 8 == 0 && sizeof(P) <= 32, "packs of 8, 16 or 32 bytes");
+    P v;
+    if constexpr (sizeof(P) == 8) {
+        const uint2 u = __ldcs(reinterpret_cast<const uint2 *>(p));
+        memcpy(&v, &u, sizeof u);
+    } else {
+        uint4 u[sizeof(P) / 16];
+#pragma unroll
+        for (size_t i = 0; i < sizeof(P) / 16; ++i) u[i] = __ldcs(reinterpret_cast<const uint4 *>(p) + i);
+        memcpy(&v, u, sizeof u);
+    }
+    return v;
+}
+
 // K values (a multiple of 4) scaled by s and encoded into `format` W, four codes a word, with the
 // saturations counted into sat.
 template <fp8amp_dtype W, int K, class Count>
@@ -190,9 +210,9 @@ __global__ void __launch_bounds__(kThreads) quantize_vec_kernel(const void *__re
     // Two packs a thread per iteration, both loads issued before any arithmetic.
     for (int64_t p = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; p < packs; p += 2 * step) {
         const int64_t p1 = p + step;
-        const SrcPack<S> a = static_cast<const SrcPack<S> *>(src)[p];
+        const SrcPack<S> a = load_once(static_cast<const SrcPack<S> *>(src) + p);
         SrcPack<S> b{};
-        if (p1 < packs) b = static_cast<const SrcPack<S> *>(src)[p1];
+        if (p1 < packs) b = load_once(static_cast<const SrcPack<S> *>(src) + p1);
         float x[kVec];
         uint32_t w[kVec / 4];
         unpack<S>(a, in_s, x);
@@ -286,7 +306,7 @@ __global__ void __launch_bounds__(kT) wide_amax_kernel(const void *__restrict__ 
 #pragma unroll
             for (int u = 0; u < kAmaxInFlight; ++u) {
                 const int64_t p = base + int64_t(u0 + u) * kT + threadIdx.x;
-                if (p < packs) a[u] = in[p];
+                if (p < packs) a[u] = load_once(in + p);
                 else a[u] = SrcPack<S>{};
             }
 #pragma unroll
@@ -474,7 +494,7 @@ __device__ __forceinline__ void requantize_unit(const RankUnit<NR> &r, float g, 
 
 // The output's kVec elements of unit u from their requantized codes w (format O): the codes
 // themselves for an O output, else from_f32<D>(scaled(decode(code), si)) -- the bits of
-// cuda::dequantize's table (quantize.cu, table_word) and of the CPU's decode -- one 16-byte store
+// cuda::dequantize's table (quantize.cu, table_word) and of the CPU's decode -- one 16-byte store, evict-first
 // (two for F32). out: 16-byte aligned.
 template <fp8amp_dtype O, fp8amp_dtype D>
 __device__ __forceinline__ void store_decoded(void *out, int64_t u, const uint32_t w[kUnitWords], float si) {
@@ -485,14 +505,14 @@ __device__ __forceinline__ void store_decoded(void *out, int64_t u, const uint32
         auto *d = reinterpret_cast<float4 *>(out) + u * 2;
 #pragma unroll
         for (int i = 0; i < 2; ++i)
-            d[i] = make_float4(cuda::from_f32<D>(scaled(v[4 * i], si)), cuda::from_f32<D>(scaled(v[4 * i + 1], si)),
-                               cuda::from_f32<D>(scaled(v[4 * i + 2], si)), cuda::from_f32<D>(scaled(v[4 * i + 3], si)));
+            __stcs(d + i, make_float4(cuda::from_f32<D>(scaled(v[4 * i], si)), cuda::from_f32<D>(scaled(v[4 * i + 1], si)),
+                               cuda::from_f32<D>(scaled(v[4 * i + 2], si)), cuda::from_f32<D>(scaled(v[4 * i + 3], si))));
     } else {
         uint32_t h[kVec / 2];
 #pragma unroll
         for (int i = 0; i < kVec / 2; ++i)
             h[i] = uint32_t(cuda::from_f32<D>(scaled(v[2 * i], si))) | uint32_t(cuda::from_f32<D>(scaled(v[2 * i + 1], si))) << 16;
-        reinterpret_cast<uint4 *>(out)[u] = make_uint4(h[0], h[1], h[2], h[3]);
+        __stcs(reinterpret_cast<uint4 *>(out) + u, make_uint4(h[0], h[1], h[2], h[3]));
     }
 }
 template <fp8amp_dtype O>
@@ -551,7 +571,7 @@ __global__ void __launch_bounds__(kThreads) reduce_requantize_vec_kernel(
         for (int k = 0; k < kUnitsInFlight; ++k) {
             const int64_t u = u0 + k * step < units ? u0 + k * step : u0;  // past the end: unit u0 again, not stored
             if constexpr (NR == 2) other[k] = __ldg(reinterpret_cast<const uint2 *>(src + (1 - own) * stride) + u);
-            x[k] = own_in[u];
+            x[k] = load_once(own_in + u);
         }
 #pragma unroll
         for (int k = 0; k < kUnitsInFlight; ++k) {
@@ -596,7 +616,7 @@ __global__ void __launch_bounds__(kThreads) reduce_requantize_any_kernel(
     const auto *own_in = static_cast<const SrcPack<S> *>(in);
     unsigned long long sat = 0;
     for (int64_t u = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; u < units; u += int64_t(gridDim.x) * blockDim.x) {
-        const uint2 mine = own_codes<S, W>(own_in[u], in_s, s, sat);
+        const uint2 mine = own_codes<S, W>(load_once(own_in + u), in_s, s, sat);
         float v[kVec];
 #pragma unroll
         for (int i = 0; i < kVec; ++i) v[i] = 0.0f;
@@ -643,11 +663,14 @@ __global__ void reduce_requantize_kernel(const uint8_t *src, int64_t stride, int
     fold_count(sat, saturated);
 }
 
-__global__ void all_reduce_scales_kernel(const uint32_t *amax_bits, fp8amp_dtype wire, fp8amp_dtype format, int nranks,
-                                         bool average, float *wire_scale_inv, float *out_scale_inv) {
-    const float si = 1.0f / comm_scale(comm_fp8_max(wire), *amax_bits);
-    *wire_scale_inv = si;
-    *out_scale_inv = comm_requant_scale_inv(si, wire, format, nranks, average);
+__global__ void all_reduce_scales_kernel(const uint32_t *amax_bits, int64_t count, fp8amp_dtype wire,
+                                         fp8amp_dtype format, int nranks, bool average, float *wire_scale_inv,
+                                         float *out_scale_inv) {
+    for (int64_t k = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; k < count; k += int64_t(gridDim.x) * blockDim.x) {
+        const float si = 1.0f / comm_scale(comm_fp8_max(wire), amax_bits[k]);
+        wire_scale_inv[k] = si;
+        out_scale_inv[k] = comm_requant_scale_inv(si, wire, format, nranks, average);
+    }
 }
 
 __global__ void accumulate_quantize_kernel(const uint8_t *src, int64_t stride, int nranks, int64_t n, fp8amp_dtype wire,
@@ -699,6 +722,7 @@ public:
         for (cudaEvent_t e : events_)
             if (e) cudaEventDestroy(e);
         if (side_) cudaStreamDestroy(side_);  // returns at once; queued work still completes
+        if (agree_) cudaStreamDestroy(agree_);
     }
     void memset_async(void *dst, int value, size_t nbytes, void *stream) override {
         if (!nbytes) return;
@@ -857,11 +881,13 @@ public:
         }
         cuda::check_launch("comm reduce_requantize_kernel");
     }
-    void all_reduce_scales(const uint32_t *amax_bits, fp8amp_dtype wire, fp8amp_dtype format, int nranks, bool average,
-                           float *wire_scale_inv, float *out_scale_inv, void *stream) override {
+    void all_reduce_scales(const uint32_t *amax_bits, int64_t count, fp8amp_dtype wire, fp8amp_dtype format,
+                           int nranks, bool average, float *wire_scale_inv, float *out_scale_inv,
+                           void *stream) override {
+        if (count <= 0) return;
         cuda::DeviceGuard g(device_);
-        all_reduce_scales_kernel<<<1, 1, 0, st(stream)>>>(amax_bits, wire, format, nranks, average, wire_scale_inv,
-                                                          out_scale_inv);
+        all_reduce_scales_kernel<<<1, 256, 0, st(stream)>>>(amax_bits, count, wire, format, nranks, average,
+                                                            wire_scale_inv, out_scale_inv);
         cuda::check_launch("comm all_reduce_scales_kernel");
     }
     void requantize(const float *src, int64_t n, const uint32_t *amax_bits, fp8amp_dtype format, uint8_t *dst,
@@ -904,11 +930,17 @@ public:
             cuda::check(cudaDeviceGetStreamPriorityRange(&least, &greatest), "cudaDeviceGetStreamPriorityRange");
             cuda::check(cudaStreamCreateWithPriority(&side_, cudaStreamNonBlocking, greatest),
                         "cudaStreamCreateWithPriority (the communicator's transfer stream)");
+            cuda::check(cudaStreamCreateWithPriority(&agree_, cudaStreamNonBlocking, greatest),
+                        "cudaStreamCreateWithPriority (the communicator's agreement stream)");
             // Every event now too, so that a call captured in a graph (after a first call, as the
             // scratch requires) creates nothing.
             for (int slot = 0; slot < kEventSlots; ++slot) event(slot);
         }
         return side_;
+    }
+    void *agreement_stream(void *stream) override {
+        side_stream(stream);
+        return agree_;
     }
     void record(int slot, void *stream) override {
         cuda::DeviceGuard g(device_);
@@ -961,6 +993,7 @@ private:
     int max_blocks_ = 0;  // set_grid_limit's cap, 0: none
     int amax_free_sms_ = 0;  // set_amax_free_sms
     cudaStream_t side_ = nullptr;
+    cudaStream_t agree_ = nullptr;  // agreement_stream, made with side_
     cudaEvent_t events_[kEventSlots] = {};
 };
 

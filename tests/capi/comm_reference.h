@@ -91,6 +91,57 @@ static inline float comm_all_reduce_ref(const format_t *wire, const format_t *g,
     return si;
 }
 
+/* The all-reduce's bucket layout and scale regions (docs/communicator.md, "Algorithm"): tensor i
+ * starts at offsets[i], a multiple of 16 (each tensor's element count rounded up to 16); the bucket's
+ * total is cut into N chunks of C = ceil(total / N) rounded up to 16, each chunk into regions of
+ * ceil(C / 4) rounded up to 16 elements (the last one shorter). A tensor with a wide output (F32,
+ * F16, BF16) has one agreed scale per region it has elements in; one with an FP8 output one scale. */
+static inline int64_t comm_round16_ref(int64_t v) { return (v + 15) / 16 * 16; }
+/* offsets[0..count] for the tensors' element counts; returns the total (offsets[count]). */
+static inline int64_t comm_offsets_ref(const int64_t *numel, int count, int64_t *offsets) {
+    int i;
+    offsets[0] = 0;
+    for (i = 0; i < count; ++i) offsets[i + 1] = offsets[i] + comm_round16_ref(numel[i]);
+    return offsets[count];
+}
+static inline int64_t comm_chunk_ref(int64_t total, int N) { return comm_round16_ref((total + N - 1) / N); }
+static inline int64_t comm_region_ref(int64_t C) { return C <= 0 ? 16 : comm_round16_ref((C + 3) / 4); }
+/* seg[k] = the scale region of element k of a tensor with a wide output at bucket offset `offset`
+ * (chunk * 4 + region within the chunk: non-decreasing in k). */
+static inline void comm_segments_ref(int64_t offset, size_t n, int64_t C, int *seg) {
+    const int64_t R = comm_region_ref(C);
+    size_t k;
+    for (k = 0; k < n; ++k) {
+        const int64_t pos = offset + (int64_t)k, j = pos / C;
+        seg[k] = (int)(j * 4 + (pos - j * C) / R);
+    }
+}
+
+/* The all-reduce of one tensor whose elements have their own scale per segment: comm_all_reduce_ref
+ * over each run of equal seg[k] (seg NULL: one run, an FP8 output's one scale). Writes, per element,
+ * the output's scale_inv (si2_out) and the wire's (wsi_out) besides y_out, codes and wire_mean. */
+static inline void comm_all_reduce_segments_ref(const format_t *wire, const format_t *g, int N, size_t n,
+                                                double *const *x, int average, const int *seg, float *y_out,
+                                                uint8_t *codes, float *si2_out, float *wsi_out, double *wire_mean) {
+    double **xs = (double **)malloc(sizeof(double *) * (size_t)N);
+    size_t k0 = 0, k;
+    int j;
+    while (k0 < n) {
+        size_t k1 = k0 + 1;
+        float si2, wsi;
+        if (!seg) k1 = n;
+        while (k1 < n && seg[k1] == seg[k0]) ++k1;
+        for (j = 0; j < N; ++j) xs[j] = x[j] + k0;
+        wsi = comm_all_reduce_ref(wire, g, N, k1 - k0, xs, average, y_out + k0, codes + k0, &si2, wire_mean + k0);
+        for (k = k0; k < k1; ++k) {
+            si2_out[k] = si2;
+            wsi_out[k] = wsi;
+        }
+        k0 = k1;
+    }
+    free(xs);
+}
+
 /* The output element a wide dtype d gets for code c of format g with scale_inv si2. */
 static inline double comm_wide_ref(fp8amp_dtype d, const format_t *g, uint8_t c, float si2) {
     const double y = mul_f32_ref(decode_ref(g, c), si2);

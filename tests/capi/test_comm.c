@@ -102,11 +102,16 @@ static void test_all_reduce_one_rank(void **state) {
     for (k = 0; k < numel[2]; ++k) x2[k] = (uint8_t)encode_fp8_ref(&FMT_E4M3, random_value(&s, -6, 8));
     unsigned char *got = all_reduce_bucket(device, x0, x1, x2, numel, &nbytes), *p = got;
     {
-        /* The model, tensor by tensor (one rank: the mean is the value itself). */
+        /* The model, tensor by tensor (one rank: the mean is the value itself); the wide outputs
+         * (tensors 1 and 2) have one scale per region of the bucket they have elements in. */
         double *x = xmalloc(sizeof(double) * 3000), *wm = xmalloc(sizeof(double) * 3000);
-        float *v = xmalloc(sizeof(float) * 3000), si2;
+        float *v = xmalloc(sizeof(float) * 3000), si2, *si2s = xmalloc(sizeof(float) * 3000),
+              *wsis = xmalloc(sizeof(float) * 3000);
+        int *seg = xmalloc(sizeof(int) * 3000);
         uint8_t *codes = xmalloc(3000);
         double *xs[1] = {x};
+        int64_t offsets[4];
+        const int64_t C = comm_chunk_ref(comm_offsets_ref(numel, 3, offsets), 1);
         for (k = 0; k < numel[0]; ++k) x[k] = x0[k];
         comm_all_reduce_ref(&FMT_E4M3, &FMT_E4M3, 1, (size_t)numel[0], xs, 1, v, codes, &si2, wm);
         assert_memory_equal(p, codes, (size_t)numel[0]);
@@ -123,20 +128,25 @@ static void test_all_reduce_one_rank(void **state) {
         }
         p += numel[0];
         for (k = 0; k < numel[1]; ++k) x[k] = decode_ref(&FMT_BF16, x1[k]);
-        comm_all_reduce_ref(&FMT_E4M3, &FMT_E4M3, 1, (size_t)numel[1], xs, 1, v, codes, &si2, wm);
+        comm_segments_ref(offsets[1], (size_t)numel[1], C, seg);
+        comm_all_reduce_segments_ref(&FMT_E4M3, &FMT_E4M3, 1, (size_t)numel[1], xs, 1, seg, v, codes, si2s, wsis, wm);
         for (k = 0; k < numel[1]; ++k) {
             float y;
             memcpy(&y, p + 4 * k, 4);
-            assert_true((double)y == comm_wide_ref(FP8AMP_DTYPE_F32, &FMT_E4M3, codes[k], si2));
+            assert_true((double)y == comm_wide_ref(FP8AMP_DTYPE_F32, &FMT_E4M3, codes[k], si2s[k]));
         }
         p += 4 * numel[1];
         for (k = 0; k < numel[2]; ++k) x[k] = mul_f32_ref(decode_ref(&FMT_E4M3, x2[k]), si_in);
-        comm_all_reduce_ref(&FMT_E4M3, &FMT_E4M3, 1, (size_t)numel[2], xs, 1, v, codes, &si2, wm);
+        comm_segments_ref(offsets[2], (size_t)numel[2], C, seg);
+        comm_all_reduce_segments_ref(&FMT_E4M3, &FMT_E4M3, 1, (size_t)numel[2], xs, 1, seg, v, codes, si2s, wsis, wm);
         for (k = 0; k < numel[2]; ++k) {
             uint16_t y;
             memcpy(&y, p + 2 * k, 2);
-            assert_true(decode_ref(&FMT_BF16, y) == comm_wide_ref(FP8AMP_DTYPE_BF16, &FMT_E4M3, codes[k], si2));
+            assert_true(decode_ref(&FMT_BF16, y) == comm_wide_ref(FP8AMP_DTYPE_BF16, &FMT_E4M3, codes[k], si2s[k]));
         }
+        free(si2s);
+        free(wsis);
+        free(seg);
         free(x);
         free(wm);
         free(v);
@@ -154,6 +164,147 @@ static void test_all_reduce_one_rank(void **state) {
     free(x0);
     free(x1);
     free(x2);
+}
+
+/* Per-region scales (docs/communicator.md, "Algorithm", step 1): a bucket whose magnitudes fall by
+ * 2^7 from one scale region to the next (4 regions: 2^21 in all, beyond E4M3's range at one scale),
+ * with a wide-output tensor spanning every region and others across region boundaries, and an FP8
+ * output (one scale for its tensor). One rank: the output is the wire's rounding of the input.
+ * Bytes equal the model; every element of a wide output is within one E4M3 rounding of its value
+ * at its region's scale -- a relative 2^-4, which one scale for the whole tensor would miss by far in
+ * the lowest regions (flushed to zero there) -- plus the output's own rounding; the FP8 output within
+ * one rounding at its tensor's scale. Fresh random data every run (seeded by FP8AMP_TEST_SEED). */
+enum { RT = 4 };
+static const fp8amp_dtype k_rin[RT] = {FP8AMP_DTYPE_F32, FP8AMP_DTYPE_F32, FP8AMP_DTYPE_BF16, FP8AMP_DTYPE_F32};
+static const fp8amp_dtype k_rout[RT] = {FP8AMP_DTYPE_F32, FP8AMP_DTYPE_BF16, FP8AMP_DTYPE_F32, FP8AMP_DTYPE_E4M3};
+
+/* The outputs' bytes concatenated, then the FP8 output's scale_inv. in[i]: host bytes of k_rin[i]. */
+static unsigned char *all_reduce_regions_bucket(fp8amp_device device, void *const *in_bytes, const int64_t *numel,
+                                                size_t *nbytes) {
+    fp8amp_context ctx = make_context(device);
+    fp8amp_comm comm = make_comm(ctx);
+    fp8amp_tensor in[RT], out[RT];
+    size_t total = 4, off = 0;
+    unsigned char *bytes;
+    int i;
+    for (i = 0; i < RT; ++i) total += (size_t)numel[i] * fp8amp_dtype_size(k_rout[i]);
+    bytes = xmalloc(total);
+    for (i = 0; i < RT; ++i) {
+        in[i] = make_tensor(ctx, k_rin[i], 1, &numel[i]);
+        EXPECT_OK(fp8amp_tensor_copy_from_host(in[i], in_bytes[i], (size_t)numel[i] * fp8amp_dtype_size(k_rin[i])));
+        out[i] = k_rout[i] == FP8AMP_DTYPE_E4M3 ? make_fp8(ctx, FP8AMP_DTYPE_E4M3, numel[i], NULL, 1.0f)
+                                                : make_tensor(ctx, k_rout[i], 1, &numel[i]);
+    }
+    EXPECT_OK(fp8amp_comm_all_reduce(comm, RT, in, out, NULL));
+    for (i = 0; i < RT; ++i) {
+        const size_t b = (size_t)numel[i] * fp8amp_dtype_size(k_rout[i]);
+        EXPECT_OK(fp8amp_tensor_copy_to_host(out[i], bytes + off, b));
+        off += b;
+    }
+    {
+        const float si = read_scale_inv(out[RT - 1]);
+        memcpy(bytes + off, &si, 4);
+    }
+    {
+        uint64_t sat = 1;
+        EXPECT_OK(fp8amp_comm_get_saturated(comm, &sat));
+        assert_int_equal(sat, 0);
+    }
+    for (i = 0; i < RT; ++i) {
+        EXPECT_OK(fp8amp_tensor_destroy(in[i]));
+        EXPECT_OK(fp8amp_tensor_destroy(out[i]));
+    }
+    EXPECT_OK(fp8amp_comm_destroy(comm));
+    EXPECT_OK(fp8amp_context_destroy(ctx));
+    *nbytes = total;
+    return bytes;
+}
+
+static void test_all_reduce_regions(void **state) {
+    require_variant(state);
+    const fp8amp_device device = variant_device(state);
+    const int64_t numel[RT] = {1 + (int64_t)(test_rng_u64() % 200), 6000 + (int64_t)(test_rng_u64() % 2000),
+                               100 + (int64_t)(test_rng_u64() % 500), 300 + (int64_t)(test_rng_u64() % 700)};
+    int64_t offsets[RT + 1], C, R, k;
+    void *in_bytes[RT];
+    double *real[RT];
+    uint64_t s = test_rng_u64();
+    size_t nbytes, off = 0;
+    int i, regions_seen = 0, last_region = -1;
+    unsigned char *got;
+    C = comm_chunk_ref(comm_offsets_ref(numel, RT, offsets), 1);
+    R = comm_region_ref(C);
+    for (i = 0; i < RT; ++i) {
+        in_bytes[i] = xmalloc((size_t)numel[i] * 4);
+        real[i] = xmalloc(sizeof(double) * (size_t)numel[i]);
+        for (k = 0; k < numel[i]; ++k) {
+            const int q = (int)((offsets[i] + k) / R); /* the region, 0..3 */
+            const float v = random_value(&s, -2 - 7 * q, 1 - 7 * q);
+            if (k_rin[i] == FP8AMP_DTYPE_BF16) {
+                const uint16_t c = (uint16_t)code_of_value_ref(&FMT_BF16, round_ref(&FMT_BF16, v));
+                ((uint16_t *)in_bytes[i])[k] = c;
+                real[i][k] = decode_ref(&FMT_BF16, c);
+            } else {
+                ((float *)in_bytes[i])[k] = v;
+                real[i][k] = v;
+            }
+        }
+    }
+    /* The big tensor spans all four regions (the test's premise). */
+    for (k = 0; k < numel[1]; ++k) {
+        const int q = (int)((offsets[1] + k) / R);
+        if (q != last_region) ++regions_seen, last_region = q;
+    }
+    assert_int_equal(regions_seen, 4);
+    got = all_reduce_regions_bucket(device, in_bytes, numel, &nbytes);
+    for (i = 0; i < RT; ++i) {
+        const size_t n = (size_t)numel[i];
+        double *xs[1] = {real[i]}, *wm = xmalloc(sizeof(double) * n);
+        float *y = xmalloc(sizeof(float) * n), *si2 = xmalloc(sizeof(float) * n), *wsi = xmalloc(sizeof(float) * n);
+        int *seg = xmalloc(sizeof(int) * n);
+        uint8_t *codes = xmalloc(n);
+        const int fp8_out = k_rout[i] == FP8AMP_DTYPE_E4M3;
+        comm_segments_ref(offsets[i], n, C, seg);
+        comm_all_reduce_segments_ref(&FMT_E4M3, &FMT_E4M3, 1, n, xs, 1, fp8_out ? NULL : seg, y, codes, si2, wsi, wm);
+        for (k = 0; k < numel[i]; ++k) {
+            const double x = real[i][k];
+            double v;
+            if (fp8_out) {
+                float got_si;
+                memcpy(&got_si, got + nbytes - 4, 4);
+                assert_int_equal(got[off + (size_t)k], codes[k]);
+                assert_true(got_si == si2[k]);
+                v = mul_f32_ref(decode_ref(&FMT_E4M3, got[off + (size_t)k]), si2[k]);
+                assert_true(fabs(v - x) <= 0.5 * quantum_ref(&FMT_E4M3, fabs(x) / si2[k]) * si2[k] * 1.0001);
+            } else {
+                v = value_at(k_rout[i], got + off, (size_t)k);
+                assert_true(v == comm_wide_ref(k_rout[i], &FMT_E4M3, codes[k], si2[k]));
+                /* One E4M3 rounding at the region's scale: relative 2^-4 (every value of a region lies
+                 * within 2^3 of its amax, far above E4M3's subnormals), then the output's rounding. */
+                assert_true(fabs(v - x) <= fabs(x) * (ldexp(1.0, -4) + (k_rout[i] == FP8AMP_DTYPE_BF16 ? ldexp(1.0, -8) : 0)));
+            }
+        }
+        off += n * fp8amp_dtype_size(k_rout[i]);
+        free(wm);
+        free(y);
+        free(si2);
+        free(wsi);
+        free(seg);
+        free(codes);
+    }
+    if (device.type == FP8AMP_DEVICE_CUDA) {
+        /* The CPU result is the bit-exact reference of the GPU's. */
+        size_t cpu_bytes;
+        unsigned char *cpu = all_reduce_regions_bucket(cpu_device(), in_bytes, numel, &cpu_bytes);
+        assert_int_equal(cpu_bytes, nbytes);
+        assert_memory_equal(cpu, got, nbytes);
+        free(cpu);
+    }
+    free(got);
+    for (i = 0; i < RT; ++i) {
+        free(in_bytes[i]);
+        free(real[i]);
+    }
 }
 
 static void test_reduce_scatter_all_gather_one_rank(void **state) {
@@ -344,6 +495,7 @@ static void test_bad_arguments(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         DEVICE_TESTS(test_all_reduce_one_rank),
+        DEVICE_TESTS(test_all_reduce_regions),
         DEVICE_TESTS(test_reduce_scatter_all_gather_one_rank),
         DEVICE_TESTS(test_saturation_counted),
         cmocka_unit_test(test_bad_arguments),

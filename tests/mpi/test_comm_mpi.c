@@ -208,13 +208,16 @@ static void test_all_reduce_on(fp8amp_comm comm, const char *label, int average,
     OK(fp8amp_comm_all_reduce(comm, NT, in, out, &desc));
 
     *digest = 1469598103934665603ull;
+    int64_t offsets[NT + 1];
+    const int64_t C = comm_chunk_ref(comm_offsets_ref(k_numel, NT, offsets), g_n);
     for (i = 0; i < NT; ++i) {
         const size_t n = (size_t)k_numel[i];
         const int fp8_out = k_out[i] == FP8AMP_DTYPE_E4M3 || k_out[i] == FP8AMP_DTYPE_E5M2;
         const format_t *g = fp8_out ? format_of(k_out[i]) : &FMT_E4M3;
         double **x = malloc(sizeof(double *) * (size_t)g_n), *wire_mean = malloc(sizeof(double) * n);
         double *true_mean = calloc(n, sizeof(double)), *wire_err = calloc(n, sizeof(double));
-        float *v = malloc(sizeof(float) * n), si2, wsi;
+        float *v = malloc(sizeof(float) * n), *si2s = malloc(sizeof(float) * n), *wsis = malloc(sizeof(float) * n);
+        int *seg = malloc(sizeof(int) * n);
         uint8_t *codes = malloc(n);
         const size_t out_bytes = n * fp8amp_dtype_size(k_out[i]);
         unsigned char *got = malloc(out_bytes);
@@ -225,19 +228,23 @@ static void test_all_reduce_on(fp8amp_comm comm, const char *label, int average,
             x[j] = malloc(sizeof(double) * n);
             gen_input(j, i, scratch, x[j], &sij);
         }
-        wsi = comm_all_reduce_ref(&FMT_E4M3, g, g_n, n, x, average, v, codes, &si2, wire_mean);
+        /* Wide outputs: one scale per scale region of the bucket; FP8 outputs: one per tensor. */
+        comm_segments_ref(offsets[i], n, C, seg);
+        comm_all_reduce_segments_ref(&FMT_E4M3, g, g_n, n, x, average, fp8_out ? NULL : seg, v, codes, si2s, wsis,
+                                     wire_mean);
         OK(fp8amp_tensor_copy_to_host(out[i], got, out_bytes));
         check_identical_on_all_ranks(got, out_bytes, label);
         *digest = fnv(got, out_bytes) ^ (*digest * 31);
         if (fp8_out) {
             const float got_si = read_scale_inv(out[i]);
             CHECK(memcmp(got, codes, n) == 0, "%s tensor %d: the codes differ from the model", label, i);
-            CHECK(got_si == si2, "%s tensor %d: scale_inv %g, model %g", label, i, got_si, si2);
+            CHECK(got_si == si2s[0], "%s tensor %d: scale_inv %g, model %g", label, i, got_si, si2s[0]);
             check_identical_on_all_ranks(&got_si, 4, label);
         }
         for (k = 0; k < n; ++k) {
             double y, bound, wire_bound = 0;
             const double m = wire_mean[k];
+            const float si2 = si2s[k], wsi = wsis[k];
             for (j = 0; j < g_n; ++j) {
                 true_mean[k] += x[j][k];
                 /* The wire's rounding of x[j][k]: half a quantum at its scaled magnitude. */
@@ -271,6 +278,9 @@ static void test_all_reduce_on(fp8amp_comm comm, const char *label, int average,
         free(true_mean);
         free(wire_err);
         free(v);
+        free(si2s);
+        free(wsis);
+        free(seg);
         free(codes);
         free(got);
         free(scratch);
@@ -279,6 +289,133 @@ static void test_all_reduce_on(fp8amp_comm comm, const char *label, int average,
         if (out[i] != in[i]) OK(fp8amp_tensor_destroy(out[i]));
         OK(fp8amp_tensor_destroy(in[i]));
         free(mine[i]);
+    }
+}
+
+/* ---- per-region scales ----------------------------------------------------------------------- */
+
+/* A bucket whose magnitudes fall by 2^5 from one scale region to the next (4 a chunk, N chunks:
+ * 2^55 in all for 3 ranks) on every rank: a wide-output tensor spanning several chunks, regions and
+ * (with FP8AMP_COMM_PIECE_ELEMENTS) pipeline pieces, a BF16 tensor and an FP8 output across region
+ * boundaries. Fresh random data from the shared seed. The bytes equal the model (one agreed scale per
+ * region a wide output has elements in, one per tensor for the FP8 output) on every rank, and every
+ * element is within one rounding at its segment's scale of the exact mean of the wire values, and
+ * within that plus the wire's rounding of the exact mean of the inputs. */
+enum { GT = 3 };
+static const fp8amp_dtype k_gin[GT] = {FP8AMP_DTYPE_F32, FP8AMP_DTYPE_BF16, FP8AMP_DTYPE_F32};
+static const fp8amp_dtype k_gout[GT] = {FP8AMP_DTYPE_F32, FP8AMP_DTYPE_BF16, FP8AMP_DTYPE_E4M3};
+
+static void gen_region_input(int j, int i, const int64_t *offsets, int64_t C, void *bytes, double *real, int64_t n) {
+    uint64_t s = g_seed ^ 0x5EEDF00Dull ^ (0x1000193ull * (uint64_t)(j + 1)) ^ (0x7F4A7C15ull * (uint64_t)(i + 1));
+    const int64_t R = comm_region_ref(C);
+    int64_t k;
+    for (k = 0; k < n; ++k) {
+        const int64_t pos = offsets[i] + k, q = (pos / C) * 4 + (pos % C) / R; /* the bucket's region */
+        const float x = random_value(&s, 4 - 5 * (int)q, 7 - 5 * (int)q);
+        if (k_gin[i] == FP8AMP_DTYPE_BF16) {
+            const uint16_t c = (uint16_t)code_of_value_ref(&FMT_BF16, round_ref(&FMT_BF16, x));
+            ((uint16_t *)bytes)[k] = c;
+            real[k] = decode_ref(&FMT_BF16, c);
+        } else {
+            ((float *)bytes)[k] = x;
+            real[k] = x;
+        }
+    }
+}
+
+static void test_all_reduce_regions(fp8amp_comm comm, int average) {
+    uint64_t s = g_seed ^ 0xA11CE5ull;
+    int64_t numel[GT], offsets[GT + 1], C;
+    fp8amp_tensor in[GT], out[GT];
+    fp8amp_comm_reduce_desc desc;
+    const char *label = average ? "per-region all-reduce (mean)" : "per-region all-reduce (sum)";
+    int i, j;
+    numel[0] = 3000 + (int64_t)(splitmix64(&s) % 3000);
+    numel[1] = 200 + (int64_t)(splitmix64(&s) % 600);
+    numel[2] = 500 + (int64_t)(splitmix64(&s) % 1500);
+    C = comm_chunk_ref(comm_offsets_ref(numel, GT, offsets), g_n);
+    OK(fp8amp_comm_reduce_desc_init_default(&desc));
+    desc.average = average;
+    for (i = 0; i < GT; ++i) {
+        void *bytes = malloc((size_t)numel[i] * 4);
+        double *real = malloc(sizeof(double) * (size_t)numel[i]);
+        gen_region_input(g_rank, i, offsets, C, bytes, real, numel[i]);
+        OK(fp8amp_tensor_create(g_ctx, k_gin[i], 1, &numel[i], &in[i]));
+        OK(fp8amp_tensor_copy_from_host(in[i], bytes, (size_t)numel[i] * fp8amp_dtype_size(k_gin[i])));
+        if (k_gout[i] == FP8AMP_DTYPE_E4M3) out[i] = make_fp8(FP8AMP_DTYPE_E4M3, numel[i], NULL, 1.0f);
+        else OK(fp8amp_tensor_create(g_ctx, k_gout[i], 1, &numel[i], &out[i]));
+        free(bytes);
+        free(real);
+    }
+    OK(fp8amp_comm_all_reduce(comm, GT, in, out, &desc));
+    for (i = 0; i < GT; ++i) {
+        const size_t n = (size_t)numel[i], out_bytes = n * fp8amp_dtype_size(k_gout[i]);
+        const int fp8_out = k_gout[i] == FP8AMP_DTYPE_E4M3;
+        double **x = malloc(sizeof(double *) * (size_t)g_n), *wire_mean = malloc(sizeof(double) * n);
+        float *v = malloc(sizeof(float) * n), *si2s = malloc(sizeof(float) * n), *wsis = malloc(sizeof(float) * n);
+        int *seg = malloc(sizeof(int) * n);
+        uint8_t *codes = malloc(n);
+        unsigned char *got = malloc(out_bytes);
+        void *scratch = malloc(n * 4);
+        size_t k;
+        int bad = 0;
+        for (j = 0; j < g_n; ++j) {
+            x[j] = malloc(sizeof(double) * n);
+            gen_region_input(j, i, offsets, C, scratch, x[j], numel[i]);
+        }
+        comm_segments_ref(offsets[i], n, C, seg);
+        comm_all_reduce_segments_ref(&FMT_E4M3, &FMT_E4M3, g_n, n, x, average, fp8_out ? NULL : seg, v, codes, si2s,
+                                     wsis, wire_mean);
+        if (i == 0) CHECK(seg[n - 1] > seg[0], "%s tensor %d: in one region only (the test's premise)", label, i);
+        OK(fp8amp_tensor_copy_to_host(out[i], got, out_bytes));
+        check_identical_on_all_ranks(got, out_bytes, label);
+        if (fp8_out) {
+            const float got_si = read_scale_inv(out[i]);
+            CHECK(memcmp(got, codes, n) == 0, "%s tensor %d: the codes differ from the model", label, i);
+            CHECK(got_si == si2s[0], "%s tensor %d: scale_inv %g, model %g", label, i, got_si, si2s[0]);
+        }
+        for (k = 0; k < n && bad < 5; ++k) {
+            const double m = wire_mean[k];
+            double y, bound, true_mean = 0, wire_bound = 0;
+            for (j = 0; j < g_n; ++j) {
+                true_mean += x[j][k];
+                wire_bound += 0.5 * quantum_ref(&FMT_E4M3, fabs(x[j][k]) / wsis[k]) * wsis[k];
+            }
+            if (average) {
+                true_mean /= g_n;
+                wire_bound /= g_n;
+            }
+            if (fp8_out) {
+                y = mul_f32_ref(decode_ref(&FMT_E4M3, got[k]), si2s[k]);
+            } else {
+                const double want = comm_wide_ref(k_gout[i], &FMT_E4M3, codes[k], si2s[k]);
+                y = value_at(k_gout[i], got, k);
+                if (y != want) ++bad;
+                CHECK(y == want, "%s tensor %d element %zu: %.9g, model %.9g", label, i, k, y, want);
+            }
+            bound = 0.5 * quantum_ref(&FMT_E4M3, fmax(fabs(m), fabs(y)) / si2s[k]) * si2s[k] + fabs(m) * ldexp(1.0, -21);
+            if (k_gout[i] == FP8AMP_DTYPE_BF16) bound += 0.5 * quantum_ref(&FMT_BF16, fabs(y));
+            if (fabs(y - m) > bound || fabs(y - true_mean) > bound + wire_bound) ++bad;
+            CHECK(fabs(y - m) <= bound, "%s tensor %d element %zu: %.9g vs wire mean %.9g, error %.3g > %.3g", label,
+                  i, k, y, m, fabs(y - m), bound);
+            CHECK(fabs(y - true_mean) <= bound + wire_bound,
+                  "%s tensor %d element %zu: %.9g vs exact mean %.9g, error %.3g > %.3g", label, i, k, y, true_mean,
+                  fabs(y - true_mean), bound + wire_bound);
+        }
+        for (j = 0; j < g_n; ++j) free(x[j]);
+        free(x);
+        free(wire_mean);
+        free(v);
+        free(si2s);
+        free(wsis);
+        free(seg);
+        free(codes);
+        free(got);
+        free(scratch);
+    }
+    for (i = 0; i < GT; ++i) {
+        OK(fp8amp_tensor_destroy(in[i]));
+        OK(fp8amp_tensor_destroy(out[i]));
     }
 }
 
@@ -772,6 +909,9 @@ int main(int argc, char **argv) {
         test_all_reduce_on(comm, "all-reduce (sum)", 0, &d);
     }
     done("the bucket all-reduce (mean, sum)");
+    test_all_reduce_regions(comm, 1);
+    test_all_reduce_regions(comm, 0);
+    done("per-region scales (mean, sum)");
 #ifdef FP8AMP_TEST_CHANNEL_MPI
     if (!cuda) {
         /* The same call through an adopted MPI_Comm: the same bytes. */

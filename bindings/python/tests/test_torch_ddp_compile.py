@@ -81,13 +81,33 @@ def test_compiled_model_with_inductor_trains_like_eager(tdev, gen):
             losses.append(float(loss))
             opt.step()
             opt.zero_grad()
-        runs.append((losses, [p.detach().float().clone() for p in m.parameters()]))
+        runs.append((losses, [(p.dtype, p.detach().float().clone()) for p in m.parameters()]))
     (l0, p0), (l1, p1) = runs
     tol = 1e-5 if tdev.type == "cpu" else 1e-2
     for a, b in zip(l1, l0):
         assert abs(a - b) <= tol * abs(b), (l1, l0)
-    for a, b in zip(p1, p0):
-        assert _rel(a, b) <= tol, (_rel(a, b), tol)
+    for (dtype, a), (_, b) in zip(p1, p0):
+        if tdev.type == "cpu" and dtype in (torch.bfloat16, torch.float16):
+            _assert_within_one_rounding(a, b, dtype)
+        else:
+            assert _rel(a, b) <= tol, (_rel(a, b), tol)
+
+
+def _assert_within_one_rounding(a, b, dtype):
+    """Parameters stored in a 16-bit dtype: the two runs' updates differ by float32 rounding, which can
+    put an element on the other side of a rounding boundary of its dtype -- one unit in the last place
+    of that element (2^-8 of it for BF16: a relative norm difference of ~1e-4 for one element of a
+    (16, 48) weight, seen with FP8AMP_TEST_SEED=1795734848798599096). So: no element further apart
+    than one unit in the last place of the dtype, and such a step in at most 1% of the elements; a
+    wrong gradient moves many elements, and by more."""
+    import torch
+
+    mantissa = 7 if dtype == torch.bfloat16 else 10
+    _, e = torch.frexp(b)
+    ulp = torch.ldexp(torch.ones_like(b), e - 1 - mantissa)
+    d = (a - b).abs()
+    assert bool((d <= ulp).all()), float((d / ulp).max())
+    assert int(d.ne(0).sum()) <= max(1, a.numel() // 100), (int(d.ne(0).sum()), a.numel())
 
 
 # ---- DDP with torch.compile, 2 processes ---------------------------------------------------------
