@@ -17,7 +17,8 @@ the same data to the mean over ranks, out of place, timed with CUDA events on th
   ncclAllReduce SUM in E4M3, cast back to BF16 and unscale (eager torch ops, unfused);
 - ``nccl.e4m3.compiled_casts``: the same with the three casts under torch.compile (one fused kernel
   each): the fastest native E4M3 all-reduce of BF16 data a framework gets, the fair peer of fp8amp's;
-- ``fp8amp.e4m3``: fp8amp_comm_all_reduce of the BF16 tensor into a BF16 output (agreed scale,
+- ``fp8amp.e4m3``: fp8amp_comm_all_reduce of the BF16 tensor into a BF16 output (agreed scales, one
+  per scale region of each rank's chunk, the later regions' agreed while earlier pieces move,
   quantize, FP8 reduce-scatter, FP32 accumulation in rank order, requantize, FP8 all-gather,
   dequantize: all included), with the cross-rank argument check (``check=1``, the default) and
   without it (``check=0``).

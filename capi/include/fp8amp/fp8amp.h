@@ -1246,14 +1246,22 @@ FP8AMP_API fp8amp_status fp8amp_comm_reduce_desc_init(fp8amp_comm_reduce_desc *d
  *  fp8amp_tensor_scale_inv). outputs[i] has inputs[i]'s shape and is F32, F16, BF16 or E4M3/E5M2; an
  *  FP8 output must have a scale_inv slot (bound to a meta once), which receives its scale_inv (its
  *  meta is not touched); outputs[i] may be inputs[i] itself (in place). Algorithm: the ranks agree on
- *  a scale per tensor (an all-reduce MAX of the amaxes), quantize into wire_dtype with it, exchange
+ *  the wire's scales (all-reduces MAX of the amaxes): one per tensor with an FP8 output (its output has
+ *  one scale_inv); for a wide (F32, F16, BF16) output one per scale region its elements fall in (the
+ *  bucket, tensors laid end to end at multiples of 16 elements, is cut into nranks chunks of
+ *  ceil(total / nranks) elements and each chunk into 4 regions, both rounded up to 16: a function of
+ *  the call's sizes and nranks only), so that the amaxes of later regions are agreed while earlier
+ *  ones are on the wire; every rank uses the same scale for the same element. The ranks then
+ *  quantize into wire_dtype with those scales, exchange
  *  FP8 chunks (a reduce-scatter), accumulate the received codes in float32 in rank order
- *  0..nranks-1, and requantize each tensor's part of the reduced chunk with the same agreed scale
+ *  0..nranks-1, and requantize each element of the reduced chunk with the same agreed scale
  *  (the sum of the codes times 1 / nranks, mapped onto the output's FP8 dtype, else wire_dtype: it
  *  cannot overflow, and needs no second amax), and all-gather those codes. An FP8 output's
  *  scale_inv is the wire's scale_inv (times nranks for the sum; times 2^7 or 2^-7 where its format's
- *  range differs from the wire's); a wide output gets code * that scale_inv rounded to its dtype.
- *  Every rank gets identical bytes; CPU and CUDA compute the same bytes. Asynchronous on CUDA
+ *  range differs from the wire's); a wide output gets code * its element's scale_inv rounded to its
+ *  dtype. Each element is within one FP8 rounding at the scale of its tensor or region of the exact
+ *  mean (sum) of the values that went on the wire. Every rank gets identical bytes; CPU and CUDA
+ *  compute the same bytes, whatever the pipeline's pieces (docs/communicator.md). Asynchronous on CUDA
  *  (the context's stream), except the check (desc). desc may be NULL (the defaults).
  *  Statuses: SUCCESS; INVALID_HANDLE; INVALID_ARGUMENT (n < 1, NULL arrays, a read-only output, an FP8
  *  input or output without scale_inv slot, an output overlapping another tensor of the call, a bad
