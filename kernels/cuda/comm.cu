@@ -9,12 +9,14 @@
 //    destination) bit for bit; the amax of a wide input is wide_amax_kernel (cuda::amax's bits, but
 //    not persistent, so that the check's NCCL kernel can run beside it), cuda::amax where the input
 //    is not aligned for its packs;
-//  - quantize and the fused accumulate + requantize move 16-byte packs, and encode two values per
-//    instruction with the hardware conversion cvt.rn.satfinite.{e4m3,e5m2}x2.f32 (encode2, comm_codec.cuh),
-//    which gives the software codec's bytes for every float32 that is not a NaN (why: encode2's
-//    comment; tests/cuda/test_comm_codec.cu checks all 2^32 inputs on the device); NaN is mapped
-//    explicitly. Saturation is counted from the scaled value (comm_saturates), not from the code, so
-//    the count does not depend on the encoder;
+//  - quantize, the fused accumulate + requantize and the all-reduce's reduce + requantize (which
+//    also quantizes this rank's own chunk from its input, in registers) move 16-byte packs of the
+//    wide data (8-byte runs of codes in the last), and encode two values per instruction with the
+//    hardware conversion cvt.rn.satfinite.{e4m3,e5m2}x2.f32 (encode2, comm_codec.cuh), which gives
+//    the software codec's bytes for every float32 that is not a NaN (why: encode2's comment;
+//    tests/cuda/test_comm_codec.cu checks all 2^32 inputs on the device); NaN is mapped explicitly.
+//    Saturation is counted from the scaled value (comm_saturates), not from the code, so the count
+//    does not depend on the encoder;
 //  - the grids are not persistent: each block converts a fixed run of packs and retires, so that the
 //    NCCL kernels the pipeline runs beside these (core/communicator.cpp) find multiprocessors free;
 //    beside a transfer the communicator may bound them (set_grid_limit: at most k blocks, every loop
