@@ -190,13 +190,23 @@ static inline float reciprocal_ref(float s) {
     return fabs(q) >= ldexp(2.0 - ldexp(1.0, -24), 127) ? (q < 0 ? -INFINITY : INFINITY) : (float)q;
 }
 
-/* Element i of a host buffer of dtype d, exactly. */
+/* Element i of a host buffer of dtype d, exactly. The buffer need not be aligned for d (tests pack
+ * outputs of several dtypes into one byte buffer): the element is copied out, not dereferenced. */
 static inline double value_at(fp8amp_dtype d, const void *buf, size_t i) {
+    const unsigned char *b = (const unsigned char *)buf;
     switch (d) {
-    case FP8AMP_DTYPE_F32: return ((const float *)buf)[i];
+    case FP8AMP_DTYPE_F32: {
+        float f;
+        memcpy(&f, b + 4 * i, 4);
+        return f;
+    }
     case FP8AMP_DTYPE_F16:
-    case FP8AMP_DTYPE_BF16: return decode_ref(format_of(d), ((const uint16_t *)buf)[i]);
-    default: return decode_ref(format_of(d), ((const uint8_t *)buf)[i]);
+    case FP8AMP_DTYPE_BF16: {
+        uint16_t c;
+        memcpy(&c, b + 2 * i, 2);
+        return decode_ref(format_of(d), c);
+    }
+    default: return decode_ref(format_of(d), b[i]);
     }
 }
 
