@@ -424,6 +424,8 @@ __global__ void __launch_bounds__(kThreads) accumulate_quantize_vec_kernel(const
 
 constexpr int kUnitWords = kVec / 4;  // 32-bit words of codes in a unit
 constexpr int kUnitsInFlight = 4;     // units per thread whose loads are issued before any arithmetic
+// The grid (tile_blocks of the unit count) gives each thread kPacksPerThread units: one iteration.
+static_assert(kUnitsInFlight == kPacksPerThread, "reduce_requantize's grid assumes one iteration a thread");
 
 // The codes of a unit, NR ranks (compile-time), kUnitWords words each.
 template <int NR>
