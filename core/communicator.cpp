@@ -166,9 +166,6 @@ Exchange exchange_mode() {
 // nothing and keep the full grid. The bytes do not depend on it (every value is computed element by
 // element; the amax and the saturation count are a max and a sum), so it is not agreed.
 constexpr int kGridBlocks = 0;
-// Multiprocessors the all-reduce's amax pass leaves free while the check's exchange runs beside it
-// (NCCL's all-reduce of 7 words takes one block, on one channel; a second one for slack).
-constexpr int kCheckFreeSms = 2;
 int grid_blocks() {
     if (const char *env = std::getenv("FP8AMP_COMM_GRID_BLOCKS")) {
         char *end = nullptr;
@@ -284,7 +281,6 @@ void *Communicator::scratch(size_t slot, size_t nbytes, bool zero) {
         scratch_[slot].reset();
         registered_[slot] = false;
         scratch_[slot] = ctx_->allocate(nbytes);
-        context_stream_pending_ = true;  // in the context stream's order
         // zero: bytes the transport moves but nothing reads (gaps between tensors, the padding) are
         // defined, so that the wire never carries uninitialized memory.
         if (zero) compute_->memset_async(scratch_[slot]->data(), 0, scratch_[slot]->nbytes(), ctx_->stream());
@@ -306,7 +302,6 @@ void *Communicator::registered_scratch(size_t slot, size_t nbytes) {
     if (scratch_[slot] && scratch_[slot]->nbytes() >= nbytes) return scratch_[slot]->data();
     scratch_[slot].reset();
     registered_[slot] = false;
-    context_stream_pending_ = true;  // the agreement below runs on the context's stream
     void *p = nullptr;
     bool failed = false;
     std::string why;
@@ -321,7 +316,7 @@ void *Communicator::registered_scratch(size_t slot, size_t nbytes) {
     bool same = true, any_failed = failed;
     if (nranks() > 1) {
         const uint64_t sig = p ? static_cast<uint64_t>(memory_) : 0;
-        void *s = scratch(4, Transport::agree_scratch_bytes(1));
+        auto *s = static_cast<uint32_t *>(scratch(4, 4 * Transport::agree_words(1)));
         try {
             any_failed = transport_->agree(&sig, 1, failed, &same, s, ctx_->stream());
         } catch (...) {
@@ -357,50 +352,17 @@ void *Communicator::registered_scratch(size_t slot, size_t nbytes) {
     return p;
 }
 
-void Communicator::prepare_exchange(bool check, void *stream) {
-    if (!check || nranks() == 1) return;
-    scratch(4, Transport::agree_scratch_bytes(3));
-    void *S = ctx_->stream();
-    if (!stream || stream == S || !context_stream_pending_) return;
-    // The exchange's stream waits for what S holds now -- this communicator's collectives there (NCCL
-    // must not run two of one communicator at once) and scratch allocated in S's order -- but only
-    // when S holds any since the last time (context_stream_pending_): the caller's own work on S (the
-    // backward pass that made the gradients) need not finish before the exchange, so that the host,
-    // which waits for the exchange, does not wait for that work too. Slot 0, recorded and waited at once.
-    compute_->record(0, S);
-    compute_->wait(0, stream);
-    context_stream_pending_ = false;
-}
-
-void Communicator::exchange_agreement(bool check, const char *op, bool failed, const Signature &sig, void *stream) {
+void Communicator::exchange_agreement(bool check, const char *op, bool failed, const Signature &sig) {
     if (!check || nranks() == 1) return;
     const uint64_t sigs[3] = {sig.shapes, sig.dtypes, sig.options};
     bool same[3] = {true, true, true};
-    void *S = ctx_->stream();
-    void *s = scratch(4, Transport::agree_scratch_bytes(3));
-    bool any_failed = false;
-    if (!stream || stream == S) {
-        context_stream_pending_ = true;
-        any_failed = transport_->agree(sigs, 3, failed, same, s, S);
-    } else {
-        // Beside the context's stream (the all-reduce's amax pass runs there meanwhile): ordered after
-        // what S held before the call's own work by prepare_exchange, and joined back (slot 1)
-        // whatever the outcome, so that the call stays ordered on S. The host waits here only for
-        // this stream's exchange.
-        try {
-            any_failed = transport_->agree(sigs, 3, failed, same, s, stream);
-        } catch (...) {
-            try {
-                compute_->record(1, stream);
-                compute_->wait(1, S);
-            } catch (...) {
-            }
-            throw;
-        }
-        compute_->record(1, stream);
-        compute_->wait(1, S);
-    }
+    auto *s = static_cast<uint32_t *>(scratch(4, 4 * kCheckWords));
+    const bool any_failed = transport_->agree(sigs, 3, failed, same, s, ctx_->stream(), kCheckWords);
     if (failed) return;  // the caller rethrows its own error
+    check_verdict(op, any_failed, same);
+}
+
+void Communicator::check_verdict(const char *op, bool any_failed, const bool same[3]) const {
     const std::string where = std::string(op) + " on rank " + std::to_string(rank()) + " of " + std::to_string(nranks());
     if (any_failed)
         fail(FP8AMP_ERROR_INVALID_ARGUMENT,
@@ -457,21 +419,22 @@ void Communicator::all_reduce(const std::vector<std::shared_ptr<Tensor>> &inputs
             compute_->amax(element(in, g.a - offset[g.i]), in.dtype(), in.scale_inv(), g.b - g.a, amax_in + slot, S);
         }
     };
-    // 1a. The first piece's amaxes beside the check: the local amaxes (on S) do not depend on the
-    // check, so they are enqueued once this rank's arguments are valid and run while the check's
-    // exchange goes on X (agreed_beside): the host waits for the check alone, and the amax pass hides
-    // it. They write only the communicator's scratch, so a refused call still changes nothing the
-    // caller sees. With the check beside it, the amax kernels leave kCheckFreeSms multiprocessors empty
-    // for NCCL's block (set_amax_free_sms; CUDA): otherwise that block would start only once the pass
-    // drained. The other pieces' amaxes come in the pipeline, while earlier pieces are on the wire.
+    // The small values (scratch slot 0, 32-bit words): the check's head (kCheckHeadWords), then per
+    // segment slot the agreed amax of the inputs, an unused word, the wire's and the output's
+    // scale_inv, each an array of mm >= the segment count (at least the amax slots that the check's
+    // exchange carries, kCheckWords - kCheckHeadWords: zeros past the segments), then the call's
+    // saturation count (64 bits; 8-byte aligned, as kCheckHeadWords + 4 mm is even).
+    size_t mm = 0;
+    uint32_t *head = nullptr;
+    auto small_words = [&] { return kCheckHeadWords + 4 * mm + 2; };
+    // 1a. The first piece's amaxes (A(0)), before the check's exchange, which carries them
+    // (step 1b). They write only the communicator's scratch, so a refused call still changes nothing
+    // the caller sees. The other pieces' amaxes come in the pipeline, while earlier pieces are on the
+    // wire.
     auto amax_pass = [&] {
-        amax_in = static_cast<uint32_t *>(scratch(0, 16 * segs.size()));
-        compute_->memset_async(amax_in, 0, 4 * segs.size(), S);
-        struct FreeSms {
-            kernels::CommCompute &c;
-            ~FreeSms() { c.set_amax_free_sms(0); }
-        } reset{*compute_};
-        compute_->set_amax_free_sms(o.check && N > 1 && X != S ? kCheckFreeSms : 0);
+        head = static_cast<uint32_t *>(scratch(0, 4 * small_words()));
+        amax_in = head + kCheckHeadWords;
+        compute_->memset_async(amax_in, 0, 4 * (4 * mm + 2), S);
         amaxes(0);
     };
     // The segments and their slots, from offset, gather, C and bounds (in the validation, so that the
@@ -502,6 +465,7 @@ void Communicator::all_reduce(const std::vector<std::shared_ptr<Tensor>> &inputs
             }
         }
         seg_first[n] = segs.size();
+        mm = std::max(segs.size(), kCheckWords - kCheckHeadWords);
         by_slot.resize(segs.size());
         for (size_t s = 0; s < segs.size(); ++s) by_slot[s] = s;
         std::stable_sort(by_slot.begin(), by_slot.end(), [&](size_t x, size_t y) {
@@ -515,7 +479,7 @@ void Communicator::all_reduce(const std::vector<std::shared_ptr<Tensor>> &inputs
         }
         for (int64_t p = 0; p < pieces; ++p) group[p + 1] += group[p];
     };
-    agreed_beside(o.check, "fp8amp_comm_all_reduce", [&] {
+    auto validate = [&] {
         Signature sig;
         Hash shapes, dtypes, options;
         shapes.add(n);
@@ -573,10 +537,25 @@ void Communicator::all_reduce(const std::vector<std::shared_ptr<Tensor>> &inputs
         C = chunk;
         bounds = piece_bounds(C, P, D);
         make_segments();
-        scratch(0, 16 * segs.size());
+        scratch(0, 4 * small_words());
         if (memory_ == Transport::kPlain) scratch(1, static_cast<size_t>(chunk) * N * 2, true);
         return sig;
-    }, amax_pass, X);
+    };
+    const char *const op = "fp8amp_comm_all_reduce";
+    Signature sig;
+    try {
+        sig = validate();
+        amax_pass();
+    } catch (...) {
+        // Tell the others (they fail too), then report this rank's own reason.
+        if (o.check && N > 1) {
+            try {
+                exchange_agreement(true, op, true, sig);
+            } catch (...) {
+            }
+        }
+        throw;
+    }
 
     const int64_t pieces = static_cast<int64_t>(bounds.size()) - 1;
     const int blocks = grid_blocks();
@@ -585,16 +564,23 @@ void Communicator::all_reduce(const std::vector<std::shared_ptr<Tensor>> &inputs
     void *const Y = X == S ? S : compute_->agreement_stream(S);
     // Small per-segment values: the agreed amax of the inputs, the wire's and the output's scale_inv
     // (16 bytes a segment: amax_in, an unused word, wire_si, out_si).
-    const size_t m = segs.size();
-    auto *small = amax_in;
-    float *wire_si = reinterpret_cast<float *>(small + 2 * m), *out_si = reinterpret_cast<float *>(small + 3 * m);
+    float *wire_si = reinterpret_cast<float *>(amax_in + 2 * mm), *out_si = reinterpret_cast<float *>(amax_in + 3 * mm);
     // One allocation of 2 N C bytes: `wire` (the first N C) and `recv` (the next N C), so that the
     // two-rank layout below may address one rank's codes in each from one base and a stride.
     const size_t wire_bytes = static_cast<size_t>(C) * N * 2;
-    auto *wire = static_cast<uint8_t *>(memory_ == Transport::kPlain ? scratch(1, wire_bytes, true)
-                                                                     : registered_scratch(1, wire_bytes));
-    uint8_t *recv = wire + static_cast<size_t>(C) * N;
-    auto *sat = static_cast<unsigned long long *>(saturated_->data());
+    // Registered memory that must grow is registered collectively, so only after the check's verdict;
+    // already large enough (every call after the first with the same sizes), it is there before.
+    uint8_t *wire = nullptr, *recv = nullptr;
+    auto get_wire = [&] {
+        wire = static_cast<uint8_t *>(memory_ == Transport::kPlain ? scratch(1, wire_bytes, true)
+                                                                   : registered_scratch(1, wire_bytes));
+        recv = wire + static_cast<size_t>(C) * N;
+    };
+    if (memory_ == Transport::kPlain || (scratch_[1] && scratch_[1]->nbytes() >= wire_bytes)) get_wire();
+    // The call's saturations, counted in scratch and added to the communicator's count once its last
+    // transfer is enqueued: a refused call (whose first quantization may have run, step 1b) or one
+    // that failed while enqueuing counts none.
+    auto *sat = reinterpret_cast<unsigned long long *>(amax_in + 4 * mm);
     const int64_t lo_r = static_cast<int64_t>(r) * C;
 
     // Where the codes are (docs/communicator.md, "Data path"), for piece p = [lo, hi) of a chunk, L =
@@ -736,15 +722,64 @@ void Communicator::all_reduce(const std::vector<std::shared_ptr<Tensor>> &inputs
         }
     };
 
-    // 1b. The first piece's scales for all ranks: the max of its segments' amaxes (the pass above, on
-    // S); from it the wire's scale_inv and the output's (comm_requant_scale_inv), before any piece.
-    // (X is idle until the first piece's transfer, which needs these scales anyway.)
+    // 1b. The first piece's scales for all ranks: the max over the ranks of its segments' amaxes (the
+    // pass above, on S), on X once A(0) is done; from it the wire's scale_inv and the output's
+    // (comm_requant_scale_inv), on S, before any piece. (X is idle until the first piece's transfer,
+    // which needs these scales anyway.) With the check, that agreement *is* the check's exchange:
+    // the check's words (put in front of the amaxes) and the first kCheckWords - kCheckHeadWords amax
+    // slots go in one all-reduce MAX -- a size every rank knows without agreeing on anything, so a
+    // mismatch cannot hang it -- and the host reads the check's words back while S computes the
+    // scales and the first quantization (Q(0), into the wire scratch, its saturations into the call's
+    // count). So the check adds no collective, no wait for the caller's work (only A(0) comes before
+    // it, as the agreement needs), and no gap on the device: the host waits for the verdict while Q(0)
+    // runs, then enqueues the rest. A refused call has written scratch only (A(0), the scales, Q(0)'s
+    // codes and count). Where piece 0's segments do not fit the exchange (a bucket of hundreds of
+    // small tensors), their own agreement follows the check, as without it; where the wire scratch
+    // must grow first (registered memory: collective), Q(0) follows the verdict.
     compute_->record(0, S);
     compute_->wait(0, X);
-    agree_amaxes(0, X);
-    compute_->record(1, X);
-    compute_->wait(1, S);
-    scales(0);
+    bool first_agreed = false;     // piece 0's amaxes agreed by the check's exchange
+    bool first_quantized = false;  // and Q(0) enqueued before the verdict
+    if (o.check && N > 1) {
+        const size_t words = Transport::agree_words(3);
+        std::vector<uint32_t> w(kCheckHeadWords, 0u);
+        const uint64_t sigs[3] = {sig.shapes, sig.dtypes, sig.options};
+        Transport::encode_agreement(sigs, 3, false, w.data());
+        try {
+            transport_->put_words(head, w.data(), kCheckHeadWords, X);
+            transport_->allreduce_max_u32(head, kCheckWords, X);
+        } catch (...) {
+            try {  // S stays ordered after X, whatever the outcome
+                compute_->record(1, X);
+                compute_->wait(1, S);
+            } catch (...) {
+            }
+            throw;
+        }
+        compute_->record(1, X);
+        compute_->wait(1, S);
+        first_agreed = group[1] <= static_cast<int64_t>(kCheckWords - kCheckHeadWords);
+        if (first_agreed) {
+            scales(0);
+            if (wire) {
+                compute_->set_grid_limit(0);
+                quantize_piece(0);
+                first_quantized = true;
+            }
+        }
+        transport_->fetch_words(head, words, X);
+        transport_->fetched_words(w.data(), words, X, "the consistency check");
+        bool same[3] = {true, true, true};
+        const bool any_failed = Transport::decode_agreement(w.data(), 3, same);
+        check_verdict(op, any_failed, same);
+    }
+    if (!wire) get_wire();
+    if (!first_agreed) {
+        agree_amaxes(0, X);
+        compute_->record(1, X);
+        compute_->wait(1, S);
+        scales(0);
+    }
 
     // 2-7, a pipeline of the pieces over the streams (S: A, Q, R, D; X: RS, AG; Y: G). At step t the
     // host enqueues
@@ -775,7 +810,7 @@ void Communicator::all_reduce(const std::vector<std::shared_ptr<Tensor>> &inputs
                 compute_->wait(7, S);
                 scales(t);
             }
-            quantize_piece(t);
+            if (t > 0 || !first_quantized) quantize_piece(t);
             compute_->record(0, S);
             compute_->wait(0, X);
             reduce_scatter_piece(t);
@@ -795,6 +830,9 @@ void Communicator::all_reduce(const std::vector<std::shared_ptr<Tensor>> &inputs
             compute_->wait(0, X);
             all_gather_piece(t - 1);
             compute_->record(4 + int((t - 1) % 2), X);
+            // Every transfer enqueued, every saturation counted (Q and R; the decodings count none):
+            // the call's count joins the communicator's, on S before the last decodings.
+            if (t == pieces) compute_->add_count(static_cast<unsigned long long *>(saturated_->data()), sat, S);
         }
         if (t >= 2) {
             compute_->wait(4 + int((t - 2) % 2), S);
@@ -815,7 +853,6 @@ void Communicator::reduce_scatter(const std::shared_ptr<Tensor> &input, const st
     const int N = nranks(), r = rank();
     const size_t xs = exchange_slot();
     bool pair = false;  // two ranks: the exchange as one all-gather (exchange_mode), agreed
-    context_stream_pending_ = true;  // its collectives go on the context's stream
     agreed(o.check, "fp8amp_comm_reduce_scatter", [&] {
         Signature sig;
         Hash shapes, dtypes, options;
@@ -926,7 +963,6 @@ void Communicator::all_gather(const std::shared_ptr<Tensor> &input, const std::s
                               const std::shared_ptr<Tensor> &output_scale_inv, bool check) {
     const int N = nranks();
     const size_t xs = exchange_slot();
-    context_stream_pending_ = true;  // its collectives go on the context's stream
     agreed(check, "fp8amp_comm_all_gather", [&] {
         Signature sig;
         Hash shapes, dtypes;

@@ -63,23 +63,23 @@ public:
     // nothing (the operation's own agreement follows) but whose failure takes part in that agreement.
     template <class Validate>
     void agreed(bool check, const char *op, Validate &&validate, bool local_only = false);
-    // The same with local work beside the exchange: `beside` (enqueued on the context's stream once
-    // `validate` succeeded; its failure counts as a refusal) runs while the exchange goes on
-    // `stream` (the all-reduce: its amax pass on the context's stream, the check on the transfer
-    // stream; docs/communicator.md, "Bad input"). Nothing `beside` writes may be visible to the caller
-    // when the exchange fails: only scratch.
-    template <class Validate, class Beside>
-    void agreed_beside(bool check, const char *op, Validate &&validate, Beside &&beside, void *stream);
+
+    // Every consistency check exchanges this many 32-bit words (an all-reduce MAX): the check's
+    // Transport::agree_words(3) first, then, in the all-reduce, its first piece's amaxes (from word
+    // kCheckHeadWords on), so that the check costs no collective of its own there; elsewhere zeros.
+    // One size for every collective, so that ranks that call different ones still exchange alike.
+    static constexpr size_t kCheckWords = 256;
+    static constexpr size_t kCheckHeadWords = 16;  // agree_words(3) = 13, rounded up to 16
 
 private:
     Communicator(std::shared_ptr<const Context> ctx, std::unique_ptr<kernels::CommCompute> compute,
                  std::unique_ptr<Transport> transport);
-    // stream: where the exchange goes (nullptr: the context's stream); another stream is ordered after
-    // the context's work so far and joined back to it whatever the outcome.
-    void exchange_agreement(bool check, const char *op, bool failed, const Signature &sig, void *stream = nullptr);
-    // Before work beside an exchange on `stream`: its scratch, and `stream` ordered after the context's
-    // stream as it is now.
-    void prepare_exchange(bool check, void *stream);
+    // The consistency check on the context's stream (kCheckWords words; when failed, this rank's
+    // refusal, which the others hear): throws on every rank alike when any rank refused or a signature
+    // differs.
+    void exchange_agreement(bool check, const char *op, bool failed, const Signature &sig);
+    // The verdict of a check's decoded words (any_failed, same[3]): throws the status that says why.
+    void check_verdict(const char *op, bool any_failed, const bool same[3]) const;
     // Grow-only scratch slot of the context's device memory.
     void *scratch(size_t slot, size_t nbytes, bool zero = false);
     // The same in memory registered with the transport (memory_), agreed between the ranks when it
@@ -106,40 +106,13 @@ private:
     // Where the all-reduce's scratch comes from (FP8AMP_COMM_NCCL_MEMORY when the communicator was made,
     // else the transport's default); plain from the first growth on where the ranks disagree.
     Transport::RegisteredMemory memory_ = Transport::kPlain;
-    // Whether the context's stream has work that an exchange on another stream must be ordered after
-    // (prepare_exchange): this communicator's collectives enqueued there (the reduce-scatter, the
-    // all-gather, agreements on it) or scratch (re)allocated in its order. Cleared when a side
-    // stream is ordered after it; otherwise the all-reduce's check need not wait for the caller's
-    // own work on that stream (a backward pass, say) before its exchange.
-    bool context_stream_pending_ = true;
 };
 
 template <class Validate>
 void Communicator::agreed(bool check, const char *op, Validate &&validate, bool local_only) {
-    if (local_only) {
-        try {
-            validate();
-        } catch (...) {
-            if (check && nranks() > 1) {
-                try {
-                    exchange_agreement(true, op, true, Signature{});
-                } catch (...) {
-                }
-            }
-            throw;
-        }
-        return;
-    }
-    agreed_beside(check, op, std::forward<Validate>(validate), [] {}, nullptr);
-}
-
-template <class Validate, class Beside>
-void Communicator::agreed_beside(bool check, const char *op, Validate &&validate, Beside &&beside, void *stream) {
     Signature sig;
     try {
         sig = validate();
-        prepare_exchange(check, stream);
-        beside();
     } catch (...) {
         // Tell the others (they fail too), then report this rank's own reason.
         if (check && nranks() > 1) {
@@ -150,7 +123,7 @@ void Communicator::agreed_beside(bool check, const char *op, Validate &&validate
         }
         throw;
     }
-    exchange_agreement(check, op, false, sig, stream);
+    if (!local_only) exchange_agreement(check, op, false, sig);
 }
 
 }  // namespace fp8amp::core

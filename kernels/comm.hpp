@@ -114,6 +114,9 @@ public:
     // Device memory comes from the context's allocator (core); these move bytes on the device.
     virtual void memset_async(void *dst, int value, size_t nbytes, void *stream) = 0;
     virtual void copy_async(void *dst, const void *src, size_t nbytes, void *stream) = 0;  // device to device
+    // *dst += *src (device counters), in stream order: the all-reduce counts a call's saturations in
+    // scratch and adds them to the communicator's count only once the call went through.
+    virtual void add_count(unsigned long long *dst, const unsigned long long *src, void *stream) = 0;
     // Synchronous copies between the host and the device (the consistency check, getters).
     virtual void to_host(void *dst, const void *src, size_t nbytes, void *stream) = 0;
     virtual void from_host(void *dst, const void *src, size_t nbytes, void *stream) = 0;
@@ -203,11 +206,6 @@ public:
     // grid smaller than the device leaves multiprocessors (and memory bandwidth) to the NCCL kernels
     // running on the other stream beside the conversions.
     virtual void set_grid_limit(int max_blocks) { (void)max_blocks; }
-    // The amaxes of wide inputs that follow (until changed) run beside a collective on the transfer
-    // stream (the all-reduce's check, core/communicator.cpp): CUDA leaves k multiprocessors free of
-    // their blocks, so that NCCL's kernel can start while they run (0: the usual grid). Changes no
-    // byte (a max).
-    virtual void set_amax_free_sms(int k) { (void)k; }
     virtual void *side_stream(void *stream) { return stream; }
     // A third stream for the all-reduce's small per-piece agreements of the amaxes (CUDA: created
     // with side_stream, the same highest priority), so that they do not queue behind the large

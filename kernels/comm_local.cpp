@@ -36,12 +36,18 @@ public:
         check();
         if (send != recv) copy_(copy_ctx_, recv, send, nbytes, stream);
     }
-    void host_allreduce_max_u64(uint64_t *, size_t, void *, void *) override { check(); }
+    // One rank has nothing to agree: the communicator never asks (its agreements need two ranks).
+    void put_words(uint32_t *, const uint32_t *, size_t, void *) override { no_agreement(); }
+    void fetch_words(const uint32_t *, size_t, void *) override { no_agreement(); }
+    void fetched_words(uint32_t *, size_t, void *, const char *) override { no_agreement(); }
     bool failed() const override { return aborted_.load(); }
     void abort() override { aborted_.store(true); }
     void destroy() override {}
 
 private:
+    [[noreturn]] static void no_agreement() {
+        fail(FP8AMP_ERROR_INTERNAL, "local transport: a one-rank communicator has no agreement to make");
+    }
     void check() const {
         if (aborted_.load()) fail(FP8AMP_ERROR_COMM, "the communicator was aborted (fp8amp_comm_abort): destroy it");
     }

@@ -6,6 +6,7 @@
 // call throws COMM with the first failure's message.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -40,24 +41,52 @@ public:
     virtual void all_gather_scratch(const void *send, void *recv, size_t nbytes, void *stream) {
         all_gather(send, recv, nbytes, stream);
     }
-    // Host-side agreement on k 64-bit signatures and a flag, identical on every rank: same[i] tells
-    // whether every rank passed the same sigs[i]; the result whether any rank passed failed.
-    // Synchronous. scratch: agree_scratch_bytes(k) of device memory (NCCL; unused by the others).
-    bool agree(const uint64_t *sigs, size_t k, bool failed, bool *same, void *scratch, void *stream) {
-        // max(s) and max(~s) = ~min(s) are equal exactly when every rank's s is.
-        std::vector<uint64_t> v(2 * k + 1);
-        for (size_t i = 0; i < k; ++i) {
-            v[i] = sigs[i];
-            v[k + i] = ~sigs[i];
-        }
-        v[2 * k] = failed ? 1 : 0;
-        host_allreduce_max_u64(v.data(), v.size(), scratch, stream);
-        for (size_t i = 0; i < k; ++i) same[i] = v[i] == ~v[k + i];
-        return v[2 * k] != 0;
+    // Agreement on k 64-bit signatures and a flag, identical on every rank: same[i] tells whether
+    // every rank passed the same sigs[i]; the result whether any rank passed failed. Synchronous: the
+    // words go to `scratch` (agree_words(k) words of the communicator's memory: device memory on
+    // NCCL, host memory on MPI), are all-reduced there in place by allreduce_max_u32 on `stream`, and
+    // come back (put_words, fetch_words, fetched_words). `words` (at least agree_words(k); 0: that
+    // many) is the size of the exchange, zeros after the encoding: every rank must pass the same
+    // (core/communicator.cpp's checks all exchange kCheckWords; the all-reduce's carries its first
+    // amaxes there instead of zeros, with the same encoding).
+    bool agree(const uint64_t *sigs, size_t k, bool failed, bool *same, uint32_t *scratch, void *stream,
+               size_t words = 0) {
+        std::vector<uint32_t> w(std::max(words, agree_words(k)), 0u);
+        encode_agreement(sigs, k, failed, w.data());
+        put_words(scratch, w.data(), w.size(), stream);
+        allreduce_max_u32(scratch, w.size(), stream);
+        fetch_words(scratch, agree_words(k), stream);
+        fetched_words(w.data(), agree_words(k), stream, "the consistency check");
+        return decode_agreement(w.data(), k, same);
     }
-    static size_t agree_scratch_bytes(size_t k) { return (2 * k + 1) * sizeof(uint64_t); }
-    // In-place max over ranks of count host values, synchronously (through scratch on NCCL).
-    virtual void host_allreduce_max_u64(uint64_t *values, size_t count, void *scratch, void *stream) = 0;
+    // The encoding: each signature as its two 32-bit halves, then the halves of its complement, then
+    // the flag. An element-wise max over the ranks gives max(h) and max(~h) = ~min(h) for every half
+    // h, which are equal exactly when every rank's h is; so a signature agrees exactly when both its
+    // halves do.
+    static size_t agree_words(size_t k) { return 4 * k + 1; }
+    static void encode_agreement(const uint64_t *sigs, size_t k, bool failed, uint32_t *words) {
+        for (size_t i = 0; i < k; ++i) {
+            words[2 * i] = static_cast<uint32_t>(sigs[i] >> 32);
+            words[2 * i + 1] = static_cast<uint32_t>(sigs[i]);
+            words[2 * k + 2 * i] = ~words[2 * i];
+            words[2 * k + 2 * i + 1] = ~words[2 * i + 1];
+        }
+        words[4 * k] = failed ? 1 : 0;
+    }
+    static bool decode_agreement(const uint32_t *words, size_t k, bool *same) {
+        for (size_t i = 0; i < k; ++i)
+            same[i] = words[2 * i] == ~words[2 * k + 2 * i] && words[2 * i + 1] == ~words[2 * k + 2 * i + 1];
+        return words[4 * k] != 0;
+    }
+    // The host side of an agreement, in `stream`'s order: put_words copies n host words into the
+    // communicator's memory at dst (on NCCL through pinned memory, so that the host does not block);
+    // fetch_words enqueues the copy of n words at src back to the host, and fetched_words waits for it
+    // -- as wait() does on NCCL: against the timeout, watching NCCL's asynchronous errors, so that a
+    // peer that died fails the call instead of hanging it -- and hands them over. One fetch at a time.
+    // MPI completes each operation before returning. Not for one-rank transports (nothing to agree).
+    virtual void put_words(uint32_t *dst, const uint32_t *src, size_t n, void *stream) = 0;
+    virtual void fetch_words(const uint32_t *src, size_t n, void *stream) = 0;
+    virtual void fetched_words(uint32_t *dst, size_t n, void *stream, const char *what) = 0;
 
     // Device memory registered with the transport, for the all-reduce's scratch (FP8AMP_COMM_NCCL_MEMORY,
     // core/communicator.cpp). NCCL: ncclMemAlloc, then ncclCommRegister (kRegistered: zero-copy

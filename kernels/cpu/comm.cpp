@@ -22,6 +22,7 @@ void for_each_real(const void *src, fp8amp_dtype dtype, const float *scale_inv, 
 class CpuCommCompute final : public CommCompute {
 public:
     void memset_async(void *dst, int value, size_t nbytes, void *) override { std::memset(dst, value, nbytes); }
+    void add_count(unsigned long long *dst, const unsigned long long *src, void *) override { *dst += *src; }
     void copy_async(void *dst, const void *src, size_t nbytes, void *) override {
         if (nbytes) std::memmove(dst, src, nbytes);
     }

@@ -153,13 +153,21 @@ public:
         group_end(stream);
         if (send_buf != mine && nbytes) std::memmove(mine, send_buf, nbytes);
     }
-    void host_allreduce_max_u64(uint64_t *values, size_t count, void *, void *) override {
+    // The communicator's memory is host memory: the words move by memcpy, and allreduce_max_u32 has
+    // completed (against the timeout) before fetch_words.
+    void put_words(uint32_t *dst, const uint32_t *src, size_t n, void *) override {
         check_alive();
-        MPI_Request req;
-        call(MPI_Iallreduce(MPI_IN_PLACE, values, static_cast<int>(count), MPI_UINT64_T, MPI_MAX, comm_, &req),
-             "MPI_Iallreduce");
-        requests_.push_back(req);
-        wait("the consistency check (MPI_Iallreduce)");
+        std::memcpy(dst, src, n * sizeof(uint32_t));
+    }
+    void fetch_words(const uint32_t *src, size_t n, void *) override {
+        check_alive();
+        fetched_.assign(src, src + n);
+    }
+    void fetched_words(uint32_t *dst, size_t n, void *, const char *) override {
+        check_alive();
+        if (fetched_.size() != n) fail(FP8AMP_ERROR_INTERNAL, "MPI transport: fetched_words without its fetch_words");
+        std::memcpy(dst, fetched_.data(), n * sizeof(uint32_t));
+        fetched_.clear();
     }
     void set_timeout(double seconds) override { timeout_s_ = seconds; }
     bool failed() const override { return aborted_.load() || !failure_.empty(); }
@@ -243,6 +251,7 @@ private:
     int rank_ = 0, nranks_ = 1;
     double timeout_s_ = 300.0;
     std::vector<MPI_Request> requests_;
+    std::vector<uint32_t> fetched_;  // fetch_words until fetched_words
     std::string failure_;  // written and read by the thread that uses the communicator
     std::atomic<bool> aborted_{false};
 };
@@ -278,7 +287,8 @@ std::unique_ptr<Transport> make_mpi_transport(const fp8amp_comm_unique_id &id, i
     // One agreement over both, so that every rank refuses alike.
     const uint64_t sig = fnv1a(id.internal, sizeof id.internal, static_cast<uint64_t>(nranks));
     bool same_id = false;
-    const bool misplaced = mpi->agree(&sig, 1, mpi->rank() != rank, &same_id, nullptr, nullptr);
+    std::vector<uint32_t> words(Transport::agree_words(1));  // host memory: MPI's own
+    const bool misplaced = mpi->agree(&sig, 1, mpi->rank() != rank, &same_id, words.data(), nullptr);
     if (!same_id || misplaced) {
         t->destroy();
         fail(FP8AMP_ERROR_INVALID_ARGUMENT,

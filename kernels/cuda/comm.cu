@@ -7,8 +7,7 @@
 //  - dequantize is the library's own kernel (kernels/cuda/quantize.cu: cuda::dequantize with its
 //    per-block result table), whose results are the comm's (scaled() then one rounding into the
 //    destination) bit for bit; the amax of a wide input is wide_amax_kernel (cuda::amax's bits, but
-//    not persistent, so that the check's NCCL kernel can run beside it), cuda::amax where the input
-//    is not aligned for its packs;
+//    not persistent), cuda::amax where the input is not aligned for its packs;
 //  - quantize, the fused accumulate + requantize and the all-reduce's reduce + requantize (which
 //    also quantizes this rank's own chunk from its input, in registers) move 16-byte packs of the
 //    wide data (8-byte runs of codes in the last), and encode two values per instruction with the
@@ -114,6 +113,8 @@ __global__ void accumulate_kernel(const uint8_t *src, int64_t stride, int nranks
     }
     if (amax_bits) fold_max(m, amax_bits);
 }
+
+__global__ void add_count_kernel(unsigned long long *dst, const unsigned long long *src) { *dst += *src; }
 
 __global__ void scale_inv_kernel(const uint32_t *amax_bits, fp8amp_dtype format, float *out) {
     *out = 1.0f / comm_scale(comm_fp8_max(format), *amax_bits);
@@ -259,22 +260,11 @@ __global__ void __launch_bounds__(kThreads) amax_vec_kernel(const void *src, con
 // -- cuda::amax's bits (kernels/cuda/quantize.cu), computed the same way (16-bit formats reduced on
 // their bit patterns, magnitudes ordering like their bits, NaN above inf, converted once). Each block
 // takes tiles of kT * kAmaxPacks packs (64 kB of BF16 with 256 threads), with kAmaxInFlight packs'
-// loads issued before any arithmetic, and folds them with one atomic. Two launches: alone, a grid of
-// 256-thread blocks, a tile each, that retire (not persistent); beside the all-reduce's check
-// (core/communicator.cpp, agreed_beside: its NCCL exchange on the higher-priority transfer stream),
-// kAmaxWideThreads-thread blocks on all multiprocessors but set_amax_free_sms' k, grid-stride over
-// the tiles (see kAmaxWideThreads). (Tiles, not a grid-stride walk per thread, so that one block's
-// loads stay within a few contiguous runs.)
+// loads issued before any arithmetic, and folds them with one atomic: a grid of 256-thread blocks, a
+// tile each, that retire (not persistent; grid-stride beyond set_grid_limit's cap). (Tiles, not a
+// grid-stride walk per thread, so that one block's loads stay within a few contiguous runs.)
 constexpr int kAmaxPacks = 16;
 constexpr int kAmaxInFlight = 4;
-// Beside a collective (set_amax_free_sms): one block of kAmaxWideThreads a multiprocessor on all but
-// k of them, each forced alone on its multiprocessor by its dynamic shared memory (more than half of a
-// multiprocessor's), so that k multiprocessors stay empty for NCCL's block -- which, with up to 640
-// threads and 96 registers each, fits only on an (almost) empty one, and which the block scheduler
-// would otherwise give one only once the amax grid drained: a block that retires frees too little,
-// and the next amax block takes its place. 1024 threads x 4 loads of 16 bytes in flight a
-// multiprocessor still cover the memory latency.
-constexpr int kAmaxWideThreads = 1024;
 
 template <fp8amp_dtype S>
 __device__ __forceinline__ uint32_t wide_pack_amax(const SrcPack<S> &a) {
@@ -733,6 +723,11 @@ public:
         cuda::DeviceGuard g(device_);
         cuda::check(cudaMemsetAsync(dst, value, nbytes, st(stream)), "cudaMemsetAsync");
     }
+    void add_count(unsigned long long *dst, const unsigned long long *src, void *stream) override {
+        cuda::DeviceGuard g(device_);
+        add_count_kernel<<<1, 1, 0, st(stream)>>>(dst, src);
+        cuda::check_launch("comm add_count_kernel");
+    }
     void copy_async(void *dst, const void *src, size_t nbytes, void *stream) override {
         if (!nbytes || dst == src) return;
         cuda::DeviceGuard g(device_);
@@ -761,18 +756,10 @@ public:
         if (wide) {
             const int64_t tiles = (n / kVec + int64_t(kThreads) * kAmaxPacks - 1) / (int64_t(kThreads) * kAmaxPacks);
             const int grid = capped(static_cast<int>(tiles < 1 ? 1 : (tiles > (int64_t(1) << 20) ? (int64_t(1) << 20) : tiles)));
-            const int sms = amax_free_sms_ > 0 ? cuda::multiprocessor_count(device_) : 0;
             with_dtype(dtype, [&](auto d) {
                 constexpr fp8amp_dtype S = decltype(d)::value;
-                if constexpr (S == FP8AMP_DTYPE_F32 || S == FP8AMP_DTYPE_F16 || S == FP8AMP_DTYPE_BF16) {
-                    if (sms > amax_free_sms_) {
-                        const auto kernel = wide_amax_kernel<S, kAmaxWideThreads>;
-                        const int smem = alone_smem(reinterpret_cast<const void *>(kernel));
-                        kernel<<<sms - amax_free_sms_, kAmaxWideThreads, smem, st(stream)>>>(src, n, amax_bits);
-                    } else {
-                        wide_amax_kernel<S, kThreads><<<grid, kThreads, 0, st(stream)>>>(src, n, amax_bits);
-                    }
-                }
+                if constexpr (S == FP8AMP_DTYPE_F32 || S == FP8AMP_DTYPE_F16 || S == FP8AMP_DTYPE_BF16)
+                    wide_amax_kernel<S, kThreads><<<grid, kThreads, 0, st(stream)>>>(src, n, amax_bits);
             });
             cuda::check_launch("comm wide_amax_kernel");
             return;
@@ -925,7 +912,6 @@ public:
     }
 
     void set_grid_limit(int max_blocks) override { max_blocks_ = max_blocks > 0 ? max_blocks : 0; }
-    void set_amax_free_sms(int k) override { amax_free_sms_ = k > 0 ? k : 0; }
 
     void *side_stream(void *) override {
         if (!side_) {
@@ -964,38 +950,8 @@ private:
             cuda::check(cudaEventCreateWithFlags(&events_[slot], cudaEventDisableTiming), "cudaEventCreateWithFlags");
         return events_[slot];
     }
-    // Dynamic shared memory that keeps a block of `kernel` alone on its multiprocessor: more than half
-    // of a multiprocessor's (opted in once per kernel); 0 where the device does not allow as much in
-    // one block (the grid then relies on the scheduler spreading one block a multiprocessor).
-    int alone_smem(const void *kernel) {
-        for (int i = 0; i < kAloneSlots; ++i) {
-            if (alone_[i].kernel == kernel) return alone_[i].smem;
-            if (!alone_[i].kernel) {
-                int per_sm = 0, optin = 0;
-                cuda::check(cudaDeviceGetAttribute(&per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, device_),
-                            "cudaDeviceGetAttribute");
-                cuda::check(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device_),
-                            "cudaDeviceGetAttribute");
-                int smem = per_sm / 2 + 1024;
-                if (smem > optin - 1024) smem = 0;  // leave room for the kernel's static shared memory
-                if (smem > 0)
-                    cuda::check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem),
-                                "cudaFuncSetAttribute (comm wide_amax_kernel)");
-                alone_[i] = {kernel, smem};
-                return smem;
-            }
-        }
-        return 0;
-    }
-    static constexpr int kAloneSlots = 4;
-    struct Alone {
-        const void *kernel = nullptr;
-        int smem = 0;
-    };
-    Alone alone_[kAloneSlots];
     int device_;
     int max_blocks_ = 0;  // set_grid_limit's cap, 0: none
-    int amax_free_sms_ = 0;  // set_amax_free_sms
     cudaStream_t side_ = nullptr;
     cudaStream_t agree_ = nullptr;  // agreement_stream, made with side_
     cudaEvent_t events_[kEventSlots] = {};

@@ -11,6 +11,7 @@
 
 #include <dlfcn.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdlib>
@@ -119,20 +120,31 @@ public:
         call(ncclAllGather(send_buf, recv_buf, nbytes, ncclUint8, c, static_cast<cudaStream_t>(stream)),
              "ncclAllGather");
     }
-    void host_allreduce_max_u64(uint64_t *values, size_t count, void *scratch, void *stream) override {
+    // Through pinned memory both ways: a copy from or into pageable memory would block the host until
+    // the stream reached it -- forever, if a peer never joins -- before fetched_words could time it
+    // out. One agreement at a time (the communicator's calls are not concurrent), so one buffer each
+    // way: a put's copy has run by the time fetched_words returns.
+    void put_words(uint32_t *dst, const uint32_t *src, size_t n, void *stream) override {
         check_alive();
         DeviceGuard guard(device_);  // the copies and the stream are the communicator's device's
-        auto s = static_cast<cudaStream_t>(stream);
-        const size_t nbytes = count * sizeof(uint64_t);
-        // Through pinned memory: a copy into pageable memory would block the host until the stream
-        // reached it -- forever, if a peer never joins -- before wait() could time it out.
-        uint64_t *pinned = pinned_buffer(count);
-        std::memcpy(pinned, values, nbytes);
-        check_cuda(cudaMemcpyAsync(scratch, pinned, nbytes, cudaMemcpyHostToDevice, s), "cudaMemcpyAsync");
-        call(ncclAllReduce(scratch, scratch, count, ncclUint64, ncclMax, comm_, s), "ncclAllReduce");
-        check_cuda(cudaMemcpyAsync(pinned, scratch, nbytes, cudaMemcpyDeviceToHost, s), "cudaMemcpyAsync");
-        wait(s, "the consistency check");
-        std::memcpy(values, pinned, nbytes);
+        uint32_t *pinned = pinned_buffer(n);
+        std::memcpy(pinned, src, n * sizeof(uint32_t));
+        check_cuda(cudaMemcpyAsync(dst, pinned, n * sizeof(uint32_t), cudaMemcpyHostToDevice,
+                                   static_cast<cudaStream_t>(stream)),
+                   "cudaMemcpyAsync (the consistency check)");
+    }
+    void fetch_words(const uint32_t *src, size_t n, void *stream) override {
+        check_alive();
+        DeviceGuard guard(device_);
+        uint32_t *pinned = pinned_buffer(n) + pinned_count_ / 2;
+        check_cuda(cudaMemcpyAsync(pinned, src, n * sizeof(uint32_t), cudaMemcpyDeviceToHost,
+                                   static_cast<cudaStream_t>(stream)),
+                   "cudaMemcpyAsync (the consistency check)");
+    }
+    void fetched_words(uint32_t *dst, size_t n, void *stream, const char *what) override {
+        DeviceGuard guard(device_);
+        wait(static_cast<cudaStream_t>(stream), what);
+        std::memcpy(dst, pinned_ + pinned_count_ / 2, n * sizeof(uint32_t));
     }
     ~NcclTransport() override {
         // After a failure the check's copy into the pinned buffer may still be queued behind NCCL
@@ -278,16 +290,20 @@ private:
             if (polls > 2000) std::this_thread::sleep_for(std::chrono::microseconds(50));
         }
     }
-    uint64_t *pinned_buffer(size_t count) {
-        if (count > pinned_count_) {
+    // The pinned buffer of the agreements: put_words' half first, fetch_words' second. Grown (never in
+    // practice: the agreements are a few dozen words) only between agreements, when no copy names it.
+    uint32_t *pinned_buffer(size_t n) {
+        if (2 * n > pinned_count_) {
+            const size_t count = std::max<size_t>(2 * n, 2 * kPinnedWords);
             void *p = nullptr;
-            check_cuda(cudaMallocHost(&p, count * sizeof(uint64_t)), "cudaMallocHost (the consistency check)");
+            check_cuda(cudaMallocHost(&p, count * sizeof(uint32_t)), "cudaMallocHost (the consistency check)");
             if (pinned_) cudaFreeHost(pinned_);
-            pinned_ = static_cast<uint64_t *>(p);
+            pinned_ = static_cast<uint32_t *>(p);
             pinned_count_ = count;
         }
         return pinned_;
     }
+    static constexpr size_t kPinnedWords = 512;
     // ncclCommAbort of both communicators, the default-policy one first (abort() says why).
     void abort_both() {
         ncclCommAbort(comm_);
@@ -350,7 +366,7 @@ private:
     std::mutex mutex_;  // abort() against the polls of wait()
     std::string failure_;
     double timeout_s_ = 300.0;
-    uint64_t *pinned_ = nullptr;  // host side of the check's exchange (pinned_buffer)
+    uint32_t *pinned_ = nullptr;  // host side of the agreements (pinned_buffer)
     size_t pinned_count_ = 0;
     struct Registered {
         void *handle = nullptr;

@@ -419,6 +419,132 @@ static void test_all_reduce_regions(fp8amp_comm comm, int average) {
     }
 }
 
+/* ---- a bucket of many small tensors ---------------------------------------------------------- */
+
+/* Hundreds of small tensors (1..40 elements, F32 in; F32 out, every third BF16): with one pipeline
+ * piece (the CPU's default, and the GPU's for a bucket this small) the first piece holds more scale
+ * segments than the check's exchange carries beside it (kCheckWords - kCheckHeadWords = 240), so
+ * their amaxes get an agreement of their own after the check; with pieces of 48 elements (the
+ * "pieces" variants) the first piece's few segments travel in the check's exchange. Either way the
+ * bytes equal the model's on every rank. Then the same bucket less its last tensor on one rank, and
+ * a rank that refuses its desc: refused on every rank (the exchange has one size, so neither hangs). */
+static void test_all_reduce_many(fp8amp_comm comm) {
+    uint64_t s = g_seed ^ 0x3A4E1ull;
+    const int nt = 300 + (int)(splitmix64(&s) % 61);
+    int64_t *numel = malloc(sizeof(int64_t) * (size_t)nt), *offsets = malloc(sizeof(int64_t) * (size_t)(nt + 1));
+    fp8amp_tensor *in = malloc(sizeof(fp8amp_tensor) * (size_t)nt), *out = malloc(sizeof(fp8amp_tensor) * (size_t)nt);
+    fp8amp_dtype *od = malloc(sizeof(fp8amp_dtype) * (size_t)nt);
+    const char *label = "all-reduce of many small tensors";
+    fp8amp_comm_reduce_desc desc;
+    int64_t C;
+    int i, j, bad = 0;
+    for (i = 0; i < nt; ++i) {
+        numel[i] = 1 + (int64_t)(splitmix64(&s) % 40);
+        od[i] = i % 3 == 2 ? FP8AMP_DTYPE_BF16 : FP8AMP_DTYPE_F32;
+    }
+    C = comm_chunk_ref(comm_offsets_ref(numel, nt, offsets), g_n);
+    /* Rank j's inputs: fresh random values from the shared seed, magnitudes 2^-6..2^6 by tensor. */
+    float **x = malloc(sizeof(float *) * (size_t)g_n);
+    for (j = 0; j < g_n; ++j) {
+        uint64_t sj = g_seed ^ (0x51A11ull * (uint64_t)(j + 1));
+        x[j] = malloc(sizeof(float) * (size_t)offsets[nt]);
+        for (i = 0; i < nt; ++i) {
+            const int e = (int)(i % 13) - 6;
+            int64_t k;
+            for (k = 0; k < numel[i]; ++k) x[j][offsets[i] + k] = random_value(&sj, e - 3, e);
+        }
+    }
+    for (i = 0; i < nt; ++i) {
+        OK(fp8amp_tensor_create(g_ctx, FP8AMP_DTYPE_F32, 1, &numel[i], &in[i]));
+        OK(fp8amp_tensor_copy_from_host(in[i], x[g_rank] + offsets[i], sizeof(float) * (size_t)numel[i]));
+        OK(fp8amp_tensor_create(g_ctx, od[i], 1, &numel[i], &out[i]));
+    }
+    OK(fp8amp_comm_reduce_desc_init_default(&desc));
+    OK(fp8amp_comm_all_reduce(comm, nt, in, out, &desc));
+    for (i = 0; i < nt && bad < 5; ++i) {
+        const size_t n = (size_t)numel[i], out_bytes = n * fp8amp_dtype_size(od[i]);
+        double **xd = malloc(sizeof(double *) * (size_t)g_n), *wire_mean = malloc(sizeof(double) * n);
+        float *v = malloc(sizeof(float) * n), *si2s = malloc(sizeof(float) * n), *wsis = malloc(sizeof(float) * n);
+        int *seg = malloc(sizeof(int) * n);
+        uint8_t *codes = malloc(n);
+        unsigned char *got = malloc(out_bytes);
+        size_t k;
+        for (j = 0; j < g_n; ++j) {
+            xd[j] = malloc(sizeof(double) * n);
+            for (k = 0; k < n; ++k) xd[j][k] = x[j][offsets[i] + (int64_t)k];
+        }
+        comm_segments_ref(offsets[i], n, C, seg);
+        comm_all_reduce_segments_ref(&FMT_E4M3, &FMT_E4M3, g_n, n, xd, 1, seg, v, codes, si2s, wsis, wire_mean);
+        OK(fp8amp_tensor_copy_to_host(out[i], got, out_bytes));
+        check_identical_on_all_ranks(got, out_bytes, label);
+        for (k = 0; k < n; ++k) {
+            const double want = comm_wide_ref(od[i], &FMT_E4M3, codes[k], si2s[k]), y = value_at(od[i], got, k);
+            if (y != want) ++bad;
+            CHECK(y == want, "%s: tensor %d of %d element %zu: %.9g, model %.9g", label, i, nt, k, y, want);
+            CHECK(!isnan(y), "%s: tensor %d element %zu is NaN", label, i, k);
+        }
+        for (j = 0; j < g_n; ++j) free(xd[j]);
+        free(xd);
+        free(wire_mean);
+        free(v);
+        free(si2s);
+        free(wsis);
+        free(seg);
+        free(codes);
+        free(got);
+    }
+    OK(fp8amp_comm_set_timeout(comm, 20.0)); /* a rank left waiting fails with COMM instead of hanging */
+    EXPECT(fp8amp_comm_all_reduce(comm, g_rank == g_n - 1 ? nt - 1 : nt, in, out, &desc), FP8AMP_ERROR_SHAPE_MISMATCH);
+    if (g_rank == g_n - 1) desc.struct_size = 3;
+    EXPECT(fp8amp_comm_all_reduce(comm, nt, in, out, &desc), FP8AMP_ERROR_INVALID_ARGUMENT);
+    OK(fp8amp_comm_set_timeout(comm, 300.0));
+    for (i = 0; i < nt; ++i) {
+        OK(fp8amp_tensor_destroy(in[i]));
+        OK(fp8amp_tensor_destroy(out[i]));
+    }
+    for (j = 0; j < g_n; ++j) free(x[j]);
+    free(x);
+    free(numel);
+    free(offsets);
+    free(in);
+    free(out);
+    free(od);
+}
+
+/* A refused call counts no saturations, though its first quantization may have run before the
+ * verdict (docs/communicator.md, "Bad input"): every rank's input holds an inf in every chunk's first
+ * piece (amax inf, so scale 1, so the inf saturates wherever it is quantized); one rank passes a
+ * longer tensor, so every rank refuses, and the count stays. The same call with equal shapes counts. */
+static void test_refused_counts_nothing(fp8amp_comm comm) {
+    uint64_t s = g_seed ^ 0x5A7ull, before = 0, after = 0;
+    const int64_t n = 64 * g_n, n_odd = g_rank == g_n - 1 ? n + 16 : n;
+    fp8amp_tensor a, out;
+    float *host = malloc(sizeof(float) * (size_t)(n + 16));
+    int64_t k;
+    for (k = 0; k < n + 16; ++k) host[k] = random_value(&s, -4, 4);
+    for (k = 0; k < n + 16; k += 16) host[k] = INFINITY;
+    OK(fp8amp_tensor_create(g_ctx, FP8AMP_DTYPE_F32, 1, &n_odd, &a));
+    OK(fp8amp_tensor_copy_from_host(a, host, sizeof(float) * (size_t)n_odd));
+    OK(fp8amp_tensor_create(g_ctx, FP8AMP_DTYPE_F32, 1, &n_odd, &out));
+    OK(fp8amp_comm_get_saturated(comm, &before));
+    OK(fp8amp_comm_set_timeout(comm, 20.0));
+    EXPECT(fp8amp_comm_all_reduce(comm, 1, &a, &out, NULL), FP8AMP_ERROR_SHAPE_MISMATCH);
+    OK(fp8amp_comm_set_timeout(comm, 300.0));
+    OK(fp8amp_comm_get_saturated(comm, &after));
+    CHECK(after == before, "a refused call counted %llu saturations", (unsigned long long)(after - before));
+    OK(fp8amp_tensor_destroy(a));
+    OK(fp8amp_tensor_destroy(out));
+    OK(fp8amp_tensor_create(g_ctx, FP8AMP_DTYPE_F32, 1, &n, &a));
+    OK(fp8amp_tensor_copy_from_host(a, host, sizeof(float) * (size_t)n));
+    OK(fp8amp_tensor_create(g_ctx, FP8AMP_DTYPE_F32, 1, &n, &out));
+    OK(fp8amp_comm_all_reduce(comm, 1, &a, &out, NULL));
+    OK(fp8amp_comm_get_saturated(comm, &after));
+    CHECK(after > before, "the saturating call counted nothing");
+    OK(fp8amp_tensor_destroy(a));
+    OK(fp8amp_tensor_destroy(out));
+    free(host);
+}
+
 /* ---- reduce-scatter and all-gather ----------------------------------------------------------- */
 
 static void test_reduce_scatter(fp8amp_comm comm) {
@@ -912,6 +1038,8 @@ int main(int argc, char **argv) {
     test_all_reduce_regions(comm, 1);
     test_all_reduce_regions(comm, 0);
     done("per-region scales (mean, sum)");
+    test_all_reduce_many(comm);
+    done("a bucket of many small tensors");
 #ifdef FP8AMP_TEST_CHANNEL_MPI
     if (!cuda) {
         /* The same call through an adopted MPI_Comm: the same bytes. */
@@ -934,6 +1062,8 @@ int main(int argc, char **argv) {
         OK(fp8amp_comm_get_saturated(comm, &sat));
         CHECK(sat == 0, "%llu elements saturated", (unsigned long long)sat);
     }
+    test_refused_counts_nothing(comm);
+    done("a refused call counts no saturations");
     OK(fp8amp_comm_destroy(comm));
     if (!cuda) test_lost_rank();
     else test_lost_rank_nccl(); /* only the check waits on the host (docs/communicator.md) */
