@@ -252,9 +252,26 @@ def ddp_case(rank, world, seed, dev, out, level, wgrad, policy, hook, micro=Fals
 
     model, opt, _ = _init(level, wgrad, policy, seed, dev)
     ddp = nn.parallel.DistributedDataParallel(model, device_ids=[rank] if dev.type == "cuda" else None)
+    checks = []
     if hook:
         ddp.register_comm_hook(None, ft.fp8_comm_hook)
+        # The hook's communicator (collective: every rank makes it here, as the hook would on its
+        # first bucket), its all-reduce watched for the check flag the hook passes.
+        comm = ft.communicator(dev)
+        real = comm.all_reduce
+
+        def watched(inputs, outputs, *args, check_args=True, **kwargs):
+            checks.append(check_args)
+            return real(inputs, outputs, *args, check_args=check_args, **kwargs)
+
+        comm.all_reduce = watched
     grads0, params = _train(ddp, opt, _data(seed, world, dev), slice(rank * B, (rank + 1) * B), micro)
+    if hook:
+        del comm.all_reduce
+        # Each bucket layout checked once, its first time; the repeats (every step after DDP's bucket
+        # rebuild) unchecked, so that the hook never waits on the host there.
+        layouts = comm._checked_bucket_layouts
+        assert checks and checks[0] is True and checks.count(True) == len(layouts) and False in checks, (checks, layouts)
     torch.save({"grads0": grads0, "params": params}, os.path.join(out, "rank%d.pt" % rank))
 
 

@@ -105,7 +105,9 @@ def fp8_comm_hook(state, bucket):  # type: ignore[no-untyped-def]
 
     `state` is the torch.distributed process group to reduce over (None: the default group). The
     bucket (float32, or bfloat16/float16 for such parameters) is reduced in place; each parameter's
-    slice of it gets its own scale. CUDA only (the communicator's GPU backend is NCCL, made on first
+    slice of it gets its own scale. Each bucket layout's first all-reduce checks the arguments across
+    the ranks; later ones with the same layout skip the check (DDP keeps the ranks' buckets alike), so
+    that the hook does not make the host wait for the device. CUDA only (the communicator's GPU backend is NCCL, made on first
     use over the group: every rank's first bucket makes it). On CPU buckets it raises
     NotSupportedError: fp8amp's CPU communicator runs over MPI (processes started by mpirun), not over
     torch.distributed's gloo processes; use DDP's default all-reduce there."""
@@ -132,7 +134,16 @@ def fp8_comm_hook(state, bucket):  # type: ignore[no-untyped-def]
     if off != buf.numel():
         views = [buf]
     ts = [to_fp8amp(v, comm.context) for v in views]
-    comm.all_reduce(ts, ts)
+    # The communicator's cross-rank argument check makes the host wait for the device (for everything
+    # enqueued before the bucket's all-reduce, docs/communicator.md "Bad input"). DDP gives every rank
+    # the same buckets (it checks the parameters' shapes across ranks when it is made and takes rank
+    # 0's bucket order when it rebuilds them after the first step), so each bucket layout is checked
+    # once -- its first all-reduce -- and then reduced with check = 0: in the steady state the hook
+    # never waits on the host.
+    layout = (bucket.index(), buf.dtype, tuple(v.numel() for v in views))
+    checked = comm.__dict__.setdefault("_checked_bucket_layouts", set())
+    comm.all_reduce(ts, ts, check_args=layout not in checked)
+    checked.add(layout)
     fut = torch.futures.Future(devices=[dev])
     fut.set_result(buf)
     return fut
