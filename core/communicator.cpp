@@ -412,13 +412,14 @@ void Communicator::all_reduce(const std::vector<std::shared_ptr<Tensor>> &inputs
     uint32_t *amax_in = nullptr;
     // The local amaxes of piece p's segments, each over the whole segment (also its elements in later
     // pieces), on S.
-    auto amaxes = [&](int64_t p) {
+    auto amaxes_on = [&](int64_t p, void *stream) {
         for (int64_t slot = group[p]; slot < group[p + 1]; ++slot) {
             const Segment &g = segs[by_slot[slot]];
             const Tensor &in = *inputs[g.i];
-            compute_->amax(element(in, g.a - offset[g.i]), in.dtype(), in.scale_inv(), g.b - g.a, amax_in + slot, S);
+            compute_->amax(element(in, g.a - offset[g.i]), in.dtype(), in.scale_inv(), g.b - g.a, amax_in + slot, stream);
         }
     };
+    auto amaxes = [&](int64_t p) { amaxes_on(p, S); };
     // The small values (scratch slot 0, 32-bit words): the check's head (kCheckHeadWords), then per
     // segment slot the agreed amax of the inputs, an unused word, the wire's and the output's
     // scale_inv, each an array of mm >= the segment count (at least the amax slots that the check's
@@ -738,8 +739,23 @@ void Communicator::all_reduce(const std::vector<std::shared_ptr<Tensor>> &inputs
     // must grow first (registered memory: collective), Q(0) follows the verdict.
     compute_->record(0, S);
     compute_->wait(0, X);
+    // The later pieces' amaxes (A(t), t >= 1) go on the agreement stream Y with their agreements
+    // (CUDA; the CPU's Y is S): they depend on nothing S does after the first agreement (a segment's
+    // elements lie in pieces >= the one that needs it, which no requantization or decoding has
+    // written before that piece's quantization, and Q(t) waits for G(t), after A(t) on Y), so they
+    // run beside S's conversions instead of queuing between them. Y waits once, for the first
+    // agreement (slot 1): the slots' zeroing and A(0) on S, the inputs the caller made before the
+    // call, and the check's exchange of the first amax slots, all done. (Measured on 2 x H100:
+    // 1227-1232 us a call without the check against 1246 with these amaxes on S, in one run.)
+    bool later_amaxes_started = false;
+    auto start_later_amaxes = [&] {
+        if (later_amaxes_started) return;
+        later_amaxes_started = true;
+        compute_->wait(1, Y);
+    };
     bool first_agreed = false;     // piece 0's amaxes agreed by the check's exchange
     bool first_quantized = false;  // and Q(0) enqueued before the verdict
+    bool second_amaxes = false;    // and A(1)
     if (o.check && N > 1) {
         const size_t words = Transport::agree_words(3);
         std::vector<uint32_t> w(kCheckHeadWords, 0u);
@@ -765,6 +781,15 @@ void Communicator::all_reduce(const std::vector<std::shared_ptr<Tensor>> &inputs
                 compute_->set_grid_limit(0);
                 quantize_piece(0);
                 first_quantized = true;
+                // And the next piece's amaxes (on Y, as the pipeline puts them): more work queued
+                // while the host waits, so that the device does not wait for the host's enqueuing of
+                // the rest after the verdict (measured on 2 x H100: with Q(0) alone queued, the check
+                // added 8-150 us to a call, varying from call to call; with A(1) too, 4-27 us).
+                if (pieces > 1 && has_amaxes(1)) {
+                    start_later_amaxes();
+                    amaxes_on(1, Y);
+                    second_amaxes = true;
+                }
             }
         }
         transport_->fetch_words(head, words, X);
@@ -781,17 +806,18 @@ void Communicator::all_reduce(const std::vector<std::shared_ptr<Tensor>> &inputs
         scales(0);
     }
 
-    // 2-7, a pipeline of the pieces over the streams (S: A, Q, R, D; X: RS, AG; Y: G). At step t the
-    // host enqueues
-    //   S: Q(t) (after G(t))  -> X: RS(t)  ;  S: A(t+1) -> Y: G(t+1)  ;
+    // 2-7, a pipeline of the pieces over the streams (S: Q, R, D; X: RS, AG; Y: A, G; A(0) on S,
+    // before the first agreement). At step t the host enqueues
+    //   S: Q(t) (after G(t))  -> X: RS(t)  ;  Y: A(t+1) -> G(t+1)  ;
     //   S: R(t-1) (after RS(t-1))  -> X: AG(t-1)  ;  S: D(t-2) (after AG(t-2))
     // where A(p) is the local amax of the segments piece p needs first and G(p) their agreement (the
-    // segments' scales follow on S right before Q(p)): G(t+1) has R(t-1) and D(t-2) to complete in, on
-    // its own stream beside the transfers, and A(t+1) reads inputs that no earlier D wrote (a
-    // segment's elements lie in pieces >= the one that needs it, decoded at step >= t + 3). Slots 6
-    // (S -> Y, recorded and waited at once) and 7 (G(t+1) done, waited by S at step t + 1 before its
-    // next record) hand them over; every Y operation is joined back to S. So the transfers of pieces t
-    // and t - 1 overlap the conversions of pieces t - 1, t - 2 and t + 1 and the amaxes of piece t + 1;
+    // segments' scales follow on S right before Q(p)): A(t+1) and G(t+1) run on their own stream
+    // beside the transfers and the conversions (Y waits once, for the first agreement:
+    // start_later_amaxes), and A(t+1) reads inputs that no R or D has written (a segment's elements lie in
+    // pieces >= the one that needs it, requantized after Q(t+1), which waits for G(t+1), and decoded
+    // at step >= t + 3). Slot 7 (G(t+1) done, waited by S at step t + 1 before its next record)
+    // hands them back; every Y operation is joined back to S. So the transfers of pieces t and t - 1
+    // overlap the conversions of pieces t - 1, t - 2 and t + 1 and the amaxes of piece t + 1;
     // every hand-over is an event (no host synchronization): slot 0 S -> X (recorded and waited
     // at once), slots 2 + t % 2 "RS(t) done" and 4 + t % 2 "AG(t) done" alternate, so that a slot is
     // recorded again only after the wait for its previous mark was enqueued (a wait sees the latest
@@ -816,9 +842,8 @@ void Communicator::all_reduce(const std::vector<std::shared_ptr<Tensor>> &inputs
             reduce_scatter_piece(t);
             compute_->record(2 + int(t % 2), X);
             if (t + 1 < pieces && has_amaxes(t + 1)) {
-                amaxes(t + 1);
-                compute_->record(6, S);
-                compute_->wait(6, Y);
+                start_later_amaxes();
+                if (t > 0 || !second_amaxes) amaxes_on(t + 1, Y);
                 agree_amaxes(t + 1, Y);
                 compute_->record(7, Y);
             }

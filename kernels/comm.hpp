@@ -197,8 +197,8 @@ public:
     // synchronous stream, nothing to do. CUDA: a second stream of the context's device (created on
     // first use, the highest priority so that NCCL's blocks are scheduled first) and events; both
     // work under graph capture (the fork and the join are captured).
-    // Slots 6 and 7 hand the all-reduce's per-piece amaxes to the agreement stream and its agreed
-    // values back (agreement_stream).
+    // Slot 7 hands the all-reduce's per-piece agreed amaxes back from the agreement stream
+    // (agreement_stream); slot 6 is unused since the amaxes themselves run there.
     static constexpr int kEventSlots = 8;
     // The grid of the launches that follow (until changed): at most max_blocks blocks (grid-stride
     // loops beyond), 0 for as many as the work needs. Changes no byte of any result (every value is
