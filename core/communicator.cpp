@@ -792,11 +792,25 @@ void Communicator::all_reduce(const std::vector<std::shared_ptr<Tensor>> &inputs
                 }
             }
         }
-        transport_->fetch_words(head, words, X);
-        transport_->fetched_words(w.data(), words, X, "the consistency check");
-        bool same[3] = {true, true, true};
-        const bool any_failed = Transport::decode_agreement(w.data(), 3, same);
-        check_verdict(op, any_failed, same);
+        try {
+            transport_->fetch_words(head, words, X);
+            transport_->fetched_words(w.data(), words, X, "the consistency check");
+            bool same[3] = {true, true, true};
+            const bool any_failed = Transport::decode_agreement(w.data(), 3, same);
+            check_verdict(op, any_failed, same);
+        } catch (...) {
+            // A refused (or failed) call returns with A(1) perhaps still queued on Y: S waits for it
+            // (slot 6), so that the caller's next work on S -- freeing the inputs it reads, the next
+            // call's use of the amax slots it writes -- comes after it.
+            if (later_amaxes_started) {
+                try {
+                    compute_->record(6, Y);
+                    compute_->wait(6, S);
+                } catch (...) {
+                }
+            }
+            throw;
+        }
     }
     if (!wire) get_wire();
     if (!first_agreed) {

@@ -198,7 +198,7 @@ public:
     // first use, the highest priority so that NCCL's blocks are scheduled first) and events; both
     // work under graph capture (the fork and the join are captured).
     // Slot 7 hands the all-reduce's per-piece agreed amaxes back from the agreement stream
-    // (agreement_stream); slot 6 is unused since the amaxes themselves run there.
+    // (agreement_stream); slot 6 joins that stream back after a refused call (its amaxes run there).
     static constexpr int kEventSlots = 8;
     // The grid of the launches that follow (until changed): at most max_blocks blocks (grid-stride
     // loops beyond), 0 for as many as the work needs. Changes no byte of any result (every value is
