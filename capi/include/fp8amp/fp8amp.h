@@ -1231,8 +1231,10 @@ typedef struct fp8amp_comm_reduce_desc {
     fp8amp_dtype wire_dtype; /**< FP8 format on the wire for the reduce-scatter: default E4M3; or E5M2 */
     int32_t average;         /**< default 1: the mean over ranks (folded into scale_inv); 0: the sum */
     int32_t check;           /**< default 1: first verify that every rank passed the same counts, shapes
-                                  and dtypes (a 56-byte exchange; on CUDA it synchronizes the host with
-                                  the stream, so turn it off to capture the call in a CUDA graph) */
+                                  and dtypes (a 1 kB exchange, which in the all-reduce also agrees the
+                                  first scales; on CUDA the host waits for it, so for the work queued
+                                  on the context's stream before the call: turn it off to capture the
+                                  call in a CUDA graph, or once a fixed layout has been checked) */
 } fp8amp_comm_reduce_desc;
 
 /** Fills desc, of size bytes (its sizeof where the caller was compiled; written exactly), with the
