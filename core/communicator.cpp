@@ -419,7 +419,6 @@ void Communicator::all_reduce(const std::vector<std::shared_ptr<Tensor>> &inputs
             compute_->amax(element(in, g.a - offset[g.i]), in.dtype(), in.scale_inv(), g.b - g.a, amax_in + slot, stream);
         }
     };
-    auto amaxes = [&](int64_t p) { amaxes_on(p, S); };
     // The small values (scratch slot 0, 32-bit words): the check's head (kCheckHeadWords), then per
     // segment slot the agreed amax of the inputs, an unused word, the wire's and the output's
     // scale_inv, each an array of mm >= the segment count (at least the amax slots that the check's
@@ -436,7 +435,7 @@ void Communicator::all_reduce(const std::vector<std::shared_ptr<Tensor>> &inputs
         head = static_cast<uint32_t *>(scratch(0, 4 * small_words()));
         amax_in = head + kCheckHeadWords;
         compute_->memset_async(amax_in, 0, 4 * (4 * mm + 2), S);
-        amaxes(0);
+        amaxes_on(0, S);
     };
     // The segments and their slots, from offset, gather, C and bounds (in the validation, so that the
     // amax pass beside the check can use them).
@@ -731,9 +730,9 @@ void Communicator::all_reduce(const std::vector<std::shared_ptr<Tensor>> &inputs
     // slots go in one all-reduce MAX -- a size every rank knows without agreeing on anything, so a
     // mismatch cannot hang it -- and the host reads the check's words back while S computes the
     // scales and the first quantization (Q(0), into the wire scratch, its saturations into the call's
-    // count). So the check adds no collective, no wait for the caller's work (only A(0) comes before
-    // it, as the agreement needs), and no gap on the device: the host waits for the verdict while Q(0)
-    // runs, then enqueues the rest. A refused call has written scratch only (A(0), the scales, Q(0)'s
+    // count). So the check adds no collective and no gap on the device: the host waits for the
+    // verdict while Q(0) runs, then enqueues the rest. (It does wait for the caller's work queued on S
+    // before the call: A(0) follows it, and the agreement needs A(0).) A refused call has written scratch only (A(0), the scales, Q(0)'s
     // codes and count). Where piece 0's segments do not fit the exchange (a bucket of hundreds of
     // small tensors), their own agreement follows the check, as without it; where the wire scratch
     // must grow first (registered memory: collective), Q(0) follows the verdict.
