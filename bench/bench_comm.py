@@ -274,6 +274,8 @@ def run_rank(rank, args, store):
     torch.cuda.synchronize()
     if prof is not None:
         prof.__exit__(None, None, None)
+        if args.trace:  # the timeline of the 3 calls, per stream (chrome://tracing, Perfetto)
+            prof.export_chrome_trace(args.trace)
         kernels = {}
         for e in prof.key_averages():
             t = getattr(e, "device_time_total", None) or getattr(e, "cuda_time_total", 0)
@@ -356,10 +358,13 @@ def main():
                    help="';'-separated groups, each NAME:VAR=VALUE[,...] or NAME alone (the inherited environment): "
                         "the whole benchmark runs once per group in fresh processes with those variables set, "
                         "e.g. 'default;p2p32:NCCL_MIN_P2P_NCHANNELS=32'. Empty: one group, the inherited environment")
+    p.add_argument("--trace", default="",
+                   help="write the profiled calls' timeline (rank 0, check=0, the first group) to this Chrome trace file")
     p.add_argument("--hang-s", type=float, default=200.0, help="dump every rank's stack and exit after this long")
     args = p.parse_args()
     args.lib = os.path.abspath(args.lib)
     args.out = os.path.abspath(args.out)
+    args.trace = os.path.abspath(args.trace) if args.trace else ""
     gpus = torch.cuda.device_count()
     args.nranks = args.nranks or gpus
     if args.nranks < 2 or gpus < args.nranks:
