@@ -667,7 +667,7 @@ __global__ void __launch_bounds__(kThreads, fwd_min_blocks(S, kPieces, kT)) norm
 // the backward does (a 12288-wide row is a block's only row at a time).
 constexpr int fwd_fast_min_blocks(fp8amp_dtype s, int pieces) { return (s == FP8AMP_DTYPE_F32 ? 8 : 4) * pieces <= 16 ? 4 : 2; }
 
-template <fp8amp_dtype S, fp8amp_dtype D, int kPieces, bool kWrite>
+template <fp8amp_dtype S, fp8amp_dtype D, int kPieces, bool kWrite, bool kStats>
 __global__ void __launch_bounds__(kThreads, fwd_fast_min_blocks(S, kPieces)) norm_forward_fast_kernel(const NormForwardArgs a) {
     using SrcT = typename Storage<S>::type;
     constexpr bool kFp8 = is_fp8_v<D>;
@@ -679,11 +679,13 @@ __global__ void __launch_bounds__(kThreads, fwd_fast_min_blocks(S, kPieces)) nor
     const int n_lanes = 32 * pl.groups, n_slots = norm::kBlockWarps / pl.groups;
     ScalingState *meta = a.target.meta;
     float scale = 1.0f, fp8_max = 0.0f;
-    bool stats = false;
+    // The statistics (saturated and underflowed counts) are compile-time, from the meta's host mirror
+    // (a.target.stats): off, as by default, the loop carries neither their code nor their registers
+    // (the 4-piece BF16 -> E4M3 forward spilled 40 bytes with them).
+    constexpr bool stats = kFp8 && kWrite && kStats;
     if constexpr (kFp8) {
         scale = kWrite ? quantize_scale(*meta) : 1.0f;
         fp8_max = meta->fp8_max;
-        stats = kWrite && meta->stats_enabled;
     }
     // y * scale is NaN only for a NaN y as long as the scale is positive and finite (see
     // norm_forward_kernel); otherwise every piece checks its codes.
@@ -815,7 +817,7 @@ __global__ void __launch_bounds__(kThreads, fwd_fast_min_blocks(S, kPieces)) nor
                                 if (sv[e] != sv[e])
                                     word[e / 4] = (word[e / 4] & ~(0xFFu << (8 * (e % 4)))) | (kNaN << (8 * (e % 4)));
                         }
-                        if (stats) {
+                        if constexpr (stats) {
 #pragma unroll
                             for (int e = 0; e < 8; ++e) {
                                 const uint32_t q = (word[e / 4] >> (8 * (e % 4))) & 0xFFu;
@@ -849,7 +851,7 @@ __global__ void __launch_bounds__(kThreads, fwd_fast_min_blocks(S, kPieces)) nor
         if constexpr (!kWrite) {
             const uint32_t m = block_reduce(t.amax, MaxOp());
             if (threadIdx.x == 0) atomicMax(&meta->amax_bits, m);
-        } else if (stats) {
+        } else if constexpr (stats) {
             finish_block<true>(t, meta, scale, a.target.scale_inv, a.target.scale_inv_t, size_t(a.rows * d));
         } else {
             finish_block<false>(t, meta, scale, a.target.scale_inv, a.target.scale_inv_t, size_t(a.rows * d));
@@ -1523,10 +1525,19 @@ void norm_forward(int device, void *stream_raw, const NormForwardArgs &a) {
                 kernel<<<unsigned(wanted < 1 ? 1 : wanted < cap ? wanted : cap), kThreads, smem, stream>>>(a);
                 check_launch("norm_forward_fast_kernel");
             };
-            if (fast_pieces == 1) go(norm_forward_fast_kernel<S, D, 1, W>);
-            else if (fast_pieces == 2) go(norm_forward_fast_kernel<S, D, 2, W>);
-            else if (fast_pieces == 4) go(norm_forward_fast_kernel<S, D, 4, W>);
-            else go(norm_forward_fast_kernel<S, D, 6, W>);
+            auto with_stats = [&](auto st) {
+                constexpr bool St = decltype(st)::value;
+                if (fast_pieces == 1) go(norm_forward_fast_kernel<S, D, 1, W, St>);
+                else if (fast_pieces == 2) go(norm_forward_fast_kernel<S, D, 2, W, St>);
+                else if (fast_pieces == 4) go(norm_forward_fast_kernel<S, D, 4, W, St>);
+                else go(norm_forward_fast_kernel<S, D, 6, W, St>);
+            };
+            // Only the FP8 writing pass counts; every other variant is instantiated once.
+            if (is_fp8_v<D> && W && a.target.stats) {
+                if constexpr (is_fp8_v<D> && W) with_stats(std::true_type());
+            } else {
+                with_stats(std::false_type());
+            }
             return;
         }
         dispatch_pieces(a.d, [&](auto p) {

@@ -106,8 +106,11 @@ static void fwd_free(fwd_t *f) {
     free(f->rstd);
 }
 
+/* Set: run_forward's FP8 metas count no statistics (the CUDA lean forward has a variant without them). */
+static int g_stats_off;
+
 /* Runs the forward on `device` into y of dtype y_dt (FP8: bound to a fresh meta of `mode` with scale
- * `scale`; with_t: also y_t). */
+ * `scale`, counting statistics unless g_stats_off; with_t: also y_t). */
 static void run_forward(fp8amp_device device, const problem_t *p, fp8amp_dtype y_dt, fp8amp_scaling_mode mode,
                         float scale, int with_t, fwd_t *out) {
     memset(out, 0, sizeof *out);
@@ -131,6 +134,7 @@ static void run_forward(fp8amp_device device, const problem_t *p, fp8amp_dtype y
     fp8amp_scaling s = NULL;
     if (fp8) {
         s = counting_meta(ctx, y_dt, mode, scale);
+        if (g_stats_off) EXPECT_OK(fp8amp_scaling_enable_stats(s, 0));
         EXPECT_OK(fp8amp_tensor_set_scaling(y, s));
         if (with_t) {
             yt = tensor_from_host(ctx, y_dt, 2, tshape, poison);
@@ -702,7 +706,9 @@ static void test_cpu_cuda_identical_specials(void **state) {
  * are multiples of 16 (96 x 4112: edge tiles on both sides go byte by byte; 128 x 2560: whole tiles),
  * the byte path everything else (700 x 256, 9 x 4096, ...). With rows % 32 == 0 and d <= 2048 the
  * forward writes y_t itself (the general kernel) unless the lean forward runs and rows and d are
- * multiples of 16 (64 x 2048: lean forward + 16-byte transpose; 64 x 520: d % 16 == 8, fused). */
+ * multiples of 16 (64 x 2048: lean forward + 16-byte transpose; 64 x 520: d % 16 == 8, fused). The FP8
+ * forwards run with the metas' statistics on for half the cases and off for the others (the lean
+ * forward's loop without them is its own kernel). */
 static void test_cpu_cuda_identical_lean_paths(void **state) {
     (void)state;
     SKIP_WITHOUT_CUDA();
@@ -733,12 +739,17 @@ static void test_cpu_cuda_identical_lean_paths(void **state) {
                 const int fp8 = j < 2, with_t = j == 1 && (k & 1);
                 const fp8amp_scaling_mode mode = j == 1 ? FP8AMP_SCALING_CURRENT : FP8AMP_SCALING_DELAYED;
                 fwd_t fa, fb;
+                const int stats_off = (int)((s + (size_t)k + (size_t)j) % 2);
+                g_stats_off = stats_off;
                 run_forward(cpu_device(), &p, ys[j], mode, 3.0f, with_t, &fa);
                 run_forward(cuda_device(0), &p, ys[j], mode, 3.0f, with_t, &fb);
+                g_stats_off = 0;
                 assert_memory_equal(fa.y, fb.y, (size_t)n * fp8amp_dtype_size(ys[j]));
                 if (with_t) assert_memory_equal(fa.y_t, fb.y_t, (size_t)n);
                 if (fp8) {
                     assert_memory_equal(&fa.stats, &fb.stats, sizeof fa.stats);
+                    if (stats_off) assert_true(fb.stats.quantized == 0 && fb.stats.saturated == 0 && fb.stats.underflowed == 0);
+                    else assert_true(fb.stats.quantized > 0);
                     assert_true(f32_bits(fa.amax) == f32_bits(fb.amax) && f32_bits(fa.scale) == f32_bits(fb.scale));
                     assert_true(f32_bits(fa.scale_inv) == f32_bits(fb.scale_inv));
                 }
