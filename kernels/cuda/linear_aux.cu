@@ -42,10 +42,13 @@ constexpr int kBlockTiles = 4;  // tiles a block takes, side by side along the c
 // multiples of 16 and 16-byte aligned bases (the FP8 copies of the norms' and activations' outputs,
 // weights) moves as one 16-byte load and one 16-byte store a thread: each thread loads 16 bytes of a
 // tile row (the block's 4 loads issued before any is used: 16 KB in flight a block), then gathers 16
-// bytes of a tile column (16 one-byte shared loads: a warp's 32 threads read 32 consecutive bytes of
-// one row, no bank conflict) and stores them as one run of dst. The one-byte loads and stores a byte
-// of the 32 x 32 tiles before made the +t forwards' separate transpose 2-3x the time of their
-// forward. Other tiles go byte by byte.
+// bytes of a tile column (16 one-byte shared loads) and stores them as one run of dst. The stores:
+// 4 consecutive threads write the 64 bytes of one dst row (a warp: 8 rows, 64 whole bytes each), where
+// a warp wrote 16 bytes into each of 32 rows (half sectors) before. For the gathers to stay free of
+// bank conflicts -- a warp reads 8 columns of 4 rows 16 apart, which a row pitch of 80 bytes puts in
+// the same banks -- a tile row's four 16-byte chunks are stored swizzled: chunk q of row i at chunk
+// q ^ (i / 16). The one-byte loads and stores a byte of the 32 x 32 tiles before made the +t forwards'
+// separate transpose 2-3x the time of their forward. Other tiles go byte by byte (unswizzled).
 __global__ void __launch_bounds__(256) transpose_bytes_kernel(const uint8_t *src, uint8_t *dst, size_t rows, size_t cols,
                                                               bool vec) {
     // rows of 80 bytes: 16-byte aligned for the whole tiles, 4-way conflicts (not 16) on the byte path
@@ -63,7 +66,7 @@ __global__ void __launch_bounds__(256) transpose_bytes_kernel(const uint8_t *src
             if (whole[u]) v[u] = __ldg(reinterpret_cast<const uint4 *>(src + (r0 + i) * cols + c0 + kTile * u + 16 * q));
 #pragma unroll
         for (int u = 0; u < kBlockTiles; ++u)
-            if (whole[u]) *reinterpret_cast<uint4 *>(&tile[u][i][16 * q]) = v[u];
+            if (whole[u]) *reinterpret_cast<uint4 *>(&tile[u][i][16 * (q ^ (i >> 4))]) = v[u];
     }
 #pragma unroll
     for (int u = 0; u < kBlockTiles; ++u) {
@@ -79,12 +82,13 @@ __global__ void __launch_bounds__(256) transpose_bytes_kernel(const uint8_t *src
     for (int u = 0; u < kBlockTiles; ++u) {
         const size_t cu = c0 + kTile * u;
         if (whole[u]) {
-            const int c = t % kTile, g = t / kTile;  // tile column c, its rows 16g .. 16g + 15
+            const int c = t / 4, g = t % 4;  // tile column c, its rows 16g .. 16g + 15 (swizzle g)
+            const int j = 16 * ((c >> 4) ^ g) + (c & 15);  // where column c lies in those rows
             uint32_t w[4];
 #pragma unroll
             for (int m = 0; m < 4; ++m) {
-                const uint32_t b0 = tile[u][16 * g + 4 * m][c], b1 = tile[u][16 * g + 4 * m + 1][c];
-                const uint32_t b2 = tile[u][16 * g + 4 * m + 2][c], b3 = tile[u][16 * g + 4 * m + 3][c];
+                const uint32_t b0 = tile[u][16 * g + 4 * m][j], b1 = tile[u][16 * g + 4 * m + 1][j];
+                const uint32_t b2 = tile[u][16 * g + 4 * m + 2][j], b3 = tile[u][16 * g + 4 * m + 3][j];
                 w[m] = b0 | (b1 << 8) | (b2 << 16) | (b3 << 24);
             }
             *reinterpret_cast<uint4 *>(dst + (cu + c) * rows + r0 + 16 * g) = make_uint4(w[0], w[1], w[2], w[3]);
