@@ -43,36 +43,9 @@
 #include "comm_reference.h"
 #include "fp8amp/fp8amp.h"
 #include "rank_channel.h"
+#include "rank_check.h"
 
 static int g_rank, g_n, g_failures;
-
-#define CHECK(cond, ...)                                                                          \
-    do {                                                                                          \
-        if (!(cond)) {                                                                            \
-            fprintf(stderr, "[rank %d] %s:%d: CHECK(%s) failed: ", g_rank, __FILE__, __LINE__, #cond); \
-            fprintf(stderr, __VA_ARGS__);                                                         \
-            fputc('\n', stderr);                                                                  \
-            ++g_failures;                                                                         \
-        }                                                                                         \
-    } while (0)
-
-#define EXPECT(call, expected)                                                                    \
-    do {                                                                                          \
-        const fp8amp_status st_ = (call);                                                         \
-        CHECK(st_ == (expected), "%s returned %s, expected %s: %s", #call, fp8amp_status_name(st_), \
-              fp8amp_status_name(expected), fp8amp_last_error_message());                        \
-    } while (0)
-#define OK(call) EXPECT(call, FP8AMP_SUCCESS)
-
-/* The side channel failed (a rank is gone, or timed out): nothing further can be checked. */
-#define CH(call)                                                                                  \
-    do {                                                                                          \
-        if ((call) != 0) {                                                                        \
-            fprintf(stderr, "[rank %d] %s:%d: %s failed: %s\n", g_rank, __FILE__, __LINE__, #call, \
-                    rank_channel_error());                                                        \
-            exit(1);                                                                              \
-        }                                                                                         \
-    } while (0)
 
 static double now_s(void) {
     struct timespec ts;

@@ -23,28 +23,9 @@
 #include <unistd.h>
 
 #include "rank_channel.h"
+#include "rank_check.h"
 
 static int g_rank, g_n, g_failures;
-
-#define CHECK(cond, ...)                                                                                 \
-    do {                                                                                                 \
-        if (!(cond)) {                                                                                   \
-            fprintf(stderr, "[rank %d] %s:%d: CHECK(%s) failed: ", g_rank, __FILE__, __LINE__, #cond);  \
-            fprintf(stderr, __VA_ARGS__);                                                                \
-            fputc('\n', stderr);                                                                         \
-            ++g_failures;                                                                                \
-        }                                                                                                \
-    } while (0)
-
-/* A channel failure outside the cases that expect one: nothing further can be checked. */
-#define CH(call)                                                                                         \
-    do {                                                                                                 \
-        if ((call) != 0) {                                                                               \
-            fprintf(stderr, "[rank %d] %s:%d: %s failed: %s\n", g_rank, __FILE__, __LINE__, #call,       \
-                    rank_channel_error());                                                               \
-            exit(1);                                                                                     \
-        }                                                                                                \
-    } while (0)
 
 static uint64_t splitmix64(uint64_t *s) {
     uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
