@@ -1533,11 +1533,13 @@ void norm_forward(int device, void *stream_raw, const NormForwardArgs &a) {
                 else go(norm_forward_fast_kernel<S, D, 6, W, St>);
             };
             // Only the FP8 writing pass counts; every other variant is instantiated once.
-            if (is_fp8_v<D> && W && a.target.stats) {
-                if constexpr (is_fp8_v<D> && W) with_stats(std::true_type());
-            } else {
-                with_stats(std::false_type());
+            if constexpr (is_fp8_v<D> && W) {
+                if (a.target.stats) {
+                    with_stats(std::true_type());
+                    return;
+                }
             }
+            with_stats(std::false_type());
             return;
         }
         dispatch_pieces(a.d, [&](auto p) {
