@@ -154,6 +154,20 @@ Exchange exchange_mode() {
     return env && std::strcmp(env, "sendrecv") == 0 ? Exchange::SendRecv : Exchange::Auto;
 }
 
+// Whether the two-rank all-reduce writes its codes straight into the peer's scratch (docs/communicator.md,
+// "Peer writes"): where the scratch is a symmetric window whose peer NCCL maps into this process
+// (Transport::peer_pointer, agreed when the window is registered), the quantization and the
+// requantization store the codes the other rank needs over NVLink into its window, where the copy
+// engines would have put them, and each transfer of the pipeline shrinks to a 16-byte all-gather that
+// only orders the ranks (its completion on a rank means every rank's stores before it are done).
+// FP8AMP_COMM_PEER_WRITES=0 keeps the copies (the copy-engine all-gathers of the codes); read at every
+// call, and part of the options the ranks agree on, since the two move different byte counts. The
+// bytes of the result do not depend on it (the same kernels, the same codes, at the same places).
+bool peer_writes_wanted() {
+    const char *env = std::getenv("FP8AMP_COMM_PEER_WRITES");
+    return !(env && std::strcmp(env, "0") == 0);
+}
+
 // The grid of the conversions that run beside a transfer: at most FP8AMP_COMM_GRID_BLOCKS blocks (of
 // 256 threads; read at every call; 0 or unset: as many as the work needs, kGridBlocks), their loops
 // grid-stride beyond. Unbounded, each block converts a fixed run and retires, so that NCCL's blocks
@@ -191,6 +205,11 @@ Transport::RegisteredMemory nccl_memory(Transport::RegisteredMemory fallback) {
     if (std::strcmp(env, "window") == 0) return Transport::kWindow;
     return Transport::kPlain;
 }
+
+// The all-reduce's scratch (slot 1) for chunks of C elements over N ranks: the codes, 2 N C bytes
+// (`wire` and `recv`), then kTokenBytes a rank for the ordering all-gathers of the peer writes.
+constexpr size_t kTokenBytes = 16;
+size_t wire_scratch_bytes(int64_t C, int N) { return static_cast<size_t>(C) * N * 2 + kTokenBytes * N; }
 
 size_t dtype_bytes(fp8amp_dtype d) {
     return d == FP8AMP_DTYPE_F32 ? 4 : (d == FP8AMP_DTYPE_F16 || d == FP8AMP_DTYPE_BF16) ? 2 : 1;
@@ -302,6 +321,7 @@ void *Communicator::registered_scratch(size_t slot, size_t nbytes) {
     if (scratch_[slot] && scratch_[slot]->nbytes() >= nbytes) return scratch_[slot]->data();
     scratch_[slot].reset();
     registered_[slot] = false;
+    peer_[slot] = false;
     void *p = nullptr;
     bool failed = false;
     std::string why;
@@ -349,6 +369,17 @@ void *Communicator::registered_scratch(size_t slot, size_t nbytes) {
     registered_[slot] = true;
     transport_->register_memory(p);  // collective for a window: every rank agreed to be here
     compute_->memset_async(p, 0, nbytes, ctx_->stream());
+    // Whether each rank can store into the other's copy of this window (two ranks: the peer writes
+    // of the all-reduce, peer_writes_wanted), agreed, since a rank may see an address where its peer
+    // sees none (Transport::peer_pointer). Where not, the memory stays registered, for the copies.
+    if (nranks() == 2) {
+        const bool have = transport_->peer_pointer(p, 1 - rank()) != nullptr;
+        const uint64_t sig = have ? 1 : 0;
+        bool same = true;
+        auto *s = static_cast<uint32_t *>(scratch(4, 4 * Transport::agree_words(1)));
+        const bool any_failed = transport_->agree(&sig, 1, !have, &same, s, ctx_->stream());
+        peer_[slot] = have && same && !any_failed;
+    }
     return p;
 }
 
@@ -387,6 +418,7 @@ void Communicator::all_reduce(const std::vector<std::shared_ptr<Tensor>> &inputs
     std::vector<fp8amp_dtype> gather(n);
     int64_t P = 0, D = 1;  // the pipeline's piece and taper: part of the options the ranks agree on
     bool pair = false;  // two ranks, the reduce-scatter half as all-gathers (exchange_mode): agreed too
+    bool want_peer = false;  // and the peer writes (peer_writes_wanted), where the scratch allows them
     // The streams: the context's (S) converts; the transport's operations go on a second one (X) where
     // the device has one (CUDA), ordered against S by events, so that converting one piece overlaps
     // moving another. Every hand-over is an event (no host synchronization), and S waits for X's
@@ -527,8 +559,10 @@ void Communicator::all_reduce(const std::vector<std::shared_ptr<Tensor>> &inputs
         P = piece_elements(chunk, X != S);
         D = piece_taper();
         pair = N == 2 && exchange_mode() == Exchange::Auto;
+        want_peer = pair && peer_writes_wanted();
         // The scratch's memory too: registering a window is collective (registered_scratch).
         options.add(static_cast<uint64_t>(P)).add(static_cast<uint64_t>(D)).add(pair).add(static_cast<uint64_t>(memory_));
+        options.add(want_peer);
         sig.shapes = shapes.h;
         sig.dtypes = dtypes.h;
         sig.options = options.h;
@@ -538,7 +572,7 @@ void Communicator::all_reduce(const std::vector<std::shared_ptr<Tensor>> &inputs
         bounds = piece_bounds(C, P, D);
         make_segments();
         scratch(0, 4 * small_words());
-        if (memory_ == Transport::kPlain) scratch(1, static_cast<size_t>(chunk) * N * 2, true);
+        if (memory_ == Transport::kPlain) scratch(1, wire_scratch_bytes(chunk, N), true);
         return sig;
     };
     const char *const op = "fp8amp_comm_all_reduce";
@@ -566,15 +600,27 @@ void Communicator::all_reduce(const std::vector<std::shared_ptr<Tensor>> &inputs
     // (16 bytes a segment: amax_in, an unused word, wire_si, out_si).
     float *wire_si = reinterpret_cast<float *>(amax_in + 2 * mm), *out_si = reinterpret_cast<float *>(amax_in + 3 * mm);
     // One allocation of 2 N C bytes: `wire` (the first N C) and `recv` (the next N C), so that the
-    // two-rank layout below may address one rank's codes in each from one base and a stride.
-    const size_t wire_bytes = static_cast<size_t>(C) * N * 2;
+    // two-rank layout below may address one rank's codes in each from one base and a stride; then
+    // kTokenBytes a rank for the peer writes' ordering all-gathers (`token`).
+    const size_t wire_bytes = wire_scratch_bytes(C, N);
     // Registered memory that must grow is registered collectively, so only after the check's verdict;
     // already large enough (every call after the first with the same sizes), it is there before.
-    uint8_t *wire = nullptr, *recv = nullptr;
+    uint8_t *wire = nullptr, *recv = nullptr, *token = nullptr;
+    // The peer writes (peer_writes_wanted): the peer's copy of the window, at the same offsets as
+    // this rank's; set with the scratch, before any quantization.
+    bool peer = false;
+    uint8_t *peer_wire = nullptr, *peer_recv = nullptr;
     auto get_wire = [&] {
         wire = static_cast<uint8_t *>(memory_ == Transport::kPlain ? scratch(1, wire_bytes, true)
                                                                    : registered_scratch(1, wire_bytes));
         recv = wire + static_cast<size_t>(C) * N;
+        token = wire + static_cast<size_t>(C) * N * 2;
+        if (!want_peer || memory_ != Transport::kWindow || !peer_[1]) return;
+        peer_wire = static_cast<uint8_t *>(transport_->peer_pointer(wire, 1 - r));
+        if (!peer_wire)  // agreed when the window was registered: cannot differ now
+            fail(FP8AMP_ERROR_COMM, "fp8amp_comm_all_reduce: the peer's window is no longer mapped");
+        peer_recv = peer_wire + (recv - wire);
+        peer = true;
     };
     if (memory_ == Transport::kPlain || (scratch_[1] && scratch_[1]->nbytes() >= wire_bytes)) get_wire();
     // The call's saturations, counted in scratch and added to the communicator's count once its last
@@ -606,10 +652,11 @@ void Communicator::all_reduce(const std::vector<std::shared_ptr<Tensor>> &inputs
         const int64_t L = hi - lo;
         return {recv + 2 * lo + k, L};
     };
-    // Where rank r quantizes its codes of element k of piece p of chunk j (j != r).
+    // Where rank r quantizes its codes of element k of piece p of chunk j (j != r): with the peer
+    // writes, at the same place in the peer's window, where the all-gather would have copied them.
     auto wire_of = [&](int64_t lo, int64_t hi, int j, int64_t k) -> uint8_t * {
         const int64_t L = hi - lo;
-        return pair ? recv + 2 * lo + r * L + k : wire + N * lo + j * L + k;
+        return pair ? (peer ? peer_recv : recv) + 2 * lo + r * L + k : wire + N * lo + j * L + k;
     };
     // Where the conversions overlap the transfers (X != S: CUDA), the requantization writes this rank's
     // own chunk of the outputs as well (from the codes it has in registers: no pass over them after
@@ -669,8 +716,13 @@ void Communicator::all_reduce(const std::vector<std::shared_ptr<Tensor>> &inputs
             });
         }
     };
+    // The peer writes' transfer: a 16-byte all-gather of `token` on X, which completes on a rank only
+    // once every rank has reached it, that is (X waits for S first) once every rank's conversions
+    // before it, and so their stores into this rank's window, are done.
+    auto order_ranks = [&] { transport_->all_gather_scratch(token + kTokenBytes * r, token, kTokenBytes, X); };
     auto reduce_scatter_piece = [&](int64_t p) {
         if (N == 1) return;
+        if (peer) return order_ranks();
         const int64_t lo = piece(p).first, hi = piece(p).second;  // not a structured binding: C++17 lambdas cannot capture one (clang refuses)
         const size_t L = static_cast<size_t>(hi - lo);
         if (pair) {
@@ -687,7 +739,8 @@ void Communicator::all_reduce(const std::vector<std::shared_ptr<Tensor>> &inputs
     };
     auto reduce_piece = [&](int64_t p) {
         const int64_t lo = piece(p).first, hi = piece(p).second;  // not a structured binding: C++17 lambdas cannot capture one (clang refuses)
-        uint8_t *block = wire + N * lo + r * (hi - lo);
+        // This rank's block of the piece's all-gather; with the peer writes, in the peer's window.
+        uint8_t *block = (peer ? peer_wire : wire) + N * lo + r * (hi - lo);
         each_segment(lo_r + lo, lo_r + hi, [&](size_t i, int64_t slot, int64_t a, int64_t b) {
             const auto [src, stride] = codes_of(lo, hi, a - lo_r - lo);
             const Tensor &in = *inputs[i];
@@ -701,11 +754,12 @@ void Communicator::all_reduce(const std::vector<std::shared_ptr<Tensor>> &inputs
     };
     auto all_gather_piece = [&](int64_t p) {
         if (N == 1) return;
+        if (peer) return order_ranks();
         const int64_t lo = piece(p).first, hi = piece(p).second;  // not a structured binding: C++17 lambdas cannot capture one (clang refuses)
         const size_t L = static_cast<size_t>(hi - lo);
         transport_->all_gather_scratch(wire + N * lo + r * L, wire + N * lo, L, X);
     };
-    auto decode_piece = [&](int64_t p) {
+    auto decode_piece = [&](int64_t p, void *stream) {
         const int64_t lo = piece(p).first, hi = piece(p).second;  // not a structured binding: C++17 lambdas cannot capture one (clang refuses)
         for (int j = 0; j < N; ++j) {
             if (j == r && own_outputs_early) continue;  // written by the requantization
@@ -714,10 +768,10 @@ void Communicator::all_reduce(const std::vector<std::shared_ptr<Tensor>> &inputs
                 Tensor &out = *outputs[i];
                 const uint8_t *codes = block + (a - j * C - lo);
                 if (is_fp8(out.dtype()))
-                    compute_->copy_async(element(out, a - offset[i]), codes, static_cast<size_t>(b - a), S);
+                    compute_->copy_async(element(out, a - offset[i]), codes, static_cast<size_t>(b - a), stream);
                 else
                     compute_->dequantize(codes, gather[i], out_si + slot, b - a, element(out, a - offset[i]),
-                                         out.dtype(), S);
+                                         out.dtype(), stream);
             });
         }
     };
@@ -814,6 +868,10 @@ void Communicator::all_reduce(const std::vector<std::shared_ptr<Tensor>> &inputs
     if (!wire) get_wire();
     if (!first_agreed) {
         agree_amaxes(0, X);
+        // The peer writes store into the other rank's window, which that rank's previous call read:
+        // its reads must be done first. Any collective on X after S's earlier work orders that (the
+        // check's exchange, piece 0's agreement); where neither ran, an ordering all-gather does.
+        if (peer && !(o.check && N > 1) && !has_amaxes(0)) order_ranks();
         compute_->record(1, X);
         compute_->wait(1, S);
         scales(0);
@@ -842,8 +900,20 @@ void Communicator::all_reduce(const std::vector<std::shared_ptr<Tensor>> &inputs
     // piece every transfer comes before any output is written, so that a failed transfer leaves the
     // outputs unchanged. The conversions that run beside a transfer get the grid of grid_blocks(); the
     // first quantization and the last decoding run beside nothing (full grid).
+    //
+    // With the peer writes, X carries no copies, only the ordering all-gathers, and the decodings go
+    // there instead of S: D(t - 2) right after AG(t - 2) on X, enqueued at the start of step t, so that
+    // it runs beside Q(t) and R(t - 1) on S, whose stores into the peer's window load NVLink while the
+    // decoding loads the memory. D(t - 2) writes the outputs of piece t - 2 of the other rank's chunk,
+    // which nothing on S or Y reads or writes after step t - 2 (Q(t) and A(t + 1) read pieces >= t, R
+    // writes this rank's own chunk); S waits for X's last decoding before the call returns.
     for (int64_t t = 0; t < pieces + 2; ++t) {
         compute_->set_grid_limit(t == 0 ? 0 : blocks);
+        if (peer && t >= 2) {
+            if (t - 2 == pieces - 1) compute_->set_grid_limit(0);
+            decode_piece(t - 2, X);
+            compute_->set_grid_limit(blocks);
+        }
         if (t < pieces) {
             if (t >= 1 && has_amaxes(t)) {
                 compute_->wait(7, S);
@@ -872,11 +942,15 @@ void Communicator::all_reduce(const std::vector<std::shared_ptr<Tensor>> &inputs
             // the call's count joins the communicator's, on S before the last decodings.
             if (t == pieces) compute_->add_count(static_cast<unsigned long long *>(saturated_->data()), sat, S);
         }
-        if (t >= 2) {
+        if (t >= 2 && !peer) {
             compute_->wait(4 + int((t - 2) % 2), S);
             if (t - 2 == pieces - 1) compute_->set_grid_limit(0);
-            decode_piece(t - 2);
+            decode_piece(t - 2, S);
         }
+    }
+    if (peer) {
+        compute_->record(0, X);
+        compute_->wait(0, S);
     }
     compute_->set_grid_limit(0);
     for (size_t i = 0; i < n; ++i) {

@@ -113,6 +113,19 @@ public:
     // NCCL_CTA_POLICY_ZERO: NCCL 2.28 or later, the window functions present, use_copy_engine_split)
     // answer kWindow; everything else kPlain.
     virtual RegisteredMemory default_memory() const { return kPlain; }
+    // Where `peer` has the byte at p of its own registered memory (the same offset in its copy of the
+    // window that holds p), as an address of this process that this rank's kernels can load from and
+    // store to (over NVLink): NCCL maps every rank of a symmetric
+    // window's load/store-accessible team (its "LSA" team, the GPUs of one NVLink domain) into each
+    // process (ncclGetLsaPointer of NCCL's device API, computed here on the host). nullptr where there
+    // is no such mapping: p not in a registered window, the peer outside the team as far as this rank
+    // can tell, an NCCL older than 2.28 or a transport without windows. A rank that cannot tell (the
+    // team's size is not in the window) may answer an address where the peer answers nullptr: the
+    // caller agrees on the answer between the ranks before using it (core/communicator.cpp).
+    virtual void *peer_pointer(const void *p, int peer) const {
+        (void)p, (void)peer;
+        return nullptr;
+    }
 
     // MPI: how long an operation waits for its peers. Others ignore it.
     virtual void set_timeout(double seconds) { (void)seconds; }

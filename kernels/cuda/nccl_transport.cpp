@@ -8,10 +8,17 @@
 #if FP8AMP_HAVE_NCCL
 #include <cuda_runtime.h>
 #include <nccl.h>
+#if NCCL_VERSION_CODE >= 22800 && __has_include(<nccl_device/impl/core__types.h>)
+#include <nccl_device/impl/core__types.h>  // ncclWindow_vidmem: where a window's peers are mapped
+#define FP8AMP_NCCL_WINDOW_LAYOUT 1
+#else
+#define FP8AMP_NCCL_WINDOW_LAYOUT 0
+#endif
 
 #include <dlfcn.h>
 
 #include <algorithm>
+#include <cstddef>
 #include <atomic>
 #include <chrono>
 #include <cstdlib>
@@ -170,7 +177,7 @@ public:
                                                  " bytes (the all-reduce's scratch; FP8AMP_COMM_NCCL_MEMORY=plain uses "
                                                  "the context's allocator) failed: " + ncclGetErrorString(r));
         std::lock_guard<std::mutex> lock(mutex_);
-        registered_[p] = {nullptr, mode, nbytes, false};
+        registered_[p] = {nullptr, mode, nbytes, false, Lsa{}};
         return p;
     }
     void register_memory(void *p) override {
@@ -189,12 +196,31 @@ public:
                                  : f.reg(comm_, p, reg.nbytes, &handle),
              reg.mode == kWindow ? "ncclCommWindowRegister (the communicator's scratch; FP8AMP_COMM_NCCL_MEMORY=plain avoids it)"
                                  : "ncclCommRegister (FP8AMP_COMM_NCCL_MEMORY=register)");
+        const Lsa lsa = reg.mode == kWindow && handle ? window_lsa(handle) : Lsa{};
         std::lock_guard<std::mutex> lock(mutex_);
         auto it = registered_.find(p);
         if (it != registered_.end()) {
             it->second.handle = handle;
             it->second.done = true;
+            it->second.lsa = lsa;
         }
+    }
+    void *peer_pointer(const void *p, int peer) const override {
+        std::lock_guard<std::mutex> lock(mutex_);
+        auto it = registered_.upper_bound(const_cast<void *>(p));
+        if (it == registered_.begin()) return nullptr;
+        --it;
+        const Registered &reg = it->second;
+        const auto *base = static_cast<const char *>(it->first), *q = static_cast<const char *>(p);
+        if (!reg.lsa.flat_base || q >= base + reg.nbytes || peer < 0 || peer >= nranks_) return nullptr;
+        // The peer's index in the LSA team, as ncclGetPeerPointer computes it (the team holds
+        // consecutive world ranks); below 0 it is outside. The team's size is not in the window, so
+        // an index past its end cannot be told here: for two ranks in two teams, rank 1 sees index
+        // -1 and answers nullptr, and the caller's agreement makes that the answer of both.
+        const long index = static_cast<long>(reg.lsa.lsa_rank) + (peer - reg.lsa.world_rank);
+        if (index < 0) return nullptr;
+        return reg.lsa.flat_base + static_cast<size_t>(index) * (static_cast<size_t>(reg.lsa.stride4g) << 32) +
+               (q - base);
     }
     void free_registered(void *p, void *stream) override {
         const NcclRegistration &f = NcclRegistration::get();
@@ -363,16 +389,49 @@ private:
     bool owned_;
     int rank_ = 0, nranks_ = 1;
     std::atomic<bool> aborted_{false};
-    std::mutex mutex_;  // abort() against the polls of wait()
+    mutable std::mutex mutex_;  // abort() against the polls of wait()
     std::string failure_;
     double timeout_s_ = 300.0;
     uint32_t *pinned_ = nullptr;  // host side of the agreements (pinned_buffer)
     size_t pinned_count_ = 0;
+    // Where a window's LSA team is mapped in this process (ncclWindow_vidmem's first fields: NCCL's
+    // device API reads them on the device, ncclGetLsaPointer): rank i of the team at flat_base + i *
+    // stride4g * 4 GiB. Read once from the window when it is registered; empty where NCCL is older
+    // than 2.28 (another layout) or the read fails (no peer reads then).
+    struct Lsa {
+        char *flat_base = nullptr;
+        int lsa_rank = 0, world_rank = 0;
+        uint32_t stride4g = 0;
+    };
+    static Lsa window_lsa(void *handle) {
+        Lsa lsa;
+#if FP8AMP_NCCL_WINDOW_LAYOUT
+        int version = 0;
+        if (ncclGetVersion(&version) != ncclSuccess || version < 22800) return lsa;
+        // Only the fields up to stride4G, which every 2.28 release has in this order (later fields
+        // came and went between releases).
+        ncclWindow_vidmem w{};
+        constexpr size_t kPrefix = offsetof(ncclWindow_vidmem, stride4G) + sizeof w.stride4G;
+        if (cudaMemcpy(&w, handle, kPrefix, cudaMemcpyDefault) != cudaSuccess) {
+            (void)cudaGetLastError();
+            return lsa;
+        }
+        if (!w.lsaFlatBase || w.stride4G == 0) return lsa;
+        lsa.flat_base = w.lsaFlatBase;
+        lsa.lsa_rank = w.lsaRank;
+        lsa.world_rank = w.worldRank;
+        lsa.stride4g = w.stride4G;
+#else
+        (void)handle;
+#endif
+        return lsa;
+    }
     struct Registered {
         void *handle = nullptr;
         RegisteredMemory mode = kPlain;
         size_t nbytes = 0;
         bool done = false;  // registered (register_memory), not only allocated
+        Lsa lsa;            // a window's peers (window_lsa)
     };
     RegisteredMemory default_memory_ = kPlain;
     std::map<void *, Registered> registered_;  // alloc_registered's blocks (under mutex_)
