@@ -25,7 +25,9 @@ the same data to the mean over ranks, out of place, timed with CUDA events on th
 
 The sweep (one run answers which configuration is fastest): ``--variants`` times fp8amp (check=0)
 once more per variant, each a set of fp8amp's per-call environment variables (FP8AMP_COMM_EXCHANGE,
-FP8AMP_COMM_GRID_BLOCKS, FP8AMP_COMM_PIECE_ELEMENTS: core/communicator.cpp), and checks that it
+FP8AMP_COMM_GRID_BLOCKS, FP8AMP_COMM_PIECE_ELEMENTS, FP8AMP_COMM_PEER_WRITES: core/communicator.cpp),
+e.g. ``--variants 'copies:FP8AMP_COMM_PEER_WRITES=0'`` for the copy-engine path beside the default peer
+writes, and checks that it
 gives the default's bytes; ``--nccl-env`` repeats the whole thing in a fresh group of processes per
 NCCL environment (NCCL reads its variables when a communicator is made), with its own NCCL bf16 and
 native E4M3 baselines. The first group also times NCCL f32, native E4M3 with torch casts, fp8amp with
