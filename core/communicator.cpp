@@ -787,7 +787,10 @@ void Communicator::all_reduce(const std::vector<std::shared_ptr<Tensor>> &inputs
     // count). So the check adds no collective and no gap on the device: the host waits for the
     // verdict while Q(0) runs, then enqueues the rest. (It does wait for the caller's work queued on
     // S before the call: A(0) follows it, and the agreement needs A(0).) A refused call has written
-    // scratch only (A(0), the scales, Q(0)'s codes and count). Where piece 0's segments do not fit the exchange (a bucket of hundreds of
+    // scratch only (A(0), the scales, Q(0)'s codes and count; with the peer writes Q(0)'s codes went into
+    // the peer's window: harmless, since a call reads there only codes its peer stored in that call before
+    // the ordering all-gather it waits for, and the refused Q(0) is done before the next call's first
+    // collective). Where piece 0's segments do not fit the exchange (a bucket of hundreds of
     // small tensors), their own agreement follows the check, as without it; where the wire scratch
     // must grow first (registered memory: collective), Q(0) follows the verdict.
     compute_->record(0, S);
