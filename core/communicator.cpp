@@ -321,7 +321,7 @@ void *Communicator::registered_scratch(size_t slot, size_t nbytes) {
     if (scratch_[slot] && scratch_[slot]->nbytes() >= nbytes) return scratch_[slot]->data();
     scratch_[slot].reset();
     registered_[slot] = false;
-    peer_[slot] = false;
+    peer_[slot] = nullptr;
     void *p = nullptr;
     bool failed = false;
     std::string why;
@@ -369,16 +369,17 @@ void *Communicator::registered_scratch(size_t slot, size_t nbytes) {
     registered_[slot] = true;
     transport_->register_memory(p);  // collective for a window: every rank agreed to be here
     compute_->memset_async(p, 0, nbytes, ctx_->stream());
-    // Whether each rank can store into the other's copy of this window (two ranks: the peer writes
-    // of the all-reduce, peer_writes_wanted), agreed, since a rank may see an address where its peer
-    // sees none (Transport::peer_pointer). Where not, the memory stays registered, for the copies.
+    // The other rank's copy of this window (two ranks: the peer writes of the all-reduce,
+    // peer_writes_wanted), kept only where every rank has its peer's (agreed: a rank may see an
+    // address where its peer sees none, Transport::peer_pointer; a rank without one is a refusal in
+    // the agreement). Where not, the memory stays registered, for the copies.
     if (nranks() == 2) {
-        const bool have = transport_->peer_pointer(p, 1 - rank()) != nullptr;
-        const uint64_t sig = have ? 1 : 0;
+        void *peer = transport_->peer_pointer(p, 1 - rank());
+        const uint64_t sig = 0;
         bool same = true;
         auto *s = static_cast<uint32_t *>(scratch(4, 4 * Transport::agree_words(1)));
-        const bool any_failed = transport_->agree(&sig, 1, !have, &same, s, ctx_->stream());
-        peer_[slot] = have && same && !any_failed;
+        if (!transport_->agree(&sig, 1, peer == nullptr, &same, s, ctx_->stream()))
+            peer_[slot] = static_cast<uint8_t *>(peer);
     }
     return p;
 }
@@ -616,9 +617,7 @@ void Communicator::all_reduce(const std::vector<std::shared_ptr<Tensor>> &inputs
         recv = wire + static_cast<size_t>(C) * N;
         token = wire + static_cast<size_t>(C) * N * 2;
         if (!want_peer || memory_ != Transport::kWindow || !peer_[1]) return;
-        peer_wire = static_cast<uint8_t *>(transport_->peer_pointer(wire, 1 - r));
-        if (!peer_wire)  // agreed when the window was registered: cannot differ now
-            fail(FP8AMP_ERROR_COMM, "fp8amp_comm_all_reduce: the peer's window is no longer mapped");
+        peer_wire = peer_[1];  // the peer's copy of scratch_[1], whose data() wire is
         peer_recv = peer_wire + (recv - wire);
         peer = true;
     };

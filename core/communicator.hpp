@@ -103,9 +103,10 @@ private:
     size_t exchange_slot() const { return memory_ == Transport::kWindow ? 5 : 1; }
     std::shared_ptr<Storage> scratch_[kSlots];
     bool registered_[kSlots] = {};  // whether scratch_[slot] came from the transport (alloc_registered)
-    // Whether every rank can load from the other's copy of scratch_[slot] (a window that NCCL maps
-    // between the two ranks; agreed in registered_scratch): the all-reduce's peer reads.
-    bool peer_[kSlots] = {};
+    // The other rank's copy of scratch_[slot], where every rank has its peer's (a window that NCCL
+    // maps between the two ranks; agreed in registered_scratch), else nullptr: the all-reduce's
+    // peer writes.
+    uint8_t *peer_[kSlots] = {};
     // Where the all-reduce's scratch comes from (FP8AMP_COMM_NCCL_MEMORY when the communicator was made,
     // else the transport's default); plain from the first growth on where the ranks disagree.
     Transport::RegisteredMemory memory_ = Transport::kPlain;
