@@ -48,15 +48,7 @@ using norm::fadd;
 using norm::fmul;
 using norm::fsub;
 
-// a * b + c rounded once (IEEE fusedMultiplyAdd): the same bits on both devices. glibc's fmaf is
-// correctly rounded (the hardware FMA where there is one), as is __fmaf_rn.
-FP8AMP_HD float ffma(float a, float b, float c) {
-#if defined(__CUDA_ARCH__)
-    return __fmaf_rn(a, b, c);
-#else
-    return std::fma(a, b, c);
-#endif
-}
+using rounded::ffma;  // a * b + c rounded once
 
 // max(v, lo) with IEEE maxNum semantics (a NaN v gives lo), the same on both devices.
 FP8AMP_HD float fmax_num(float v, float lo) {

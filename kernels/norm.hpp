@@ -4,7 +4,8 @@
 // The arithmetic both backends must agree on bit for bit lives here, as FP8AMP_HD inline functions
 // used by the CPU reference (kernels/cpu/norm.cpp, compiled with -ffp-contract=off) and the CUDA
 // kernels (kernels/cuda/norm.cu, through the __f*_rn intrinsics, which nvcc never contracts into an
-// FMA). Every float32 operation is rounded once, to nearest even.
+// FMA). Every float32 operation is rounded once, to nearest even; the fused multiply-adds (ffma:
+// __fmaf_rn / std::fma) are written out where the formulas below use one.
 //
 // Reduction orders (docs/numerics.md section 7.2):
 // - A row's sum (mean, variance, the backward's two dot products): the row is cut into pieces of
@@ -88,6 +89,7 @@ constexpr int64_t kMaxChunks = 264;
 // ---- float32 operations, each rounded once (rounded.hpp: no FMA contraction on either device) ----
 using rounded::fadd;
 using rounded::fdiv;
+using rounded::ffma;
 using rounded::fmul;
 using rounded::fsqrt;
 using rounded::fsub;
@@ -114,28 +116,40 @@ FP8AMP_HD float tree_sum(float *p, int n_groups) {
 // signs and payloads (x86's default NaN is negative), and the FP8 code of a NaN keeps its sign.
 FP8AMP_HD float canonical(float v) { return v != v ? codec::bits_f32(codec::kF32QuietNaN) : v; }
 
+// v / d. For d a power of two the product v * (1 / d) is the same number, rounded once the same way
+// (both are the exact v * 2^-k rounded), at a few instructions instead of a division's dozen.
+// 1 / d = 2^-k is built from its bits (k <= 62: a normal float).
+FP8AMP_HD float div_by_d(float v, int64_t d) {
+    if ((d & (d - 1)) != 0) return fdiv(v, static_cast<float>(d));
+#if defined(__CUDA_ARCH__)
+    const int k = __ffsll(static_cast<long long>(d)) - 1;
+#else
+    const int k = __builtin_ctzll(static_cast<unsigned long long>(d));
+#endif
+    return fmul(v, codec::bits_f32(static_cast<uint32_t>(127 - k) << 23));
+}
 // The statistics of a row from its lane-tree sums. LayerNorm: mean = sum / d, then (second pass)
 // var = sum((x - mean)^2) / d. RMSNorm: ms = sum(x^2) / d. rstd = 1 / sqrt(var_or_ms + eps).
-FP8AMP_HD float mean_of(float sum, int64_t d) { return fdiv(sum, static_cast<float>(d)); }
+FP8AMP_HD float mean_of(float sum, int64_t d) { return div_by_d(sum, d); }
 FP8AMP_HD float rstd_of(float sum_sq, int64_t d, float eps) {
-    return fdiv(1.0f, fsqrt(fadd(fdiv(sum_sq, static_cast<float>(d)), eps)));
+    return fdiv(1.0f, fsqrt(fadd(div_by_d(sum_sq, d), eps)));
 }
-// The term a lane adds for the second statistic: (x - mean)^2 (LayerNorm) or x^2 (RMSNorm, mean 0 is
-// not subtracted: RMSNorm's first pass is this one).
-FP8AMP_HD float centered_square(float x, float mean) {
+// A lane's running sum for the second statistic with one more element: acc + (x - mean)^2 (LayerNorm)
+// or acc + x^2 (RMSNorm: its first pass is this one), the square and the addition one fused
+// multiply-add (since 2026-11-27; before, two roundings).
+FP8AMP_HD float add_centered_square(float acc, float x, float mean) {
     const float t = fsub(x, mean);
-    return fmul(t, t);
+    return ffma(t, t, acc);
 }
-FP8AMP_HD float square(float x) { return fmul(x, x); }
+FP8AMP_HD float add_square(float acc, float x) { return ffma(x, x, acc); }
 
 // The normalized value: (x - mean) * rstd (LayerNorm) or x * rstd (RMSNorm).
 FP8AMP_HD float xhat(float x, float mean, float rstd, bool rms) { return rms ? fmul(x, rstd) : fmul(fsub(x, mean), rstd); }
 // The weight of a column: gamma, or 1 + gamma (zero-centered gamma).
 FP8AMP_HD float weight(float gamma, bool zero_centered) { return zero_centered ? fadd(1.0f, gamma) : gamma; }
-// y = xhat * w (+ beta), canonical NaN.
+// y = xhat * w + beta, one fused multiply-add (no beta: xhat * w), canonical NaN.
 FP8AMP_HD float y_value(float xh, float w, float beta, bool has_beta) {
-    const float t = fmul(xh, w);
-    return canonical(has_beta ? fadd(t, beta) : t);
+    return canonical(has_beta ? ffma(xh, w, beta) : fmul(xh, w));
 }
 
 // The backward of a row, from g = dy * w and xhat: c1 = sum(g) / d (LayerNorm), c2 = sum(g * xhat) / d;

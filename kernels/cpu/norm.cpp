@@ -33,7 +33,8 @@ void row_stats(const NormForwardArgs &a, int64_t r, float &mean, float &rstd) {
     std::fill(p, p + n, 0.0f);
     for (int64_t i = 0; i < a.d; ++i) {
         const float v = load_element(a.x, a.x_dtype, base + i);
-        p[lane_of(i, n)] = fadd(p[lane_of(i, n)], a.rms ? square(v) : centered_square(v, mean));
+        float &acc = p[lane_of(i, n)];
+        acc = a.rms ? add_square(acc, v) : add_centered_square(acc, v, mean);
     }
     rstd = rstd_of(tree_sum(p, g), a.d, a.eps);
 }

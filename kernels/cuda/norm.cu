@@ -483,7 +483,7 @@ __global__ void __launch_bounds__(kThreads, fwd_min_blocks(S, kPieces, kT)) norm
             for_pieces<kPieces>(d, pl.j, n_lanes, [&](int p, int64_t i0, int left) {
                 const auto &w = piece(p, i0, left);
 #pragma unroll
-                for (int e = 0; e < 8; ++e) acc[0] = norm::fadd(acc[0], norm::square(raw_at<S>(w, e)));
+                for (int e = 0; e < 8; ++e) acc[0] = norm::add_square(acc[0], raw_at<S>(w, e));
             });
         } else {
             for_pieces<kPieces>(d, pl.j, n_lanes, [&](int p, int64_t i0, int left) {
@@ -501,13 +501,11 @@ __global__ void __launch_bounds__(kThreads, fwd_min_blocks(S, kPieces, kT)) norm
                 const auto &w = piece(p, i0, left);
                 if (left == 8) {
 #pragma unroll
-                    for (int e = 0; e < 8; ++e) acc[0] = norm::fadd(acc[0], norm::centered_square(raw_at<S>(w, e), mean));
+                    for (int e = 0; e < 8; ++e) acc[0] = norm::add_centered_square(acc[0], raw_at<S>(w, e), mean);
                 } else {
 #pragma unroll
-                    for (int e = 0; e < 8; ++e) {
-                        const float t = norm::centered_square(raw_at<S>(w, e), mean);
-                        acc[0] = norm::fadd(acc[0], e < left ? t : 0.0f);
-                    }
+                    for (int e = 0; e < 8; ++e)
+                        if (e < left) acc[0] = norm::add_centered_square(acc[0], raw_at<S>(w, e), mean);
                 }
             });
             group_sum<1>(acc, pl, gs, parity);
@@ -532,10 +530,7 @@ __global__ void __launch_bounds__(kThreads, fwd_min_blocks(S, kPieces, kT)) norm
 #pragma unroll
                     for (int e = 0; e < 8; ++e) g[e] = norm::fadd(1.0f, g[e]);
             }
-#pragma unroll
-            for (int e = 0; e < 8; ++e)  // canonical below (the FP8 path: the NaN code)
-                y[e] = norm::fmul(norm::xhat(raw_at<S>(w, e), mean, rstd, false), g[e]);
-            if (has_beta) {  // y + beta; without beta y + (-0) == y
+            if (has_beta) {  // y = xhat * w + beta, one fused multiply-add (norm::y_value)
                 float b[8];
                 if (np > 0) {
                     const float4 b0 = sb[k], b1 = sb[np + k];
@@ -544,7 +539,11 @@ __global__ void __launch_bounds__(kThreads, fwd_min_blocks(S, kPieces, kT)) norm
                     load_param(a.beta, a.beta_dtype, i0, left, vb, b);
                 }
 #pragma unroll
-                for (int e = 0; e < 8; ++e) y[e] = norm::fadd(y[e], b[e]);
+                for (int e = 0; e < 8; ++e)  // canonical below (the FP8 path: the NaN code)
+                    y[e] = norm::ffma(norm::xhat(raw_at<S>(w, e), mean, rstd, false), g[e], b[e]);
+            } else {
+#pragma unroll
+                for (int e = 0; e < 8; ++e) y[e] = norm::fmul(norm::xhat(raw_at<S>(w, e), mean, rstd, false), g[e]);
             }
             const int64_t base = r * d + i0;
             if constexpr (kFp8) {
@@ -750,7 +749,7 @@ __global__ void __launch_bounds__(kThreads, fwd_fast_min_blocks(S, kPieces)) nor
 #pragma unroll
                 for (int e = 0; e < 8; ++e) {
                     const float v = raw_at<S>(raw[p], e);
-                    acc[0] = norm::fadd(acc[0], kRms ? norm::square(v) : v);
+                    acc[0] = kRms ? norm::add_square(acc[0], v) : norm::fadd(acc[0], v);
                 }
             }
             group_sum<1>(acc, pl, gs, parity);
@@ -762,7 +761,7 @@ __global__ void __launch_bounds__(kThreads, fwd_fast_min_blocks(S, kPieces)) nor
                 for (int p = 0; p < kP; ++p) {
                     if (lane0 + p * step >= d) continue;
 #pragma unroll
-                    for (int e = 0; e < 8; ++e) acc[0] = norm::fadd(acc[0], norm::centered_square(raw_at<S>(raw[p], e), mean));
+                    for (int e = 0; e < 8; ++e) acc[0] = norm::add_centered_square(acc[0], raw_at<S>(raw[p], e), mean);
                 }
                 group_sum<1>(acc, pl, gs, parity);
             }
@@ -780,17 +779,17 @@ __global__ void __launch_bounds__(kThreads, fwd_fast_min_blocks(S, kPieces)) nor
                 {
                     const float4 g0 = sw[k], g1 = sw[np + k];
                     const float g[8] = {g0.x, g0.y, g0.z, g0.w, g1.x, g1.y, g1.z, g1.w};
+                    float b[8] = {};
+                    if constexpr (kBeta) {
+                        const float4 b0 = sb[k], b1 = sb[np + k];
+                        b[0] = b0.x, b[1] = b0.y, b[2] = b0.z, b[3] = b0.w, b[4] = b1.x, b[5] = b1.y, b[6] = b1.z, b[7] = b1.w;
+                    }
 #pragma unroll
                     for (int e = 0; e < 8; ++e) {  // canonical below (the FP8 path: the NaN code)
                         const float v = raw_at<S>(raw[p], e);
-                        y[e] = norm::fmul(kRms ? norm::fmul(v, rstd) : norm::fmul(norm::fsub(v, mean), rstd), g[e]);
+                        const float xh = kRms ? norm::fmul(v, rstd) : norm::fmul(norm::fsub(v, mean), rstd);
+                        y[e] = kBeta ? norm::ffma(xh, g[e], b[e]) : norm::fmul(xh, g[e]);  // norm::y_value
                     }
-                }
-                if constexpr (kBeta) {
-                    const float4 b0 = sb[k], b1 = sb[np + k];
-                    const float b[8] = {b0.x, b0.y, b0.z, b0.w, b1.x, b1.y, b1.z, b1.w};
-#pragma unroll
-                    for (int e = 0; e < 8; ++e) y[e] = norm::fadd(y[e], b[e]);
                 }
                 [[maybe_unused]] const int64_t base = r * d + i0;
                 if constexpr (kFp8) {
