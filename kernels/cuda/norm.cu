@@ -1,7 +1,7 @@
 // Fused LayerNorm / RMSNorm on CUDA (kernels/norm.hpp): the forward writes y (wide, or FP8 with the
 // amax, statistics and scale_inv of a quantize fused), the backward dx and the column sums dgamma,
-// dbeta. Bit-identical to kernels/cpu/norm.cpp: the same inline arithmetic (norm.hpp, __f*_rn), and
-// the same summation orders (norm.hpp's header, docs/numerics.md 7.2).
+// dbeta. Bit-identical to kernels/cpu/norm.cpp: the same inline arithmetic (norm.hpp, __f*_rn and the
+// explicit __fmaf_rn), and the same summation orders (norm.hpp's header, docs/numerics.md 7.2).
 //
 // Why this shape. These kernels move 3-6 bytes an element and do 20-30 operations an element, so
 // they are fast only with many bytes in flight on every SM and few instructions and barriers per row.
