@@ -24,9 +24,9 @@
 // Forward: pass 1 sums x (LayerNorm) or x^2 (RMSNorm) from the registers, pass 2 (LayerNorm) sums
 // (x - mean)^2, the write pass computes y and stores 8 FP8 codes as one 8-byte store (16 bytes for
 // BF16 y). gamma (as the weight, 1 + gamma when zero-centered) and beta are converted to float once
-// per block into shared memory for register-cached rows up to d = 12288 (the grid is then one wave of
-// resident blocks, each walking many rows); otherwise they are read per piece (L1/L2 hits) and the
-// grid is up to 16 waves. The FP8 conversion is the hardware's two at a time
+// per block into shared memory for register-cached rows up to d = 12288 (the grid is then 1-4 waves of
+// resident blocks, each walking many rows: fwd_fast_waves); otherwise they are read per piece (L1/L2
+// hits) and the grid is up to 16 waves. The FP8 conversion is the hardware's two at a time
 // (cvt.rn.satfinite.*x2) with no per-element NaN test: the amax is a max.NaN over |y| (one FMNMX an
 // element), and only a piece whose max is NaN or inf makes its NaN codes the positive quiet code
 // (clamped to inf once per thread for the amax). Wide y likewise: paired cvt.rn.bf16x2 / f16x2, NaN
@@ -1450,6 +1450,18 @@ void dispatch_pieces(int64_t d, F &&f) {
     f(std::integral_constant<int, 0>());
 }
 
+// The lean forward's grid, in waves of resident blocks (each block converts gamma and beta once and
+// walks rows r, r + grid * slots, ...). One wave is best where the kernel is issue-bound (LayerNorm
+// into FP8, every long row); more blocks, each with fewer rows, overlap one block's setup and closing
+// reduction with the others' rows where it is more memory-bound: wide outputs (RMSNorm at any d,
+// LayerNorm up to d = 4096) and RMSNorm into FP8 up to d = 4096. Measured on an H100 for 1, 2, 4 and
+// 8 waves at d = 1024, 4096, 8192, 12288 (docs/performance.md, "The lean norm forward's grid").
+int fwd_fast_waves(bool rms, bool fp8, int64_t d) {
+    if (!fp8) return rms || d <= 4096 ? 4 : 1;
+    if (rms && d <= 4096) return d > 2048 ? 4 : 2;
+    return 1;
+}
+
 // A grid of one block per `n_slots` rows, at most `waves` waves of resident blocks (a block past
 // that walks further rows).
 template <class Kernel>
@@ -1511,8 +1523,8 @@ void norm_forward(int device, void *stream_raw, const NormForwardArgs &a) {
             }
         }
         if (fast) {
-            // norm_forward_fast_kernel: one wave of resident blocks (counting the shared memory: gamma
-            // and, with beta, beta as floats), each converting them once and walking many rows.
+            // norm_forward_fast_kernel: fwd_fast_waves() waves of resident blocks (counting the shared
+            // memory: gamma and, with beta, beta as floats), each converting them once and walking rows.
             const size_t smem = size_t(a.d / norm::kPiece) * (a.beta ? 4 : 2) * sizeof(float4);
             auto go = [&](auto kernel) {
                 const size_t static_smem = allow_dynamic_smem(kernel, device, smem, "norm_forward_fast_kernel");
@@ -1520,7 +1532,8 @@ void norm_forward(int device, void *stream_raw, const NormForwardArgs &a) {
                 const int by_smem = int(size_t(sm_shared_memory(device)) / (smem + static_smem + 1024));  // 1 KB a block reserved
                 const int per_sm = by_regs < by_smem ? by_regs : by_smem;
                 const int64_t wanted = (a.rows + n_slots - 1) / n_slots;
-                const int64_t cap = int64_t(multiprocessor_count(device)) * (per_sm > 0 ? per_sm : 1);
+                const int64_t cap = int64_t(multiprocessor_count(device)) * (per_sm > 0 ? per_sm : 1) *
+                                    fwd_fast_waves(a.rms, fp8, a.d);
                 kernel<<<unsigned(wanted < 1 ? 1 : wanted < cap ? wanted : cap), kThreads, smem, stream>>>(a);
                 check_launch("norm_forward_fast_kernel");
             };
