@@ -118,7 +118,8 @@ FP8AMP_HD float canonical(float v) { return v != v ? codec::bits_f32(codec::kF32
 
 // v / d. For d a power of two the product v * (1 / d) is the same number, rounded once the same way
 // (both are the exact v * 2^-k rounded), at a few instructions instead of a division's dozen.
-// 1 / d = 2^-k is built from its bits (k <= 62: a normal float).
+// 1 / d = 2^-k is built from its bits (k <= 62: a normal float). d >= 1: every tensor extent is
+// (core/tensor.cpp), so d & (d - 1) == 0 means a power of two here.
 FP8AMP_HD float div_by_d(float v, int64_t d) {
     if ((d & (d - 1)) != 0) return fdiv(v, static_cast<float>(d));
 #if defined(__CUDA_ARCH__)
