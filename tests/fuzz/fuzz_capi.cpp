@@ -46,8 +46,13 @@ fp8amp_status fuzz_opt_level_config(int level, fp8amp_linear_desc *ld, fp8amp_ad
 
 namespace {
 
-// The size fp8amp 0.1.0 gave fp8amp_adam_desc (docs/api.md 1.6), which every later library accepts.
-constexpr uint32_t kAdamDesc010 = 52;
+// The sizes fp8amp 0.1.0 gave the option structs (docs/api.md 1.6: recipe, linear desc, adam desc,
+// step args, grad scaler desc), the oracle's own copy of the contract: every later library accepts
+// them, so a struct_size below this header's sizeof is refused unless it is the 0.1.0 size (only the
+// adam desc has grown so far; the rule holds for each struct the day it grows).
+constexpr uint32_t kSize010Recipe = 32, kSize010LinearDesc = 80, kSize010AdamDesc = 52, kSize010StepArgs = 32,
+                   kSize010ScalerDesc = 24;
+bool small_size_refused(uint32_t struct_size, uint32_t size_010) { return struct_size != size_010; }
 
 // Stores an int into an enum field as a C caller would (memcpy: no enum-typed load in C++).
 template <class E>
@@ -496,7 +501,7 @@ void Session::run() {
             auto c = h<fp8amp_context>(CTX, why, "ctx");
             fp8amp_recipe r;
             fp8amp_recipe_init_default(&r);
-            if (one_in(10)) { r.struct_size = in.ConsumeIntegralInRange<uint32_t>(0, sizeof r - 1); why.add(true, "struct_size small"); }
+            if (one_in(10)) { r.struct_size = in.ConsumeIntegralInRange<uint32_t>(0, sizeof r - 1); why.add(small_size_refused(r.struct_size, kSize010Recipe), "struct_size small"); }
             store(r.format, enumv(0, 1, why, "format"));
             store(r.mode, enumv(0, 1, why, "mode"));
             store(r.amax_algo, enumv(0, 1, why, "amax_algo"));
@@ -606,7 +611,7 @@ void Session::run() {
             fp8amp_linear_desc d;
             fp8amp_linear_desc_init_default(&d);
             if (one_in(3)) fp8amp_opt_level_config(static_cast<fp8amp_opt_level>(in.ConsumeIntegralInRange<int>(1, 3)), &d, nullptr);
-            if (one_in(12)) { d.struct_size = in.ConsumeIntegralInRange<uint32_t>(0, 8); why.add(true, "struct_size small"); }
+            if (one_in(12)) { d.struct_size = in.ConsumeIntegralInRange<uint32_t>(0, 8); why.add(small_size_refused(d.struct_size, kSize010LinearDesc), "struct_size small"); }
             d.in_features = one_in(10) ? in.ConsumeIntegral<int64_t>() : in.ConsumeIntegralInRange<int64_t>(1, 24);
             d.out_features = one_in(10) ? in.ConsumeIntegral<int64_t>() : in.ConsumeIntegralInRange<int64_t>(1, 24);
             why.add(d.in_features < 1 || d.out_features < 1, "features < 1");
@@ -692,7 +697,7 @@ void Session::run() {
             // leaves alone -- at their defaults).
             if (one_in(12)) {
                 d.struct_size = in.ConsumeIntegralInRange<uint32_t>(0, sizeof d - 1);
-                why.add(d.struct_size != kAdamDesc010, "struct_size small");
+                why.add(small_size_refused(d.struct_size, kSize010AdamDesc), "struct_size small");
             }
             if (one_in(3)) d.lr = hyper(0.0f, 0.1f, why, "lr");
             if (one_in(4)) { d.beta1 = hyper(0.0f, 0.999f, why, "beta1"); if (one_in(4)) { d.beta1 = 1.0f; why.add(true, "beta1 1"); } }
@@ -734,7 +739,7 @@ void Session::run() {
             auto o = h<fp8amp_optimizer>(OPT, why, "opt");
             fp8amp_adam_step_args a;
             fp8amp_adam_step_args_init_default(&a);
-            if (one_in(12)) { a.struct_size = in.ConsumeIntegralInRange<uint32_t>(0, sizeof a - 1); why.add(true, "struct_size small"); }
+            if (one_in(12)) { a.struct_size = in.ConsumeIntegralInRange<uint32_t>(0, sizeof a - 1); why.add(small_size_refused(a.struct_size, kSize010StepArgs), "struct_size small"); }
             if (one_in(3)) a.lr = hyper(0.0f, 0.1f, why, "lr", true);  // negative = the desc's lr
             if (std::isinf(a.lr) && a.lr < 0) {
                 if (g_skip_step_lr_inf) a.lr = -1.0f;
@@ -796,7 +801,7 @@ void Session::run() {
             auto c = h<fp8amp_context>(CTX, why, "ctx");
             fp8amp_grad_scaler_desc d;
             fp8amp_grad_scaler_desc_init_default(&d);
-            if (one_in(12)) { d.struct_size = in.ConsumeIntegralInRange<uint32_t>(0, sizeof d - 1); why.add(true, "struct_size small"); }
+            if (one_in(12)) { d.struct_size = in.ConsumeIntegralInRange<uint32_t>(0, sizeof d - 1); why.add(small_size_refused(d.struct_size, kSize010ScalerDesc), "struct_size small"); }
             if (one_in(3)) { d.init_scale = hyper(1.0f, 70000.0f, why, "init_scale"); if (one_in(4)) { d.init_scale = 1e-40f; why.add(true, "init_scale subnormal"); } }
             if (one_in(4)) { d.growth_factor = hyper(1.0f, 4.0f, why, "growth_factor"); why.add(!(d.growth_factor > 1.0f), "growth_factor <= 1"); }
             if (one_in(4)) { d.backoff_factor = hyper(0.0f, 1.0f, why, "backoff_factor"); why.add(!(d.backoff_factor > 0.0f && d.backoff_factor < 1.0f), "backoff_factor"); }
