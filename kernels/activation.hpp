@@ -212,16 +212,45 @@ FP8AMP_HD void swiglu_backward_raw(float dy, float a, float b, float &da, float 
     da = fmul(fmul(dy, b), silu_grad_of(p, a));
 }
 
+// ---- the forwards' table of BF16 inputs (CUDA) ---------------------------------------------------
+// GELU and SiLU of a BF16 x depend on x's 16 bits only, so the CUDA forwards of BF16 inputs (the
+// stream kernel: not SwiGLU's, not the ones that write y_t too) read f(x) from a table in shared
+// memory for the inputs that occur most -- |x| in [2^-11, 32): 16 exponents of 128 mantissas, both
+// signs, 4096 floats (16 KB) -- and compute the formula above for the others (zeros, tinier or larger
+// magnitudes, inf, NaN). A lookup is a few integer operations where the formula is ~30 float ones,
+// which is what held those forwards below copy speed (docs/performance.md, "the forwards' table").
+// The entries are the CPU's values of the same functions (cpu::activation_table), so the table
+// changes no bit: f(x) is the same number whichever way it is found (tests/capi/test_activation.c
+// checks all 2^16 inputs against the CPU).
+namespace table {
+constexpr uint32_t kFirstExponent = 116;              // biased: 2^-11
+constexpr uint32_t kBase = kFirstExponent << 7;        // magnitude bits (x & 0x7FFF) of the first entry
+constexpr uint32_t kHalf = 16u << 7;                   // entries a sign: 16 exponents x 128 mantissas
+constexpr uint32_t kEntries = 2 * kHalf;               // [0, kHalf): x >= 0; [kHalf, kEntries): x < 0
+// Entry i's input, as BF16 bits.
+FP8AMP_HD uint16_t input_bits(uint32_t i) {
+    return static_cast<uint16_t>(((i / kHalf) << 15) | (kBase + i % kHalf));
+}
+// Whether BF16 bits b have an entry.
+FP8AMP_HD bool covers(uint32_t b) { return ((b & 0x7FFFu) - kBase) < kHalf; }
+}  // namespace table
+
 }  // namespace act
 
 namespace cpu {
 void activation_forward(const ActivationArgs &args);
 void activation_backward(const ActivationArgs &args);
+// out[i] = f(act::table::input_bits(i)) for i < act::table::kEntries, f = GELU (tanh) or SiLU (kind):
+// the entries the CUDA forwards read.
+void activation_table(int32_t kind, float *out);
 }  // namespace cpu
 
 namespace cuda {
 void activation_forward(int device, void *stream, const ActivationArgs &args);
 void activation_backward(int device, void *stream, const ActivationArgs &args);
+// Puts the forwards' tables (cpu::activation_table) into the device's memory, once a process per
+// device (the CUDA backend's creation calls it). Synchronous; throws CUDA.
+void activation_prepare(int device);
 }  // namespace cuda
 
 }  // namespace fp8amp::kernels

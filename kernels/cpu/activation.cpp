@@ -89,4 +89,12 @@ void activation_backward(const ActivationArgs &a) {
     });
 }
 
+void activation_table(int32_t kind, float *out) {
+    if (kind != kGeluTanh && kind != kSilu) fail(FP8AMP_ERROR_INTERNAL, "activation_table: GELU or SiLU only");
+    for (uint32_t i = 0; i < act::table::kEntries; ++i) {
+        const float x = codec::bits_f32(uint32_t(act::table::input_bits(i)) << 16);  // BF16 -> float: exact
+        out[i] = act::forward_raw(kind, x, 0.0f);  // finite for every entry: no NaN to make canonical
+    }
+}
+
 }  // namespace fp8amp::kernels::cpu

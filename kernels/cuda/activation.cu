@@ -23,6 +23,11 @@
 //   and db of the same column group from one evaluation of silu(a) / silu'(a) (one exp and two
 //   divisions for two outputs). Current scaling's writing pass walks the groups last to first (what
 //   the amax pass read last is still in L2).
+// - The GELU/SiLU forwards of stream_kernel read f(x) from a table of the BF16 inputs that occur most
+//   (act::table: 16 KB in shared memory, copied from the device's copy at each block's start; the
+//   other inputs by the formula, not inlined): ~8 integer operations and a shared-memory load an
+//   element in place of ~30 float operations, 6-8% faster on an H100 (12% the current-scaling pair),
+//   the same bytes. SwiGLU's forward and the tile kernel's were slower with it and keep the formula.
 // - tile_kernel ("+t": out_t requested): 64 x 64 output tiles; each tile's FP8 bytes go to out
 //   (8-byte row stores) and to a padded shared-memory tile, then 4 x 4 byte blocks are transposed in
 //   registers and written to out_t as 4-byte pieces (16 threads write 64 contiguous bytes of a
@@ -38,7 +43,9 @@
 // - activation_generic_kernel: everything else (F32/F16 inputs, dy of another dtype, unaligned
 //   buffers, SwiGLU with cols % 8 != 0); 4 elements per thread step, the row by division.
 #include <cstdint>
+#include <mutex>
 #include <type_traits>
+#include <vector>
 
 #include "activation.hpp"
 #include "casting_common.cuh"
@@ -259,6 +266,52 @@ __device__ __forceinline__ void bf16x8(const uint4 v, float f[kGroup]) {
     }
 }
 
+// ---- the forwards' table of BF16 inputs (activation.hpp, act::table) ------------------------------
+
+// [0]: GELU (tanh), [1]: SiLU. Written once a process per device by activation_prepare
+// (cpu::activation_table's entries); each block of a GELU/SiLU forward copies its kind's table into
+// shared memory (16 KB), where a warp's 32 lookups cost a few bank-conflict replays, where the same
+// lookups from global memory (L1) would touch ~30 different lines.
+__device__ __align__(16) float g_act_table[2][act::table::kEntries];
+
+// f of 8 BF16 inputs (a 16-byte group) from the table `lut` (shared memory). An input without an
+// entry reads some other entry; the returned value is then kHalf or more (the OR of each input's
+// offset from the table's first magnitude, which is below kHalf only for inputs the table covers),
+// and the caller computes f of those inputs itself (table_fixup).
+__device__ __forceinline__ uint32_t table8(const float *lut, const uint4 v, float f[kGroup]) {
+    const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+    uint32_t off = 0;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        // low half: bits 0-15 (sign at 15); high half: bits 16-31 (sign at 31). Entry: offset + kHalf
+        // for a negative input, wrapped into the table (only an uncovered input's index wraps).
+        const uint32_t t0 = (w[i] & 0x7FFFu) - act::table::kBase;
+        const uint32_t t1 = ((w[i] >> 16) & 0x7FFFu) - act::table::kBase;
+        off |= t0 | t1;
+        f[2 * i] = lut[(t0 + ((w[i] >> 4) & act::table::kHalf)) & (act::table::kEntries - 1)];
+        f[2 * i + 1] = lut[(t1 + ((w[i] >> 20) & act::table::kHalf)) & (act::table::kEntries - 1)];
+    }
+    return off;
+}
+
+// f of one input without an entry: the formula (kFn: the table's function), the same number the CPU
+// computes. Not inlined: its ~30 operations and registers stay out of the lookup loop, whose
+// occupancy they would otherwise set (a call's cost is paid only on this rare path).
+template <int kFn>
+__device__ __noinline__ float table_miss(uint32_t b) {
+    return act::forward_raw(kFn, __uint_as_float(b << 16), 0.0f);
+}
+
+// The rare inputs of a group without an entry (table8 returned kHalf or more).
+template <int kFn>
+__device__ __forceinline__ void table_fixup(const uint4 v, float f[kGroup]) {
+    const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+    for (int k = 0; k < kGroup; ++k) {
+        const uint32_t b = (w[k / 2] >> (16 * (k % 2))) & 0xFFFFu;
+        if (!act::table::covers(b)) f[k] = table_miss<kFn>(b);
+    }
+}
 
 // max(a, b), NaN if either is (PTX max.NaN, sm_80+): one FMNMX per element finds a group's amax and
 // whether it holds a NaN (fabsf is an operand modifier), where integer magnitudes took two.
@@ -511,6 +564,9 @@ constexpr int stream_stages() {
 // instructions (sm_90: GELU fwd 498 -> 503 an iteration of 16 elements, the others within 2); left
 // to itself ptxas gave them 48-64 depending on unrelated code (4-5 blocks). So the bound pins 6
 // blocks (48 warps) an SM, which the rings (24-33 KB a block) fit in an H100's 228 KB.
+#ifndef FP8AMP_ACTIVATION_TABLE_MIN_BLOCKS  // the GELU/SiLU forwards with the table (stream_table)
+#define FP8AMP_ACTIVATION_TABLE_MIN_BLOCKS 6
+#endif
 #ifndef FP8AMP_ACTIVATION_MIN_BLOCKS
 #define FP8AMP_ACTIVATION_MIN_BLOCKS 6
 #endif
@@ -520,9 +576,23 @@ constexpr int stream_stages() {
 // the 6-block line, so the GELU/SiLU backwards are bound to 6 blocks (40 registers, no spill); the
 // others keep ptxas's own count (44-46 and 58: the same blocks; a bound of 5 made SwiGLU's forward
 // spill).
+//
+// Whether stream_kernel reads f from the table (act::table): the GELU/SiLU forwards, but their amax
+// pass (it reads x's extremes instead; its rare fallback computes f). Not SwiGLU's forward, which is
+// memory-bound (5 bytes an element): with the table it was 12% slower on an H100 (its 16 KB a block
+// to fill and look up in, for math that was not what held it back); nor the tile kernel's forwards
+// (+ y_t), 9-13% slower with it (docs/performance.md, "the forwards' table").
+template <int K, bool kBackward, int kMode>
+constexpr bool stream_table() {
+    return !kBackward && K != kSwiglu && kMode != kOutAmax;
+}
+
+// The GELU/SiLU forwards with the table (stream_table): ptxas took 48 registers (5 blocks); bound to 6
+// blocks they need 40 and spill nothing.
 template <int K, bool kBackward, int kMode>
 constexpr int stream_min_blocks() {
     if constexpr (kMode != kOutFp8) return 0;
+    if constexpr (!kPipeline && stream_table<K, kBackward, kMode>()) return FP8AMP_ACTIVATION_TABLE_MIN_BLOCKS;
     if constexpr (kPipeline) return FP8AMP_ACTIVATION_MIN_BLOCKS;
     return kBackward && K != kSwiglu ? 6 : 0;
 }
@@ -557,6 +627,23 @@ __global__ void __launch_bounds__(kThreads, stream_min_blocks<K, kBackward, kMod
         stats = meta->stats_enabled;
     }
     Tally t;
+    // The forwards' table: its copy into shared memory is issued first and waited for (table_ready)
+    // once the first pack's loads are in flight, so that the two latencies overlap.
+    constexpr bool kTable = stream_table<K, kBackward, kMode>();
+    constexpr int kFn = K;  // the table's function
+    __shared__ __align__(16) float lut[kTable ? act::table::kEntries : 4];
+    if constexpr (kTable) {
+        const auto *src = reinterpret_cast<const float4 *>(g_act_table[K == kGeluTanh ? 0 : 1]);
+        for (int i = int(threadIdx.x); i < int(act::table::kEntries / 4); i += kThreads)
+            cp_async16(reinterpret_cast<float4 *>(lut) + i, src + i);
+        cp_async_commit();
+    }
+    auto table_ready = [&]() {
+        if constexpr (kTable) {
+            cp_async_wait<0>();
+            __syncthreads();
+        }
+    };
     const uint32_t d = row_div.d;  // SwiGLU: groups per row of the forward's output
     // The 16-byte unit of x holding a (GELU/SiLU: x) of group g; b is d units further.
     auto x_unit = [&](uint32_t g) -> uint32_t {
@@ -572,6 +659,10 @@ __global__ void __launch_bounds__(kThreads, stream_min_blocks<K, kBackward, kMod
     // y[o]: output group o of input group `in` (raw: NaN not yet canonical).
     auto compute = [&](const GroupIn &in, float (&y)[kOuts][kGroup]) {
         float xv[kGroup], bv[kGroup], dv[kGroup];
+        if constexpr (kTable) {  // GELU/SiLU forwards: f(x) from the table
+            if (table8(lut, in.x, y[0]) >= act::table::kHalf) table_fixup<kFn>(in.x, y[0]);  // rare
+            return;
+        }
         bf16x8(in.x, xv);
         if constexpr (kGlu) bf16x8(in.b, bv);
         if constexpr (kBackward) bf16x8(in.dy, dv);
@@ -671,6 +762,7 @@ __global__ void __launch_bounds__(kThreads, stream_min_blocks<K, kBackward, kMod
     __shared__ uint4 ring[kRing ? kStages : 1][kRing ? kUnroll : 1][kRing ? kIn : 1][kThreads];
     static_assert(sizeof(ring) <= 40 * 1024, "the ring of FP8AMP_ACTIVATION_STAGES* x UNROLL* exceeds 40 KB a block");
     auto pipelined_loop = [&](auto st) {
+        table_ready();
         const uint32_t mine = first < groups ? (groups - 1 - first) / stride + 1 : 0u;
         const uint32_t full = mine / kUnroll;                    // steps whose kUnroll groups all exist
         const int rest = int(mine - full * kUnroll);             // groups of the last, partial step
@@ -731,6 +823,19 @@ __global__ void __launch_bounds__(kThreads, stream_min_blocks<K, kBackward, kMod
             pipelined_loop(st);
         } else {
             uint32_t i = first, g = gfirst;  // i: the group walked forward; g: the group processed
+            if constexpr (kTable) {  // the first pack's loads in flight while the table lands
+                const bool pack = i + (kUnroll - 1) * stride < groups;
+                GroupIn in[kUnroll];
+                if (pack)
+#pragma unroll
+                    for (int u = 0; u < kUnroll; ++u) load(g + u * gstride, in[u]);
+                table_ready();  // every thread of the block (a barrier)
+                if (pack) {
+                    process(g, gstride, in, kUnroll, st);
+                    i += kUnroll * stride;
+                    g += kUnroll * gstride;
+                }
+            }
             // Whole packs: groups i .. i + (kUnroll - 1) stride all exist (no overflow: groups < 2^31).
             for (; i + (kUnroll - 1) * stride < groups; i += kUnroll * stride, g += kUnroll * gstride)
                 step(g, gstride, std::integral_constant<int, kUnroll>(), st);
@@ -1044,17 +1149,20 @@ void run(int device, void *stream_raw, const ActivationArgs &a) {
         kernel<<<persistent_grid(device, kernel, (n + 3) / 4), kThreads, 0, stream>>>(a);
         check_launch("activation_kernel");
     };
-    auto launch_stream = [&](auto kernel, bool reverse = false) {
-        // max_shared: the pipeline's ring (up to 32 KB a block) must not be what limits the blocks per SM.
-        kernel<<<persistent_grid(device, kernel, groups + 1, kPipeline), kThreads, 0, stream>>>(a, row_div, uint32_t(groups),
-                                                                                   uint64_t(glu ? fwd_n : n), reverse);
+    // max_shared: the pipeline's ring (up to 32 KB a block) or the forwards' table (16 KB) must not be
+    // what limits the blocks per SM.
+    auto launch_stream = [&](auto kernel, bool reverse, bool table) {
+        kernel<<<persistent_grid(device, kernel, groups + 1, kPipeline || table), kThreads, 0, stream>>>(
+            a, row_div, uint32_t(groups), uint64_t(glu ? fwd_n : n), reverse);
         check_launch("activation stream_kernel");
     };
     if (!fp8) {
         const size_t wide = a.out_dtype == FP8AMP_DTYPE_F32 ? 4 : 2;
         if (vec_in && aligned_to(a.out, 16) && (wide == 4 || a.out_dtype == FP8AMP_DTYPE_BF16 || a.out_dtype == FP8AMP_DTYPE_F16)) {
             dispatch_kind(a.kind, [&](auto k) {
-                launch_stream(stream_kernel<decltype(k)::value, kBackward, kOutWide, FP8AMP_DTYPE_E4M3>);
+                constexpr int K = decltype(k)::value;
+                launch_stream(stream_kernel<K, kBackward, kOutWide, FP8AMP_DTYPE_E4M3>, false,
+                              stream_table<K, kBackward, kOutWide>());
             });
         } else {
             launch_generic(activation_generic_kernel<FP8AMP_DTYPE_F32, true, kBackward>);
@@ -1067,7 +1175,10 @@ void run(int device, void *stream_raw, const ActivationArgs &a) {
         if (a.target.current) {
             check(cudaMemsetAsync(&a.target.meta->amax_bits, 0, sizeof(uint32_t), stream), "cudaMemsetAsync");
             if (vec_in) {
-                dispatch_kind(a.kind, [&](auto k) { launch_stream(stream_kernel<decltype(k)::value, kBackward, kOutAmax, D>); });
+                dispatch_kind(a.kind, [&](auto k) {
+                    constexpr int K = decltype(k)::value;
+                    launch_stream(stream_kernel<K, kBackward, kOutAmax, D>, false, stream_table<K, kBackward, kOutAmax>());
+                });
             } else {
                 launch_generic(activation_generic_kernel<D, false, kBackward>);
             }
@@ -1091,7 +1202,8 @@ void run(int device, void *stream_raw, const ActivationArgs &a) {
         }
         if (vec_out) {
             dispatch_kind(a.kind, [&](auto k) {
-                launch_stream(stream_kernel<decltype(k)::value, kBackward, kOutFp8, D>, a.target.current);
+                constexpr int K = decltype(k)::value;
+                launch_stream(stream_kernel<K, kBackward, kOutFp8, D>, a.target.current, stream_table<K, kBackward, kOutFp8>());
             });
         } else {
             launch_generic(activation_generic_kernel<D, true, kBackward>);
@@ -1103,6 +1215,24 @@ void run(int device, void *stream_raw, const ActivationArgs &a) {
 }
 
 }  // namespace
+
+void activation_prepare(int device) {
+    // Once a process per device: the tables never change, and a device's module globals live as long
+    // as its primary context (which fp8amp never resets).
+    static std::mutex mutex;
+    static bool done[64] = {};
+    std::lock_guard<std::mutex> lock(mutex);
+    if (device >= 0 && device < 64 && done[device]) return;
+    static const std::vector<float> host = [] {
+        std::vector<float> v(2 * act::table::kEntries);
+        cpu::activation_table(kGeluTanh, v.data());
+        cpu::activation_table(kSilu, v.data() + act::table::kEntries);
+        return v;
+    }();
+    DeviceGuard guard(device);
+    check(cudaMemcpyToSymbol(g_act_table, host.data(), host.size() * sizeof(float)), "cudaMemcpyToSymbol (activation tables)");
+    if (device >= 0 && device < 64) done[device] = true;
+}
 
 void activation_forward(int device, void *stream, const ActivationArgs &a) { run<false>(device, stream, a); }
 void activation_backward(int device, void *stream, const ActivationArgs &a) { run<true>(device, stream, a); }

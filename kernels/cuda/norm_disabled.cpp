@@ -16,5 +16,6 @@ size_t norm_backward_partial_floats(int64_t, int64_t) { return 0; }
 void norm_backward(int, void *, const NormBackwardArgs &, float *) { unavailable(); }
 void activation_forward(int, void *, const ActivationArgs &) { unavailable(); }
 void activation_backward(int, void *, const ActivationArgs &) { unavailable(); }
+void activation_prepare(int) { unavailable(); }
 
 }  // namespace fp8amp::kernels::cuda

@@ -405,6 +405,45 @@ static void test_cpu_cuda_identical(void **state) {
                 }
 }
 
+/* Every BF16 input (2^16, NaN and inf included) through the CUDA forwards -- which read f of most of
+ * them from a table (kernels/activation.hpp, act::table) and compute the rest -- the same bytes as the
+ * CPU's, into F32 (f itself), BF16 and E4M3 (delayed and current scaling); SwiGLU's b random. */
+static void test_cpu_cuda_identical_every_bf16(void **state) {
+    (void)state;
+    SKIP_WITHOUT_CUDA();
+    const int64_t rows = 64, cols = 1024; /* rows * cols = 2^16: the stream kernel's vector path */
+    const fp8amp_dtype outs[3] = {FP8AMP_DTYPE_F32, FP8AMP_DTYPE_BF16, FP8AMP_DTYPE_E4M3};
+    for (int kind = 0; kind < 3; ++kind) {
+        const int64_t in_cols = kind == SWIGLU ? 2 * cols : cols;
+        uint16_t *x = xmalloc((size_t)(rows * in_cols) * sizeof(uint16_t));
+        gen_x(FP8AMP_DTYPE_BF16, x, (size_t)(rows * in_cols));
+        for (int64_t c = 0; c < rows * cols; ++c) /* a (GELU/SiLU: x) = every code, row-major */
+            x[(c / cols) * in_cols + c % cols] = (uint16_t)c;
+        for (int o = 0; o < 4; ++o) {
+            const fp8amp_dtype out = outs[o < 3 ? o : 2];
+            const fp8amp_scaling_mode mode = o == 3 ? FP8AMP_SCALING_CURRENT : FP8AMP_SCALING_DELAYED;
+            run_t a, b;
+            run_act(cpu_device(), kind, rows, cols, FP8AMP_DTYPE_BF16, x, 0, NULL, out, mode, 3.0f, 0, &a);
+            run_act(cuda_device(0), kind, rows, cols, FP8AMP_DTYPE_BF16, x, 0, NULL, out, mode, 3.0f, 0, &b);
+            const size_t n = (size_t)(rows * cols);
+            const size_t esize = fp8amp_dtype_size(out);
+            for (size_t i = 0; i < n; ++i)
+                if (memcmp((const char *)a.out + i * esize, (const char *)b.out + i * esize, esize) != 0) {
+                    print_error("%s, out dtype %d, scaling %d: BF16 input 0x%04x gives different bytes on CPU and CUDA\n",
+                                kNames[kind], (int)out, (int)mode, (unsigned)i);
+                    fail();
+                }
+            if (out == FP8AMP_DTYPE_E4M3) {
+                assert_memory_equal(&a.stats, &b.stats, sizeof a.stats);
+                assert_true(f32_bits(a.amax) == f32_bits(b.amax) && f32_bits(a.scale) == f32_bits(b.scale));
+            }
+            run_free(&a);
+            run_free(&b);
+        }
+        free(x);
+    }
+}
+
 static void test_bad_input(void **state) {
     require_variant(state);
     const fp8amp_device device = variant_device(state);
@@ -511,6 +550,7 @@ int main(void) {
         DEVICE_TESTS(test_bad_input),
         cmocka_unit_test(test_amax_from_extremes_holds),
         cmocka_unit_test(test_cpu_cuda_identical),
+        cmocka_unit_test(test_cpu_cuda_identical_every_bf16),
     };
     return run_tests_sharded(tests, sizeof tests / sizeof tests[0], test_setup_rng, NULL);
 }
