@@ -248,8 +248,8 @@ void activation_table(int32_t kind, float *out);
 namespace cuda {
 void activation_forward(int device, void *stream, const ActivationArgs &args);
 void activation_backward(int device, void *stream, const ActivationArgs &args);
-// Puts the forwards' tables (cpu::activation_table) into the device's memory, once a process per
-// device (the CUDA backend's creation calls it). Synchronous; throws CUDA.
+// Puts the forwards' tables (cpu::activation_table) into the device's memory (the CUDA backend's
+// creation calls it, for every context). Synchronous; throws CUDA.
 void activation_prepare(int device);
 }  // namespace cuda
 

@@ -44,7 +44,6 @@
 // - activation_generic_kernel: everything else (F32/F16 inputs, dy of another dtype, unaligned
 //   buffers, SwiGLU with cols % 8 != 0); 4 elements per thread step, the row by division.
 #include <cstdint>
-#include <mutex>
 #include <type_traits>
 #include <vector>
 
@@ -269,7 +268,7 @@ __device__ __forceinline__ void bf16x8(const uint4 v, float f[kGroup]) {
 
 // ---- the forwards' table of BF16 inputs (activation.hpp, act::table) ------------------------------
 
-// [0]: GELU (tanh), [1]: SiLU. Written once a process per device by activation_prepare
+// [0]: GELU (tanh), [1]: SiLU. Written at each CUDA context's creation by activation_prepare
 // (cpu::activation_table's entries); each block of a GELU/SiLU forward copies its kind's table into
 // shared memory (16 KB), where a warp's 32 lookups cost a few bank-conflict replays, where the same
 // lookups from global memory (L1) would touch ~30 different lines.
@@ -1218,12 +1217,10 @@ void run(int device, void *stream_raw, const ActivationArgs &a) {
 }  // namespace
 
 void activation_prepare(int device) {
-    // Once a process per device: the tables never change, and a device's module globals live as long
-    // as its primary context (which fp8amp never resets).
-    static std::mutex mutex;
-    static bool done[64] = {};
-    std::lock_guard<std::mutex> lock(mutex);
-    if (device >= 0 && device < 64 && done[device]) return;
+    // At every context's creation, not once a process per device: a device's module globals live as
+    // long as its primary context, and a cudaDeviceReset (by the host framework, say) would leave a
+    // later context reading zeros -- wrong activations, silently. 32 KB, once a context. Writing the
+    // same bytes while another context's kernel reads them changes nothing it can see.
     static const std::vector<float> host = [] {
         std::vector<float> v(2 * act::table::kEntries);
         cpu::activation_table(kGeluTanh, v.data());
@@ -1232,7 +1229,6 @@ void activation_prepare(int device) {
     }();
     DeviceGuard guard(device);
     check(cudaMemcpyToSymbol(g_act_table, host.data(), host.size() * sizeof(float)), "cudaMemcpyToSymbol (activation tables)");
-    if (device >= 0 && device < 64) done[device] = true;
 }
 
 void activation_forward(int device, void *stream, const ActivationArgs &a) { run<false>(device, stream, a); }

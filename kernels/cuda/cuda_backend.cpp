@@ -180,7 +180,7 @@ int cuda_device_count(std::string *why) { return cuda::device_count(why); }
 std::unique_ptr<Backend> cuda_create(int32_t index) {
     if (index < 0) fail(FP8AMP_ERROR_INVALID_ARGUMENT, "CUDA device index " + std::to_string(index) + " is negative");
     cuda::check_device(index);
-    cuda::activation_prepare(index);  // the activation forwards' tables (once a process per device)
+    cuda::activation_prepare(index);  // the activation forwards' tables, into this device's memory
     return std::make_unique<CudaBackend>(index);
 }
 
