@@ -630,7 +630,6 @@ __global__ void __launch_bounds__(kThreads, stream_min_blocks<K, kBackward, kMod
     // The forwards' table: its copy into shared memory is issued first and waited for (table_ready)
     // once the first pack's loads are in flight, so that the two latencies overlap.
     constexpr bool kTable = stream_table<K, kBackward, kMode>();
-    constexpr int kFn = K;  // the table's function
     __shared__ __align__(16) float lut[kTable ? act::table::kEntries : 4];
     if constexpr (kTable) {
         const auto *src = reinterpret_cast<const float4 *>(g_act_table[K == kGeluTanh ? 0 : 1]);
@@ -660,7 +659,7 @@ __global__ void __launch_bounds__(kThreads, stream_min_blocks<K, kBackward, kMod
     auto compute = [&](const GroupIn &in, float (&y)[kOuts][kGroup]) {
         float xv[kGroup], bv[kGroup], dv[kGroup];
         if constexpr (kTable) {  // GELU/SiLU forwards: f(x) from the table
-            if (table8(lut, in.x, y[0]) >= act::table::kHalf) table_fixup<kFn>(in.x, y[0]);  // rare
+            if (table8(lut, in.x, y[0]) >= act::table::kHalf) table_fixup<K>(in.x, y[0]);  // rare
             return;
         }
         bf16x8(in.x, xv);
