@@ -26,9 +26,9 @@
 // - The GELU/SiLU forwards of stream_kernel read f(x) from a table of the BF16 inputs that occur most
 //   (act::table: 16 KB in shared memory, copied from the device's copy at each block's start; the
 //   other inputs by the formula, not inlined): ~9 integer operations and a shared-memory load an
-//   element in place of ~30 float operations (17.7 SASS instructions an element in all), 6-9% faster
-//   on an H100 (12% the current-scaling pair),
-//   the same bytes. SwiGLU's forward and the tile kernel's were slower with it and keep the formula.
+//   element in place of ~30 float operations (17.7 SASS instructions an element in all), the same
+//   bytes, 6-9% faster on an H100 (12% the current-scaling pair). SwiGLU's forward and the tile
+//   kernel's were slower with it and keep the formula.
 // - tile_kernel ("+t": out_t requested): 64 x 64 output tiles; each tile's FP8 bytes go to out
 //   (8-byte row stores) and to a padded shared-memory tile, then 4 x 4 byte blocks are transposed in
 //   registers and written to out_t as 4-byte pieces (16 threads write 64 contiguous bytes of a
