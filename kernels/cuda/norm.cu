@@ -72,7 +72,8 @@
 // the block's setup (weights to shared memory, partials zeroed), whose latency then overlaps the
 // loads'. The paired conversions' words are stored as they come (packed_word: joining the halves
 // again cost 2 PRMTs a pair), and whole 16-byte pieces of dx / wide y by one st.global.v4 (store16:
-// the front end split most into 4 word stores). The summation orders are unchanged.
+// the front end split most into 4 word stores). The summation orders are unchanged. The lean
+// forward at d = 12288 (6 whole pieces on every lane) has a variant without any piece test.
 //
 // Tried for the lean backward and not kept: xhat kept across the passes at 4 pieces beside the
 // prefetched row (spills 300 bytes, ~40 LDL a row); two register buffers taking turns instead of the
@@ -663,10 +664,11 @@ __global__ void __launch_bounds__(kThreads, fwd_min_blocks(S, kPieces, kT)) norm
 // branches of one kernel; no per-element tests of a partial piece, an alignment or the weights'
 // source; one base pointer a row. Where the launch is 2 blocks a SM anyway (more than 16 registers of
 // raw pieces: BF16 past 4 pieces a lane), the next row's x is loaded while this one is computed, as
-// the backward does (a 12288-wide row is a block's only row at a time).
+// the backward does (a 12288-wide row is a block's only row at a time). kFull (the host passes it for
+// 6 whole pieces on every lane, d = 12288): no piece tests at all.
 constexpr int fwd_fast_min_blocks(fp8amp_dtype s, int pieces) { return (s == FP8AMP_DTYPE_F32 ? 8 : 4) * pieces <= 16 ? 4 : 2; }
 
-template <fp8amp_dtype S, fp8amp_dtype D, int kPieces, bool kWrite, bool kStats>
+template <fp8amp_dtype S, fp8amp_dtype D, int kPieces, bool kWrite, bool kStats, bool kFull>
 __global__ void __launch_bounds__(kThreads, fwd_fast_min_blocks(S, kPieces)) norm_forward_fast_kernel(const NormForwardArgs a) {
     using SrcT = typename Storage<S>::type;
     constexpr bool kFp8 = is_fp8_v<D>;
@@ -694,12 +696,14 @@ __global__ void __launch_bounds__(kThreads, fwd_fast_min_blocks(S, kPieces)) nor
     const bool vb = reinterpret_cast<uintptr_t>(a.beta) % 16 == 0;
     const bool zc = a.zero_centered;
     // gamma (as the weight) and beta as floats: sw[half * np + piece], sb[...] (norm_forward_kernel's
-    // param_pieces layout), converted after the first row's loads are issued (their latency and the
-    // conversion overlap).
+    // param_pieces layout: a warp's 16-byte reads of them are consecutive, free of bank conflicts; the
+    // four arrays interleaved piece by piece, 64 bytes a piece, took LayerNorm into E4M3 from 0.74 to
+    // 0.60 of copy at 16384 x 1024), converted after the first row's loads are issued (their latency
+    // and the conversion overlap).
     extern __shared__ float4 sw[];
     const int np = int(d / norm::kPiece);
     float4 *const sb = sw + 2 * np;
-    auto setup = [&]() {
+    auto setup = [&](auto beta_tag) {
         for (int k = threadIdx.x; k < np; k += kThreads) {
             const int64_t i0 = int64_t(k) * norm::kPiece;
             float f[8];
@@ -709,7 +713,7 @@ __global__ void __launch_bounds__(kThreads, fwd_fast_min_blocks(S, kPieces)) nor
                 for (int e = 0; e < 8; ++e) f[e] = norm::fadd(1.0f, f[e]);
             sw[k] = make_float4(f[0], f[1], f[2], f[3]);
             sw[np + k] = make_float4(f[4], f[5], f[6], f[7]);
-            if (a.beta) {
+            if constexpr (decltype(beta_tag)::value) {
                 load_param(a.beta, a.beta_dtype, i0, 8, vb, f);
                 sb[k] = make_float4(f[0], f[1], f[2], f[3]);
                 sb[np + k] = make_float4(f[4], f[5], f[6], f[7]);
@@ -729,11 +733,11 @@ __global__ void __launch_bounds__(kThreads, fwd_fast_min_blocks(S, kPieces)) nor
             const SrcT *xr = x + r * d + lane0;
 #pragma unroll
             for (int p = 0; p < kP; ++p)
-                if (lane0 + p * step < d) load_raw<S>(xr, p * step, 8, 2, w[p]);
+                if (kFull || lane0 + p * step < d) load_raw<S>(xr, p * step, 8, 2, w[p]);
         };
         const int64_t r_first = int64_t(blockIdx.x) * n_slots + pl.slot, r_step = int64_t(gridDim.x) * n_slots;
         if (r_first < a.rows) fetch(r_first, raw);
-        setup();
+        setup(beta_tag);
         for (int64_t r = r_first; r < a.rows; r += r_step) {
             [[maybe_unused]] uint32_t nraw[kP][kW];
             if constexpr (kPrefetch) {
@@ -745,7 +749,7 @@ __global__ void __launch_bounds__(kThreads, fwd_fast_min_blocks(S, kPieces)) nor
             float acc[1] = {0.0f};
 #pragma unroll
             for (int p = 0; p < kP; ++p) {
-                if (lane0 + p * step >= d) continue;
+                if (!kFull && lane0 + p * step >= d) continue;
 #pragma unroll
                 for (int e = 0; e < 8; ++e) {
                     const float v = raw_at<S>(raw[p], e);
@@ -759,7 +763,7 @@ __global__ void __launch_bounds__(kThreads, fwd_fast_min_blocks(S, kPieces)) nor
                 acc[0] = 0.0f;
 #pragma unroll
                 for (int p = 0; p < kP; ++p) {
-                    if (lane0 + p * step >= d) continue;
+                    if (!kFull && lane0 + p * step >= d) continue;
 #pragma unroll
                     for (int e = 0; e < 8; ++e) acc[0] = norm::add_centered_square(acc[0], raw_at<S>(raw[p], e), mean);
                 }
@@ -773,7 +777,7 @@ __global__ void __launch_bounds__(kThreads, fwd_fast_min_blocks(S, kPieces)) nor
 #pragma unroll
             for (int p = 0; p < kP; ++p) {
                 const int64_t i0 = lane0 + p * step;
-                if (i0 >= d) continue;
+                if (!kFull && i0 >= d) continue;
                 const int k = pl.j + p * n_lanes;
                 float y[8];
                 {
@@ -1537,12 +1541,19 @@ void norm_forward(int device, void *stream_raw, const NormForwardArgs &a) {
                 kernel<<<unsigned(wanted < 1 ? 1 : wanted < cap ? wanted : cap), kThreads, smem, stream>>>(a);
                 check_launch("norm_forward_fast_kernel");
             };
+            // kFull: every lane has 6 whole pieces (d = 256 lanes * 8 * 6 = 12288), so no piece tests.
+            // Each pass is then straight-line code scheduled across the pieces (no spill at 2 blocks a
+            // SM): LayerNorm -> E4M3 at 2048 x 12288 0.59 -> 0.72 of copy. At 4 pieces a lane the same
+            // variant spills at 64 registers (64 bytes) and was up to 22% slower, up to 7% at 80
+            // registers (3 blocks a SM); docs/performance.md, "The lean norm forward without piece tests".
+            const bool full6 = fast_pieces == 6 && a.d == int64_t(norm::lanes(a.d)) * norm::kPiece * 6;
             auto with_stats = [&](auto st) {
                 constexpr bool St = decltype(st)::value;
-                if (fast_pieces == 1) go(norm_forward_fast_kernel<S, D, 1, W, St>);
-                else if (fast_pieces == 2) go(norm_forward_fast_kernel<S, D, 2, W, St>);
-                else if (fast_pieces == 4) go(norm_forward_fast_kernel<S, D, 4, W, St>);
-                else go(norm_forward_fast_kernel<S, D, 6, W, St>);
+                if (fast_pieces == 1) go(norm_forward_fast_kernel<S, D, 1, W, St, false>);
+                else if (fast_pieces == 2) go(norm_forward_fast_kernel<S, D, 2, W, St, false>);
+                else if (fast_pieces == 4) go(norm_forward_fast_kernel<S, D, 4, W, St, false>);
+                else if (full6) go(norm_forward_fast_kernel<S, D, 6, W, St, true>);
+                else go(norm_forward_fast_kernel<S, D, 6, W, St, false>);
             };
             // Only the FP8 writing pass counts; every other variant is instantiated once.
             if constexpr (is_fp8_v<D> && W) {

@@ -697,7 +697,10 @@ static void test_cpu_cuda_identical_specials(void **state) {
  * the lean backward (norm_backward_fast_kernel) takes dy, x and dx of one dtype with d % 8 == 0 and up
  * to 6 pieces a lane (d <= 12288; F32: 4, d <= 8192), gamma in shared memory up to 4 pieces and, at
  * 5-6, for RMSNorm only (LayerNorm's two partial arrays leave no room: gamma in registers). So: each
- * dtype; 1, 2, 3 (a lane without its last piece), 4, 5, 6 pieces with 1, 2, 4, 8 warps a row; d = 8192
+ * dtype; 1, 2, 3 (a lane without its last piece), 4, 5, 6 pieces with 1, 2, 4, 8 warps a row, rows
+ * every lane covers with whole pieces (256, 512, 1024, 2048, 4096, 8192, and 12288: 6 pieces, the
+ * lean forward's variant without piece tests) and rows that leave some lane short (64, 392, 520,
+ * 9000, ...); d = 8192
  * (4 pieces) and 8200 (5: F32's backward goes general), 12288 (6) against 12296 (7: both general),
  * d % 8 == 4; dx or dy of another dtype than x; LayerNorm with and without beta/dbeta, RMSNorm;
  * zero-centered gamma; FP8 y delayed and current, with and without y_t, and BF16 y; rows fewer than
@@ -714,7 +717,7 @@ static void test_cpu_cuda_identical_lean_paths(void **state) {
     SKIP_WITHOUT_CUDA();
     const shape_t shapes[] = {{700, 256}, {3, 512},    {300, 520}, {2100, 1024}, {70, 1040}, {64, 2048},
                               {9, 4096},  {271, 4096}, {5, 8192},  {4, 8200},    {6, 4100},  {1, 64},
-                              {6, 9000},  {5, 12288},  {3, 12296}, {96, 4112}, {128, 2560}, {64, 520}};
+                              {6, 9000},  {5, 12288},  {3, 12296}, {96, 4112}, {128, 2560}, {64, 520}, {33, 392}};
     for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; ++s)
         for (int k = 0; k < 12; ++k) {
             /* k % 3: the dtype of x (and of dy, dx below); k / 3: LayerNorm with beta / dbeta, without,
