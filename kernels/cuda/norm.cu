@@ -73,7 +73,7 @@
 // loads'. The paired conversions' words are stored as they come (packed_word: joining the halves
 // again cost 2 PRMTs a pair), and whole 16-byte pieces of dx / wide y by one st.global.v4 (store16:
 // the front end split most into 4 word stores). The summation orders are unchanged. The lean
-// forward at d = 12288 (6 whole pieces on every lane) has a variant without any piece test.
+// forward has a variant without any piece test for rows where every lane has 4 or 6 whole pieces.
 //
 // Tried for the lean backward and not kept: xhat kept across the passes at 4 pieces beside the
 // prefetched row (spills 300 bytes, ~40 LDL a row); two register buffers taking turns instead of the
@@ -664,11 +664,14 @@ __global__ void __launch_bounds__(kThreads, fwd_min_blocks(S, kPieces, kT)) norm
 // branches of one kernel; no per-element tests of a partial piece, an alignment or the weights'
 // source; one base pointer a row. Where the launch is 2 blocks a SM anyway (more than 16 registers of
 // raw pieces: BF16 past 4 pieces a lane), the next row's x is loaded while this one is computed, as
-// the backward does (a 12288-wide row is a block's only row at a time). kFull (the host passes it for
-// 6 whole pieces on every lane, d = 12288): no piece tests at all.
+// the backward does (a 12288-wide row is a block's only row at a time). kFull (the host passes it where
+// every lane has 4 or 6 whole pieces): no piece tests at all. kPassGuard: each pass behind one
+// run-time test that always holds (d > 0), a region boundary ptxas does not move values across, so
+// each pass unpacks x from the raw words again instead of keeping 8 floats a piece live from pass 1
+// (which spills at 4 pieces and 64 registers).
 constexpr int fwd_fast_min_blocks(fp8amp_dtype s, int pieces) { return (s == FP8AMP_DTYPE_F32 ? 8 : 4) * pieces <= 16 ? 4 : 2; }
 
-template <fp8amp_dtype S, fp8amp_dtype D, int kPieces, bool kWrite, bool kStats, bool kFull>
+template <fp8amp_dtype S, fp8amp_dtype D, int kPieces, bool kWrite, bool kStats, bool kFull, bool kPassGuard = false>
 __global__ void __launch_bounds__(kThreads, fwd_fast_min_blocks(S, kPieces)) norm_forward_fast_kernel(const NormForwardArgs a) {
     using SrcT = typename Storage<S>::type;
     constexpr bool kFp8 = is_fp8_v<D>;
@@ -747,6 +750,7 @@ __global__ void __launch_bounds__(kThreads, fwd_fast_min_blocks(S, kPieces)) nor
             }
             // Pass 1: sum(x) (LayerNorm) or sum(x^2) (RMSNorm); pass 2 (LayerNorm): sum((x - mean)^2).
             float acc[1] = {0.0f};
+            if (!kPassGuard || d > 0)
 #pragma unroll
             for (int p = 0; p < kP; ++p) {
                 if (!kFull && lane0 + p * step >= d) continue;
@@ -761,6 +765,7 @@ __global__ void __launch_bounds__(kThreads, fwd_fast_min_blocks(S, kPieces)) nor
             if constexpr (!kRms) {
                 mean = norm::mean_of(acc[0], d);
                 acc[0] = 0.0f;
+                if (!kPassGuard || d > 0)
 #pragma unroll
                 for (int p = 0; p < kP; ++p) {
                     if (!kFull && lane0 + p * step >= d) continue;
@@ -774,6 +779,7 @@ __global__ void __launch_bounds__(kThreads, fwd_fast_min_blocks(S, kPieces)) nor
                 if (a.mean) a.mean[r] = norm::canonical(mean);
                 if (a.rstd) a.rstd[r] = norm::canonical(rstd);
             }
+            if (!kPassGuard || d > 0)
 #pragma unroll
             for (int p = 0; p < kP; ++p) {
                 const int64_t i0 = lane0 + p * step;
@@ -1541,16 +1547,20 @@ void norm_forward(int device, void *stream_raw, const NormForwardArgs &a) {
                 kernel<<<unsigned(wanted < 1 ? 1 : wanted < cap ? wanted : cap), kThreads, smem, stream>>>(a);
                 check_launch("norm_forward_fast_kernel");
             };
-            // kFull: every lane has 6 whole pieces (d = 256 lanes * 8 * 6 = 12288), so no piece tests.
-            // Each pass is then straight-line code scheduled across the pieces (no spill at 2 blocks a
-            // SM): LayerNorm -> E4M3 at 2048 x 12288 0.59 -> 0.72 of copy. At 4 pieces a lane the same
-            // variant spills at 64 registers (64 bytes) and was up to 22% slower, up to 7% at 80
-            // registers (3 blocks a SM); docs/performance.md, "The lean norm forward without piece tests".
+            // kFull: every lane has 4 or 6 whole pieces (d = lanes(d) * 8 * pieces: 1024, 2048, 4096,
+            // 8192 and 12288), so no piece tests; each pass is straight-line code scheduled across the
+            // pieces. LayerNorm -> E4M3 at 2048 x 12288: 0.59 -> 0.72 of copy. At 4 pieces (64
+            // registers) each pass also sits behind one run-time test (kPassGuard): without it ptxas
+            // keeps the first pass's unpacked x for the later passes and spills 64 bytes (up to 22%
+            // slower); with it, no spill and 1-8% faster than the piece tests. docs/performance.md, "The
+            // lean norm forward without piece tests".
             const bool full6 = fast_pieces == 6 && a.d == int64_t(norm::lanes(a.d)) * norm::kPiece * 6;
+            const bool full4 = fast_pieces == 4 && a.d == int64_t(norm::lanes(a.d)) * norm::kPiece * 4;
             auto with_stats = [&](auto st) {
                 constexpr bool St = decltype(st)::value;
                 if (fast_pieces == 1) go(norm_forward_fast_kernel<S, D, 1, W, St, false>);
                 else if (fast_pieces == 2) go(norm_forward_fast_kernel<S, D, 2, W, St, false>);
+                else if (fast_pieces == 4 && full4) go(norm_forward_fast_kernel<S, D, 4, W, St, true, true>);
                 else if (fast_pieces == 4) go(norm_forward_fast_kernel<S, D, 4, W, St, false>);
                 else if (full6) go(norm_forward_fast_kernel<S, D, 6, W, St, true>);
                 else go(norm_forward_fast_kernel<S, D, 6, W, St, false>);
