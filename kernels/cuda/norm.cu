@@ -751,14 +751,15 @@ __global__ void __launch_bounds__(kThreads, fwd_fast_min_blocks(S, kPieces)) nor
             }
             // Pass 1: sum(x) (LayerNorm) or sum(x^2) (RMSNorm); pass 2 (LayerNorm): sum((x - mean)^2).
             float acc[1] = {0.0f};
-            if (!kPassGuard || d > 0)
+            if (!kPassGuard || d > 0) {  // a region boundary, see kPassGuard
 #pragma unroll
-            for (int p = 0; p < kP; ++p) {
-                if (!kFull && lane0 + p * step >= d) continue;
+                for (int p = 0; p < kP; ++p) {
+                    if (!kFull && lane0 + p * step >= d) continue;
 #pragma unroll
-                for (int e = 0; e < 8; ++e) {
-                    const float v = raw_at<S>(raw[p], e);
-                    acc[0] = kRms ? norm::add_square(acc[0], v) : norm::fadd(acc[0], v);
+                    for (int e = 0; e < 8; ++e) {
+                        const float v = raw_at<S>(raw[p], e);
+                        acc[0] = kRms ? norm::add_square(acc[0], v) : norm::fadd(acc[0], v);
+                    }
                 }
             }
             group_sum<1>(acc, pl, gs, parity);
@@ -766,12 +767,13 @@ __global__ void __launch_bounds__(kThreads, fwd_fast_min_blocks(S, kPieces)) nor
             if constexpr (!kRms) {
                 mean = norm::mean_of(acc[0], d);
                 acc[0] = 0.0f;
-                if (!kPassGuard || d > 0)
+                if (!kPassGuard || d > 0) {  // a region boundary, see kPassGuard
 #pragma unroll
-                for (int p = 0; p < kP; ++p) {
-                    if (!kFull && lane0 + p * step >= d) continue;
+                    for (int p = 0; p < kP; ++p) {
+                        if (!kFull && lane0 + p * step >= d) continue;
 #pragma unroll
-                    for (int e = 0; e < 8; ++e) acc[0] = norm::add_centered_square(acc[0], raw_at<S>(raw[p], e), mean);
+                        for (int e = 0; e < 8; ++e) acc[0] = norm::add_centered_square(acc[0], raw_at<S>(raw[p], e), mean);
+                    }
                 }
                 group_sum<1>(acc, pl, gs, parity);
             }
@@ -780,65 +782,66 @@ __global__ void __launch_bounds__(kThreads, fwd_fast_min_blocks(S, kPieces)) nor
                 if (a.mean) a.mean[r] = norm::canonical(mean);
                 if (a.rstd) a.rstd[r] = norm::canonical(rstd);
             }
-            if (!kPassGuard || d > 0)
+            if (!kPassGuard || d > 0) {  // a region boundary, see kPassGuard
 #pragma unroll
-            for (int p = 0; p < kP; ++p) {
-                const int64_t i0 = lane0 + p * step;
-                if (!kFull && i0 >= d) continue;
-                const int k = pl.j + p * n_lanes;
-                float y[8];
-                {
-                    const float4 g0 = sw[k], g1 = sw[np + k];
-                    const float g[8] = {g0.x, g0.y, g0.z, g0.w, g1.x, g1.y, g1.z, g1.w};
-                    float b[8] = {};
-                    if constexpr (kBeta) {
-                        const float4 b0 = sb[k], b1 = sb[np + k];
-                        b[0] = b0.x, b[1] = b0.y, b[2] = b0.z, b[3] = b0.w, b[4] = b1.x, b[5] = b1.y, b[6] = b1.z, b[7] = b1.w;
-                    }
-#pragma unroll
-                    for (int e = 0; e < 8; ++e) {  // canonical below (the FP8 path: the NaN code)
-                        const float v = raw_at<S>(raw[p], e);
-                        const float xh = kRms ? norm::fmul(v, rstd) : norm::fmul(norm::fsub(v, mean), rstd);
-                        y[e] = kBeta ? norm::ffma(xh, g[e], b[e]) : norm::fmul(xh, g[e]);  // norm::y_value
-                    }
-                }
-                [[maybe_unused]] const int64_t base = r * d + i0;
-                if constexpr (kFp8) {
-                    float pm = 0.0f;
-#pragma unroll
-                    for (int e = 0; e < 8; ++e) pm = fmax_nan(pm, fabsf(y[e]));
-                    amax = fmax_nan(amax, pm);
-                    if constexpr (kWrite) {
-                        constexpr __nv_fp8_interpretation_t kFmt = D == FP8AMP_DTYPE_E4M3 ? __NV_E4M3 : __NV_E5M2;
-                        constexpr uint32_t kNaN = D == FP8AMP_DTYPE_E4M3 ? codec::E4M3::kQuietNaN : codec::E5M2::kQuietNaN;
-                        float sv[8];
-#pragma unroll
-                        for (int e = 0; e < 8; ++e) sv[e] = norm::fmul(y[e], scale);
-                        uint32_t word[2];
-#pragma unroll
-                        for (int h = 0; h < 2; ++h) {
-                            const uint32_t lo = __nv_cvt_float2_to_fp8x2(make_float2(sv[4 * h], sv[4 * h + 1]), __NV_SATFINITE, kFmt);
-                            const uint32_t hi = __nv_cvt_float2_to_fp8x2(make_float2(sv[4 * h + 2], sv[4 * h + 3]), __NV_SATFINITE, kFmt);
-                            word[h] = lo | (hi << 16);
+                for (int p = 0; p < kP; ++p) {
+                    const int64_t i0 = lane0 + p * step;
+                    if (!kFull && i0 >= d) continue;
+                    const int k = pl.j + p * n_lanes;
+                    float y[8];
+                    {
+                        const float4 g0 = sw[k], g1 = sw[np + k];
+                        const float g[8] = {g0.x, g0.y, g0.z, g0.w, g1.x, g1.y, g1.z, g1.w};
+                        float b[8] = {};
+                        if constexpr (kBeta) {
+                            const float4 b0 = sb[k], b1 = sb[np + k];
+                            b[0] = b0.x, b[1] = b0.y, b[2] = b0.z, b[3] = b0.w, b[4] = b1.x, b[5] = b1.y, b[6] = b1.z, b[7] = b1.w;
                         }
-                        if (check_all || __float_as_uint(pm) >= 0x7F800000u) {
 #pragma unroll
-                            for (int e = 0; e < 8; ++e)
-                                if (sv[e] != sv[e])
-                                    word[e / 4] = (word[e / 4] & ~(0xFFu << (8 * (e % 4)))) | (kNaN << (8 * (e % 4)));
+                        for (int e = 0; e < 8; ++e) {  // canonical below (the FP8 path: the NaN code)
+                            const float v = raw_at<S>(raw[p], e);
+                            const float xh = kRms ? norm::fmul(v, rstd) : norm::fmul(norm::fsub(v, mean), rstd);
+                            y[e] = kBeta ? norm::ffma(xh, g[e], b[e]) : norm::fmul(xh, g[e]);  // norm::y_value
                         }
-                        if constexpr (stats) {
+                    }
+                    [[maybe_unused]] const int64_t base = r * d + i0;
+                    if constexpr (kFp8) {
+                        float pm = 0.0f;
 #pragma unroll
-                            for (int e = 0; e < 8; ++e) {
-                                const uint32_t q = (word[e / 4] >> (8 * (e % 4))) & 0xFFu;
-                                saturated += (fabsf(sv[e]) > fp8_max) ? 1u : 0u;  // false for NaN
-                                underflowed += (y[e] != 0.0f && y[e] == y[e] && (q & 0x7Fu) == 0) ? 1u : 0u;
+                        for (int e = 0; e < 8; ++e) pm = fmax_nan(pm, fabsf(y[e]));
+                        amax = fmax_nan(amax, pm);
+                        if constexpr (kWrite) {
+                            constexpr __nv_fp8_interpretation_t kFmt = D == FP8AMP_DTYPE_E4M3 ? __NV_E4M3 : __NV_E5M2;
+                            constexpr uint32_t kNaN = D == FP8AMP_DTYPE_E4M3 ? codec::E4M3::kQuietNaN : codec::E5M2::kQuietNaN;
+                            float sv[8];
+#pragma unroll
+                            for (int e = 0; e < 8; ++e) sv[e] = norm::fmul(y[e], scale);
+                            uint32_t word[2];
+#pragma unroll
+                            for (int h = 0; h < 2; ++h) {
+                                const uint32_t lo = __nv_cvt_float2_to_fp8x2(make_float2(sv[4 * h], sv[4 * h + 1]), __NV_SATFINITE, kFmt);
+                                const uint32_t hi = __nv_cvt_float2_to_fp8x2(make_float2(sv[4 * h + 2], sv[4 * h + 3]), __NV_SATFINITE, kFmt);
+                                word[h] = lo | (hi << 16);
                             }
+                            if (check_all || __float_as_uint(pm) >= 0x7F800000u) {
+#pragma unroll
+                                for (int e = 0; e < 8; ++e)
+                                    if (sv[e] != sv[e])
+                                        word[e / 4] = (word[e / 4] & ~(0xFFu << (8 * (e % 4)))) | (kNaN << (8 * (e % 4)));
+                            }
+                            if constexpr (stats) {
+#pragma unroll
+                                for (int e = 0; e < 8; ++e) {
+                                    const uint32_t q = (word[e / 4] >> (8 * (e % 4))) & 0xFFu;
+                                    saturated += (fabsf(sv[e]) > fp8_max) ? 1u : 0u;  // false for NaN
+                                    underflowed += (y[e] != 0.0f && y[e] == y[e] && (q & 0x7Fu) == 0) ? 1u : 0u;
+                                }
+                            }
+                            *reinterpret_cast<uint2 *>(static_cast<uint8_t *>(a.y) + base) = make_uint2(word[0], word[1]);
                         }
-                        *reinterpret_cast<uint2 *>(static_cast<uint8_t *>(a.y) + base) = make_uint2(word[0], word[1]);
+                    } else {
+                        store_wide8(a.y, a.y_dtype, base, 8, 2, y);  // canonical NaN there
                     }
-                } else {
-                    store_wide8(a.y, a.y_dtype, base, 8, 2, y);  // canonical NaN there
                 }
             }
             if constexpr (kPrefetch) {
@@ -1245,24 +1248,25 @@ __global__ void __launch_bounds__(kThreads, 2) norm_backward_fast_kernel(const N
                 }
             };
             float s1[1] = {0.0f}, s2[2] = {0.0f, 0.0f};
-            if (!kFull || d > 0)
+            if (!kFull || d > 0) {  // a region boundary, see kPassGuard
 #pragma unroll
-            for (int p = 0; p < kP; ++p) {
-                const int64_t i0 = lane0 + p * step;
-                if (!kFull && i0 >= d) continue;
-                float w[8];
-                weights(p, i0, w);
+                for (int p = 0; p < kP; ++p) {
+                    const int64_t i0 = lane0 + p * step;
+                    if (!kFull && i0 >= d) continue;
+                    float w[8];
+                    weights(p, i0, w);
 #pragma unroll
-                for (int e = 0; e < 8; ++e) {
-                    const float g = norm::fmul(raw_at<S>(rdy[p], e), w[e]);
-                    const float xv = raw_at<S>(rx[p], e);
-                    const float xe = kRms ? norm::fmul(xv, rstd) : norm::fmul(norm::fsub(xv, mean), rstd);
-                    if constexpr (kKeepXh) xh[p][e] = xe;
-                    if constexpr (kRms) {
-                        s1[0] = norm::fadd(s1[0], norm::fmul(g, xe));
-                    } else {
-                        s2[0] = norm::fadd(s2[0], g);
-                        s2[1] = norm::fadd(s2[1], norm::fmul(g, xe));
+                    for (int e = 0; e < 8; ++e) {
+                        const float g = norm::fmul(raw_at<S>(rdy[p], e), w[e]);
+                        const float xv = raw_at<S>(rx[p], e);
+                        const float xe = kRms ? norm::fmul(xv, rstd) : norm::fmul(norm::fsub(xv, mean), rstd);
+                        if constexpr (kKeepXh) xh[p][e] = xe;
+                        if constexpr (kRms) {
+                            s1[0] = norm::fadd(s1[0], norm::fmul(g, xe));
+                        } else {
+                            s2[0] = norm::fadd(s2[0], g);
+                            s2[1] = norm::fadd(s2[1], norm::fmul(g, xe));
+                        }
                     }
                 }
             }
@@ -1277,40 +1281,41 @@ __global__ void __launch_bounds__(kThreads, 2) norm_backward_fast_kernel(const N
             }
             // Pass 2: dx, and the slot's column partials (dy * xhat, dy).
             T *const dxr = dxo + r * d + lane0;
-            if (!kFull || d > 0)
+            if (!kFull || d > 0) {  // a region boundary, see kPassGuard
 #pragma unroll
-            for (int p = 0; p < kP; ++p) {
-                const int64_t i0 = lane0 + p * step;
-                if (!kFull && i0 >= d) continue;
-                float w[8], dyv[8], xe[8], out[8];
-                weights(p, i0, w);
+                for (int p = 0; p < kP; ++p) {
+                    const int64_t i0 = lane0 + p * step;
+                    if (!kFull && i0 >= d) continue;
+                    float w[8], dyv[8], xe[8], out[8];
+                    weights(p, i0, w);
 #pragma unroll
-                for (int e = 0; e < 8; ++e) {
-                    dyv[e] = raw_at<S>(rdy[p], e);
-                    xe[e] = xhat_at(p, e);
-                    // norm::dx_value less its canonical(), which store_piece applies
-                    const float g = norm::fmul(dyv[e], w[e]);
-                    const float t = kRms ? g : norm::fsub(g, c1v);
-                    out[e] = norm::fmul(norm::fsub(t, norm::fmul(xe[e], c2v)), rstd);
-                }
-                store_piece<S>(dxr + p * step, out);
+                    for (int e = 0; e < 8; ++e) {
+                        dyv[e] = raw_at<S>(rdy[p], e);
+                        xe[e] = xhat_at(p, e);
+                        // norm::dx_value less its canonical(), which store_piece applies
+                        const float g = norm::fmul(dyv[e], w[e]);
+                        const float t = kRms ? g : norm::fsub(g, c1v);
+                        out[e] = norm::fmul(norm::fsub(t, norm::fmul(xe[e], c2v)), rstd);
+                    }
+                    store_piece<S>(dxr + p * step, out);
 #pragma unroll
-                for (int h = 0; h < 2; ++h) {
-                    float4 &g4 = mine[(p * 2 + h) * kThreads];
-                    float4 v = g4;
-                    v.x = norm::fadd(v.x, norm::fmul(dyv[4 * h + 0], xe[4 * h + 0]));
-                    v.y = norm::fadd(v.y, norm::fmul(dyv[4 * h + 1], xe[4 * h + 1]));
-                    v.z = norm::fadd(v.z, norm::fmul(dyv[4 * h + 2], xe[4 * h + 2]));
-                    v.w = norm::fadd(v.w, norm::fmul(dyv[4 * h + 3], xe[4 * h + 3]));
-                    g4 = v;
-                    if constexpr (kDb) {
-                        float4 &b4 = mine[((kP + p) * 2 + h) * kThreads];
-                        float4 u = b4;
-                        u.x = norm::fadd(u.x, dyv[4 * h + 0]);
-                        u.y = norm::fadd(u.y, dyv[4 * h + 1]);
-                        u.z = norm::fadd(u.z, dyv[4 * h + 2]);
-                        u.w = norm::fadd(u.w, dyv[4 * h + 3]);
-                        b4 = u;
+                    for (int h = 0; h < 2; ++h) {
+                        float4 &g4 = mine[(p * 2 + h) * kThreads];
+                        float4 v = g4;
+                        v.x = norm::fadd(v.x, norm::fmul(dyv[4 * h + 0], xe[4 * h + 0]));
+                        v.y = norm::fadd(v.y, norm::fmul(dyv[4 * h + 1], xe[4 * h + 1]));
+                        v.z = norm::fadd(v.z, norm::fmul(dyv[4 * h + 2], xe[4 * h + 2]));
+                        v.w = norm::fadd(v.w, norm::fmul(dyv[4 * h + 3], xe[4 * h + 3]));
+                        g4 = v;
+                        if constexpr (kDb) {
+                            float4 &b4 = mine[((kP + p) * 2 + h) * kThreads];
+                            float4 u = b4;
+                            u.x = norm::fadd(u.x, dyv[4 * h + 0]);
+                            u.y = norm::fadd(u.y, dyv[4 * h + 1]);
+                            u.z = norm::fadd(u.z, dyv[4 * h + 2]);
+                            u.w = norm::fadd(u.w, dyv[4 * h + 3]);
+                            b4 = u;
+                        }
                     }
                 }
             }

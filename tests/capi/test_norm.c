@@ -700,8 +700,7 @@ static void test_cpu_cuda_identical_specials(void **state) {
  * dtype; 1, 2, 3 (a lane without its last piece), 4, 5, 6 pieces with 1, 2, 4, 8 warps a row, rows
  * every lane covers with whole pieces (256, 512, 1024, 2048, 4096, 8192, 12288; at 4 and 6 pieces
  * the lean forward's and LayerNorm's lean backward's variants without piece tests) and rows that
- * leave some lane short (64, 392,
- * 520, 2560, 9000, ...); d = 8192
+ * leave some lane short (64, 392, 520, 2560, 9000, ...); d = 8192
  * (4 pieces) and 8200 (5: F32's backward goes general), 12288 (6) against 12296 (7: both general),
  * d % 8 == 4; dx or dy of another dtype than x; LayerNorm with and without beta/dbeta, RMSNorm;
  * zero-centered gamma; FP8 y delayed and current, with and without y_t, and BF16 y; rows fewer than
