@@ -184,6 +184,31 @@ __device__ __forceinline__ float raw_at(const uint32_t (&w)[kWords<S>], int e) {
     return __half2float(__ushort_as_half(static_cast<unsigned short>(e % 2 ? v >> 16 : v & 0xFFFFu)));
 }
 
+// FP8 y, 8 elements: sv = y * scale (scaled(canonical(y))) and its codes, two a conversion
+// (cvt.rn.satfinite.*x2), in two words. A NaN y (only then is y * scale NaN, for a positive finite
+// scale) makes pm (the piece's max.NaN of |y|) exceed inf's bits: only such a rare piece, or every
+// piece where check_all (a scale that is not positive and finite), looks at its codes and makes a
+// NaN's the positive quiet code. Shared by both forwards.
+template <fp8amp_dtype D>
+__device__ __forceinline__ void encode_fp8x8(const float (&y)[8], float scale, float pm, bool check_all, float (&sv)[8],
+                                             uint32_t (&word)[2]) {
+    constexpr __nv_fp8_interpretation_t kFmt = D == FP8AMP_DTYPE_E4M3 ? __NV_E4M3 : __NV_E5M2;
+    constexpr uint32_t kNaN = D == FP8AMP_DTYPE_E4M3 ? codec::E4M3::kQuietNaN : codec::E5M2::kQuietNaN;
+#pragma unroll
+    for (int e = 0; e < 8; ++e) sv[e] = norm::fmul(y[e], scale);
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const uint32_t lo = __nv_cvt_float2_to_fp8x2(make_float2(sv[4 * h], sv[4 * h + 1]), __NV_SATFINITE, kFmt);
+        const uint32_t hi = __nv_cvt_float2_to_fp8x2(make_float2(sv[4 * h + 2], sv[4 * h + 3]), __NV_SATFINITE, kFmt);
+        word[h] = lo | (hi << 16);
+    }
+    if (check_all || __float_as_uint(pm) >= 0x7F800000u) {
+#pragma unroll
+        for (int e = 0; e < 8; ++e)
+            if (sv[e] != sv[e]) word[e / 4] = (word[e / 4] & ~(0xFFu << (8 * (e % 4)))) | (kNaN << (8 * (e % 4)));
+    }
+}
+
 // A parameter vector's 8 elements at i0 (gamma or beta; its dtype chosen at run time) as floats,
 // 0 past d; vec: 16-byte aligned base.
 __device__ __forceinline__ void load_param(const void *p, fp8amp_dtype dt, int64_t i0, int left, bool vec, float f[8]) {
@@ -561,27 +586,9 @@ __global__ void __launch_bounds__(kThreads, fwd_min_blocks(S, kPieces, kT)) norm
                 }
                 amax = fmax_nan(amax, pm);
                 if constexpr (kWrite) {
-                    // scaled(canonical(y)): y * scale, two codes a conversion. A NaN y (only then is
-                    // y * scale NaN, for a positive finite scale) makes pm's bits exceed inf's: only
-                    // such a rare piece looks at its codes and makes a NaN's the positive quiet code.
-                    constexpr __nv_fp8_interpretation_t kFmt = D == FP8AMP_DTYPE_E4M3 ? __NV_E4M3 : __NV_E5M2;
-                    constexpr uint32_t kNaN = D == FP8AMP_DTYPE_E4M3 ? codec::E4M3::kQuietNaN : codec::E5M2::kQuietNaN;
                     float sv[8];
-#pragma unroll
-                    for (int e = 0; e < 8; ++e) sv[e] = norm::fmul(y[e], scale);
                     uint32_t word[2];
-#pragma unroll
-                    for (int h = 0; h < 2; ++h) {
-                        const uint32_t lo = __nv_cvt_float2_to_fp8x2(make_float2(sv[4 * h], sv[4 * h + 1]), __NV_SATFINITE, kFmt);
-                        const uint32_t hi = __nv_cvt_float2_to_fp8x2(make_float2(sv[4 * h + 2], sv[4 * h + 3]), __NV_SATFINITE, kFmt);
-                        word[h] = lo | (hi << 16);
-                    }
-                    if (check_all || __float_as_uint(pm) >= 0x7F800000u) {
-#pragma unroll
-                        for (int e = 0; e < 8; ++e)
-                            if (sv[e] != sv[e])
-                                word[e / 4] = (word[e / 4] & ~(0xFFu << (8 * (e % 4)))) | (kNaN << (8 * (e % 4)));
-                    }
+                    encode_fp8x8<D>(y, scale, pm, check_all, sv, word);
                     if (stats) {
 #pragma unroll
                         for (int e = 0; e < 8; ++e) {
@@ -811,24 +818,9 @@ __global__ void __launch_bounds__(kThreads, fwd_fast_min_blocks(S, kPieces)) nor
                         for (int e = 0; e < 8; ++e) pm = fmax_nan(pm, fabsf(y[e]));
                         amax = fmax_nan(amax, pm);
                         if constexpr (kWrite) {
-                            constexpr __nv_fp8_interpretation_t kFmt = D == FP8AMP_DTYPE_E4M3 ? __NV_E4M3 : __NV_E5M2;
-                            constexpr uint32_t kNaN = D == FP8AMP_DTYPE_E4M3 ? codec::E4M3::kQuietNaN : codec::E5M2::kQuietNaN;
                             float sv[8];
-#pragma unroll
-                            for (int e = 0; e < 8; ++e) sv[e] = norm::fmul(y[e], scale);
                             uint32_t word[2];
-#pragma unroll
-                            for (int h = 0; h < 2; ++h) {
-                                const uint32_t lo = __nv_cvt_float2_to_fp8x2(make_float2(sv[4 * h], sv[4 * h + 1]), __NV_SATFINITE, kFmt);
-                                const uint32_t hi = __nv_cvt_float2_to_fp8x2(make_float2(sv[4 * h + 2], sv[4 * h + 3]), __NV_SATFINITE, kFmt);
-                                word[h] = lo | (hi << 16);
-                            }
-                            if (check_all || __float_as_uint(pm) >= 0x7F800000u) {
-#pragma unroll
-                                for (int e = 0; e < 8; ++e)
-                                    if (sv[e] != sv[e])
-                                        word[e / 4] = (word[e / 4] & ~(0xFFu << (8 * (e % 4)))) | (kNaN << (8 * (e % 4)));
-                            }
+                            encode_fp8x8<D>(y, scale, pm, check_all, sv, word);
                             if constexpr (stats) {
 #pragma unroll
                                 for (int e = 0; e < 8; ++e) {
