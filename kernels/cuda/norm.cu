@@ -673,18 +673,20 @@ __global__ void __launch_bounds__(kThreads, fwd_min_blocks(S, kPieces, kT)) norm
 // source; one base pointer a row. Where the launch is 2 blocks a SM anyway (more than 16 registers of
 // raw pieces: BF16 past 4 pieces a lane), the next row's x is loaded while this one is computed, as
 // the backward does (a 12288-wide row is a block's only row at a time). kFull (the host passes it where
-// every lane has 4 or 6 whole pieces): no piece tests at all. kPassGuard: each pass behind one
-// run-time test that always holds (d > 0), a region boundary ptxas does not move values across, so
-// each pass unpacks x from the raw words again instead of keeping 8 floats a piece live from pass 1
-// (which spills at 4 pieces and 64 registers).
+// every lane has 4 or 6 whole pieces): no piece tests at all. kPassGuard (kFull at 4 pieces): each
+// pass behind one run-time test that always holds (d > 0), a region boundary ptxas does not move
+// values across, so each pass unpacks x from the raw words again instead of keeping 8 floats a piece
+// live from pass 1 (which spills at 4 pieces and 64 registers; at 6 pieces, 128 registers, it does
+// not).
 constexpr int fwd_fast_min_blocks(fp8amp_dtype s, int pieces) { return (s == FP8AMP_DTYPE_F32 ? 8 : 4) * pieces <= 16 ? 4 : 2; }
 
-template <fp8amp_dtype S, fp8amp_dtype D, int kPieces, bool kWrite, bool kStats, bool kFull, bool kPassGuard = false>
+template <fp8amp_dtype S, fp8amp_dtype D, int kPieces, bool kWrite, bool kStats, bool kFull>
 __global__ void __launch_bounds__(kThreads, fwd_fast_min_blocks(S, kPieces)) norm_forward_fast_kernel(const NormForwardArgs a) {
     using SrcT = typename Storage<S>::type;
     constexpr bool kFp8 = is_fp8_v<D>;
     constexpr int kW = kWords<S>, kP = kPieces;
     constexpr bool kPrefetch = fwd_fast_min_blocks(S, kP) == 2 && 2 * kP * kW <= 64;
+    constexpr bool kPassGuard = kFull && kP == 4;
     __shared__ GroupScratch gs;
     const int64_t d = a.d;
     const Place pl(d);
@@ -1451,6 +1453,10 @@ inline int64_t lane_pieces(int64_t d) {
     return (d + per - 1) / per;
 }
 
+// Whether every lane of a row of d has exactly `pieces` whole pieces (d = lanes(d) * 8 * pieces: at 4
+// pieces 1024, 2048, 4096, 8192; at 6, 12288), the rows the kFull kernel variants take.
+inline bool whole_pieces(int64_t d, int pieces) { return d == int64_t(norm::lanes(d)) * norm::kPiece * pieces; }
+
 // The register pieces of a lane for a row of d: the smallest of 1, 2, 4, 8 that holds it, or 0 (the
 // row is read again in each pass).
 template <class F>
@@ -1557,15 +1563,14 @@ void norm_forward(int device, void *stream_raw, const NormForwardArgs &a) {
             // keeps the first pass's unpacked x for the later passes and spills 64 bytes (up to 22%
             // slower); with it, no spill and 1-8% faster than the piece tests. docs/performance.md, "The
             // lean norm forward without piece tests".
-            const bool full6 = fast_pieces == 6 && a.d == int64_t(norm::lanes(a.d)) * norm::kPiece * 6;
-            const bool full4 = fast_pieces == 4 && a.d == int64_t(norm::lanes(a.d)) * norm::kPiece * 4;
+            const bool full = (fast_pieces == 4 || fast_pieces == 6) && whole_pieces(a.d, fast_pieces);
             auto with_stats = [&](auto st) {
                 constexpr bool St = decltype(st)::value;
                 if (fast_pieces == 1) go(norm_forward_fast_kernel<S, D, 1, W, St, false>);
                 else if (fast_pieces == 2) go(norm_forward_fast_kernel<S, D, 2, W, St, false>);
-                else if (fast_pieces == 4 && full4) go(norm_forward_fast_kernel<S, D, 4, W, St, true, true>);
+                else if (fast_pieces == 4 && full) go(norm_forward_fast_kernel<S, D, 4, W, St, true>);
                 else if (fast_pieces == 4) go(norm_forward_fast_kernel<S, D, 4, W, St, false>);
-                else if (full6) go(norm_forward_fast_kernel<S, D, 6, W, St, true>);
+                else if (full) go(norm_forward_fast_kernel<S, D, 6, W, St, true>);
                 else go(norm_forward_fast_kernel<S, D, 6, W, St, false>);
             };
             // Only the FP8 writing pass counts; every other variant is instantiated once.
@@ -1653,7 +1658,7 @@ void norm_backward(int device, void *stream_raw, const NormBackwardArgs &a, floa
         // 12288) run without piece tests, each pass behind one guard (as the lean forward): 4-10%
         // faster on an H100 (the 4-piece kernel's 16 bytes of spills gone, the 6-piece one's 128 ->
         // 104). RMSNorm keeps its piece tests: the same variant moved it by -2% to +3%.
-        const bool full = !a.rms && (kp == 4 || kp == 6) && a.d == int64_t(norm::lanes(a.d)) * norm::kPiece * kp;
+        const bool full = !a.rms && (kp == 4 || kp == 6) && whole_pieces(a.d, kp);
         auto go = [&](auto kernel) {
             allow_dynamic_smem(kernel, device, fast_smem, "norm_backward_fast_kernel");
             kernel<<<static_cast<unsigned>(n_chunks), kThreads, fast_smem, stream>>>(a, partial, n_chunks,
