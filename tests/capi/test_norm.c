@@ -709,7 +709,8 @@ static void test_cpu_cuda_identical_specials(void **state) {
  * are multiples of 16 (96 x 4112: edge tiles on both sides go byte by byte; 128 x 2560: whole tiles),
  * the byte path everything else (700 x 256, 9 x 4096, ...). With rows % 32 == 0 and d <= 2048 the
  * forward writes y_t itself (the general kernel) unless the lean forward runs and rows and d are
- * multiples of 16 (64 x 2048: lean forward + 16-byte transpose; 64 x 520: d % 16 == 8, fused). The FP8
+ * multiples of 16 (64 x 2048, 96 x 1024, 64 x 768, 32 x 256: lean forward + 16-byte transpose; 64 x 520:
+ * d % 16 == 8, fused). y_t is checked for E4M3 under delayed scaling and E5M2 under current. The FP8
  * forwards run with the metas' statistics on for half the cases and off for the others (the lean
  * forward's loop without them is its own kernel). */
 static void test_cpu_cuda_identical_lean_paths(void **state) {
@@ -717,7 +718,8 @@ static void test_cpu_cuda_identical_lean_paths(void **state) {
     SKIP_WITHOUT_CUDA();
     const shape_t shapes[] = {{700, 256}, {3, 512},    {300, 520}, {2100, 1024}, {70, 1040}, {64, 2048},
                               {9, 4096},  {271, 4096}, {5, 8192},  {4, 8200},    {6, 4100},  {1, 64},
-                              {6, 9000},  {5, 12288},  {3, 12296}, {96, 4112}, {128, 2560}, {64, 520}, {33, 392}};
+                              {6, 9000},  {5, 12288},  {3, 12296}, {96, 4112}, {128, 2560}, {64, 520}, {33, 392},
+                              {96, 1024}, {32, 256},   {64, 768}};
     for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; ++s)
         for (int k = 0; k < 12; ++k) {
             /* k % 3: the dtype of x (and of dy, dx below); k / 3: LayerNorm with beta / dbeta, without,
@@ -739,7 +741,7 @@ static void test_cpu_cuda_identical_lean_paths(void **state) {
                 }
             const fp8amp_dtype ys[3] = {FP8AMP_DTYPE_E4M3, FP8AMP_DTYPE_E5M2, FP8AMP_DTYPE_BF16};
             for (int j = 0; j < 3; ++j) {
-                const int fp8 = j < 2, with_t = j == 1 && (k & 1);
+                const int fp8 = j < 2, with_t = (j == 1 && (k & 1)) || (j == 0 && !(k & 1));
                 const fp8amp_scaling_mode mode = j == 1 ? FP8AMP_SCALING_CURRENT : FP8AMP_SCALING_DELAYED;
                 fwd_t fa, fb;
                 const int stats_off = (int)((s + (size_t)k + (size_t)j) % 2);
