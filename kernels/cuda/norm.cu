@@ -1134,6 +1134,7 @@ __global__ void __launch_bounds__(kThreads, 2) norm_backward_fast_kernel(const N
     constexpr int kW = kWords<S>;
     constexpr int kP = kPieces;
     constexpr bool kPrefetch = kP * 2 * kW <= 32;
+    constexpr bool kPassGuard = kFull;  // each pass behind one guard, as norm_forward_fast_kernel's
     // xhat kept from pass 1 to pass 2 (8 registers a piece in place of the raw x's kW) where the
     // registers allow it beside the prefetched row; else pass 2 computes it again from the raw x.
     constexpr bool kKeepXh = kW < 8 && (kPrefetch ? kP * (3 * kW + 8) : kP * (kW + 8)) <= 64;
@@ -1242,7 +1243,7 @@ __global__ void __launch_bounds__(kThreads, 2) norm_backward_fast_kernel(const N
                 }
             };
             float s1[1] = {0.0f}, s2[2] = {0.0f, 0.0f};
-            if (!kFull || d > 0) {  // a region boundary, see kPassGuard
+            if (!kPassGuard || d > 0) {  // a region boundary, see kPassGuard
 #pragma unroll
                 for (int p = 0; p < kP; ++p) {
                     const int64_t i0 = lane0 + p * step;
@@ -1275,7 +1276,7 @@ __global__ void __launch_bounds__(kThreads, 2) norm_backward_fast_kernel(const N
             }
             // Pass 2: dx, and the slot's column partials (dy * xhat, dy).
             T *const dxr = dxo + r * d + lane0;
-            if (!kFull || d > 0) {  // a region boundary, see kPassGuard
+            if (!kPassGuard || d > 0) {  // a region boundary, see kPassGuard
 #pragma unroll
                 for (int p = 0; p < kP; ++p) {
                     const int64_t i0 = lane0 + p * step;
