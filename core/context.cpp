@@ -63,6 +63,12 @@ void Context::set_allocator(fp8amp_alloc_fn alloc_fn, fp8amp_free_fn free_fn, vo
 
 std::shared_ptr<Storage> Context::allocate(size_t nbytes) const {
     const fp8amp_device device = device_;
+    // No allocator can give more than PTRDIFF_MAX bytes as one object (pointer differences over it are
+    // undefined), and a hook that rounds such a size up could wrap it to a small block: refuse it here,
+    // before any allocator sees it (a 1-D F16 tensor of INT64_MAX elements is 2^64 - 2 bytes).
+    if (nbytes > static_cast<size_t>(PTRDIFF_MAX))
+        fail(FP8AMP_ERROR_OUT_OF_MEMORY, "cannot allocate " + std::to_string(nbytes) +
+                                             " bytes: more than PTRDIFF_MAX, the largest object size");
     if (alloc_fn_) {
         // The hooks and stream in force now are the ones that free this block, whatever comes later.
         const fp8amp_free_fn free_fn = free_fn_;

@@ -451,6 +451,39 @@ static void test_allocator_refusal_is_out_of_memory(void **state) {
     EXPECT_OK(fp8amp_context_destroy(ctx));
 }
 
+/* A size past PTRDIFF_MAX (a 1-D F16 tensor of INT64_MAX elements: 2^64 - 2 bytes, which fits size_t)
+ * is no object any allocator can give: it fails OUT_OF_MEMORY before the hook sees it, so a hook that
+ * rounds sizes up cannot wrap it to a small block. */
+static void test_allocator_never_sees_sizes_past_ptrdiff_max(void **state) {
+    (void)state;
+    fp8amp_context ctx = make_context(cpu_device());
+    counting_alloc a;
+    static const fp8amp_dtype dtypes[] = {FP8AMP_DTYPE_F16, FP8AMP_DTYPE_BF16, FP8AMP_DTYPE_E4M3};
+    const int64_t shape[1] = {INT64_MAX};
+    size_t i;
+    counting_init(&a);
+    a.refuse = 1; /* the E4M3 request reaches the hook; a sanitizer's malloc would abort on it */
+    EXPECT_OK(fp8amp_context_set_allocator(ctx, counting_alloc_fn, counting_free_fn, &a));
+    for (i = 0; i < sizeof dtypes / sizeof dtypes[0]; ++i) {
+        fp8amp_tensor t = SENTINEL_TENSOR;
+        EXPECT_STATUS(fp8amp_tensor_create(ctx, dtypes[i], 1, shape, &t), FP8AMP_ERROR_OUT_OF_MEMORY);
+        assert_ptr_equal(t, SENTINEL_TENSOR);
+        /* INT64_MAX bytes is PTRDIFF_MAX itself: that one is the hook's to refuse */
+        assert_non_null(strstr(fp8amp_last_error_message(),
+                               dtypes[i] == FP8AMP_DTYPE_E4M3 ? "hook returned NULL" : "PTRDIFF_MAX"));
+    }
+    assert_int_equal(a.allocs, 1); /* only the E4M3 request (exactly PTRDIFF_MAX bytes) reached the hook */
+    assert_int_equal(a.frees, 0);
+    /* The built-in allocator refuses them the same way. */
+    EXPECT_OK(fp8amp_context_set_allocator(ctx, NULL, NULL, NULL));
+    {
+        fp8amp_tensor t = SENTINEL_TENSOR;
+        EXPECT_STATUS(fp8amp_tensor_create(ctx, FP8AMP_DTYPE_F16, 1, shape, &t), FP8AMP_ERROR_OUT_OF_MEMORY);
+        assert_ptr_equal(t, SENTINEL_TENSOR);
+    }
+    EXPECT_OK(fp8amp_context_destroy(ctx));
+}
+
 static void test_allocator_one_null_hook(void **state) {
     (void)state;
     fp8amp_context ctx = make_context(cpu_device());
@@ -717,6 +750,7 @@ int main(void) {
         DEVICE_TESTS(test_stream),
         cmocka_unit_test(test_allocator_hooks_serve_tensors),
         cmocka_unit_test(test_allocator_refusal_is_out_of_memory),
+        cmocka_unit_test(test_allocator_never_sees_sizes_past_ptrdiff_max),
         cmocka_unit_test(test_allocator_one_null_hook),
         cmocka_unit_test(test_allocator_switch_while_tensors_live),
         cmocka_unit_test(test_allocator_outlives_context),

@@ -104,6 +104,7 @@ void *hook_alloc(void *user, size_t nbytes, fp8amp_device, void *) {
     if (h->fail_after == 0) return nullptr;
     if (h->fail_after > 0) --h->fail_after;
     const size_t pad = h->misalign ? 256 : 0;
+    if (nbytes > SIZE_MAX - pad - 255) return nullptr;  // rounding up would wrap to a small block
     const size_t n = ((nbytes + pad + 255) / 256) * 256;
     unsigned char *base = static_cast<unsigned char *>(std::aligned_alloc(256, n ? n : 256));
     if (!base) return nullptr;
@@ -222,7 +223,7 @@ struct Session {
             case 1: s[i] = -static_cast<int64_t>(in.ConsumeIntegral<uint32_t>()) - 1; why.add(true, "negative extent"); break;
             case 2:  // a product that overflows int64 or size_t
                 for (int d = 0; d < ndim; ++d) s[d] = std::numeric_limits<int64_t>::max() / 2;
-                if (ndim == 1) s[0] = std::numeric_limits<int64_t>::max();  // * 2 or 4 bytes overflows size_t
+                if (ndim == 1) s[0] = std::numeric_limits<int64_t>::max();  // * 4 bytes overflows size_t; * 2 is past PTRDIFF_MAX
                 *too_big = true;
                 why.add(ndim > 1, "extents overflow");
                 break;

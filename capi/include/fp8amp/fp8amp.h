@@ -169,7 +169,8 @@ FP8AMP_API fp8amp_status fp8amp_context_set_stream(fp8amp_context ctx, void *cud
 FP8AMP_API fp8amp_status fp8amp_context_get_stream(fp8amp_context ctx, void **cuda_stream);
 
 /** Allocation hook: return nbytes of memory on `device`, aligned to at least 256 bytes, usable on
- *  `stream` (the context's stream), or NULL when it cannot. Must not call back into fp8amp. NULL
+ *  `stream` (the context's stream), or NULL when it cannot. nbytes is 1..PTRDIFF_MAX (a larger
+ *  request fails with OUT_OF_MEMORY before the hook is called). Must not call back into fp8amp. NULL
  *  makes the call that wanted memory fail with OUT_OF_MEMORY; a misaligned block is given back
  *  through the free hook at once and that call fails with INVALID_ARGUMENT. */
 typedef void *(*fp8amp_alloc_fn)(void *user_data, size_t nbytes, fp8amp_device device, void *stream);
