@@ -1,7 +1,8 @@
 // libFuzzer target: the whole C API under hostile arguments.
 //
 // The input is decoded into a sequence of calls (contexts, tensors, casts, quantize, scaling metas,
-// Linear, optimizer, grad scaler, DLPack export, allocator hooks, constant getters) whose arguments
+// Linear, optimizer, grad scaler, DLPack export, allocator hooks, constant getters, the fused norm and
+// activation forwards and backwards) whose arguments
 // are drawn hostile: NULL, destroyed handles, handles of another kind, forged handle values and
 // pointers that are not handles, negative/overflowing shapes, bad ndim, bad struct_size,
 // out-of-range enums, NaN/inf hyperparameters, misaligned or short buffers, failing allocators.
@@ -9,7 +10,9 @@
 // Oracle, after every call: a failing call returns a specific status (never INTERNAL) and sets a new
 // message of its own (the message is poisoned before each call), and leaves its outputs as they were
 // (they are poisoned before the call); a call with a certainly-invalid argument does not succeed; no
-// crash and no sanitizer report. At the end of each input everything is destroyed: LeakSanitizer
+// crash and no sanitizer report. The fused norm and activation calls also write none of their
+// outputs' bytes when they fail, and a y_t (dx_t) they write is y (dx) transposed byte for byte.
+// At the end of each input everything is destroyed: LeakSanitizer
 // then sees any leak, and the allocator hooks must have got back every byte they gave.
 //
 // FP8AMP_FUZZ_SKIP (environment; comma-separated words) turns generators off, to fuzz on past a
@@ -24,6 +27,7 @@
 #include <cstring>
 #include <limits>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "fp8amp/dlpack.h"
@@ -42,6 +46,9 @@ const char *fuzz_dtype_name(int dtype);
 const char *fuzz_status_name(int status);
 fp8amp_status fuzz_opt_level_adam_config(int level, fp8amp_adam_desc *desc);
 fp8amp_status fuzz_opt_level_config(int level, fp8amp_linear_desc *ld, fp8amp_adam_desc *ad);
+fp8amp_status fuzz_activation_forward(fp8amp_context ctx, int kind, fp8amp_tensor x, fp8amp_tensor y, fp8amp_tensor y_t);
+fp8amp_status fuzz_activation_backward(fp8amp_context ctx, int kind, fp8amp_tensor dy, fp8amp_tensor x, fp8amp_tensor dx,
+                                       fp8amp_tensor dx_t);
 }
 
 namespace {
@@ -246,6 +253,66 @@ struct Session {
         return fp8amp_tensor_nbytes(t, &n) == FP8AMP_SUCCESS ? n : 0;
     }
 
+    // A live tensor's bytes (empty for NULL or anything but a live tensor handle).
+    std::vector<unsigned char> bytes_of(fp8amp_tensor t) {
+        bool is_live = false;
+        for (void *v : live[TENSOR]) is_live = is_live || v == t;
+        std::vector<unsigned char> b(is_live ? tensor_nbytes(t) : 0);
+        if (!b.empty() && fp8amp_tensor_copy_to_host(t, b.data(), b.size()) != FP8AMP_SUCCESS) b.clear();
+        return b;
+    }
+    // The outputs' bytes before a call, to check that a failed call wrote none of them.
+    std::vector<std::vector<unsigned char>> snapshot(std::initializer_list<fp8amp_tensor> outs) {
+        std::vector<std::vector<unsigned char>> v;
+        for (fp8amp_tensor t : outs) v.push_back(bytes_of(t));
+        return v;
+    }
+    bool unchanged(std::initializer_list<fp8amp_tensor> outs, const std::vector<std::vector<unsigned char>> &before) {
+        size_t k = 0;
+        for (fp8amp_tensor t : outs) {
+            if (!before[k].empty() && bytes_of(t) != before[k]) return false;
+            ++k;
+        }
+        return true;
+    }
+    // y_t holds y's [rows, cols] one-byte codes transposed.
+    bool is_transpose(fp8amp_tensor y, fp8amp_tensor y_t, int64_t rows, int64_t cols) {
+        const std::vector<unsigned char> a = bytes_of(y), b = bytes_of(y_t);
+        if (a.size() != size_t(rows * cols) || b.size() != a.size()) return false;
+        for (int64_t i = 0; i < rows; ++i)
+            for (int64_t j = 0; j < cols; ++j)
+                if (a[size_t(i * cols + j)] != b[size_t(j * rows + i)]) return false;
+        return true;
+    }
+    // A fresh tensor of fuzzed bytes (NaN, inf and subnormal codes included), or NULL.
+    fp8amp_tensor fresh(fp8amp_context c, fp8amp_dtype dt, std::vector<int64_t> shape) {
+        fp8amp_tensor t = nullptr;
+        if (fp8amp_tensor_create(c, dt, int32_t(shape.size()), shape.data(), &t) != FP8AMP_SUCCESS) return nullptr;
+        born(TENSOR, t);
+        std::vector<unsigned char> b(tensor_nbytes(t));
+        for (auto &v : b) v = in.ConsumeIntegral<uint8_t>();
+        fp8amp_tensor_copy_from_host(t, b.data(), b.size());
+        return t;
+    }
+    // An FP8 output of dtype dt bound to a fresh meta (delayed or current scaling), or NULL.
+    fp8amp_tensor fresh_fp8(fp8amp_context c, fp8amp_dtype dt, std::vector<int64_t> shape, fp8amp_scaling *meta) {
+        fp8amp_tensor t = fresh(c, dt, std::move(shape));
+        if (!t) return nullptr;
+        if (!*meta) {
+            fp8amp_recipe rc;
+            fp8amp_recipe_init_default(&rc);
+            rc.amax_history_len = 4;
+            rc.mode = static_cast<fp8amp_scaling_mode>(in.ConsumeIntegralInRange<int>(0, 1));
+            if (fp8amp_scaling_create(c, &rc, dt, meta) != FP8AMP_SUCCESS) return nullptr;
+            born(META, *meta);
+        }
+        return fp8amp_tensor_set_scaling(t, *meta) == FP8AMP_SUCCESS ? t : nullptr;
+    }
+
+    // The fused norm / activation calls (op 39): over the pool's tensors with a hostile desc and kind,
+    // or well-formed over fresh tensors of fuzzed bytes, forward then backward.
+    void fused_hostile(Why &why);
+    void fused_well_formed();
     void run();
     void teardown();
 };
@@ -269,6 +336,125 @@ fp8amp_status call(const char *spelled, const Why &why, F &&f) {
 #define CALL(fn, why, ...) call(#fn, why, [&] { return fn(__VA_ARGS__); })
 #define UNCHANGED_ON_FAILURE(s, out) \
     FUZZ_CHECK((s) == FP8AMP_SUCCESS || (out).unchanged(), "a failed call wrote its output " #out)
+
+// The fused norm / activation forward and backward over the pool's tensors, a hostile desc and kind:
+// a failed call writes none of its outputs' bytes.
+void Session::fused_hostile(Why &why) {
+    auto c = h<fp8amp_context>(CTX, why, "ctx");
+    const int which = in.ConsumeIntegralInRange<int>(0, 3);
+    if (which < 2) {
+        fp8amp_norm_desc d;
+        fp8amp_norm_desc_init_default(&d);
+        const fp8amp_norm_desc *dp = &d;
+        switch (in.ConsumeIntegralInRange<int>(0, 7)) {
+        case 0: dp = nullptr; break;  // the defaults
+        case 1: store(d.kind, enumv(0, 1, why, "desc->kind")); break;
+        case 2: d.eps = hyper(0.0f, 1e-3f, why, "desc->eps"); break;
+        case 3:
+            d.zero_centered_gamma = in.ConsumeIntegralInRange<int32_t>(-1, 2);
+            why.add(d.zero_centered_gamma != 0 && d.zero_centered_gamma != 1, "desc->zero_centered_gamma");
+            break;
+        case 4:  // new in 0.4.0: no earlier size is accepted
+            d.struct_size = in.ConsumeIntegralInRange<uint32_t>(0, sizeof d - 1);
+            why.add(true, "struct_size small");
+            break;
+        default: break;
+        }
+        if (which == 0) {
+            auto x = h<fp8amp_tensor>(TENSOR, why, "x"), g = h<fp8amp_tensor>(TENSOR, why, "gamma");
+            auto b = h<fp8amp_tensor>(TENSOR, why, "beta", true), y = h<fp8amp_tensor>(TENSOR, why, "y");
+            auto yt = h<fp8amp_tensor>(TENSOR, why, "y_t", true), m = h<fp8amp_tensor>(TENSOR, why, "mean", true);
+            auto r = h<fp8amp_tensor>(TENSOR, why, "rstd", true);
+            const auto before = snapshot({y, yt, m, r});
+            if (CALL(fp8amp_norm_forward, why, c, dp, x, g, b, y, yt, m, r) != FP8AMP_SUCCESS)
+                FUZZ_CHECK(unchanged({y, yt, m, r}, before), "a failed fp8amp_norm_forward wrote an output");
+        } else {
+            auto dy = h<fp8amp_tensor>(TENSOR, why, "dy"), x = h<fp8amp_tensor>(TENSOR, why, "x");
+            auto g = h<fp8amp_tensor>(TENSOR, why, "gamma"), m = h<fp8amp_tensor>(TENSOR, why, "mean", true);
+            auto r = h<fp8amp_tensor>(TENSOR, why, "rstd"), dx = h<fp8amp_tensor>(TENSOR, why, "dx");
+            auto dg = h<fp8amp_tensor>(TENSOR, why, "dgamma"), db = h<fp8amp_tensor>(TENSOR, why, "dbeta", true);
+            const auto before = snapshot({dx, dg, db});
+            if (CALL(fp8amp_norm_backward, why, c, dp, dy, x, g, m, r, dx, dg, db) != FP8AMP_SUCCESS)
+                FUZZ_CHECK(unchanged({dx, dg, db}, before), "a failed fp8amp_norm_backward wrote an output");
+        }
+    } else {
+        const int kind = enumv(0, 2, why, "kind");
+        if (which == 2) {
+            auto x = h<fp8amp_tensor>(TENSOR, why, "x"), y = h<fp8amp_tensor>(TENSOR, why, "y");
+            auto yt = h<fp8amp_tensor>(TENSOR, why, "y_t", true);
+            const auto before = snapshot({y, yt});
+            if (call("fp8amp_activation_forward", why, [&] { return fuzz_activation_forward(c, kind, x, y, yt); }) !=
+                FP8AMP_SUCCESS)
+                FUZZ_CHECK(unchanged({y, yt}, before), "a failed fp8amp_activation_forward wrote an output");
+        } else {
+            auto dy = h<fp8amp_tensor>(TENSOR, why, "dy"), x = h<fp8amp_tensor>(TENSOR, why, "x");
+            auto dx = h<fp8amp_tensor>(TENSOR, why, "dx"), dxt = h<fp8amp_tensor>(TENSOR, why, "dx_t", true);
+            const auto before = snapshot({dx, dxt});
+            if (call("fp8amp_activation_backward", why,
+                     [&] { return fuzz_activation_backward(c, kind, dy, x, dx, dxt); }) != FP8AMP_SUCCESS)
+                FUZZ_CHECK(unchanged({dx, dxt}, before), "a failed fp8amp_activation_backward wrote an output");
+        }
+    }
+}
+
+// A well-formed norm or activation, forward then backward, over fresh tensors of fuzzed bytes (NaN
+// and inf codes included), FP8 outputs bound to fresh metas: a y_t / dx_t written is y / dx transposed.
+void Session::fused_well_formed() {
+    Why w;
+    auto c = h<fp8amp_context>(CTX, w, "ctx");
+    if (w.bad() || !c) return;
+    const int64_t rows = in.ConsumeIntegralInRange<int64_t>(1, 40), cols = in.ConsumeIntegralInRange<int64_t>(1, 40);
+    auto wide = [&] { return static_cast<fp8amp_dtype>(in.ConsumeIntegralInRange<int>(0, 2)); };
+    auto fp8 = [&] { return in.ConsumeBool() ? FP8AMP_DTYPE_E4M3 : FP8AMP_DTYPE_E5M2; };
+    const bool use_fp8 = in.ConsumeBool(), use_t = use_fp8 && in.ConsumeBool();
+    fp8amp_scaling meta = nullptr;
+    if (in.ConsumeBool()) {  // LayerNorm or RMSNorm over [rows, cols]
+        fp8amp_norm_desc d;
+        fp8amp_norm_desc_init_default(&d);
+        const bool rms = in.ConsumeBool();
+        d.kind = rms ? FP8AMP_NORM_RMSNORM : FP8AMP_NORM_LAYERNORM;
+        d.zero_centered_gamma = in.ConsumeBool();
+        d.eps = in.ConsumeBool() ? 1e-5f : 0.0f;
+        fp8amp_tensor x = fresh(c, wide(), {rows, cols}), g = fresh(c, wide(), {cols});
+        fp8amp_tensor b = rms ? nullptr : fresh(c, wide(), {cols});
+        const fp8amp_dtype ydt = use_fp8 ? fp8() : wide();
+        fp8amp_tensor y = use_fp8 ? fresh_fp8(c, ydt, {rows, cols}, &meta) : fresh(c, ydt, {rows, cols});
+        fp8amp_tensor yt = use_t ? fresh_fp8(c, ydt, {cols, rows}, &meta) : nullptr;
+        fp8amp_tensor m = rms ? nullptr : fresh(c, FP8AMP_DTYPE_F32, {rows}), r = fresh(c, FP8AMP_DTYPE_F32, {rows});
+        if (!x || !g || (!rms && (!b || !m)) || !y || (use_t && !yt) || !r) return;  // a failing hook
+        if (call("fp8amp_norm_forward", w, [&] { return fp8amp_norm_forward(c, &d, x, g, b, y, yt, m, r); }) !=
+            FP8AMP_SUCCESS)
+            return;
+        if (yt) FUZZ_CHECK(is_transpose(y, yt, rows, cols), "fp8amp_norm_forward's y_t is not y transposed");
+        fp8amp_tensor dy = fresh(c, wide(), {rows, cols}), dx = fresh(c, wide(), {rows, cols});
+        fp8amp_tensor dg = fresh(c, FP8AMP_DTYPE_F32, {cols}), db = rms ? nullptr : fresh(c, FP8AMP_DTYPE_F32, {cols});
+        if (!dy || !dx || !dg || (!rms && !db)) return;
+        call("fp8amp_norm_backward", w, [&] { return fp8amp_norm_backward(c, &d, dy, x, g, m, r, dx, dg, db); });
+    } else {  // GELU, SiLU or SwiGLU: x [rows, in_cols], y [rows, cols]
+        const int kind = in.ConsumeIntegralInRange<int>(0, 2);
+        const int64_t in_cols = kind == FP8AMP_ACTIVATION_SWIGLU ? 2 * cols : cols;
+        fp8amp_tensor x = fresh(c, wide(), {rows, in_cols});
+        const fp8amp_dtype ydt = use_fp8 ? fp8() : wide();
+        fp8amp_tensor y = use_fp8 ? fresh_fp8(c, ydt, {rows, cols}, &meta) : fresh(c, ydt, {rows, cols});
+        fp8amp_tensor yt = use_t ? fresh_fp8(c, ydt, {cols, rows}, &meta) : nullptr;
+        if (!x || !y || (use_t && !yt)) return;
+        if (call("fp8amp_activation_forward", w, [&] { return fuzz_activation_forward(c, kind, x, y, yt); }) !=
+            FP8AMP_SUCCESS)
+            return;
+        if (yt) FUZZ_CHECK(is_transpose(y, yt, rows, cols), "fp8amp_activation_forward's y_t is not y transposed");
+        // the backward into FP8 (a meta of its own) or wide, its transpose [in_cols, rows]
+        fp8amp_scaling dmeta = nullptr;
+        const bool dfp8 = in.ConsumeBool(), dt_on = dfp8 && in.ConsumeBool();
+        const fp8amp_dtype ddt = dfp8 ? fp8() : wide();
+        fp8amp_tensor dy = fresh(c, wide(), {rows, cols});
+        fp8amp_tensor dx = dfp8 ? fresh_fp8(c, ddt, {rows, in_cols}, &dmeta) : fresh(c, ddt, {rows, in_cols});
+        fp8amp_tensor dxt = dt_on ? fresh_fp8(c, ddt, {in_cols, rows}, &dmeta) : nullptr;
+        if (!dy || !dx || (dt_on && !dxt)) return;
+        if (call("fp8amp_activation_backward", w,
+                 [&] { return fuzz_activation_backward(c, kind, dy, x, dx, dxt); }) == FP8AMP_SUCCESS && dxt)
+            FUZZ_CHECK(is_transpose(dx, dxt, rows, in_cols), "fp8amp_activation_backward's dx_t is not dx transposed");
+    }
+}
 
 void Session::run() {
     while (in.remaining_bytes() > 0) {
@@ -901,6 +1087,19 @@ void Session::run() {
             case 13: why.add(true, "NULL"); CALL(fp8amp_grad_scaler_desc_init, why, nullptr, sizeof(fp8amp_grad_scaler_desc)); break;
             default: why.add(true, "NULL"); CALL(fp8amp_adam_step_args_init, why, nullptr, sizeof(fp8amp_adam_step_args)); break;
             }
+            break;
+        }
+        case 39: {  // the fused norm and activation calls
+            // Op 39 was a setup step before these calls existed, and the corpus's reproducers of fixed
+            // defects (regression-*) begin with it, with no context yet: that case still does what the
+            // setup did (a CPU context, no byte consumed), so that they decode as before.
+            if (live[CTX].empty()) {
+                fp8amp_context c = nullptr;
+                if (fp8amp_context_create({FP8AMP_DEVICE_CPU, 0}, &c) == FP8AMP_SUCCESS) born(CTX, c);
+                break;
+            }
+            if (in.ConsumeBool()) fused_well_formed();
+            else fused_hostile(why);
             break;
         }
         case 42:

@@ -33,3 +33,10 @@ fp8amp_status fuzz_opt_level_adam_config(int level, fp8amp_adam_desc *desc) {
 fp8amp_status fuzz_opt_level_config(int level, fp8amp_linear_desc *ld, fp8amp_adam_desc *ad) {
     return (fp8amp_opt_level_config)((fp8amp_opt_level)level, ld, ad); /* the FP8AMP_0 entry point */
 }
+fp8amp_status fuzz_activation_forward(fp8amp_context ctx, int kind, fp8amp_tensor x, fp8amp_tensor y, fp8amp_tensor y_t) {
+    return fp8amp_activation_forward(ctx, (fp8amp_activation)kind, x, y, y_t);
+}
+fp8amp_status fuzz_activation_backward(fp8amp_context ctx, int kind, fp8amp_tensor dy, fp8amp_tensor x, fp8amp_tensor dx,
+                                       fp8amp_tensor dx_t) {
+    return fp8amp_activation_backward(ctx, (fp8amp_activation)kind, dy, x, dx, dx_t);
+}
