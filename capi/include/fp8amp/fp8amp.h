@@ -1038,7 +1038,9 @@ FP8AMP_API fp8amp_status fp8amp_optimizer_param_state(fp8amp_optimizer opt, int3
  *  must be NULL for one without. m and the master must be finite, v finite and >= 0 (each value as
  *  code * scale_inv), block scales powers of two in [2^-126, 2^126]. param_meta_history, when given
  *  (the parameter must be bound to a meta; F32 [its recipe's amax_history_len], amaxes >= 0 or
- *  +inf), restores the meta with param_meta_scale (a normal float > 0; scale_inv becomes 1/scale),
+ *  +inf; written around the meta's own ring head, so that writing back what
+ *  fp8amp_optimizer_param_state read changes no byte), restores the meta with param_meta_scale (a
+ *  normal float > 0; scale_inv becomes 1/scale),
  *  param_meta_amax (>= 0 or +inf) and param_meta_updates (0..2^32-1); its recipe and statistics
  *  counters stay. The parameter's codes and scale_inv, the step count (fp8amp_optimizer_set_step)
  *  and has_master/step of `state` are left alone. Everything is
