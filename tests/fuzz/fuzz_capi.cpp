@@ -2,7 +2,7 @@
 //
 // The input is decoded into a sequence of calls (contexts, tensors, casts, quantize, scaling metas,
 // Linear, optimizer, grad scaler, DLPack export, allocator hooks, constant getters, the fused norm and
-// activation forwards and backwards) whose arguments
+// activation forwards and backwards, an optimizer's state as tensors) whose arguments
 // are drawn hostile: NULL, destroyed handles, handles of another kind, forged handle values and
 // pointers that are not handles, negative/overflowing shapes, bad ndim, bad struct_size,
 // out-of-range enums, NaN/inf hyperparameters, misaligned or short buffers, failing allocators.
@@ -11,9 +11,11 @@
 // message of its own (the message is poisoned before each call), and leaves its outputs as they were
 // (they are poisoned before the call); a call with a certainly-invalid argument does not succeed; no
 // crash and no sanitizer report. The fused norm and activation calls also write none of their
-// outputs' bytes when they fail, and a y_t (dx_t) they write is y (dx) transposed byte for byte.
-// At the end of each input everything is destroyed: LeakSanitizer
-// then sees any leak, and the allocator hooks must have got back every byte they gave.
+// outputs' bytes when they fail, and a y_t (dx_t) they write is y (dx) transposed byte for byte. A
+// failed fp8amp_optimizer_set_param_state leaves the optimizer's checkpoint bytes as they were, and
+// so does writing back the state fp8amp_optimizer_param_state read. At the end of each input
+// everything is destroyed: LeakSanitizer then sees any leak, and the allocator hooks must have got
+// back every byte they gave.
 //
 // FP8AMP_FUZZ_SKIP (environment; comma-separated words) turns generators off, to fuzz on past a
 // known finding in a local run (docs/fuzzing.md): enums (out-of-range enum values), misaligned_alloc
@@ -313,6 +315,18 @@ struct Session {
     // or well-formed over fresh tensors of fuzzed bytes, forward then backward.
     void fused_hostile(Why &why);
     void fused_well_formed();
+    // fp8amp_optimizer_param_state then fp8amp_optimizer_set_param_state (op 39 too).
+    void param_state(Why &why);
+    // The optimizer's checkpoint bytes (empty when it cannot be saved).
+    std::vector<unsigned char> saved(fp8amp_optimizer o) {
+        size_t need = 0;
+        if (fp8amp_optimizer_save(o, nullptr, 0, &need) != FP8AMP_SUCCESS || need > (1u << 20)) return {};
+        std::vector<unsigned char> b(need);
+        size_t size = 0;
+        if (fp8amp_optimizer_save(o, b.data(), b.size(), &size) != FP8AMP_SUCCESS) return {};
+        b.resize(size);
+        return b;
+    }
     void run();
     void teardown();
 };
@@ -454,6 +468,91 @@ void Session::fused_well_formed() {
                  [&] { return fuzz_activation_backward(c, kind, dy, x, dx, dxt); }) == FP8AMP_SUCCESS && dxt)
             FUZZ_CHECK(is_transpose(dx, dxt, rows, in_cols), "fp8amp_activation_backward's dx_t is not dx transposed");
     }
+}
+
+// A parameter's optimizer state read as tensors (fp8amp_optimizer_param_state), then written back
+// (fp8amp_optimizer_set_param_state): as read (the exact form, from the read-only views of the
+// optimizer's own memory), or with one part changed: values of a wide dtype (F32/BF16/F16 tensors of
+// fuzzed bytes, NaN, inf and negative codes included, their scales NULL), a pool tensor, NULL, a
+// meta's scale or amax drawn hostile, a small struct_size. A failed set changes nothing, and writing
+// back what was read changes nothing either: the optimizer's checkpoint bytes stay the same.
+void Session::param_state(Why &why) {
+    auto o = h<fp8amp_optimizer>(OPT, why, "opt");
+    int32_t count = 0;
+    if (!why.bad() && fp8amp_optimizer_num_params(o, &count) != FP8AMP_SUCCESS) count = 0;
+    int32_t index = count > 0 ? in.ConsumeIntegralInRange<int32_t>(0, count - 1) : 0;
+    if (one_in(12)) index = one_in(2) ? -1 : count;
+    why.add(!why.bad() && (index < 0 || index >= count), "index out of range");
+    fp8amp_param_state st;
+    fp8amp_param_state_init(&st, sizeof st);
+    Why w = why;
+    if (one_in(16)) {
+        st.struct_size = in.ConsumeIntegralInRange<uint32_t>(0, sizeof st - 1);
+        w.add(true, "out->struct_size small");
+    }
+    if (CALL(fp8amp_optimizer_param_state, w, o, index, &st) != FP8AMP_SUCCESS) return;
+    fp8amp_tensor *parts[] = {&st.exp_avg, &st.exp_avg_scale_inv, &st.exp_avg_sq, &st.exp_avg_sq_scale_inv,
+                              &st.master, &st.master_scale_inv, &st.param_meta_history};
+    for (fp8amp_tensor *t : parts)
+        if (*t) born(TENSOR, *t);
+    fp8amp_param_state set = st;
+    Why ws;
+    const int change = in.ConsumeIntegralInRange<int>(0, 7);
+    switch (change) {
+    case 0: break;  // as read
+    case 1:
+    case 2: {  // values: m, v or the master from a wide tensor of fuzzed bytes, its scale NULL
+        const int part = in.ConsumeIntegralInRange<int>(0, 2);
+        fp8amp_tensor *t = part == 0 ? &set.exp_avg : part == 1 ? &set.exp_avg_sq : &set.master;
+        fp8amp_tensor *scale = part == 0 ? &set.exp_avg_scale_inv : part == 1 ? &set.exp_avg_sq_scale_inv : &set.master_scale_inv;
+        if (!*t || live[CTX].empty()) break;
+        int64_t shape[FP8AMP_MAX_NDIM];
+        int32_t nd = 0;
+        if (fp8amp_tensor_ndim(*t, &nd) != FP8AMP_SUCCESS || fp8amp_tensor_shape(*t, FP8AMP_MAX_NDIM, shape) != FP8AMP_SUCCESS)
+            break;
+        const fp8amp_tensor v = fresh(static_cast<fp8amp_context>(live[CTX][0]),
+                                      static_cast<fp8amp_dtype>(in.ConsumeIntegralInRange<int>(0, 2)),
+                                      std::vector<int64_t>(shape, shape + nd));
+        if (!v) break;
+        *t = v;
+        *scale = nullptr;
+        break;
+    }
+    case 3: {  // one part replaced by any tensor of the pool (or something that is not one)
+        fp8amp_tensor *set_parts[] = {&set.exp_avg, &set.exp_avg_scale_inv, &set.exp_avg_sq, &set.exp_avg_sq_scale_inv,
+                                      &set.master, &set.master_scale_inv, &set.param_meta_history};
+        *set_parts[in.ConsumeIntegralInRange<int>(0, 6)] = h<fp8amp_tensor>(TENSOR, ws, "a state tensor", true);
+        break;
+    }
+    case 4:  // a required part NULL
+        if (in.ConsumeBool()) set.exp_avg = nullptr, ws.add(true, "exp_avg NULL");
+        else set.exp_avg_sq = nullptr, ws.add(true, "exp_avg_sq NULL");
+        break;
+    case 5:  // the meta's state drawn hostile (it only counts with a history)
+        if (!set.param_meta_history) break;
+        set.param_meta_scale = hyper(0.5f, 4.0f, ws, "param_meta_scale");
+        switch (in.ConsumeIntegralInRange<int>(0, 4)) {  // amax: >= 0 or +inf
+        case 0: set.param_meta_amax = std::numeric_limits<float>::quiet_NaN(); ws.add(true, "param_meta_amax NaN"); break;
+        case 1: set.param_meta_amax = INFINITY; break;
+        case 2: set.param_meta_amax = -0.5f; ws.add(true, "param_meta_amax negative"); break;
+        case 3: set.param_meta_amax = 10.0f * in.ConsumeProbability<float>(); break;
+        default: break;
+        }
+        if (one_in(4)) set.param_meta_updates = -1, ws.add(true, "param_meta_updates negative");
+        break;
+    case 6:  // new in 0.4.0: no earlier size is accepted
+        set.struct_size = in.ConsumeIntegralInRange<uint32_t>(0, sizeof set - 1);
+        ws.add(true, "struct_size small");
+        break;
+    default: break;  // as read, once more: set twice in a row
+    }
+    const std::vector<unsigned char> before = saved(o);
+    const fp8amp_status s = CALL(fp8amp_optimizer_set_param_state, ws, o, index, &set);
+    if (before.empty()) return;
+    if (s != FP8AMP_SUCCESS)
+        FUZZ_CHECK(saved(o) == before, "a failed fp8amp_optimizer_set_param_state changed the optimizer");
+    else if (change == 0 || change == 7)
+        FUZZ_CHECK(saved(o) == before, "fp8amp_optimizer_set_param_state of the state as read changed the optimizer");
 }
 
 void Session::run() {
@@ -1089,7 +1188,7 @@ void Session::run() {
             }
             break;
         }
-        case 39: {  // the fused norm and activation calls
+        case 39: {  // the fused norm and activation calls; an optimizer's state as tensors
             // Op 39 was a setup step before these calls existed, and the corpus's reproducers of fixed
             // defects (regression-*) begin with it, with no context yet: that case still does what the
             // setup did (a CPU context, no byte consumed), so that they decode as before.
@@ -1098,8 +1197,11 @@ void Session::run() {
                 if (fp8amp_context_create({FP8AMP_DEVICE_CPU, 0}, &c) == FP8AMP_SUCCESS) born(CTX, c);
                 break;
             }
-            if (in.ConsumeBool()) fused_well_formed();
-            else fused_hostile(why);
+            switch (in.ConsumeIntegralInRange<int>(0, 2)) {
+            case 0: fused_hostile(why); break;
+            case 1: fused_well_formed(); break;
+            default: param_state(why);
+            }
             break;
         }
         case 42:
