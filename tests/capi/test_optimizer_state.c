@@ -228,8 +228,8 @@ static void round_trip(void **state, fp8amp_opt_level level, int32_t block) {
     }
     EXPECT_OK(fp8amp_optimizer_set_step(b.opt, steps));
     expect_same_state(a.opt, b.opt);
-    /* a's own views written back into a change nothing: its checkpoint keeps every byte (the meta's
-     * history ring included, whose head has moved with the steps) */
+    /* a's own views written back into a change nothing: its checkpoint keeps every byte, the meta's
+     * history ring included (its head where the steps left it: not 0 unless they filled the ring) */
     {
         size_t n0 = 0, n1 = 0;
         EXPECT_OK(fp8amp_optimizer_save(a.opt, NULL, 0, &n0));
