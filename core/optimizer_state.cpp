@@ -219,14 +219,14 @@ void Optimizer::set_param_state(int32_t index, const StateInput &in) {
         st.scale_inv = 1.0f / in.meta_scale;
         st.amax_bits = codec::f32_bits(in.meta_amax);
         st.updates = static_cast<uint32_t>(in.meta_updates);
-        // The history goes around the meta's own head (newest first: ring[(head - k) mod len] =
-        // history[k], as ScalingMeta::get_history reads it), so that writing back what
-        // fp8amp_optimizer_param_state read leaves the meta's bytes, and a checkpoint, as they were.
+        // The history goes around the meta's own head, newest first (ScalingState::ring_slot, as
+        // ScalingMeta::get_history reads it), so that writing back what fp8amp_optimizer_param_state
+        // read leaves the meta's bytes, and a checkpoint, as they were.
         const uint32_t head = st.head < len ? st.head : 0;
         st.head = head;
         std::memcpy(meta.data(), &st, sizeof st);
         for (uint32_t k = 0; k < len; ++k)
-            std::memcpy(meta.data() + sizeof st + 4u * ((head + len - k) % len), &history[k], 4);
+            std::memcpy(meta.data() + sizeof st + 4u * kernels::ScalingState::ring_slot(head, len, k), &history[k], 4);
     }
 
     // Everything passed: write.

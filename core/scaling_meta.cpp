@@ -143,7 +143,7 @@ void ScalingMeta::get_history(int32_t capacity, float *history) const {
     std::memcpy(&s, host.data(), sizeof s);
     const auto *ring = reinterpret_cast<const float *>(host.data() + sizeof s);
     const uint32_t len = s.history_len;
-    for (uint32_t k = 0; k < len; ++k) history[k] = ring[(s.head + len - k) % len];  // newest first
+    for (uint32_t k = 0; k < len; ++k) history[k] = ring[ScalingState::ring_slot(s.head, len, k)];  // newest first
 }
 
 void ScalingMeta::set_scale(float scale) {

@@ -37,6 +37,11 @@ struct ScalingState {
     FP8AMP_HD float *history() { return reinterpret_cast<float *>(this + 1); }
     FP8AMP_HD const float *history() const { return reinterpret_cast<const float *>(this + 1); }
     static constexpr size_t bytes(uint32_t history_len) { return sizeof(ScalingState) + 4u * history_len; }
+    // The ring slot of the k-th newest history entry (k = 0: the newest, at head): the order in which
+    // fp8amp_scaling_get_history reads the ring and fp8amp_optimizer_set_param_state writes it.
+    static constexpr uint32_t ring_slot(uint32_t head, uint32_t history_len, uint32_t k) {
+        return (head + history_len - k) % history_len;
+    }
 };
 static_assert(sizeof(ScalingState) % 8 == 0, "history must stay aligned");
 
