@@ -1348,10 +1348,14 @@ __global__ void __launch_bounds__(kThreads, 2) norm_backward_fast_kernel(const N
 #pragma nv_diag_default 549
 
 // out[c] = the sum over chunks, in order from +0, of partial[(2k + arr) * d + c] (arr = blockIdx.y:
-// dgamma, dbeta). A block stages 32 columns x all its chunks (264 at most) in shared memory (float4 loads when
-// d % 4 == 0, all in flight at once), then one warp adds them in chunk order.
+// dgamma, dbeta). A block stages 32 columns x all its chunks (264 at most) in shared memory, then one
+// warp adds them in chunk order. Each thread issues all its staging loads (float4 when d % 4 == 0)
+// into registers before it stores any: a loop of load -> store compiled to one DRAM round trip after
+// another (8-9 a thread; ~8.5 us however few the bytes, docs/performance.md).
 __global__ void __launch_bounds__(kThreads) norm_column_finish_kernel(const float *partial, int64_t n_chunks, int64_t d,
                                                                       float *dgamma, float *dbeta) {
+    constexpr int kVecLoads = (kFinishChunks * (kFinishCols / 4) + kThreads - 1) / kThreads;  // float4s a thread
+    constexpr int kLoads = (kFinishChunks * kFinishCols + kThreads - 1) / kThreads;           // floats a thread
     __shared__ float tile[kFinishChunks][kFinishCols + 1];
     const int arr = blockIdx.y;
     float *out = arr == 0 ? dgamma : dbeta;
@@ -1360,22 +1364,41 @@ __global__ void __launch_bounds__(kThreads) norm_column_finish_kernel(const floa
     float acc = 0.0f;
     for (int64_t k0 = 0; k0 < n_chunks; k0 += kFinishChunks) {
         const int kn = int(n_chunks - k0 < kFinishChunks ? n_chunks - k0 : kFinishChunks);
+        // Thread t stages column cc of chunks kk0, kk0 + kStep, ... (idx = t + u * kThreads), so its
+        // loads are one base address and a stride apart.
         if (vec) {
-#pragma unroll 8
-            for (int idx = threadIdx.x; idx < kn * (kFinishCols / 4); idx += kThreads) {
-                const int kk = idx / (kFinishCols / 4), cc = 4 * (idx % (kFinishCols / 4));
-                const int64_t c = col0 + cc;
-                float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-                if (c < d) v = __ldg(reinterpret_cast<const float4 *>(partial + (2 * (k0 + kk) + arr) * d + c));
-                tile[kk][cc] = v.x, tile[kk][cc + 1] = v.y, tile[kk][cc + 2] = v.z, tile[kk][cc + 3] = v.w;
+            constexpr int kStep = kThreads / (kFinishCols / 4);
+            const int kk0 = int(threadIdx.x) / (kFinishCols / 4), cc = 4 * (int(threadIdx.x) % (kFinishCols / 4));
+            const bool in_row = col0 + cc < d;
+            const float *q = partial + (2 * (k0 + kk0) + arr) * d + col0 + cc;
+            const int64_t stride = 2 * int64_t(kStep) * d;
+            float4 v[kVecLoads];
+#pragma unroll
+            for (int u = 0; u < kVecLoads; ++u) {
+                v[u] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+                if (kk0 + u * kStep < kn && in_row) v[u] = __ldg(reinterpret_cast<const float4 *>(q + u * stride));
+            }
+#pragma unroll
+            for (int u = 0; u < kVecLoads; ++u) {
+                const int kk = kk0 + u * kStep;
+                if (kk < kn)
+                    tile[kk][cc] = v[u].x, tile[kk][cc + 1] = v[u].y, tile[kk][cc + 2] = v[u].z, tile[kk][cc + 3] = v[u].w;
             }
         } else {
-#pragma unroll 8
-            for (int idx = threadIdx.x; idx < kn * kFinishCols; idx += kThreads) {
-                const int kk = idx / kFinishCols, cc = idx % kFinishCols;
-                const int64_t c = col0 + cc;
-                tile[kk][cc] = c < d ? __ldg(partial + (2 * (k0 + kk) + arr) * d + c) : 0.0f;
+            constexpr int kStep = kThreads / kFinishCols;
+            const int kk0 = int(threadIdx.x) / kFinishCols, cc = int(threadIdx.x) % kFinishCols;
+            const bool in_row = col0 + cc < d;
+            const float *q = partial + (2 * (k0 + kk0) + arr) * d + col0 + cc;
+            const int64_t stride = 2 * int64_t(kStep) * d;
+            float v[kLoads];
+#pragma unroll
+            for (int u = 0; u < kLoads; ++u) {
+                v[u] = 0.0f;
+                if (kk0 + u * kStep < kn && in_row) v[u] = __ldg(q + u * stride);
             }
+#pragma unroll
+            for (int u = 0; u < kLoads; ++u)
+                if (kk0 + u * kStep < kn) tile[kk0 + u * kStep][cc] = v[u];
         }
         __syncthreads();
         if (threadIdx.x < kFinishCols)
