@@ -22,8 +22,10 @@
 //   consecutive rows (chunk_begin); chunk k's rows into slots(d) = 8 / groups(d) sub-chunks of
 //   consecutive rows (chunk_begin again, over the chunk's rows). A sub-chunk's partial adds its rows in
 //   increasing order from +0; a chunk's partial adds its sub-chunk partials in increasing order from
-//   +0; the result adds the chunk partials in increasing chunk order from +0. (On CUDA a chunk is a
-//   256-thread block, a sub-chunk the groups(d) warps of one of its row slots.)
+//   +0; chunks 2j and 2j + 1 make pair j's partial (chunk 2j's + chunk 2j + 1's; the last chunk's
+//   alone where n_chunks is odd); the result adds the pair partials in increasing order from +0.
+//   (On CUDA a chunk is a 256-thread block, a sub-chunk the groups(d) warps of one of its row slots,
+//   a pair a cluster of two blocks, which add their partials through distributed shared memory.)
 #pragma once
 
 #include <cmath>
@@ -162,6 +164,8 @@ FP8AMP_HD float dx_value(float g, float xh, float c1, float c2, float rstd, bool
 
 // Column sums: the chunks of rows (and, with n_chunks = slots(d) over a chunk's rows, its sub-chunks).
 FP8AMP_HD int64_t chunks(int64_t rows) { return rows < kMaxChunks ? rows : kMaxChunks; }
+// Pairs of chunks, the column sums' last level (chunk 2j, and 2j + 1 where it exists).
+FP8AMP_HD int64_t chunk_pairs(int64_t n_chunks) { return (n_chunks + 1) / 2; }
 FP8AMP_HD int64_t chunk_begin(int64_t k, int64_t rows, int64_t n_chunks) {
     return static_cast<int64_t>((static_cast<unsigned long long>(k) * static_cast<unsigned long long>(rows)) /
                                 static_cast<unsigned long long>(n_chunks));

@@ -107,11 +107,13 @@ void norm_forward(const NormForwardArgs &a) {
     }
 }
 
-size_t norm_backward_scratch_floats(int64_t, int64_t d) { return 4 * static_cast<size_t>(d); }
+size_t norm_backward_scratch_floats(int64_t, int64_t d) { return 6 * static_cast<size_t>(d); }
 
 void norm_backward(const NormBackwardArgs &a, float *scratch) {
-    // The partial column sums of the current sub-chunk (sg, sb) and chunk (cg, cb): norm.hpp's order.
+    // The partial column sums of the current sub-chunk (sg, sb), chunk (cg, cb) and the pair's even
+    // chunk (pg, pb): norm.hpp's order.
     float *sg = scratch, *sb = scratch + a.d, *cg = scratch + 2 * a.d, *cb = scratch + 3 * a.d;
+    float *pg = scratch + 4 * a.d, *pb = scratch + 5 * a.d;
     std::fill(a.dgamma, a.dgamma + a.d, 0.0f);
     if (a.dbeta) std::fill(a.dbeta, a.dbeta + a.d, 0.0f);
     const int64_t n_chunks = chunks(a.rows), n_slots = slots(a.d);
@@ -152,9 +154,13 @@ void norm_backward(const NormBackwardArgs &a, float *scratch) {
                 cb[i] = fadd(cb[i], sb[i]);
             }
         }
-        for (int64_t i = 0; i < a.d; ++i) {
-            a.dgamma[i] = fadd(a.dgamma[i], cg[i]);
-            if (a.dbeta) a.dbeta[i] = fadd(a.dbeta[i], cb[i]);
+        if (k % 2 == 0 && k + 1 < n_chunks) {  // the pair's even chunk: kept until its odd one is done
+            std::copy(cg, cg + 2 * a.d, pg);   // cg and cb into pg and pb
+            continue;
+        }
+        for (int64_t i = 0; i < a.d; ++i) {  // the pair's partial (the last chunk alone), then the sum
+            a.dgamma[i] = fadd(a.dgamma[i], k % 2 ? fadd(pg[i], cg[i]) : cg[i]);
+            if (a.dbeta) a.dbeta[i] = fadd(a.dbeta[i], k % 2 ? fadd(pb[i], cb[i]) : cb[i]);
         }
     }
     // Canonical NaN, as the GPU's finishing pass stores them.

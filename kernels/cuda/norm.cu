@@ -100,6 +100,8 @@
 #include <mutex>
 #include <type_traits>
 
+#include <cooperative_groups.h>
+
 #include "casting_common.cuh"
 #include "cuda_common.cuh"
 #include "elementwise.cuh"
@@ -1129,7 +1131,8 @@ __device__ __forceinline__ void store_piece(typename Storage<S>::type *q, const 
 #pragma nv_diag_suppress 549
 template <fp8amp_dtype S, int kPieces, bool kSmemW, bool kFull = false>
 __global__ void __launch_bounds__(kThreads, 2) norm_backward_fast_kernel(const NormBackwardArgs a, float *partial,
-                                                                      int64_t n_chunks, int param_pieces) {
+                                                                      int64_t n_chunks, int param_pieces,
+                                                                      int paired) {
     using T = typename Storage<S>::type;
     constexpr int kW = kWords<S>;
     constexpr int kP = kPieces;
@@ -1198,7 +1201,9 @@ __global__ void __launch_bounds__(kThreads, 2) norm_backward_fast_kernel(const N
     const T *const dy = static_cast<const T *>(a.dy);
     const T *const x = static_cast<const T *>(a.x);
     T *const dxo = static_cast<T *>(a.dx);
-    const int64_t c0 = norm::chunk_begin(k, a.rows, n_chunks), c1 = norm::chunk_begin(k + 1, a.rows, n_chunks);
+    // (paired: the grid is rounded up to whole clusters of two; a block past the last chunk has no rows.)
+    const int64_t c0 = k < n_chunks ? norm::chunk_begin(k, a.rows, n_chunks) : a.rows;
+    const int64_t c1 = k < n_chunks ? norm::chunk_begin(k + 1, a.rows, n_chunks) : a.rows;
     const int64_t r0 = c0 + norm::chunk_begin(pl.slot, c1 - c0, n_slots);
     const int64_t r1 = c0 + norm::chunk_begin(pl.slot + 1, c1 - c0, n_slots);
     const int64_t lane0 = int64_t(pl.j) * norm::kPiece;  // this lane's first element
@@ -1330,30 +1335,70 @@ __global__ void __launch_bounds__(kThreads, 2) norm_backward_fast_kernel(const N
     if (a.rms) run(std::true_type(), std::false_type());  // RMSNorm has no dbeta (the host checks)
     else if (a.dbeta) run(std::false_type(), std::true_type());
     else run(std::false_type(), std::false_type());
-    // The chunk's partial: its slots' partials added in slot order from +0. Column col is element e
-    // of half h of piece p of lane jj; slot s's lane jj is thread s * n_lanes + jj.
+    // The chunk's partial: its slots' partials added in slot order from +0, 4 columns at a time. The
+    // float4 cell c = ((arr * kP + p) * 2 + h) * kThreads + jj of slot 0 (jj < n_lanes) holds columns
+    // col0 .. col0 + 3, col0 = (p * n_lanes + jj) * 8 + 4h (whole pieces: all 4 exist where col0 < d);
+    // slot s's is cell c + s * n_lanes. 32-bit index arithmetic (64-bit divisions cost ~100
+    // instructions each).
+    const int n_cells = n_arrays * kP * 2 * n_lanes;
+    auto place = [&](int v, int &cell, int &arr, int &col0) {
+        const int jj = v % n_lanes, rest = v / n_lanes, h = rest % 2, ap = rest / 2, p = ap % kP;
+        arr = ap / kP;
+        cell = ((arr * kP + p) * 2 + h) * kThreads + jj;
+        col0 = (p * n_lanes + jj) * norm::kPiece + 4 * h;
+    };
     __syncthreads();
-    for (int64_t col = threadIdx.x; col < d; col += kThreads) {
-        const int64_t piece = col / norm::kPiece;
-        const int jj = int(piece % n_lanes), p = int(piece / n_lanes), h = int(col % 8) / 4, e = int(col % 4);
-        for (int arr = 0; arr < n_arrays; ++arr) {
-            const float *q = reinterpret_cast<const float *>(sp + ((arr * kP + p) * 2 + h) * kThreads + jj) + e;
-            float s = 0.0f;
-            for (int slot = 0; slot < n_slots; ++slot) s = norm::fadd(s, q[size_t(slot) * n_lanes * 4]);
-            partial[(2 * k + arr) * d + col] = s;
+    for (int v = threadIdx.x; v < n_cells; v += kThreads) {
+        int c, arr, col0;
+        place(v, c, arr, col0);
+        if (col0 >= d) continue;
+        float4 s = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        for (int slot = 0; slot < n_slots; ++slot) {
+            const float4 t = sp[c + slot * n_lanes];
+            s.x = norm::fadd(s.x, t.x), s.y = norm::fadd(s.y, t.y), s.z = norm::fadd(s.z, t.z), s.w = norm::fadd(s.w, t.w);
         }
+        if (paired) sp[c] = s;  // slot 0's cell: only this thread reads or writes it
+        else
+            store16(partial + (2 * k + arr) * d + col0, __float_as_uint(s.x), __float_as_uint(s.y), __float_as_uint(s.z),
+                    __float_as_uint(s.w));
     }
+    if (!paired) return;
+    // Paired (a cluster of two blocks, chunks 2j and 2j + 1): pair j's partial = chunk 2j's + chunk
+    // 2j + 1's, into partial's row j. Each block writes every other cell, reading the other block's
+    // value through distributed shared memory.
+    namespace cg = cooperative_groups;
+    const cg::cluster_group cluster = cg::this_cluster();
+    cluster.sync();  // both chunks' partials in their blocks' shared memory
+    const int rank = int(cluster.block_rank());
+    const float4 *const peer = cluster.map_shared_rank(sp, unsigned(rank ^ 1));
+    const int64_t j = k / 2;
+#pragma unroll 4
+    for (int v = 2 * int(threadIdx.x) + rank; v < n_cells; v += 2 * kThreads) {
+        int c, arr, col0;
+        place(v, c, arr, col0);
+        if (col0 >= d) continue;
+        const float4 m = sp[c], o = peer[c];
+        const float4 e = rank == 0 ? m : o, f = rank == 0 ? o : m;  // chunk 2j's, chunk 2j + 1's
+        store16(partial + (2 * j + arr) * d + col0, __float_as_uint(norm::fadd(e.x, f.x)),
+                __float_as_uint(norm::fadd(e.y, f.y)), __float_as_uint(norm::fadd(e.z, f.z)),
+                __float_as_uint(norm::fadd(e.w, f.w)));
+    }
+    cluster.sync();  // neither block leaves while the other still reads its shared memory
 }
 
 #pragma nv_diag_default 549
 
-// out[c] = the sum over chunks, in order from +0, of partial[(2k + arr) * d + c] (arr = blockIdx.y:
-// dgamma, dbeta). A block stages 32 columns x all its chunks (264 at most) in shared memory, then one
-// warp adds them in chunk order. Each thread issues all its staging loads (float4 when d % 4 == 0)
+// out[c] = the sum over rows k of partial, in order from +0, of partial[(2k + arr) * d + c] (arr =
+// blockIdx.y: dgamma, dbeta). Rows are chunk pairs' partials (n_rows pairs, from the paired backward)
+// or, with pair_rows, chunks' partials (n_rows chunks), which it adds in pairs itself first (norm.hpp's
+// order: rows 2j and 2j + 1; the last alone where n_rows is odd). A block stages 32 columns x all its
+// rows (264 at most) in shared memory, then one warp adds them in order. Each thread issues all its staging loads (float4 when d % 4 == 0)
 // into registers before it stores any: a loop of load -> store compiled to one DRAM round trip after
 // another (8-9 a thread; ~8.5 us however few the bytes, docs/performance.md).
-__global__ void __launch_bounds__(kThreads) norm_column_finish_kernel(const float *partial, int64_t n_chunks, int64_t d,
-                                                                      float *dgamma, float *dbeta) {
+__global__ void __launch_bounds__(kThreads, 4) norm_column_finish_kernel(const float *partial, int64_t n_rows, int64_t d,
+                                                                      float *dgamma, float *dbeta, int pair_rows) {
+    static_assert(kFinishChunks % 2 == 0 && kFinishChunks >= norm::kMaxChunks, "every pair staged at once");
+    const int64_t n_chunks = n_rows;
     constexpr int kVecLoads = (kFinishChunks * (kFinishCols / 4) + kThreads - 1) / kThreads;  // float4s a thread
     constexpr int kLoads = (kFinishChunks * kFinishCols + kThreads - 1) / kThreads;           // floats a thread
     __shared__ float tile[kFinishChunks][kFinishCols + 1];
@@ -1401,8 +1446,14 @@ __global__ void __launch_bounds__(kThreads) norm_column_finish_kernel(const floa
                 if (kk0 + u * kStep < kn) tile[kk0 + u * kStep][cc] = v[u];
         }
         __syncthreads();
-        if (threadIdx.x < kFinishCols)
-            for (int kk = 0; kk < kn; ++kk) acc = norm::fadd(acc, tile[kk][threadIdx.x]);
+        if (threadIdx.x < kFinishCols) {
+            if (pair_rows)
+                for (int kk = 0; kk < kn; kk += 2)
+                    acc = norm::fadd(acc, kk + 1 < kn ? norm::fadd(tile[kk][threadIdx.x], tile[kk + 1][threadIdx.x])
+                                                      : tile[kk][threadIdx.x]);
+            else
+                for (int kk = 0; kk < kn; ++kk) acc = norm::fadd(acc, tile[kk][threadIdx.x]);
+        }
         __syncthreads();
     }
     if (threadIdx.x < kFinishCols && col0 + threadIdx.x < d) out[col0 + threadIdx.x] = norm::canonical(acc);
@@ -1469,6 +1520,19 @@ int sm_shared_memory(int device) {
     check(cudaDeviceGetAttribute(&n, cudaDevAttrMaxSharedMemoryPerMultiprocessor, device), "cudaDeviceGetAttribute");
     if (device >= 0 && device < 64) cached[device].store(n, std::memory_order_relaxed);
     return n;
+}
+
+// Whether the device launches thread block clusters (sm_90 and later), asked once per device.
+bool cluster_launch(int device) {
+    static std::atomic<int> cached[64] = {};  // 0: not asked yet, 1: no, 2: yes
+    if (device >= 0 && device < 64) {
+        const int v = cached[device].load(std::memory_order_relaxed);
+        if (v > 0) return v == 2;
+    }
+    int yes = 0;
+    check(cudaDeviceGetAttribute(&yes, cudaDevAttrClusterLaunch, device), "cudaDeviceGetAttribute");
+    if (device >= 0 && device < 64) cached[device].store(yes ? 2 : 1, std::memory_order_relaxed);
+    return yes != 0;
 }
 
 // The pieces of a lane for a row of d.
@@ -1670,6 +1734,8 @@ void norm_backward(int device, void *stream_raw, const NormBackwardArgs &a, floa
     // memory where they fit beside the partials in 100 KB (two blocks a SM): always up to 4 pieces,
     // and for RMSNorm (one partial array) at 6.
     auto aligned = [](const void *q) { return reinterpret_cast<uintptr_t>(q) % 16 == 0; };
+    int64_t partial_rows = n_chunks;  // rows of partial the finishing kernel adds up
+    bool paired = false;              // they are chunk pairs' partials already
     const bool fast = !(a.rms && a.dbeta) && a.dy_dtype == a.x_dtype && a.dx_dtype == a.x_dtype && a.d % norm::kPiece == 0 &&
                       pieces <= (a.x_dtype == FP8AMP_DTYPE_F32 ? 4 : 6) && aligned(a.dy) && aligned(a.x) && aligned(a.dx);
     if (fast) {
@@ -1683,10 +1749,33 @@ void norm_backward(int device, void *stream_raw, const NormBackwardArgs &a, floa
         // faster on an H100 (the 4-piece kernel's 16 bytes of spills gone, the 6-piece one's 128 ->
         // 104). RMSNorm keeps its piece tests: the same variant moved it by -2% to +3%.
         const bool full = !a.rms && (kp == 4 || kp == 6) && whole_pieces(a.d, kp);
+        // Where the device launches clusters, blocks 2j and 2j + 1 form one and write chunk pair j's
+        // partial (norm.hpp's order), half the partial rows the finishing kernel then reads: 13 of
+        // 26 MB each way at 2048 x 12288 (docs/performance.md). Two-block clusters keep the grid's
+        // 264 blocks resident at once on an H100 (larger ones would not: bench/cluster_occupancy.cu).
         auto go = [&](auto kernel) {
             allow_dynamic_smem(kernel, device, fast_smem, "norm_backward_fast_kernel");
-            kernel<<<static_cast<unsigned>(n_chunks), kThreads, fast_smem, stream>>>(a, partial, n_chunks,
-                                                                                    int(a.d / norm::kPiece));
+            if (cluster_launch(device)) {
+                cudaLaunchConfig_t cfg = {};
+                cfg.gridDim = dim3(static_cast<unsigned>(2 * norm::chunk_pairs(n_chunks)));
+                cfg.blockDim = dim3(kThreads);
+                cfg.dynamicSmemBytes = fast_smem;
+                cfg.stream = stream;
+                cudaLaunchAttribute cluster[1];
+                cluster[0].id = cudaLaunchAttributeClusterDimension;
+                cluster[0].val.clusterDim.x = 2;
+                cluster[0].val.clusterDim.y = 1;
+                cluster[0].val.clusterDim.z = 1;
+                cfg.attrs = cluster;
+                cfg.numAttrs = 1;
+                check(cudaLaunchKernelEx(&cfg, kernel, a, partial, n_chunks, int(a.d / norm::kPiece), 1),
+                      "norm_backward_fast_kernel (clusters of two)");
+                partial_rows = norm::chunk_pairs(n_chunks);
+                paired = true;
+            } else {
+                kernel<<<static_cast<unsigned>(n_chunks), kThreads, fast_smem, stream>>>(a, partial, n_chunks,
+                                                                                        int(a.d / norm::kPiece), 0);
+            }
             check_launch("norm_backward_fast_kernel");
         };
         dispatch_src(a.x_dtype, [&](auto s) {
@@ -1720,7 +1809,7 @@ void norm_backward(int device, void *stream_raw, const NormBackwardArgs &a, floa
         });
     }
     const dim3 grid(static_cast<unsigned>((a.d + kFinishCols - 1) / kFinishCols), a.dbeta ? 2u : 1u);
-    norm_column_finish_kernel<<<grid, kThreads, 0, stream>>>(partial, n_chunks, a.d, a.dgamma, a.dbeta);
+    norm_column_finish_kernel<<<grid, kThreads, 0, stream>>>(partial, partial_rows, a.d, a.dgamma, a.dbeta, paired ? 0 : 1);
     check_launch("norm_column_finish_kernel");
 }
 
