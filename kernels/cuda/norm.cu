@@ -47,10 +47,12 @@
 // (the next row's loaded while this one is computed), both dot products in one group reduction, then dx written in one pass while the slot's column
 // partials (dy * xhat, dy) accumulate in shared memory (each column's partial owned by one thread,
 // float4 laid out by lane so the accesses are conflict-free; 16 KB per piece of a lane, 64 KB up to
-// d = 8192). At the end the block adds its slots' partials in slot order and writes one partial row
-// per chunk; a finishing kernel adds the chunks in order (a tile of 32 columns x all 264 chunks
-// staged in shared memory by float4 loads, then one warp's sequential sums). Rows past 12 pieces a
-// lane (d > 24576; one slot a block) keep the partials in the partial buffer itself.
+// d = 8192). At the end the block adds its slots' partials in slot order. The lean kernel on sm_90
+// runs as clusters of two blocks (chunks 2j, 2j + 1), which add the pair's partials through
+// distributed shared memory and write one partial row a pair; otherwise a block writes its chunk's
+// row. A finishing kernel adds the rows in order, pairing chunk rows first (a tile of 32 columns x
+// all rows staged in shared memory by float4 loads, then one warp's sequential sums). Rows past 12
+// pieces a lane (d > 24576; one slot a block) keep the partials in the partial buffer itself.
 //
 // Lean and general kernels. Each direction has a lean kernel for the common case and the general
 // one (norm_forward_kernel, norm_backward_kernel) for the rest; both compute the same bytes. The

@@ -78,7 +78,7 @@ static void test_backward_reuses_scratch(void **state) {
     alloc_counter count = {0, 0};
     if (cpu) EXPECT_OK(fp8amp_context_set_allocator(ctx, counter_alloc, counter_free, &count));
     /* odd shapes; the second's rows are long enough that its scratch needs more than the pool's 64 KiB
-     * granule on either backend (CPU: 4 * d floats), and its partials fill more of the slot */
+     * granule on either backend (CPU: 6 * d floats), and its partials fill more of the slot */
     problem small, large;
     problem_make(&small, ctx, 37 + (int64_t)(test_rng_u64() % 40), 300 + (int64_t)(test_rng_u64() % 200));
     problem_make(&large, ctx, 41 + (int64_t)(test_rng_u64() % 30), 4200 + (int64_t)(test_rng_u64() % 400));

@@ -1405,10 +1405,10 @@ FP8AMP_API fp8amp_status fp8amp_norm_forward(fp8amp_context ctx, const fp8amp_no
  *  with the forward's x, gamma, mean and rstd. Per row, in float32 with the fixed summation order of
  *  docs/numerics.md 7: g = dy * w, xhat = (x - mean) * rstd (RMSNorm: x * rstd),
  *  dx = ((g - mean(g)) - xhat * mean(g * xhat)) * rstd (RMSNorm: (g - xhat * mean(g * xhat)) * rstd),
- *  rounded once into dx's dtype. Over the rows, in a fixed order of row chunks: dgamma = sum of
+ *  rounded once into dx's dtype. Over the rows, in a fixed order of row chunks and chunk pairs: dgamma = sum of
  *  dy * xhat, dbeta = sum of dy (written, not accumulated). A NaN result is the positive NaN. CPU and
  *  CUDA compute the same bytes. Asynchronous on CUDA; its scratch is a slot of the context's scratch
- *  pool (fp8amp_context_scratch_bytes; CUDA: min(rows, 264) * 2 * d floats; CPU: 4 * d), allocated
+ *  pool (fp8amp_context_scratch_bytes; CUDA: min(rows, 264) * 2 * d floats; CPU: 6 * d), allocated
  *  through the context when it must grow and kept.
  *  @param ctx    the context
  *  @param desc   the forward's options, or NULL for the defaults
