@@ -98,6 +98,7 @@
 // with the old 256-lane order (8 lane sums a thread) -- the order, not the warp, was the cost.
 #include <atomic>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <mutex>
 #include <type_traits>
@@ -1524,8 +1525,11 @@ int sm_shared_memory(int device) {
     return n;
 }
 
-// Whether the device launches thread block clusters (sm_90 and later), asked once per device.
+// Whether the lean backward runs as clusters of two: the device launches thread block clusters
+// (sm_90 and later; asked once per device) and FP8AMP_NORM_CLUSTERS is not "0" (read at every call: a
+// diagnostic switch to the path GPUs without clusters take, which test_norm runs on an H100 too).
 bool cluster_launch(int device) {
+    if (const char *env = std::getenv("FP8AMP_NORM_CLUSTERS"); env && std::strcmp(env, "0") == 0) return false;
     static std::atomic<int> cached[64] = {};  // 0: not asked yet, 1: no, 2: yes
     if (device >= 0 && device < 64) {
         const int v = cached[device].load(std::memory_order_relaxed);

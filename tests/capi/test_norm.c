@@ -962,6 +962,41 @@ static void test_bad_input(void **state) {
     EXPECT_OK(fp8amp_context_destroy(ctx));
 }
 
+/* The lean backward without thread block clusters (FP8AMP_NORM_CLUSTERS=0: the path of GPUs before
+ * sm_90, where each block writes its chunk's partial row and the finishing kernel pairs the rows):
+ * the same bytes as the CPU, odd chunk counts (rows < 264) included. */
+static void test_cpu_cuda_identical_backward_without_clusters(void **state) {
+    (void)state;
+    SKIP_WITHOUT_CUDA();
+    const shape_t shapes[] = {{1, 64}, {3, 512}, {37, 1024}, {263, 256}, {265, 520}, {700, 2048}, {5, 12288}, {129, 4096}};
+    for (int off = 1; off >= 0; --off) {
+        assert_int_equal(setenv("FP8AMP_NORM_CLUSTERS", off ? "0" : "1", 1), 0);
+        for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; ++s)
+            for (int k = 0; k < 6; ++k) {
+                const int rms = k / 3 == 1;
+                const fp8amp_dtype dt = WIDE[k % 3];
+                problem_t p;
+                problem_make(&p, rms ? FP8AMP_NORM_RMSNORM : FP8AMP_NORM_LAYERNORM, (int)((s + (size_t)k) & 1),
+                             shapes[s].rows, shapes[s].d, dt, WIDE[(s + 1) % 3], !rms);
+                const int64_t n = p.rows * p.d;
+                void *dy = xmalloc((size_t)n * 4);
+                gen_rows(dt, dy, p.rows, p.d, 0.5);
+                bwd_t a, b;
+                run_backward_db(cpu_device(), &p, dt, dy, dt, !rms, &a);
+                run_backward_db(cuda_device(0), &p, dt, dy, dt, !rms, &b);
+                assert_memory_equal(a.dx, b.dx, (size_t)n * fp8amp_dtype_size(dt));
+                assert_memory_equal(a.dgamma, b.dgamma, (size_t)p.d * 4);
+                assert_true((a.dbeta == NULL) == (b.dbeta == NULL));
+                if (a.dbeta) assert_memory_equal(a.dbeta, b.dbeta, (size_t)p.d * 4);
+                bwd_free(&a);
+                bwd_free(&b);
+                free(dy);
+                problem_free(&p);
+            }
+    }
+    assert_int_equal(unsetenv("FP8AMP_NORM_CLUSTERS"), 0);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_desc),
@@ -974,6 +1009,7 @@ int main(void) {
         cmocka_unit_test(test_cpu_cuda_identical),
         cmocka_unit_test(test_cpu_cuda_identical_specials),
         cmocka_unit_test(test_cpu_cuda_identical_lean_paths),
+        cmocka_unit_test(test_cpu_cuda_identical_backward_without_clusters),
     };
     return run_tests_sharded(tests, sizeof tests / sizeof tests[0], test_setup_rng, NULL);
 }
