@@ -1366,6 +1366,9 @@ __global__ void __launch_bounds__(kThreads, 2) norm_backward_fast_kernel(const N
                     __float_as_uint(s.w));
     }
     if (!paired) return;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+    // No clusters before sm_90: the host never launches this code paired there (cluster_launch).
+#else
     // Paired (a cluster of two blocks, chunks 2j and 2j + 1): pair j's partial = chunk 2j's + chunk
     // 2j + 1's, into partial's row j. Each block writes every other cell, reading the other block's
     // value through distributed shared memory.
@@ -1387,6 +1390,7 @@ __global__ void __launch_bounds__(kThreads, 2) norm_backward_fast_kernel(const N
                 __float_as_uint(norm::fadd(e.w, f.w)));
     }
     cluster.sync();  // neither block leaves while the other still reads its shared memory
+#endif
 }
 
 #pragma nv_diag_default 549
