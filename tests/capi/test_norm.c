@@ -713,6 +713,20 @@ static void test_cpu_cuda_identical_specials(void **state) {
  * d % 16 == 8, fused). y_t is checked for E4M3 under delayed scaling and E5M2 under current. The FP8
  * forwards run with the metas' statistics on for half the cases and off for the others (the lean
  * forward's loop without them is its own kernel). */
+/* The backward on the CPU and on CUDA: dx, dgamma and dbeta byte for byte. */
+static void assert_backward_cpu_cuda_identical(const problem_t *p, fp8amp_dtype dy_dt, const void *dy, fp8amp_dtype dx_dt,
+                                               int with_dbeta) {
+    bwd_t a, b;
+    run_backward_db(cpu_device(), p, dy_dt, dy, dx_dt, with_dbeta, &a);
+    run_backward_db(cuda_device(0), p, dy_dt, dy, dx_dt, with_dbeta, &b);
+    assert_memory_equal(a.dx, b.dx, (size_t)(p->rows * p->d) * fp8amp_dtype_size(dx_dt));
+    assert_memory_equal(a.dgamma, b.dgamma, (size_t)p->d * 4);
+    assert_true((a.dbeta == NULL) == (b.dbeta == NULL));
+    if (a.dbeta) assert_memory_equal(a.dbeta, b.dbeta, (size_t)p->d * 4);
+    bwd_free(&a);
+    bwd_free(&b);
+}
+
 static void test_cpu_cuda_identical_lean_paths(void **state) {
     (void)state;
     SKIP_WITHOUT_CUDA();
@@ -763,15 +777,7 @@ static void test_cpu_cuda_identical_lean_paths(void **state) {
                 fwd_free(&fa);
                 fwd_free(&fb);
             }
-            bwd_t a, b;
-            run_backward_db(cpu_device(), &p, dy_dt, dy, dx_dt, variant != 1, &a);
-            run_backward_db(cuda_device(0), &p, dy_dt, dy, dx_dt, variant != 1, &b);
-            assert_memory_equal(a.dx, b.dx, (size_t)n * fp8amp_dtype_size(dx_dt));
-            assert_memory_equal(a.dgamma, b.dgamma, (size_t)p.d * 4);
-            assert_true((a.dbeta == NULL) == (b.dbeta == NULL));
-            if (a.dbeta) assert_memory_equal(a.dbeta, b.dbeta, (size_t)p.d * 4);
-            bwd_free(&a);
-            bwd_free(&b);
+            assert_backward_cpu_cuda_identical(&p, dy_dt, dy, dx_dt, variant != 1);
             free(dy);
             problem_free(&p);
         }
@@ -981,15 +987,7 @@ static void test_cpu_cuda_identical_backward_without_clusters(void **state) {
                 const int64_t n = p.rows * p.d;
                 void *dy = xmalloc((size_t)n * 4);
                 gen_rows(dt, dy, p.rows, p.d, 0.5);
-                bwd_t a, b;
-                run_backward_db(cpu_device(), &p, dt, dy, dt, !rms, &a);
-                run_backward_db(cuda_device(0), &p, dt, dy, dt, !rms, &b);
-                assert_memory_equal(a.dx, b.dx, (size_t)n * fp8amp_dtype_size(dt));
-                assert_memory_equal(a.dgamma, b.dgamma, (size_t)p.d * 4);
-                assert_true((a.dbeta == NULL) == (b.dbeta == NULL));
-                if (a.dbeta) assert_memory_equal(a.dbeta, b.dbeta, (size_t)p.d * 4);
-                bwd_free(&a);
-                bwd_free(&b);
+                assert_backward_cpu_cuda_identical(&p, dt, dy, dt, !rms);
                 free(dy);
                 problem_free(&p);
             }
