@@ -1399,13 +1399,13 @@ __global__ void __launch_bounds__(kThreads, 2) norm_backward_fast_kernel(const N
 // blockIdx.y: dgamma, dbeta). Rows are chunk pairs' partials (n_rows pairs, from the paired backward)
 // or, with pair_rows, chunks' partials (n_rows chunks), which it adds in pairs itself first (norm.hpp's
 // order: rows 2j and 2j + 1; the last alone where n_rows is odd). A block stages 32 columns x all its
-// rows (264 at most) in shared memory, then one warp adds them in order. Each thread issues all its staging loads (float4 when d % 4 == 0)
-// into registers before it stores any: a loop of load -> store compiled to one DRAM round trip after
-// another (8-9 a thread; ~8.5 us however few the bytes, docs/performance.md).
+// rows (264 at most) in shared memory, then one warp adds them in order. Each thread issues all its
+// staging loads (float4 when d % 4 == 0) into registers before it stores any: a loop of load ->
+// store compiled to one DRAM round trip after another (8-9 a thread; ~8.5 us however few the bytes,
+// docs/performance.md).
 __global__ void __launch_bounds__(kThreads, 4) norm_column_finish_kernel(const float *partial, int64_t n_rows, int64_t d,
                                                                       float *dgamma, float *dbeta, int pair_rows) {
     static_assert(kFinishChunks % 2 == 0 && kFinishChunks >= norm::kMaxChunks, "every pair staged at once");
-    const int64_t n_chunks = n_rows;
     constexpr int kVecLoads = (kFinishChunks * (kFinishCols / 4) + kThreads - 1) / kThreads;  // float4s a thread
     constexpr int kLoads = (kFinishChunks * kFinishCols + kThreads - 1) / kThreads;           // floats a thread
     __shared__ float tile[kFinishChunks][kFinishCols + 1];
@@ -1414,8 +1414,8 @@ __global__ void __launch_bounds__(kThreads, 4) norm_column_finish_kernel(const f
     const int64_t col0 = int64_t(blockIdx.x) * kFinishCols;
     const bool vec = d % 4 == 0;
     float acc = 0.0f;
-    for (int64_t k0 = 0; k0 < n_chunks; k0 += kFinishChunks) {
-        const int kn = int(n_chunks - k0 < kFinishChunks ? n_chunks - k0 : kFinishChunks);
+    for (int64_t k0 = 0; k0 < n_rows; k0 += kFinishChunks) {
+        const int kn = int(n_rows - k0 < kFinishChunks ? n_rows - k0 : kFinishChunks);
         // Thread t stages column cc of chunks kk0, kk0 + kStep, ... (idx = t + u * kThreads), so its
         // loads are one base address and a stride apart.
         if (vec) {
