@@ -103,6 +103,25 @@ FP8AMP_API fp8amp_status fp8amp_linear_forward(fp8amp_linear lin, fp8amp_tensor 
     });
 }
 
+FP8AMP_API fp8amp_status fp8amp_linear_choose_gemm(fp8amp_linear lin, int64_t rows, int32_t training,
+                                                   fp8amp_gemm_kind *out) {
+    FP8AMP_GUARD({
+        auto l = lookup<Linear>(lin, "lin");
+        if (!out) fail(FP8AMP_ERROR_INVALID_ARGUMENT, "out is NULL");
+        *out = l->choose_gemm(rows, training != 0);
+    });
+}
+
+FP8AMP_API fp8amp_status fp8amp_linear_forward_fp8(fp8amp_linear lin, fp8amp_tensor x8, fp8amp_tensor y,
+                                                   int32_t training) {
+    FP8AMP_GUARD({
+        auto l = lookup<Linear>(lin, "lin");
+        auto tx = lookup<Tensor>(x8, "x8");
+        auto ty = lookup<Tensor>(y, "y");
+        l->forward_fp8(*tx, *ty, training != 0);
+    });
+}
+
 FP8AMP_API fp8amp_status fp8amp_linear_backward(fp8amp_linear lin, fp8amp_tensor dy, fp8amp_tensor dx,
                                                 int32_t accumulate_wgrad) {
     FP8AMP_GUARD({

@@ -357,6 +357,11 @@ fp8amp_gemm_kind Linear::choose_kind(int64_t m, bool training, const Tensor &y) 
     return backend.fp8_gemm_pays_off(m, n, k) ? FP8AMP_GEMM_KIND_FP8 : wide;
 }
 
+fp8amp_gemm_kind Linear::choose_gemm(int64_t m, bool training) const {
+    if (m < 1) fail(FP8AMP_ERROR_INVALID_ARGUMENT, "rows is " + std::to_string(m) + ": a forward has at least one row");
+    return choose_kind(m, training, *weight_);  // (choose_kind does not read its y)
+}
+
 // The weight's E4M3 copy (and its transpose), re-made only when the weight was written since.
 // transient (a lean training forward): the copy the forward GEMM reads is made in the context's
 // scratch, shared by all Linears, without the transpose (the lean backward makes W8^T itself, see
@@ -548,28 +553,34 @@ void Linear::check_not_own(const Tensor &t, const char *argument,
                                                     " in memory, which the call also reads or writes");
 }
 
+// The checks both forwards make of x (or x8) and y; returns M, the rows of x.
+int64_t Linear::check_forward_args(const Tensor &x, const char *x_name, const Tensor &y) const {
+    const int64_t n = desc_.out_features, k = desc_.in_features;
+    check_on_device(*ctx_, x, x_name);
+    check_on_device(*ctx_, y, "y");
+    if (x.ndim() < 1 || x.shape()[x.ndim() - 1] != k)
+        fail(FP8AMP_ERROR_SHAPE_MISMATCH, std::string(x_name) + " is " + x.describe() + " but this Linear takes [..., " +
+                                              std::to_string(k) + "] (in_features)");
+    if (!is_output_shape(x, y, n)) {
+        std::vector<int64_t> y_shape(x.shape(), x.shape() + x.ndim());
+        y_shape.back() = n;
+        fail(FP8AMP_ERROR_SHAPE_MISMATCH, "y is " + y.describe() + " but " + x_name + " " + x.describe() + " gives y " +
+                                              shape_string(y_shape));
+    }
+    const int64_t m = x.numel() / k;
+    if (m == 0) fail(FP8AMP_ERROR_SHAPE_MISMATCH, std::string(x_name) + " is " + x.describe() + ": it holds no rows");
+    check_writable(y, "y");
+    if (x.overlaps(y)) fail(FP8AMP_ERROR_INVALID_ARGUMENT, std::string(x_name) + " and y overlap in memory");
+    // The GEMM that writes y reads the weight (or a copy made from it in the same call) and the bias.
+    check_not_own(y, "y", {{weight_.get(), "weight"}, {bias_.get(), "bias"}});
+    return m;
+}
+
 void Linear::forward(const Tensor &x, Tensor &y, bool training) {
     const int64_t n = desc_.out_features, k = desc_.in_features;
     check_wide(x, "x");
     check_wide(y, "y");
-    check_on_device(*ctx_, x, "x");
-    check_on_device(*ctx_, y, "y");
-    if (x.ndim() < 1 || x.shape()[x.ndim() - 1] != k)
-        fail(FP8AMP_ERROR_SHAPE_MISMATCH,
-             "x is " + x.describe() + " but this Linear takes [..., " + std::to_string(k) + "] (in_features)");
-    if (!is_output_shape(x, y, n)) {
-        std::vector<int64_t> y_shape(x.shape(), x.shape() + x.ndim());
-        y_shape.back() = n;
-        fail(FP8AMP_ERROR_SHAPE_MISMATCH, "y is " + y.describe() + " but x " + x.describe() + " gives y " +
-                                              shape_string(y_shape));
-    }
-    const int64_t m = x.numel() / k;
-    if (m == 0) fail(FP8AMP_ERROR_SHAPE_MISMATCH, "x is " + x.describe() + ": it holds no rows");
-    check_writable(y, "y");
-    if (x.overlaps(y)) fail(FP8AMP_ERROR_INVALID_ARGUMENT, "x and y overlap in memory");
-    // The GEMM that writes y reads the weight (or a copy made from it in the same call) and the bias.
-    check_not_own(y, "y", {{weight_.get(), "weight"}, {bias_.get(), "bias"}});
-
+    const int64_t m = check_forward_args(x, "x", y);
     const fp8amp_gemm_kind kind = choose_kind(m, training, y);
     FailureGuard guard{*this};
     steps_.clear();
@@ -594,6 +605,50 @@ void Linear::forward(const Tensor &x, Tensor &y, bool training) {
         run_gemm({m, n, k, xw, wide_dtype_, true, nullptr, ww.data(), wide_dtype_, true, nullptr, y.data(), y.dtype(),
                   false, true, false});
     }
+    finish_forward(x, y, training, kind, m, guard);
+}
+
+// An input the caller quantized (a fused norm or activation wrote it): the same FP8 path as forward's
+// less the quantize of x. Training keeps x8's transpose (a byte transpose into the Linear's own saved
+// buffer) and x8's scale_inv beside it, so the backward reads nothing of the caller's.
+void Linear::forward_fp8(const Tensor &x8, Tensor &y, bool training) {
+    const int64_t n = desc_.out_features, k = desc_.in_features;
+    if (x8.dtype() != FP8AMP_DTYPE_E4M3)
+        fail(FP8AMP_ERROR_DTYPE_MISMATCH, "x8 is " + x8.describe() +
+                                              ": fp8amp_linear_forward_fp8 takes an E4M3 input (fp8amp_linear_forward "
+                                              "takes f32, f16 and bf16 ones)");
+    check_wide(y, "y");
+    const int64_t m = check_forward_args(x8, "x8", y);
+    if (!x8.scale_inv())
+        fail(FP8AMP_ERROR_INVALID_ARGUMENT, "x8 " + x8.describe() +
+                                                " has no scale_inv: it was never bound to a scaling meta (bind it, "
+                                                "e.g. to this Linear's INPUT meta, and quantize into it)");
+    if (desc_.policy == FP8AMP_GEMM_NEVER_FP8)
+        fail(FP8AMP_ERROR_INVALID_ARGUMENT,
+             "this Linear's policy is NEVER_FP8: it runs no FP8 GEMM, so it takes no FP8 input (use fp8amp_linear_forward)");
+    // The input is FP8 already: AUTO's choice of BF16 for small shapes (speed) does not apply, but a
+    // shape or GPU FP8 GEMMs cannot take is refused as under ALWAYS_FP8.
+    std::string why = fp8_unsupported_;
+    if (why.empty()) why = ctx_->backend().fp8_gemm_shape_unsupported_reason(m, n, k, training);
+    if (!why.empty()) fail(FP8AMP_ERROR_NOT_SUPPORTED, why + " (an FP8 input needs an FP8 GEMM)");
+    FailureGuard guard{*this};
+    steps_.clear();
+    note_stream();
+    const Tensor &w8 = refresh_weight_fp8(training, lean_ != 0 && training);
+    if (training) {
+        Tensor &x8t = saved_buffer(x8t_, x8t_pending_, FP8AMP_DTYPE_E4M3, k, m, input_meta_);
+        steps_.transpose_bytes(x8.data(), x8t.data(), static_cast<size_t>(m), static_cast<size_t>(k));
+        steps_.cast(x8.scale_inv(), FP8AMP_DTYPE_F32, x8t.scale_inv(), FP8AMP_DTYPE_F32, 1);
+        x8t.mark_written();
+    }
+    run_gemm({m, n, k, x8.data(), FP8AMP_DTYPE_E4M3, true, x8.scale_inv(), w8.data(), FP8AMP_DTYPE_E4M3, true,
+              w8.scale_inv(), y.data(), y.dtype(), false, true, true});
+    finish_forward(x8, y, training, FP8AMP_GEMM_KIND_FP8, m, guard);
+}
+
+// Runs a described forward and keeps what its backward needs (both forwards).
+void Linear::finish_forward(const Tensor &x, Tensor &y, bool training, fp8amp_gemm_kind kind, int64_t m,
+                            FailureGuard &guard) {
     // The saved shapes' memory before anything runs: assign() below must not allocate.
     saved_x_shape_.reserve(static_cast<size_t>(x.ndim()));
     saved_y_shape_.reserve(static_cast<size_t>(y.ndim()));

@@ -39,6 +39,9 @@ public:
     const std::shared_ptr<Tensor> &bias_grad() const;
     std::shared_ptr<ScalingMeta> scaling(int32_t role) const;  // an fp8amp_linear_role, read as an integer
     fp8amp_gemm_kind gemm_kind() const { return kind_; }
+    // fp8amp_linear_choose_gemm: the GEMM a forward of m rows of a wide input would run (the
+    // policy's choice; NOT_SUPPORTED where that forward would be refused for it).
+    fp8amp_gemm_kind choose_gemm(int64_t m, bool training) const;
     uint64_t graph_replays() const { return forward_replay_.replays() + backward_replay_.replays(); }
 
     // fp8amp_linear_weight_changed: the caller wrote the weight behind the Linear's back.
@@ -53,6 +56,8 @@ public:
         bias_f32_version_ = kStale;
     }
     void forward(const Tensor &x, Tensor &y, bool training);
+    // fp8amp_linear_forward_fp8: x8 is E4M3, quantized by the caller (a fused norm or activation).
+    void forward_fp8(const Tensor &x8, Tensor &y, bool training);
     void backward(const Tensor &dy, Tensor *dx, bool accumulate);
     // fp8amp_linear_release_buffers: gives back what the Linear keeps between calls beyond its
     // parameters, gradients and a saved forward still awaiting its backward (docs/linear.md section 5).
@@ -95,6 +100,9 @@ private:
     // Adds a quantize step to steps_ and marks its destinations written.
     void quantize(const void *src, fp8amp_dtype src_dtype, size_t rows, size_t cols, Tensor &dst, Tensor *dst_t);
     struct FailureGuard;  // linear.cpp
+    int64_t check_forward_args(const Tensor &x, const char *x_name, const Tensor &y) const;
+    void finish_forward(const Tensor &x, Tensor &y, bool training, fp8amp_gemm_kind kind, int64_t m,
+                        FailureGuard &guard);
     void check_not_own(const Tensor &t, const char *argument,
                        std::initializer_list<std::pair<const Tensor *, const char *>> own) const;
 

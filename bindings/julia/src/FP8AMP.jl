@@ -30,7 +30,7 @@ const libfp8amp = "libfp8amp.so.0"
 include("libfp8amp_api.jl")
 
 export FP8AMPError, check, Context, Tensor, Scaling, Linear, Optimizer, library_version,
-       quantize!, dequantize!, cast!, forward!, backward!, add_param!, step!, found_inf,
+       quantize!, dequantize!, cast!, forward!, forward_fp8!, choose_gemm, backward!, add_param!, step!, found_inf,
        weight, bias, weight_grad, bias_grad, scale_inv, set_scaling!, set_scale!, scale_state, recipe, dtype
 
 # ---- loading --------------------------------------------------------------------------------
@@ -310,6 +310,15 @@ bias_grad(lin::Linear) = _linear_tensor(lin, fp8amp_linear_bias_grad)
 
 forward!(lin::Linear, x::Tensor, y::Tensor; training::Bool = false) =
     check(fp8amp_linear_forward(lin, x, y, Int32(training)))
+"The GEMM a forward of `rows` rows of a wide input would run now (`fp8amp_linear_choose_gemm`)."
+function choose_gemm(lin::Linear, rows::Integer; training::Bool = true)
+    out = Ref{fp8amp_gemm_kind}(0)
+    check(fp8amp_linear_choose_gemm(lin, Int64(rows), Int32(training), out))
+    return out[]
+end
+"y = x8 W^T + b from an E4M3 `x8` the caller quantized, e.g. bound to the Linear's INPUT meta (`fp8amp_linear_forward_fp8`)."
+forward_fp8!(lin::Linear, x8::Tensor, y::Tensor; training::Bool = false) =
+    check(fp8amp_linear_forward_fp8(lin, x8, y, Int32(training)))
 backward!(lin::Linear, dy::Tensor, dx::Union{Tensor,Nothing}; accumulate::Bool = false) =
     check(fp8amp_linear_backward(lin, dy, dx === nothing ? fp8amp_tensor(C_NULL) : dx,
                                  Int32(accumulate)))

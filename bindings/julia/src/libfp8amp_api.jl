@@ -380,6 +380,14 @@ function fp8amp_linear_forward(lin, x, y, training)
     ccall((:fp8amp_linear_forward, libfp8amp), fp8amp_status, (fp8amp_linear, fp8amp_tensor, fp8amp_tensor, Int32), lin, x, y, training)
 end
 
+function fp8amp_linear_choose_gemm(lin, rows, training, out)
+    ccall((:fp8amp_linear_choose_gemm, libfp8amp), fp8amp_status, (fp8amp_linear, Int64, Int32, Ptr{fp8amp_gemm_kind}), lin, rows, training, out)
+end
+
+function fp8amp_linear_forward_fp8(lin, x8, y, training)
+    ccall((:fp8amp_linear_forward_fp8, libfp8amp), fp8amp_status, (fp8amp_linear, fp8amp_tensor, fp8amp_tensor, Int32), lin, x8, y, training)
+end
+
 function fp8amp_linear_backward(lin, dy, dx, accumulate_wgrad)
     ccall((:fp8amp_linear_backward, libfp8amp), fp8amp_status, (fp8amp_linear, fp8amp_tensor, fp8amp_tensor, Int32), lin, dy, dx, accumulate_wgrad)
 end

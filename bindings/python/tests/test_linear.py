@@ -84,6 +84,58 @@ def test_forward_backward_match_quantized_reference(ctx, rng):
     assert np.linalg.norm(lin.weight_grad.numpy() - dw_exact) / np.linalg.norm(dw_exact) < 0.15
 
 
+def test_forward_fp8_takes_the_norms_e4m3_output(ctx, rng):
+    """fp8amp_linear_forward_fp8: a LayerNorm writes the GEMM's E4M3 operand into the Linear's INPUT
+    meta; y is the quantized reference computed here from those codes and scales, and the twin that
+    quantizes the same x itself gives the same bytes (forward and backward)."""
+    m, k, n = 32, 64, 48
+    lin, w, b = make(ctx, rng, k, n)
+    twin, _, _ = make(ctx, rng, k, n)
+    twin.weight.copy_from_numpy(w)
+    twin.bias.copy_from_numpy(b)
+    x = (rng.standard_normal((m, k)) * 2 + 0.5).astype(np.float32)
+    gamma = (1 + 0.2 * rng.standard_normal(k)).astype(np.float32)
+    beta = (0.1 * rng.standard_normal(k)).astype(np.float32)
+    xt, gt, bt = (fp8amp.Tensor.from_numpy(ctx, a) for a in (x, gamma, beta))
+    x8 = fp8amp.Tensor(ctx, (m, k), fp8amp.E4M3)
+    x8.set_scaling(lin.scaling(Role.INPUT))
+    mean, rstd = fp8amp.Tensor(ctx, (m,), fp8amp.F32), fp8amp.Tensor(ctx, (m,), fp8amp.F32)
+    fp8amp.norm_forward(ctx, xt, gt, x8, rstd, beta=bt, mean=mean)
+    y = fp8amp.Tensor(ctx, (m, n), fp8amp.F32)
+    assert lin.choose_gemm(m) == fp8amp.GemmKind.FP8  # policy "fp8" (make's default)
+    with pytest.raises(fp8amp.InvalidArgumentError):
+        lin.choose_gemm(0)
+    lin.forward_fp8(x8, y, training=True)
+    assert lin.gemm_kind == fp8amp.GemmKind.FP8
+    xq = x8.numpy().astype(np.float64)  # the norm's codes, decoded by ml_dtypes
+    s_x = lin.scaling(Role.INPUT).scale
+    s_w = scale_for(float(np.abs(w).max()), 448.0)
+    w8 = q(w, s_w, fp8amp.E4M3)
+    inv = np.float64(np.float32(1 / s_x)) * np.float64(np.float32(1 / s_w))
+    ref = (xq @ w8.T) * inv + b.astype(ml_dtypes.bfloat16).astype(np.float64)
+    np.testing.assert_array_less(np.abs(y.numpy() - ref), gemm_tol(ctx, xq, w8.T) * inv * 4 + np.abs(ref) * 2e-7)
+    # against float64 LayerNorm + matmul of the unquantized values: E4M3 precision, normwise
+    xn = (x - x.mean(1, keepdims=True)) / np.sqrt(x.var(1, keepdims=True) + 1e-5) * gamma + beta
+    exact = xn.astype(np.float64) @ w.T.astype(np.float64) + b
+    assert np.linalg.norm(y.numpy() - exact) / np.linalg.norm(exact) < 0.08
+    # the twin quantizes the norm's F32 output itself: the same codes, so the same bytes
+    xw = fp8amp.Tensor(ctx, (m, k), fp8amp.F32)
+    fp8amp.norm_forward(ctx, xt, gt, xw, fp8amp.Tensor(ctx, (m,), fp8amp.F32), beta=bt)
+    yt = fp8amp.Tensor(ctx, (m, n), fp8amp.F32)
+    twin.forward(xw, yt, training=True)
+    np.testing.assert_array_equal(yt.numpy(), y.numpy())
+    dy = fp8amp.Tensor.from_numpy(ctx, (rng.standard_normal((m, n)) * 1e-2).astype(np.float32))
+    dx, dxt = fp8amp.Tensor(ctx, (m, k), fp8amp.F32), fp8amp.Tensor(ctx, (m, k), fp8amp.F32)
+    lin.backward(dy, dx)
+    twin.backward(dy, dxt)
+    np.testing.assert_array_equal(dx.numpy(), dxt.numpy())
+    np.testing.assert_array_equal(lin.weight_grad.numpy(), twin.weight_grad.numpy())
+    np.testing.assert_array_equal(lin.bias_grad.numpy(), twin.bias_grad.numpy())
+    with pytest.raises(fp8amp.DtypeMismatchError):
+        lin.forward_fp8(xw, y)
+
+
+
 @pytest.mark.parametrize("wgrad", [fp8amp.F32, fp8amp.BF16, fp8amp.E4M3])
 def test_microbatch_accumulation_is_one_rounding_of_the_fp32_sum(ctx, rng, wgrad):
     m, k, n = 16, 32, 32

@@ -665,6 +665,35 @@ FP8AMP_API fp8amp_status fp8amp_linear_weight_changed(fp8amp_linear lin);
 FP8AMP_API fp8amp_status fp8amp_linear_forward(fp8amp_linear lin, fp8amp_tensor x, fp8amp_tensor y,
                                                int32_t training);
 
+/** The GEMM a forward of `rows` rows (x's leading dims' product) of a wide input would run now: the
+ *  policy's choice for this shape and device (FP8, or the wide kind: BF16 on CUDA, F32 on the CPU).
+ *  A fused front asks it before letting a norm or activation write the Linear's FP8 input
+ *  (fp8amp_linear_forward_fp8), so that AUTO keeps its wide GEMMs where FP8 does not pay.
+ *  Since 0.4.0. Statuses: SUCCESS; INVALID_HANDLE; INVALID_ARGUMENT (NULL out, rows < 1);
+ *  NOT_SUPPORTED (ALWAYS_FP8 with a shape or GPU FP8 GEMMs cannot take, as the forward would say). */
+FP8AMP_API fp8amp_status fp8amp_linear_choose_gemm(fp8amp_linear lin, int64_t rows, int32_t training,
+                                                   fp8amp_gemm_kind *out);
+
+/** y = x W^T + b from an input the caller quantized: x8 is E4M3 [..., in] with a scale_inv (bound to
+ *  a scaling meta when it was written), typically written by fp8amp_norm_forward or
+ *  fp8amp_activation_forward into a tensor bound to this Linear's INPUT meta (fp8amp_linear_scaling),
+ *  so that the norm or activation kernel writes the GEMM's operand itself and no wide copy of it is
+ *  written and read again. The GEMM reads x8 with x8's scale_inv; the rest is fp8amp_linear_forward's
+ *  FP8 path: y F32, F16 or BF16, the bias in the epilogue. With training nonzero the Linear keeps its
+ *  own transposed copy of x8 (a byte transpose) and x8's scale_inv, so the backward (the same
+ *  fp8amp_linear_backward, dx in a wide dtype with x8's shape) reads nothing of the caller's, which may
+ *  be overwritten or freed after this call. Every output is bit-identical to fp8amp_linear_forward of
+ *  a wide x whose quantize with the same meta gives x8's bytes and scale_inv. The policy AUTO runs the
+ *  FP8 GEMM here at any shape it can take (the input is FP8 already; fp8amp_linear_choose_gemm says
+ *  where AUTO would run a wide GEMM for a wide input). Since 0.4.0.
+ *  Statuses: SUCCESS; INVALID_HANDLE; DTYPE_MISMATCH (x8 not E4M3, y FP8); SHAPE_MISMATCH (as
+ *  fp8amp_linear_forward); DEVICE_MISMATCH; INVALID_ARGUMENT (x8 never bound to a meta: no scale_inv;
+ *  the policy NEVER_FP8; read-only y; x8 and y overlapping; y overlapping the Linear's weight or bias);
+ *  NOT_SUPPORTED (a shape or GPU FP8 GEMMs cannot take: the message says which); OUT_OF_MEMORY;
+ *  CUBLAS; CUDA. */
+FP8AMP_API fp8amp_status fp8amp_linear_forward_fp8(fp8amp_linear lin, fp8amp_tensor x8, fp8amp_tensor y,
+                                                   int32_t training);
+
 /** Backward of the last training forward. dy has y's shape (F32, F16 or BF16). Writes dx (x's shape,
  *  F32/F16/BF16; NULL skips the input gradient), the weight gradient and the bias gradient:
  *  accumulate_wgrad = 0 overwrites them, nonzero adds to them (micro-batches). Accumulation runs in

@@ -176,6 +176,24 @@ class Linear(Handle):
         y_h = handle_of(y, Tensor, "fp8amp_linear_forward", "y")
         check(lib.fp8amp_linear_forward(self._h, x_h, y_h, 1 if training else 0))
 
+    def choose_gemm(self, rows: int, training: bool = True) -> "GemmKind":
+        """The GEMM a forward of ``rows`` rows of a wide input would run now: the policy's choice for
+        this shape and device (fp8amp_linear_choose_gemm). A fused front asks it before letting a norm
+        write the input in FP8 (forward_fp8), so that AUTO keeps its wide GEMMs where FP8 does not pay."""
+        out = ffi.new("fp8amp_gemm_kind *")
+        rows = as_int(rows, "fp8amp_linear_choose_gemm", "rows")
+        check(lib.fp8amp_linear_choose_gemm(self._h, rows, 1 if training else 0, out))
+        return GemmKind(out[0])
+
+    def forward_fp8(self, x8: Tensor, y: Tensor, training: bool = False) -> None:
+        """y = x8 W^T + b from an E4M3 x8 the caller quantized -- typically a fused norm or activation
+        writing into a tensor bound to ``self.scaling(Role.INPUT)`` -- read with x8's own scale_inv.
+        With training the Linear keeps its own transposed copy of x8 for the next backward, so x8 may be
+        overwritten after the call (fp8amp_linear_forward_fp8)."""
+        x_h = handle_of(x8, Tensor, "fp8amp_linear_forward_fp8", "x8")
+        y_h = handle_of(y, Tensor, "fp8amp_linear_forward_fp8", "y")
+        check(lib.fp8amp_linear_forward_fp8(self._h, x_h, y_h, 1 if training else 0))
+
     def backward(self, dy: Tensor, dx: Optional[Tensor] = None, accumulate: bool = False) -> None:
         """The backward of the last training forward: dx (None skips it), and the weight and bias
         gradients, overwritten (accumulate False) or added to (micro-batches; the sum is FP32). A closed

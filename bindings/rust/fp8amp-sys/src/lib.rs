@@ -404,6 +404,18 @@ extern "C" {
         y: fp8amp_tensor,
         training: i32,
     ) -> fp8amp_status;
+    pub fn fp8amp_linear_choose_gemm(
+        lin: fp8amp_linear,
+        rows: i64,
+        training: i32,
+        out: *mut fp8amp_gemm_kind,
+    ) -> fp8amp_status;
+    pub fn fp8amp_linear_forward_fp8(
+        lin: fp8amp_linear,
+        x8: fp8amp_tensor,
+        y: fp8amp_tensor,
+        training: i32,
+    ) -> fp8amp_status;
     pub fn fp8amp_linear_backward(
         lin: fp8amp_linear,
         dy: fp8amp_tensor,

@@ -1058,6 +1058,23 @@ impl<'c> Linear<'c> {
         check(unsafe { sys::fp8amp_linear_forward(self.raw, x.raw, y.raw, training as i32) })
     }
 
+    /// The GEMM a forward of `rows` rows of a wide input would run now: the policy's choice
+    /// (`fp8amp_linear_choose_gemm`); a fused front asks it before writing the input in FP8.
+    pub fn choose_gemm(&self, rows: i64, training: bool) -> Result<GemmKind> {
+        let mut k = 0;
+        // SAFETY: live handle, valid out pointer.
+        check(unsafe { sys::fp8amp_linear_choose_gemm(self.raw, rows, training as i32, &mut k) })?;
+        known(GemmKind::from_raw(k), "a GEMM kind", k)
+    }
+
+    /// `y = x W^T + b` from an E4M3 `x8` the caller quantized (a fused norm or activation writing
+    /// into a tensor bound to this Linear's INPUT meta), read with its own scale_inv; training keeps
+    /// the Linear's own copy for the backward (`fp8amp_linear_forward_fp8`).
+    pub fn forward_fp8(&self, x8: &Tensor<'_>, y: &Tensor<'_>, training: bool) -> Result<()> {
+        // SAFETY: live handles; the library checks dtypes, shapes, devices and overlaps.
+        check(unsafe { sys::fp8amp_linear_forward_fp8(self.raw, x8.raw, y.raw, training as i32) })
+    }
+
     /// Backward of the last training forward: writes `dx` (if given), the weight gradient and the
     /// bias gradient, added to the earlier ones when `accumulate_wgrad` (`fp8amp_linear_backward`).
     pub fn backward(&self, dy: &Tensor<'_>, dx: Option<&Tensor<'_>>, accumulate_wgrad: bool) -> Result<()> {

@@ -6,7 +6,7 @@ mod common;
 use common::{e4m3_decode, e4m3_encode, Rng};
 use fp8amp::{
     sys, AdamDesc, Context, Dtype, GemmKind, GemmPolicy, Linear, LinearDesc, OptLevel, Optimizer, ParamStateIn, Recipe,
-    Scaling, Status, StepArgs, Tensor,
+    Role, Scaling, Status, StepArgs, Tensor,
 };
 
 fn linear_desc(k: i64, n: i64) -> LinearDesc {
@@ -286,6 +286,52 @@ fn linear_forward_and_backward_match_float64_within_fp8_tolerance() {
             assert!((got - r).abs() <= 0.2 * mag + 0.07 * r.abs() + 1e-6, "dW[{},{}] = {} vs {}", j, kk, got, r);
         }
     }
+}
+
+#[test]
+fn linear_forward_fp8_matches_the_wide_forward_byte_for_byte() {
+    // x quantized by the caller into a tensor bound to the Linear's INPUT meta (what a fused norm
+    // writes) gives the bytes of the Linear quantizing the same x itself, backward included.
+    let mut rng = Rng::new("linear_fp8");
+    let ctx = Context::cpu().unwrap();
+    let (m, k, n) = (20usize, 48usize, 24usize);
+    let wide = Linear::new(&ctx, &linear_desc(k as i64, n as i64)).unwrap();
+    let fed = Linear::new(&ctx, &linear_desc(k as i64, n as i64)).unwrap();
+    let w = rng.spread(n * k, -4, 1);
+    let b = rng.spread(n, -3, 0);
+    for lin in [&wide, &fed] {
+        lin.weight().unwrap().copy_from_host(&w).unwrap();
+        lin.bias().unwrap().copy_from_host(&b).unwrap();
+    }
+    let x = rng.spread(m * k, -3, 3);
+    let xt = Tensor::from_f32(&ctx, &[m as i64, k as i64], &x).unwrap();
+    let x8 = Tensor::new(&ctx, Dtype::E4M3, &[m as i64, k as i64]).unwrap();
+    x8.set_scaling(Some(&fed.scaling(Role::Input).unwrap())).unwrap();
+    ctx.quantize(&xt, &x8).unwrap();
+    let (ya, yb) = (
+        Tensor::new(&ctx, Dtype::F32, &[m as i64, n as i64]).unwrap(),
+        Tensor::new(&ctx, Dtype::F32, &[m as i64, n as i64]).unwrap(),
+    );
+    assert_eq!(fed.choose_gemm(m as i64, true).unwrap(), GemmKind::Fp8);
+    assert_eq!(fed.choose_gemm(0, true).unwrap_err().status, Status::InvalidArgument);
+    wide.forward(&xt, &ya, true).unwrap();
+    fed.forward_fp8(&x8, &yb, true).unwrap();
+    assert_eq!(ya.to_vec::<f32>().unwrap(), yb.to_vec::<f32>().unwrap());
+    // a wide x8 is refused with DTYPE_MISMATCH
+    let e = fed.forward_fp8(&xt, &yb, true).unwrap_err();
+    assert_eq!(e.status, Status::DtypeMismatch, "{}", e);
+    assert!(e.message.starts_with("fp8amp_linear_forward_fp8"), "message: {}", e.message);
+    let dy = rng.spread(m * n, -3, 1);
+    let dyt = Tensor::from_f32(&ctx, &[m as i64, n as i64], &dy).unwrap();
+    let (dxa, dxb) = (
+        Tensor::new(&ctx, Dtype::F32, &[m as i64, k as i64]).unwrap(),
+        Tensor::new(&ctx, Dtype::F32, &[m as i64, k as i64]).unwrap(),
+    );
+    wide.backward(&dyt, Some(&dxa), false).unwrap();
+    fed.backward(&dyt, Some(&dxb), false).unwrap();
+    assert_eq!(dxa.to_vec::<f32>().unwrap(), dxb.to_vec::<f32>().unwrap());
+    assert_eq!(wide.weight_grad().unwrap().to_vec::<u8>().unwrap(), fed.weight_grad().unwrap().to_vec::<u8>().unwrap());
+    assert_eq!(wide.bias_grad().unwrap().to_vec::<f32>().unwrap(), fed.bias_grad().unwrap().to_vec::<f32>().unwrap());
 }
 
 // ---- the optimizer ------------------------------------------------------------------------------

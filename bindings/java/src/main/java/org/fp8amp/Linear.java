@@ -118,6 +118,31 @@ public final class Linear extends NativeHandle {
         }
     }
 
+    /** The GEMM a forward of {@code rows} rows of a wide input would run now: the policy's choice
+     *  (fp8amp_linear_choose_gemm); a fused front asks it before writing the input in FP8. */
+    public GemmKind chooseGemm(long rows, boolean training) {
+        int[] out = new int[1];
+        try {
+            Fp8amp.linear_choose_gemm(handle(), rows, training ? 1 : 0, out);
+        } finally {
+            reachabilityFence(this);
+        }
+        return GemmKind.swigToEnum(out[0]);
+    }
+
+    /** y = x8 W^T + b from an E4M3 x8 the caller quantized (a fused norm or activation writing into a
+     *  tensor bound to {@code scaling(LinearRole.INPUT)}); with training, the Linear keeps its own
+     *  copy of x8 for {@link #backward} (fp8amp_linear_forward_fp8). */
+    public void forwardFp8(Tensor x8, Tensor y, boolean training) {
+        try {
+            Fp8amp.linear_forward_fp8(handle(), x8.handle(), y.handle(), training ? 1 : 0);
+        } finally {
+            reachabilityFence(this);
+            reachabilityFence(x8);
+            reachabilityFence(y);
+        }
+    }
+
     /** Backward of the last training forward: dx (null skips it), and the weight and bias gradients
      *  (overwritten, or added to with accumulate). */
     public void backward(Tensor dy, Tensor dx, boolean accumulate) {

@@ -127,6 +127,57 @@ class NumericsTest {
     }
 
     @Test
+    void linearForwardFp8IsTheWideForwardByteForByte() {
+        // x quantized by the caller into a tensor bound to the Linear's INPUT meta (what a fused
+        // norm writes) gives the bytes of the Linear quantizing the same x itself, backward included.
+        Random rng = new Random(31);
+        int m = 12, k = 32, n = 16;
+        float[] x = gaussian(rng, m * k, 1.0);
+        float[] w = gaussian(rng, n * k, 0.125);
+        float[] b = gaussian(rng, n, 0.5);
+        float[] dy = gaussian(rng, m * n, 0.01);
+        LinearDesc desc = new LinearDesc();
+        desc.setInFeatures(k);
+        desc.setOutFeatures(n);
+        desc.setPolicy(GemmPolicy.GEMM_ALWAYS_FP8);
+        try (Context ctx = Context.cpu();
+             Linear wide = new Linear(ctx, desc);
+             Linear fed = new Linear(ctx, desc);
+             Scaling input = fed.scaling(LinearRole.ROLE_INPUT);
+             Tensor w32 = new Tensor(ctx, DType.DTYPE_F32, n, k).copyFrom(w);
+             Tensor xt = new Tensor(ctx, DType.DTYPE_F32, m, k).copyFrom(x);
+             Tensor x8 = new Tensor(ctx, DType.DTYPE_E4M3, m, k);
+             Tensor ya = new Tensor(ctx, DType.DTYPE_F32, m, n);
+             Tensor yb = new Tensor(ctx, DType.DTYPE_F32, m, n);
+             Tensor dyt = new Tensor(ctx, DType.DTYPE_F32, m, n).copyFrom(dy);
+             Tensor dxa = new Tensor(ctx, DType.DTYPE_F32, m, k);
+             Tensor dxb = new Tensor(ctx, DType.DTYPE_F32, m, k)) {
+            for (Linear lin : new Linear[] {wide, fed}) {
+                try (Tensor weight = lin.weight(); Tensor bias = lin.bias()) {
+                    ctx.cast(w32, weight);
+                    bias.copyFrom(b);
+                }
+            }
+            x8.setScaling(input);
+            ctx.quantize(xt, x8);
+            assertEquals(GemmKind.GEMM_KIND_FP8, fed.chooseGemm(m, true));
+            wide.forward(xt, ya, true);
+            fed.forwardFp8(x8, yb, true);
+            assertArrayEquals(ya.toFloats(), yb.toFloats());
+            Fp8ampException e = assertThrows(Fp8ampException.class, () -> fed.forwardFp8(xt, yb, true));
+            assertEquals(Status.ERROR_DTYPE_MISMATCH, e.status());
+            wide.backward(dyt, dxa, false);
+            fed.backward(dyt, dxb, false);
+            assertArrayEquals(dxa.toFloats(), dxb.toFloats());
+            try (Tensor ga = wide.weightGrad(); Tensor gb = fed.weightGrad();
+                 Tensor ba = wide.biasGrad(); Tensor bb = fed.biasGrad()) {
+                assertArrayEquals(ga.toBytes(), gb.toBytes());
+                assertArrayEquals(ba.toFloats(), bb.toFloats());
+            }
+        }
+    }
+
+    @Test
     void linearForwardAndBackwardAgreeWithFloat64() {
         Random rng = new Random(23);
         int m = 8, k = 64, n = 16;
