@@ -10,6 +10,7 @@ import pytest
 torch = pytest.importorskip("torch")
 nn = torch.nn
 
+import fp8amp  # noqa: E402
 import fp8amp.torch as ft  # noqa: E402
 
 
@@ -123,3 +124,112 @@ def test_autocast_output_dtype():
         y = m(x)
     assert h.dtype == torch.bfloat16 and y.dtype == torch.bfloat16
     assert torch.isfinite(y.float()).all()
+
+
+# ---- the norm / GELU writing the next Linear's E4M3 input (fp8amp_linear_forward_fp8) ----------------
+
+def composition(m, x):
+    """The block as its modules' composition: each Linear quantizes its wide input itself."""
+    if isinstance(m, ft.LayerNormLinear):
+        return m.linear(m.norm(x))
+    return m.fc2(m.act(m.fc1(m.norm(x))))
+
+
+def linear_grads(m):
+    """The block's Linears' weight gradients (dequantized) and bias gradients."""
+    lins = [m.linear] if isinstance(m, ft.LayerNormLinear) else [m.fc1, m.fc2]
+    return [t for lin in lins for t in (lin.dequantized_weight_grad(), lin.bias.grad.detach().clone())]
+
+
+@pytest.fixture
+def fp8_fed_calls(monkeypatch):
+    """Counts the fused forwards (fp8amp_linear_forward_fp8 through fused._fwd_fp8)."""
+    import fp8amp.torch.fused as fused_mod
+    calls = []
+    real = fused_mod._fwd_fp8
+
+    def spy(*a, **k):
+        calls.append(a[0])
+        return real(*a, **k)
+
+    monkeypatch.setattr(fused_mod, "_fwd_fp8", spy)
+    return calls
+
+
+BLOCKS = [("lnlinear", lambda dev: (ft.LayerNormLinear(64, 48, policy="fp8", device=dev),
+                                    ft.LayerNormLinear(64, 48, policy="fp8", device=dev), 1)),
+          ("lnmlp", lambda dev: (ft.LayerNormMLP(64, 128, policy="fp8", device=dev),
+                                 ft.LayerNormMLP(64, 128, policy="fp8", device=dev), 2))]
+
+
+@pytest.mark.parametrize("name,make", BLOCKS)
+def test_fp8_fed_block_is_its_composition_bit_for_bit(tdev, gen, fp8_fed_calls, name, make):
+    """F32 activations, current scaling: the norm (GELU) writes exactly the codes the Linear's own
+    quantize of its F32 output makes, so the fused block and its composition give the same bytes,
+    forward and backward, over 3 steps (gradients accumulated)."""
+    fused, twin, per_step = make(tdev)
+    randomize(fused, gen)
+    twin.load_state_dict(fused.state_dict())
+    for step in range(3):
+        x = (torch.randn(2, 16, 64, generator=gen) * 2 + 0.5).to(tdev)
+        x1, x2 = x.clone().requires_grad_(True), x.clone().requires_grad_(True)
+        n0 = len(fp8_fed_calls)
+        y1, y2 = fused(x1), composition(twin, x2)
+        assert len(fp8_fed_calls) == n0 + per_step  # the fused path ran, once per Linear
+        assert torch.equal(y1, y2), (name, step)
+        dy = torch.randn(y2.shape, generator=gen).to(tdev)
+        y1.backward(dy)
+        y2.backward(dy)
+        assert torch.equal(x1.grad, x2.grad), (name, step)
+        for a, b in zip(linear_grads(fused), linear_grads(twin)):
+            assert torch.equal(a, b), (name, step)
+        assert torch.equal(fused.norm.weight.grad, twin.norm.weight.grad)
+        assert torch.equal(fused.norm.bias.grad, twin.norm.bias.grad)
+    # inference: no grad, the fused forward with nothing saved
+    with torch.no_grad():
+        n0 = len(fp8_fed_calls)
+        y1, y2 = fused(x), composition(twin, x)
+        assert len(fp8_fed_calls) == n0 + per_step and torch.equal(y1, y2)
+
+
+@pytest.mark.parametrize("name,make", BLOCKS)
+def test_fp8_fed_block_used_twice_before_its_backward(tdev, gen, name, make):
+    """Two forwards before one backward: the first forward's backward recomputes from its saved
+    input (the C Linear keeps only its last forward) and the sums equal two separate steps'."""
+    used_twice, separate, _ = make(tdev)
+    randomize(used_twice, gen)
+    separate.load_state_dict(used_twice.state_dict())
+    xa, xb = ((torch.randn(32, 64, generator=gen) * 2).to(tdev) for _ in range(2))
+    dya = torch.randn(32, 48 if name == "lnlinear" else 64, generator=gen).to(tdev)
+    dyb = torch.randn(dya.shape, generator=gen).to(tdev)
+    a1, b1 = xa.clone().requires_grad_(True), xb.clone().requires_grad_(True)
+    ((used_twice(a1) * dya).sum() + (used_twice(b1) * dyb).sum()).backward()
+    a2, b2 = xa.clone().requires_grad_(True), xb.clone().requires_grad_(True)
+    separate(a2).backward(dya)
+    separate(b2).backward(dyb)
+    assert torch.equal(a1.grad, a2.grad) and torch.equal(b1.grad, b2.grad), name
+    for a, b in zip(linear_grads(used_twice), linear_grads(separate)):
+        assert torch.equal(a, b), name
+    assert torch.equal(used_twice.norm.weight.grad, separate.norm.weight.grad)
+
+
+def test_fp8_fed_under_autocast_and_auto_policy(tdev, gen, fp8_fed_calls):
+    """Under bf16 autocast the fused block's output is bf16 and within FP8 error of the composition
+    (which rounds the norm's output to bf16 before quantizing). AUTO feeds FP8 only where the Linear
+    runs an FP8 GEMM for these rows (fp8amp_linear_choose_gemm): on CUDA not at this small shape."""
+    m = ft.LayerNormMLP(64, 128, policy="fp8", device=tdev)
+    randomize(m, gen)
+    x = (torch.randn(4, 16, 64, generator=gen) * 2).to(tdev).requires_grad_(True)
+    with torch.autocast(tdev.type, dtype=torch.bfloat16):
+        y = m(x)
+        yc = composition(m, x)
+    assert y.dtype == torch.bfloat16 and torch.isfinite(y.float()).all()
+    assert rel_err(y.float(), yc.float()) < 0.05
+    y.float().sum().backward()
+    assert torch.isfinite(x.grad).all()
+    auto = ft.LayerNormLinear(64, 48, device=tdev)  # policy AUTO
+    n0 = len(fp8_fed_calls)
+    auto(torch.randn(16, 64, generator=gen).to(tdev))
+    kind = auto.linear.fp8amp_linear.choose_gemm(16)
+    assert (len(fp8_fed_calls) > n0) == (kind == fp8amp.GemmKind.FP8)
+    assert auto.linear.gemm_kind == kind

@@ -45,6 +45,7 @@ def _autocast_dtype(device_type: str) -> Optional[torch.dtype]:
 
 _rebind = lib.fp8amp_tensor_rebind
 _c_forward = lib.fp8amp_linear_forward
+_c_forward_fp8 = lib.fp8amp_linear_forward_fp8
 _c_backward = lib.fp8amp_linear_backward
 _cast = ffi.cast
 _grad_enabled = torch.is_grad_enabled
@@ -143,7 +144,9 @@ def _set_stream(st: _Hot, s: int) -> None:
     st.ctx._torch_stream = s  # type: ignore[attr-defined]
 
 
-def _fwd(st: _Hot, x: torch.Tensor, training: int, ydt: Optional[torch.dtype] = None) -> torch.Tensor:
+def _prepare(st: _Hot) -> None:
+    """What every forward does first: torch-side writes of the parameters told to the C Linear, its
+    context on torch's current stream."""
     b, s = st.bias, st.scale
     if st.weight._version != st.wv or (b is not None and b._version != st.bv) or (s is not None and s._version != st.sv):
         _sync_writes(st)
@@ -151,6 +154,31 @@ def _fwd(st: _Hot, x: torch.Tensor, training: int, ydt: Optional[torch.dtype] = 
         stream = _raw_stream(st.index)
         if stream != st.ctx._torch_stream:
             _set_stream(st, stream)
+
+
+def _fwd_fp8(st: _Hot, x8_h: Any, shape: Tuple[int, ...], ydt: torch.dtype, device: torch.device,
+             training: int) -> torch.Tensor:
+    """The forward from an E4M3 input handle a fused norm or activation just wrote (bound to this
+    Linear's INPUT meta; fp8amp_linear_forward_fp8). Call _prepare(st) before that producer runs."""
+    yshape = tuple(shape[:-1]) + (st.n,)
+    y = torch.empty(yshape, dtype=ydt, device=device)
+    vy = st.hy.get(ydt) or _new_view(st, st.hy, y)
+    p = y.data_ptr()
+    if p != vy.ptr or yshape != tuple(vy.shape):
+        rc = _rebind(vy.h, _cast(_VOIDP, p), len(yshape), yshape)
+        if rc:
+            check(rc)
+        vy.ptr, vy.shape = p, y.shape
+    rc = _c_forward_fp8(st.lin_h, x8_h, vy.h, training)
+    if rc:
+        check(rc)
+    if training:
+        st.fwd_id += 1
+    return y
+
+
+def _fwd(st: _Hot, x: torch.Tensor, training: int, ydt: Optional[torch.dtype] = None) -> torch.Tensor:
+    _prepare(st)
     if not x.is_contiguous():
         x = x.contiguous()
     xdt = x.dtype
