@@ -1,0 +1,114 @@
+"""fp8amp.torch.LayerNormLinear / LayerNormMLP with the norm (and GELU) writing the next Linear's E4M3
+operand (fp8amp_linear_forward_fp8, issue 19) against the same blocks as their modules' composition
+(each Linear quantizing a bf16 norm/GELU output in its own pass) and against bf16 AMP's nn modules,
+in the same run, on one GPU. A step is forward + backward of one block under bf16 autocast, x
+[tokens, d] bf16; CUDA events around each step (median), a sleep kernel queued first so that the
+host's enqueueing is off the clock (fp8amp_bench.bench). Shapes: a GPT layer's at d = 2048 and 4096
+with 8192 tokens (the issue's presets).
+
+Usage: PYTHONPATH=<site with fp8amp> python3 bench/bench_fused_blocks.py [--out FILE] [--reps N]
+Writes bench/results/fused_blocks-<device>-<date>.json (or --out) with device, date, commit.
+"""
+import argparse
+import datetime
+import json
+import os
+import statistics
+import sys
+
+import torch
+from torch import nn
+
+import fp8amp.torch as ft
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+
+def bench(fn, warmup, reps):
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        torch.cuda._sleep(1_000_000)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
+def composition(m, x):
+    if isinstance(m, ft.LayerNormLinear):
+        return m.linear(m.norm(x))
+    return m.fc2(m.act(m.fc1(m.norm(x))))
+
+
+def nn_block(kind, d, f):
+    if kind == "lnlinear":
+        return nn.Sequential(nn.LayerNorm(d), nn.Linear(d, f))
+    return nn.Sequential(nn.LayerNorm(d), nn.Linear(d, f), nn.GELU(approximate="tanh"), nn.Linear(f, d))
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out")
+    ap.add_argument("--commit", default=os.environ.get("FP8AMP_COMMIT", "unknown"))
+    ap.add_argument("--warmup", type=int, default=5)
+    ap.add_argument("--reps", type=int, default=30)
+    ap.add_argument("--cases", default="lnlinear:8192x2048x6144,lnmlp:8192x2048x8192,lnlinear:8192x4096x12288,"
+                                       "lnmlp:8192x4096x16384")
+    args = ap.parse_args()
+    dev = torch.device("cuda")
+    props = torch.cuda.get_device_properties(0)
+    res = {"device": props.name, "date": datetime.date.today().isoformat(), "commit": args.commit,
+           "torch": torch.__version__, "what": "forward + backward of one block, bf16 autocast, median ms",
+           "cases": {}}
+    gen = torch.Generator(device=dev).manual_seed(1234)
+    for case in args.cases.split(","):
+        kind, shape = case.split(":")
+        tokens, d, f = (int(v) for v in shape.split("x"))
+        x = (torch.randn(tokens, d, device=dev, generator=gen) * 2).to(torch.bfloat16).requires_grad_(True)
+        out_d = f if kind == "lnlinear" else d
+        dy = torch.randn(tokens, out_d, device=dev, generator=gen).to(torch.bfloat16)
+        fused = (ft.LayerNormLinear(d, f, device=dev) if kind == "lnlinear" else ft.LayerNormMLP(d, f, device=dev))
+        ref = nn_block(kind, d, f).to(dev)
+        row = {"tokens": tokens, "d": d, "f": f}
+
+        def step(run, module):
+            def fn():
+                module.zero_grad(set_to_none=True)
+                x.grad = None
+                with torch.autocast("cuda", dtype=torch.bfloat16):
+                    y = run(module, x)
+                y.backward(dy)
+            return fn
+
+        kinds = {"fused": step(lambda m, v: m(v), fused), "composition": step(composition, fused),
+                 "bf16_nn": step(lambda m, v: m(v), ref)}
+        for r in range(2):  # alternating rounds: each mode's median, then the mean of the rounds
+            for name, fn in kinds.items():
+                row.setdefault(name + "_ms_rounds", []).append(bench(fn, args.warmup, args.reps))
+        for name in kinds:
+            row[name + "_ms"] = statistics.mean(row[name + "_ms_rounds"])
+        lin = fused.linear if kind == "lnlinear" else fused.fc1
+        row["gemm"] = str(lin.gemm_kind)
+        row["fused_over_composition"] = row["fused_ms"] / row["composition_ms"]
+        row["fused_over_bf16_nn"] = row["fused_ms"] / row["bf16_nn_ms"]
+        res["cases"][case] = row
+        print("%-28s fused %.3f ms  composition %.3f ms (x%.3f)  bf16 nn %.3f ms (x%.3f)  gemm %s" % (
+            case, row["fused_ms"], row["composition_ms"], row["fused_over_composition"], row["bf16_nn_ms"],
+            row["fused_over_bf16_nn"], row["gemm"]), flush=True)
+        del fused, ref, x, dy
+        torch.cuda.empty_cache()
+    out = args.out or os.path.join(os.path.dirname(os.path.abspath(__file__)), "results",
+                                   "fused_blocks-%s-%s.json" % (props.name.replace(" ", "_"), res["date"]))
+    with open(out, "w") as fh:
+        json.dump(res, fh, indent=1)
+    print("wrote", out)
+
+
+if __name__ == "__main__":
+    main()
