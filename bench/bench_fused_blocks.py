@@ -19,6 +19,7 @@ import sys
 import torch
 from torch import nn
 
+import fp8amp
 import fp8amp.torch as ft
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -58,6 +59,8 @@ def main():
     ap.add_argument("--commit", default=os.environ.get("FP8AMP_COMMIT", "unknown"))
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--reps", type=int, default=30)
+    ap.add_argument("--recipes", default="current,delayed",
+                    help="the fp8amp Linears' scaling: current (the front's default) and/or delayed")
     ap.add_argument("--cases", default="lnlinear:8192x2048x6144,lnmlp:8192x2048x8192,lnlinear:8192x4096x12288,"
                                        "lnmlp:8192x4096x16384")
     args = ap.parse_args()
@@ -67,15 +70,21 @@ def main():
            "torch": torch.__version__, "what": "forward + backward of one block, bf16 autocast, median ms",
            "cases": {}}
     gen = torch.Generator(device=dev).manual_seed(1234)
-    for case in args.cases.split(","):
+    for recipe_name, case in ((r, c) for r in args.recipes.split(",") for c in args.cases.split(",")):
+        recipe = fp8amp.Recipe(mode=fp8amp.ScalingMode.DELAYED if recipe_name == "delayed" else fp8amp.ScalingMode.CURRENT)
         kind, shape = case.split(":")
         tokens, d, f = (int(v) for v in shape.split("x"))
         x = (torch.randn(tokens, d, device=dev, generator=gen) * 2).to(torch.bfloat16).requires_grad_(True)
         out_d = f if kind == "lnlinear" else d
         dy = torch.randn(tokens, out_d, device=dev, generator=gen).to(torch.bfloat16)
-        fused = (ft.LayerNormLinear(d, f, device=dev) if kind == "lnlinear" else ft.LayerNormMLP(d, f, device=dev))
+        fused = (ft.LayerNormLinear(d, f, device=dev, recipe=recipe) if kind == "lnlinear"
+                 else ft.LayerNormMLP(d, f, device=dev, recipe=recipe))
         ref = nn_block(kind, d, f).to(dev)
-        row = {"tokens": tokens, "d": d, "f": f}
+        row = {"recipe": recipe_name, "tokens": tokens, "d": d, "f": f}
+        # a delayed recipe's INPUT and GRAD_OUTPUT metas are updated once a step (as the front's
+        # Optimizer does), in both fp8amp modes
+        metas = [mt for m in fused.modules() if isinstance(m, ft.Linear) and recipe_name == "delayed"
+                 for mt in m.scaling_metas()]
 
         def step(run, module):
             def fn():
@@ -84,6 +93,8 @@ def main():
                 with torch.autocast("cuda", dtype=torch.bfloat16):
                     y = run(module, x)
                 y.backward(dy)
+                if module is fused and metas:
+                    fp8amp.scaling.update_many(metas[0].context, metas)
             return fn
 
         kinds = {"fused": step(lambda m, v: m(v), fused), "composition": step(composition, fused),
@@ -97,11 +108,11 @@ def main():
         row["gemm"] = str(lin.gemm_kind)
         row["fused_over_composition"] = row["fused_ms"] / row["composition_ms"]
         row["fused_over_bf16_nn"] = row["fused_ms"] / row["bf16_nn_ms"]
-        res["cases"][case] = row
-        print("%-28s fused %.3f ms  composition %.3f ms (x%.3f)  bf16 nn %.3f ms (x%.3f)  gemm %s" % (
-            case, row["fused_ms"], row["composition_ms"], row["fused_over_composition"], row["bf16_nn_ms"],
+        res["cases"][recipe_name + ":" + case] = row
+        print("%-8s %-28s fused %.3f ms  composition %.3f ms (x%.3f)  bf16 nn %.3f ms (x%.3f)  gemm %s" % (
+            recipe_name, case, row["fused_ms"], row["composition_ms"], row["fused_over_composition"], row["bf16_nn_ms"],
             row["fused_over_bf16_nn"], row["gemm"]), flush=True)
-        del fused, ref, x, dy
+        del fused, ref, x, dy, metas, kinds
         torch.cuda.empty_cache()
     out = args.out or os.path.join(os.path.dirname(os.path.abspath(__file__)), "results",
                                    "fused_blocks-%s-%s.json" % (props.name.replace(" ", "_"), res["date"]))

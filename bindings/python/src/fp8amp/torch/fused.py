@@ -30,7 +30,7 @@ from torch import nn
 
 import fp8amp
 
-from fp8amp._ffi import ffi, lib
+from fp8amp._ffi import lib
 from fp8amp.errors import NotSupportedError, check
 from fp8amp.linear import Role
 
@@ -160,25 +160,22 @@ class GELU(nn.Module):
 
 
 class _Fp8Input:
-    """The E4M3 operand a producer writes for one Linear: one fp8amp handle bound to that Linear's
-    INPUT meta (its scale_inv slot is what the GEMM reads), re-pointed at each call's torch buffer."""
+    """The E4M3 operand a producer writes for one Linear: a handle over each call's torch buffer,
+    bound to that Linear's INPUT meta (its own scale_inv slot is what the norm writes and the GEMM
+    reads). A bound handle cannot be re-pointed at other memory (its scale_inv belongs to the data),
+    so each call makes one (dropped after the call) and only the meta's handle is kept."""
 
     def __init__(self, lin: Linear) -> None:
         self.lin = lin
-        self.t: Any = None  # the fp8amp.Tensor owning the handle
-        self.ptr, self.shape = 0, None
+        self.meta: Any = None
 
     def bind(self, x8: torch.Tensor) -> Any:
         st = self.lin._st
-        if self.t is None:
-            h = _wrap(st.ctx_h, x8)
-            self.t = fp8amp.Tensor._new(h, st.ctx)
-            check(lib.fp8amp_tensor_set_scaling(h, self.lin.fp8amp_linear.scaling(Role.INPUT).handle))
-        elif x8.data_ptr() != self.ptr or x8.shape != self.shape:
-            check(lib.fp8amp_tensor_rebind(self.t.handle, ffi.cast("void *", x8.data_ptr()), x8.dim(),
-                                           ffi.new("int64_t[]", list(x8.shape))))
-        self.ptr, self.shape = x8.data_ptr(), x8.shape
-        return self.t
+        if self.meta is None:
+            self.meta = self.lin.fp8amp_linear.scaling(Role.INPUT)
+        t = fp8amp.Tensor._new(_wrap(st.ctx_h, x8), st.ctx)
+        check(lib.fp8amp_tensor_set_scaling(t.handle, self.meta.handle))
+        return t
 
 
 def _fp8_fed(lin: Linear, x: torch.Tensor, training: bool) -> bool:
@@ -209,7 +206,7 @@ def _norm_into(mod: "LayerNormLinear", x: torch.Tensor, training: bool):
     _on_current_stream(ctx, x.device)
     d = x.shape[-1]
     rows = x.numel() // d
-    x8 = torch.empty(x.shape, dtype=torch.float8_e4m3fn, device=x.device)
+    x8 = torch.empty((rows, d), dtype=torch.float8_e4m3fn, device=x.device)  # the Linear sees [rows, d]
     h8 = mod._fp8_in.bind(x8)
     mean = torch.empty(rows, dtype=torch.float32, device=x.device)
     rstd = torch.empty(rows, dtype=torch.float32, device=x.device)
@@ -217,8 +214,8 @@ def _norm_into(mod: "LayerNormLinear", x: torch.Tensor, training: bool):
                         to_fp8amp(rstd, ctx),
                         beta=to_fp8amp(norm.bias.detach(), ctx) if norm.bias is not None else None,
                         mean=to_fp8amp(mean, ctx), eps=norm.eps)
-    y = _fwd_fp8(st, h8.handle, tuple(x.shape), _out_dtype(x), x.device, 1 if training else 0)
-    return y, mean, rstd
+    y = _fwd_fp8(st, h8.handle, (rows, d), _out_dtype(x), x.device, 1 if training else 0)
+    return y.view(tuple(x.shape[:-1]) + (st.n,)), mean, rstd
 
 
 def _norm_backward(norm: "LayerNorm", dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, mean: torch.Tensor,
@@ -260,8 +257,9 @@ class _NormLinearFn(torch.autograd.Function):
             # not the C Linear's last training forward (the Linear ran another since): recompute it
             # from the saved x, as fp8amp.torch.Linear's backward does from its input
             _norm_into(mod, x, True)
-        dxl = torch.empty(x.shape, dtype=fctx.ldt, device=x.device)  # the norm output's gradient
-        _bwd(st, dy, dxl)
+        d = x.shape[-1]
+        dxl = torch.empty((x.numel() // d, d), dtype=fctx.ldt, device=x.device)  # the norm output's gradient
+        _bwd(st, dy.reshape(dxl.shape[0], st.n), dxl)  # the C Linear saw [rows, d] -> [rows, n]
         st.bwd_id = st.fwd_id
         dx, dg, db = _norm_backward(mod.norm, dxl, x, nw, mean, rstd, fctx.has_nb)
         need = fctx.needs_input_grad
@@ -275,10 +273,13 @@ def _gelu_into(mod: "LayerNormMLP", h: torch.Tensor, training: bool) -> torch.Te
     ctx = mod.act._ctx
     _prepare(st)
     _on_current_stream(ctx, h.device)
-    x8 = torch.empty(h.shape, dtype=torch.float8_e4m3fn, device=h.device)
+    f = h.shape[-1]
+    rows = h.numel() // f
+    x8 = torch.empty((rows, f), dtype=torch.float8_e4m3fn, device=h.device)  # the Linear sees [rows, f]
     h8 = mod._fp8_in2.bind(x8)
-    fp8amp.activation_forward(ctx, to_fp8amp(h, ctx), h8, kind="gelu_tanh")
-    return _fwd_fp8(st, h8.handle, tuple(h.shape), _out_dtype(h), h.device, 1 if training else 0)
+    fp8amp.activation_forward(ctx, to_fp8amp(_rows(h, f), ctx), h8, kind="gelu_tanh")
+    y = _fwd_fp8(st, h8.handle, (rows, f), _out_dtype(h), h.device, 1 if training else 0)
+    return y.view(tuple(h.shape[:-1]) + (st.n,))
 
 
 class _GeluLinearFn(torch.autograd.Function):
@@ -299,8 +300,9 @@ class _GeluLinearFn(torch.autograd.Function):
         st = mod.fc2._st
         if fctx.fwd_id != st.fwd_id or st.bwd_id == fctx.fwd_id:
             _gelu_into(mod, h, True)  # recompute (see _NormLinearFn)
-        da = torch.empty(h.shape, dtype=fctx.ldt, device=h.device)  # the activation output's gradient
-        _bwd(st, dy, da)
+        f = h.shape[-1]
+        da = torch.empty((h.numel() // f, f), dtype=fctx.ldt, device=h.device)  # the activation output's gradient
+        _bwd(st, dy.reshape(da.shape[0], st.n), da)  # the C Linear saw [rows, f] -> [rows, n]
         st.bwd_id = st.fwd_id
         need = fctx.needs_input_grad
         dh = None
@@ -308,8 +310,8 @@ class _GeluLinearFn(torch.autograd.Function):
             ctx = mod.act._ctx
             _on_current_stream(ctx, h.device)
             dh = torch.empty(h.shape, dtype=da.dtype, device=h.device)
-            fp8amp.activation_backward(ctx, to_fp8amp(da, ctx), to_fp8amp(h, ctx), to_fp8amp(dh, ctx),
-                                       kind="gelu_tanh")
+            fp8amp.activation_backward(ctx, to_fp8amp(da, ctx), to_fp8amp(_rows(h, f), ctx),
+                                       to_fp8amp(_rows(dh, f), ctx), kind="gelu_tanh")
         return dh, st.wref if need[1] else None, st.bref if need[2] else None, None
 
 
