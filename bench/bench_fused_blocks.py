@@ -15,6 +15,7 @@ import json
 import os
 import statistics
 import sys
+import time
 
 import torch
 from torch import nn
@@ -25,20 +26,28 @@ import fp8amp.torch as ft
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 
+BACKLOG = 20_000_000  # cycles of the sleep kernel queued before each timed step (--backlog)
+
+
 def bench(fn, warmup, reps):
+    """(GPU ms, host ms) medians of a step: the events time the GPU's work, queued behind a sleep kernel
+    long enough (BACKLOG) that the host's enqueueing of the step ends first (host ms, measured on the
+    host around the enqueueing, says whether it did: it must stay below the backlog's length)."""
     for _ in range(warmup):
         fn()
     torch.cuda.synchronize()
-    times = []
+    times, host = [], []
     for _ in range(reps):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        torch.cuda._sleep(1_000_000)
+        torch.cuda._sleep(BACKLOG)
         start.record()
+        t0 = time.perf_counter()
         fn()
+        host.append((time.perf_counter() - t0) * 1e3)
         end.record()
         end.synchronize()
         times.append(start.elapsed_time(end))
-    return statistics.median(times)
+    return statistics.median(times), statistics.median(host)
 
 
 def composition(m, x):
@@ -63,11 +72,14 @@ def main():
                     help="the fp8amp Linears' scaling: current (the front's default) and/or delayed")
     ap.add_argument("--cases", default="lnlinear:8192x2048x6144,lnmlp:8192x2048x8192,lnlinear:8192x4096x12288,"
                                        "lnmlp:8192x4096x16384")
+    ap.add_argument("--backlog", type=int, default=BACKLOG, help="sleep cycles queued before each step")
     args = ap.parse_args()
+    globals()["BACKLOG"] = args.backlog
     dev = torch.device("cuda")
     props = torch.cuda.get_device_properties(0)
     res = {"device": props.name, "date": datetime.date.today().isoformat(), "commit": args.commit,
-           "torch": torch.__version__, "what": "forward + backward of one block, bf16 autocast, median ms",
+           "torch": torch.__version__, "backlog_cycles": BACKLOG,
+           "what": "forward + backward of one block, bf16 autocast, median ms (GPU, events) and host ms (enqueueing)",
            "cases": {}}
     gen = torch.Generator(device=dev).manual_seed(1234)
     for recipe_name, case in ((r, c) for r in args.recipes.split(",") for c in args.cases.split(",")):
@@ -99,19 +111,23 @@ def main():
 
         kinds = {"fused": step(lambda m, v: m(v), fused), "composition": step(composition, fused),
                  "bf16_nn": step(lambda m, v: m(v), ref)}
-        for r in range(2):  # alternating rounds: each mode's median, then the mean of the rounds
+        for r in range(3):  # alternating rounds: each mode's median, then the mean of the rounds
             for name, fn in kinds.items():
-                row.setdefault(name + "_ms_rounds", []).append(bench(fn, args.warmup, args.reps))
+                gpu, host = bench(fn, args.warmup, args.reps)
+                row.setdefault(name + "_ms_rounds", []).append(gpu)
+                row.setdefault(name + "_host_ms_rounds", []).append(host)
         for name in kinds:
             row[name + "_ms"] = statistics.mean(row[name + "_ms_rounds"])
+            row[name + "_host_ms"] = statistics.mean(row[name + "_host_ms_rounds"])
         lin = fused.linear if kind == "lnlinear" else fused.fc1
         row["gemm"] = str(lin.gemm_kind)
         row["fused_over_composition"] = row["fused_ms"] / row["composition_ms"]
         row["fused_over_bf16_nn"] = row["fused_ms"] / row["bf16_nn_ms"]
         res["cases"][recipe_name + ":" + case] = row
-        print("%-8s %-28s fused %.3f ms  composition %.3f ms (x%.3f)  bf16 nn %.3f ms (x%.3f)  gemm %s" % (
+        print("%-8s %-28s fused %.3f ms  composition %.3f ms (x%.3f)  bf16 nn %.3f ms (x%.3f)  gemm %s  host ms %.2f/%.2f/%.2f" % (
             recipe_name, case, row["fused_ms"], row["composition_ms"], row["fused_over_composition"], row["bf16_nn_ms"],
-            row["fused_over_bf16_nn"], row["gemm"]), flush=True)
+            row["fused_over_bf16_nn"], row["gemm"], row["fused_host_ms"], row["composition_host_ms"],
+            row["bf16_nn_host_ms"]), flush=True)
         del fused, ref, x, dy, metas, kinds
         torch.cuda.empty_cache()
     out = args.out or os.path.join(os.path.dirname(os.path.abspath(__file__)), "results",
