@@ -232,8 +232,10 @@ typedef struct {
     fp8amp_linear lin;
     fp8amp_tensor w, w_slot, b, wg, bg;   /* the Linear's (w_slot: the weight's scale_inv, if any) */
     fp8amp_tensor x1, dy1, y1, dx1, x2, dy2, y2, dx2;
+    fp8amp_tensor x8; /* OP_FORWARD_FP8: x2 quantized with the INPUT meta (NULL otherwise) */
     fp8amp_scaling metas[5];             /* by role; NULL where the Linear has none */
     fp8amp_optimizer opt;
+    dims_t dims;
 } rig_t;
 
 static inline fp8amp_tensor f32_2d(fp8amp_context ctx, int64_t rows, int64_t cols, const float *v) {
@@ -249,6 +251,7 @@ static inline void rig_make(rig_t *r, arena_t *a, fp8amp_device dev, const cfg_t
     fp8amp_linear_desc desc;
     fp8amp_tensor w_src;
     memset(r, 0, sizeof *r);
+    r->dims = dm;
     r->ctx = make_context(dev);
     EXPECT_OK(fp8amp_context_set_allocator(r->ctx, arena_alloc, arena_free, a));
     EXPECT_OK(fp8amp_linear_desc_init_default(&desc));
@@ -283,7 +286,8 @@ static inline void rig_make(rig_t *r, arena_t *a, fp8amp_device dev, const cfg_t
 }
 
 static inline void rig_free(rig_t *r) {
-    fp8amp_tensor ts[] = {r->w, r->w_slot, r->b, r->wg, r->bg, r->x1, r->dy1, r->y1, r->dx1, r->x2, r->dy2, r->y2, r->dx2};
+    fp8amp_tensor ts[] = {r->w,  r->w_slot, r->b,  r->wg, r->bg,  r->x1, r->dy1,
+                          r->y1, r->dx1,    r->x2, r->dy2, r->y2, r->dx2, r->x8};
     for (size_t i = 0; i < sizeof ts / sizeof ts[0]; ++i) EXPECT_OK(fp8amp_tensor_destroy(ts[i]));
     for (int role = 0; role < 5; ++role) EXPECT_OK(fp8amp_scaling_destroy(r->metas[role]));
     EXPECT_OK(fp8amp_optimizer_destroy(r->opt));
@@ -368,9 +372,15 @@ static inline void make_optimizer(rig_t *r, const cfg_t *cfg, int with_weight) {
 /* The operation under test, and what comes after it in the run. OP_FORWARD_OVER_SAVED (the host test's
  * only): a training forward while an earlier one (of other rows) is saved; after a failure the saved one
  * is backed. */
-typedef enum { OP_FORWARD, OP_BACKWARD, OP_STEP, OP_LOAD, OP_ADD_PARAM, OP_FORWARD_OVER_SAVED } op_t;
+typedef enum { OP_FORWARD, OP_BACKWARD, OP_STEP, OP_LOAD, OP_ADD_PARAM, OP_FORWARD_OVER_SAVED, OP_FORWARD_FP8 } op_t;
 static const char *const kOpNames[] = {"fp8amp_linear_forward",  "fp8amp_linear_backward",     "fp8amp_optimizer_step",
-                                       "fp8amp_optimizer_load",  "fp8amp_optimizer_add_param", "fp8amp_linear_forward"};
+                                       "fp8amp_optimizer_load",  "fp8amp_optimizer_add_param", "fp8amp_linear_forward",
+                                       "fp8amp_linear_forward_fp8"};
+
+/* Whether a case runs op with cfg: an FP8 input needs a Linear that runs FP8 GEMMs. */
+static inline int op_applies(op_t op, const cfg_t *cfg) {
+    return op != OP_FORWARD_FP8 || cfg->policy != FP8AMP_GEMM_NEVER_FP8;
+}
 
 typedef struct {
     unsigned char *ckpt; /* OP_LOAD: the checkpoint loaded (saved after the first step) */
@@ -382,6 +392,12 @@ static inline void run_prefix(rig_t *r, op_t op, const cfg_t *cfg, int warm, ext
     if (warm) warm_up(r);
     if (op == OP_BACKWARD) EXPECT_OK(fp8amp_linear_forward(r->lin, r->x2, r->y2, 1));
     if (op == OP_FORWARD_OVER_SAVED) EXPECT_OK(fp8amp_linear_forward(r->lin, r->x1, r->y1, 1));
+    if (op == OP_FORWARD_FP8) { /* what a fused norm does: x2 quantized into the Linear's INPUT meta */
+        const int64_t shape[2] = {r->dims.M2, r->dims.K};
+        r->x8 = make_tensor(r->ctx, FP8AMP_DTYPE_E4M3, 2, shape);
+        EXPECT_OK(fp8amp_tensor_set_scaling(r->x8, r->metas[FP8AMP_ROLE_INPUT]));
+        EXPECT_OK(fp8amp_quantize(r->ctx, r->x2, r->x8));
+    }
     if (op == OP_STEP || op == OP_LOAD || op == OP_ADD_PARAM) {
         if (!warm) warm_up(r);
         make_optimizer(r, cfg, op != OP_ADD_PARAM);
@@ -403,6 +419,7 @@ static inline fp8amp_status run_op(rig_t *r, op_t op, const extra_t *x) {
     switch (op) {
     case OP_FORWARD:
     case OP_FORWARD_OVER_SAVED: return fp8amp_linear_forward(r->lin, r->x2, r->y2, 1);
+    case OP_FORWARD_FP8: return fp8amp_linear_forward_fp8(r->lin, r->x8, r->y2, 1);
     /* accumulate: the first backward's sum starts from the zero gradients, a retry must not add to
      * memory a failed attempt left behind */
     case OP_BACKWARD: return fp8amp_linear_backward(r->lin, r->dy2, r->dx2, 1);
@@ -416,7 +433,8 @@ static inline fp8amp_status run_op(rig_t *r, op_t op, const extra_t *x) {
 /* Everything after the operation: the rest of the step and one more forward/backward (a cache or
  * saved buffer left wrong by a failure shows here). */
 static inline void run_suffix(rig_t *r, op_t op) {
-    if (op == OP_FORWARD || op == OP_FORWARD_OVER_SAVED) EXPECT_OK(fp8amp_linear_backward(r->lin, r->dy2, r->dx2, 1));
+    if (op == OP_FORWARD || op == OP_FORWARD_OVER_SAVED || op == OP_FORWARD_FP8)
+        EXPECT_OK(fp8amp_linear_backward(r->lin, r->dy2, r->dx2, 1));
     if (op == OP_STEP || op == OP_LOAD || op == OP_ADD_PARAM) EXPECT_OK(fp8amp_optimizer_step(r->opt, NULL));
     EXPECT_OK(fp8amp_linear_forward(r->lin, r->x2, r->y2, 1));
     EXPECT_OK(fp8amp_linear_backward(r->lin, r->dy2, r->dx2, 1));

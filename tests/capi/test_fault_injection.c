@@ -11,7 +11,8 @@
  *     optimizer's state as fp8amp_optimizer_save writes it are those of before the call;
  *   - a retry without failure succeeds, and the run continues (the rest of the forward/backward,
  *     another forward/backward, a step) to exactly the bytes of a run that never failed.
- * The Linear cases run for BF16, scaled F16 (O1/O2) and E4M3 (O3) weights on the FP8 path, and F32 /
+ * The Linear cases (forward, forward_fp8 from an input quantized with the INPUT meta, backward) run
+ * for BF16, scaled F16 (O1/O2) and E4M3 (O3) weights on the FP8 path, and F32 /
  * BF16 weight gradients on the non-FP8 path, and for lean Linears (fp8amp_linear_set_lean levels 1
  * and 2: W8, W8^T and the FP32 sum in the context's scratch), each on a fresh Linear (first call:
  * every cache is made) and on a warm one whose next call has more rows (buffers re-made larger).
@@ -35,6 +36,7 @@ static void fault_case(fp8amp_device dev, op_t op) {
         for (int warm = 0; warm < 2; ++warm) {
             const cfg_t *cfg = &kConfigs[c];
             extra_t x = {NULL, 0};
+            if (!op_applies(op, cfg)) continue;
             snap_t want, before;
             rig_t r;
             long k, allocations;
@@ -90,6 +92,11 @@ static void test_forward_faults(void **state) {
     fault_case(variant_device(state), OP_FORWARD);
 }
 
+static void test_forward_fp8_faults(void **state) {
+    require_variant(state);
+    fault_case(variant_device(state), OP_FORWARD_FP8);
+}
+
 static void test_backward_faults(void **state) {
     require_variant(state);
     fault_case(variant_device(state), OP_BACKWARD);
@@ -113,6 +120,7 @@ static void test_add_param_faults(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         DEVICE_TESTS(test_forward_faults),
+        DEVICE_TESTS(test_forward_fp8_faults),
         DEVICE_TESTS(test_backward_faults),
         DEVICE_TESTS(test_step_faults),
         DEVICE_TESTS(test_load_faults),

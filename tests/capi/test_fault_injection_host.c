@@ -167,7 +167,7 @@ static const dims_t kThreads = {256, 256, 16, 32};
 
 /* The case names of the messages (kOpNames, the functions, name the messages' source). */
 static const char *const kCaseNames[] = {"forward", "backward", "step", "load", "add_param",
-                                         "forward over a saved forward"};
+                                         "forward over a saved forward", "forward_fp8"};
 
 /* OP_FORWARD_OVER_SAVED, after a failed forward: the saved forward is still there to be backed. */
 static void back_the_saved_forward(rig_t *r) {
@@ -187,6 +187,7 @@ static void fault_case(fp8amp_device dev, op_t op, dims_t dm, const cfg_t *cfgs,
         for (int warm = 0; warm < 2; ++warm) {
             const cfg_t *cfg = &cfgs[c];
             const char *how = warm ? "warm" : "fresh";
+            if (!op_applies(op, cfg)) continue;
             extra_t x = {NULL, 0};
             snap_t want, before;
             rig_t r;
@@ -273,6 +274,7 @@ static void fault_case(fp8amp_device dev, op_t op, dims_t dm, const cfg_t *cfgs,
 
 HOST_FAULT_TEST(test_forward_host_faults, OP_FORWARD)
 HOST_FAULT_TEST(test_forward_over_saved_host_faults, OP_FORWARD_OVER_SAVED)
+HOST_FAULT_TEST(test_forward_fp8_host_faults, OP_FORWARD_FP8)
 HOST_FAULT_TEST(test_backward_host_faults, OP_BACKWARD)
 HOST_FAULT_TEST(test_add_param_host_faults, OP_ADD_PARAM)
 HOST_FAULT_TEST(test_step_host_faults, OP_STEP)
@@ -293,6 +295,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         DEVICE_TESTS(test_forward_host_faults),
         DEVICE_TESTS(test_forward_over_saved_host_faults),
+        DEVICE_TESTS(test_forward_fp8_host_faults),
         DEVICE_TESTS(test_backward_host_faults),
         DEVICE_TESTS(test_add_param_host_faults),
         DEVICE_TESTS(test_step_host_faults),

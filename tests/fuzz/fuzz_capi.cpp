@@ -939,7 +939,16 @@ void Session::run() {
             const bool null_out = one_in(10);
             why.add(null_out, "out NULL");
             fp8amp_status s;
-            switch (in.ConsumeIntegralInRange<int>(0, 7)) {
+            switch (in.ConsumeIntegralInRange<int>(0, 8)) {
+            case 7: {
+                const int64_t rows = one_in(4) ? in.ConsumeIntegral<int64_t>() : in.ConsumeIntegralInRange<int64_t>(1, 1 << 20);
+                why.add(rows < 1, "rows < 1");
+                Out<fp8amp_gemm_kind> o;
+                s = CALL(fp8amp_linear_choose_gemm, why, l, rows, in.ConsumeIntegralInRange<int32_t>(0, 2),
+                         null_out ? nullptr : o.ptr());
+                UNCHANGED_ON_FAILURE(s, o);
+                break;
+            }
             case 0: { Out<fp8amp_tensor> o; s = CALL(fp8amp_linear_weight, why, l, null_out ? nullptr : o.ptr()); UNCHANGED_ON_FAILURE(s, o); if (!s) born(TENSOR, o.value); break; }
             case 1: { Out<fp8amp_tensor> o; s = CALL(fp8amp_linear_bias, why, l, null_out ? nullptr : o.ptr()); UNCHANGED_ON_FAILURE(s, o); if (!s) born(TENSOR, o.value); break; }
             case 2: { Out<fp8amp_tensor> o; s = CALL(fp8amp_linear_weight_grad, why, l, null_out ? nullptr : o.ptr()); UNCHANGED_ON_FAILURE(s, o); if (!s) born(TENSOR, o.value); break; }
@@ -963,11 +972,15 @@ void Session::run() {
             break;
         }
         case 25:
-        case 26: {  // linear forward / backward
+        case 26: {  // linear forward (wide or FP8 input) / backward
             auto l = h<fp8amp_linear>(LINEAR, why, "lin");
-            if (in.ConsumeBool()) {
+            const int which = in.ConsumeIntegralInRange<int>(0, 2);
+            if (which == 0) {
                 auto x = h<fp8amp_tensor>(TENSOR, why, "x"), y = h<fp8amp_tensor>(TENSOR, why, "y");
                 CALL(fp8amp_linear_forward, why, l, x, y, in.ConsumeIntegralInRange<int32_t>(0, 2));
+            } else if (which == 1) {
+                auto x8 = h<fp8amp_tensor>(TENSOR, why, "x8"), y = h<fp8amp_tensor>(TENSOR, why, "y");
+                CALL(fp8amp_linear_forward_fp8, why, l, x8, y, in.ConsumeIntegralInRange<int32_t>(0, 2));
             } else {
                 auto dy = h<fp8amp_tensor>(TENSOR, why, "dy"), dx = h<fp8amp_tensor>(TENSOR, why, "dx", true);
                 CALL(fp8amp_linear_backward, why, l, dy, dx, in.ConsumeIntegralInRange<int32_t>(0, 1));
