@@ -34,8 +34,38 @@ def rel_err(a, b):
     return float((a - b).norm() / max(float(b.norm()), 1e-30))
 
 
+class SwiGLURef(nn.Module):
+    """silu(a) * b over the halves [a, b] of the last dimension (what ft.SwiGLU computes)."""
+
+    def forward(self, x):
+        a, b = x.chunk(2, dim=-1)
+        return torch.nn.functional.silu(a) * b
+
+
+def nn_rmsnorm_linear(i, o):
+    return nn.Sequential(OrderedDict(norm=nn.RMSNorm(i, eps=1e-5), linear=nn.Linear(i, o)))
+
+
+def nn_swiglu_mlp(h, f):
+    return nn.Sequential(OrderedDict(norm=nn.LayerNorm(h), fc1=nn.Linear(h, 2 * f), act=SwiGLURef(),
+                                     fc2=nn.Linear(f, h)))
+
+
+def nn_rms_silu_mlp(h, f):
+    return nn.Sequential(OrderedDict(norm=nn.RMSNorm(h, eps=1e-5), fc1=nn.Linear(h, f), act=nn.SiLU(),
+                                     fc2=nn.Linear(f, h)))
+
+
+def with_kw(cls, **kw):
+    return lambda *a, **k: cls(*a, **kw, **k)
+
+
 CASES = [("lnlinear", lambda: (ft.LayerNormLinear, (24, 40), nn_layernorm_linear)),
-         ("lnmlp", lambda: (ft.LayerNormMLP, (24, 72), nn_layernorm_mlp))]
+         ("lnmlp", lambda: (ft.LayerNormMLP, (24, 72), nn_layernorm_mlp)),
+         ("rmslinear", lambda: (with_kw(ft.LayerNormLinear, normalization="RMSNorm"), (24, 40), nn_rmsnorm_linear)),
+         ("swiglu_mlp", lambda: (with_kw(ft.LayerNormMLP, activation="swiglu"), (24, 36), nn_swiglu_mlp)),
+         ("rms_silu_mlp", lambda: (with_kw(ft.LayerNormMLP, normalization="RMSNorm", activation="silu"), (24, 72),
+                                   nn_rms_silu_mlp))]
 
 
 @pytest.mark.parametrize("name,case", CASES)
@@ -116,6 +146,38 @@ def test_layernorm_alone_and_gelu():
         ln(torch.randn(3, 32))
 
 
+def test_rmsnorm_silu_swiglu_alone():
+    seed = int(np.random.SeedSequence().entropy % 2**31)
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(4, 6, 34, generator=gen) * 3 + 0.5
+    dy = torch.randn(x.shape, generator=gen)
+    for eps in (1e-6, None):  # None: finfo(float32).eps, as nn.RMSNorm
+        rn, rnr = ft.RMSNorm(34, eps=eps), nn.RMSNorm(34, eps=eps)
+        randomize(rnr, gen)
+        rn.load_state_dict(rnr.state_dict())
+        assert list(rn.state_dict()) == list(rnr.state_dict()) == ["weight"]
+        x1, x2 = x.clone().requires_grad_(True), x.clone().requires_grad_(True)
+        y1, y2 = rn(x1), rnr(x2)
+        assert rel_err(y1, y2) < 1e-5, (seed, eps)
+        y1.backward(dy), y2.backward(dy)
+        assert rel_err(x1.grad, x2.grad) < 1e-5 and rel_err(rn.weight.grad, rnr.weight.grad) < 1e-5, (seed, eps)
+    for mod, ref in ((ft.SiLU(), nn.SiLU()), (ft.SwiGLU(), SwiGLURef())):
+        x1, x2 = x.clone().requires_grad_(True), x.clone().requires_grad_(True)
+        y1, y2 = mod(x1), ref(x2)
+        assert y1.shape == y2.shape and rel_err(y1, y2) < 1e-5, (seed, type(mod).__name__)
+        g = torch.randn(y2.shape, generator=gen)
+        y1.backward(g), y2.backward(g)
+        assert rel_err(x1.grad, x2.grad) < 1e-5, (seed, type(mod).__name__)
+    with pytest.raises(RuntimeError):
+        ft.SwiGLU()(torch.randn(3, 5))
+    with pytest.raises(ValueError):
+        ft.LayerNormLinear(16, 16, normalization="BatchNorm")
+    with pytest.raises(ValueError):
+        ft.LayerNormLinear(16, 16, normalization="RMSNorm", norm_bias=True)
+    with pytest.raises(ValueError):
+        ft.LayerNormMLP(16, 32, activation="relu")
+
+
 def test_autocast_output_dtype():
     m = ft.LayerNormMLP(16, 32, policy="bf16")
     x = torch.randn(3, 16)
@@ -156,18 +218,23 @@ def fp8_fed_calls(monkeypatch):
     return calls
 
 
-BLOCKS = [("lnlinear", lambda dev: (ft.LayerNormLinear(64, 48, policy="fp8", device=dev),
-                                    ft.LayerNormLinear(64, 48, policy="fp8", device=dev), 1)),
-          ("lnmlp", lambda dev: (ft.LayerNormMLP(64, 128, policy="fp8", device=dev),
-                                 ft.LayerNormMLP(64, 128, policy="fp8", device=dev), 2))]
+def _pair(cls, *args, **kw):
+    return lambda dev: (cls(*args, policy="fp8", device=dev, **kw), cls(*args, policy="fp8", device=dev, **kw))
 
 
-@pytest.mark.parametrize("name,make", BLOCKS)
-def test_fp8_fed_block_is_its_composition_bit_for_bit(tdev, gen, fp8_fed_calls, name, make):
-    """F32 activations, current scaling: the norm (GELU) writes exactly the codes the Linear's own
+BLOCKS = [("lnlinear", _pair(ft.LayerNormLinear, 64, 48), 1),
+          ("lnmlp", _pair(ft.LayerNormMLP, 64, 128), 2),
+          ("rmslinear", _pair(ft.LayerNormLinear, 64, 48, normalization="RMSNorm"), 1),
+          ("swiglu_mlp", _pair(ft.LayerNormMLP, 64, 64, activation="swiglu"), 2),
+          ("rms_silu_mlp", _pair(ft.LayerNormMLP, 64, 128, normalization="RMSNorm", activation="silu"), 2)]
+
+
+@pytest.mark.parametrize("name,make,per_step", BLOCKS)
+def test_fp8_fed_block_is_its_composition_bit_for_bit(tdev, gen, fp8_fed_calls, name, make, per_step):
+    """F32 activations, current scaling: the norm (activation) writes exactly the codes the Linear's own
     quantize of its F32 output makes, so the fused block and its composition give the same bytes,
     forward and backward, over 3 steps (gradients accumulated)."""
-    fused, twin, per_step = make(tdev)
+    fused, twin = make(tdev)
     randomize(fused, gen)
     twin.load_state_dict(fused.state_dict())
     for step in range(3):
@@ -184,7 +251,8 @@ def test_fp8_fed_block_is_its_composition_bit_for_bit(tdev, gen, fp8_fed_calls, 
         for a, b in zip(linear_grads(fused), linear_grads(twin)):
             assert torch.equal(a, b), (name, step)
         assert torch.equal(fused.norm.weight.grad, twin.norm.weight.grad)
-        assert torch.equal(fused.norm.bias.grad, twin.norm.bias.grad)
+        if fused.norm.bias is not None:
+            assert torch.equal(fused.norm.bias.grad, twin.norm.bias.grad)
     # inference: no grad, the fused forward with nothing saved
     with torch.no_grad():
         n0 = len(fp8_fed_calls)
@@ -192,15 +260,15 @@ def test_fp8_fed_block_is_its_composition_bit_for_bit(tdev, gen, fp8_fed_calls, 
         assert len(fp8_fed_calls) == n0 + per_step and torch.equal(y1, y2)
 
 
-@pytest.mark.parametrize("name,make", BLOCKS)
-def test_fp8_fed_block_used_twice_before_its_backward(tdev, gen, name, make):
+@pytest.mark.parametrize("name,make,per_step", BLOCKS)
+def test_fp8_fed_block_used_twice_before_its_backward(tdev, gen, name, make, per_step):
     """Two forwards before one backward: the first forward's backward recomputes from its saved
     input (the C Linear keeps only its last forward) and the sums equal two separate steps'."""
-    used_twice, separate, _ = make(tdev)
+    used_twice, separate = make(tdev)
     randomize(used_twice, gen)
     separate.load_state_dict(used_twice.state_dict())
     xa, xb = ((torch.randn(32, 64, generator=gen) * 2).to(tdev) for _ in range(2))
-    dya = torch.randn(32, 48 if name == "lnlinear" else 64, generator=gen).to(tdev)
+    dya = torch.randn(32, 48 if name.endswith("linear") else 64, generator=gen).to(tdev)
     dyb = torch.randn(dya.shape, generator=gen).to(tdev)
     a1, b1 = xa.clone().requires_grad_(True), xb.clone().requires_grad_(True)
     ((used_twice(a1) * dya).sum() + (used_twice(b1) * dyb).sum()).backward()

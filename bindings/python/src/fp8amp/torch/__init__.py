@@ -19,7 +19,7 @@ from __future__ import annotations
 
 __all__ = ["Linear", "LinearGrad", "initialize", "Config", "Optimizer", "GradScaler", "all_reduce_grads",
            "communicator", "fp8_comm_hook", "data_parallel", "context", "to_fp8amp", "LayerNorm", "LayerNormLinear",
-           "LayerNormMLP", "GELU"]
+           "LayerNormMLP", "GELU", "RMSNorm", "SiLU", "SwiGLU"]
 
 # The package: context.py (contexts, dtype maps, tensor helpers), linear.py (the Linear module and its
 # autograd path), optim.py (the optimizer), amp.py (initialize, GradScaler), distributed.py (communicator,
@@ -32,4 +32,4 @@ from fp8amp.torch.linear import Linear, LinearGrad, _autocast_dtype, _replace_li
 from fp8amp.torch.optim import Optimizer  # noqa: F401
 from fp8amp.torch.distributed import all_reduce_grads, communicator, data_parallel, fp8_comm_hook  # noqa: F401
 from fp8amp.torch.amp import Config, GradScaler, initialize  # noqa: F401
-from fp8amp.torch.fused import GELU, LayerNorm, LayerNormLinear, LayerNormMLP  # noqa: F401
+from fp8amp.torch.fused import GELU, LayerNorm, LayerNormLinear, LayerNormMLP, RMSNorm, SiLU, SwiGLU  # noqa: F401

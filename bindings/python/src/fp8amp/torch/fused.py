@@ -8,14 +8,17 @@ keys of their nn compositions::
 
 so ``load_state_dict`` moves weights between the two either way (keys ``norm.weight``,
 ``norm.bias``, ``linear.weight`` ... / ``fc1.weight`` ...; an E4M3 (O3) Linear adds its
-``weight_scale_inv`` buffer, as fp8amp.torch.Linear does).
+``weight_scale_inv`` buffer, as fp8amp.torch.Linear does). ``normalization="RMSNorm"`` puts an RMSNorm
+(nn.RMSNorm's ``norm.weight``, no bias) in place of the LayerNorm; ``LayerNormMLP(activation=...)``
+takes "gelu" (tanh), "silu" or "swiglu" (fc1 then has 2f outputs [gate, up], act = silu(gate) * up).
+The modules ``LayerNorm``, ``RMSNorm``, ``GELU``, ``SiLU`` and ``SwiGLU`` are usable on their own.
 
-The LayerNorm runs ``fp8amp_norm_forward`` / ``fp8amp_norm_backward`` (one pass each; mean and rstd
-kept for the backward, dgamma/dbeta summed in a fixed order), the GELU ``fp8amp_activation_forward``
+The norms run ``fp8amp_norm_forward`` / ``fp8amp_norm_backward`` (one pass each; mean and rstd kept
+for the backward, dgamma/dbeta summed in a fixed order), the activations ``fp8amp_activation_forward``
 / ``_backward``, the Linears are fp8amp.torch.Linear (FP8 GEMMs). The norm's and the activation's
 outputs are written in the autocast dtype (bf16 under ``torch.autocast``; the input's dtype
 otherwise). Where the next Linear runs an FP8 GEMM for the input's rows (``fp8amp_linear_choose_gemm``;
-the eager path, parameters not replaced), the LayerNorm (and in ``LayerNormMLP`` also the GELU) kernel
+the eager path, parameters not replaced), the norm (and in ``LayerNormMLP`` also the activation) kernel
 writes that GEMM's E4M3 operand itself, bound to the Linear's INPUT meta, and the Linear takes it
 (``fp8amp_linear_forward_fp8``): the norm's output is never written in a wide dtype and read again to
 be quantized. Elsewhere (torch.compile, FSDP2's replaced parameters, AUTO choosing a BF16 GEMM) each
@@ -38,7 +41,7 @@ from .context import _wrap
 from .linear import (Linear, _ac_dtype, _ac_enabled, _bwd, _compiling, _fwd_fp8, _grad_enabled, _norm_device,
                      _on_current_stream, _prepare, context, to_fp8amp)
 
-__all__ = ["LayerNorm", "GELU", "LayerNormLinear", "LayerNormMLP"]
+__all__ = ["LayerNorm", "RMSNorm", "GELU", "SiLU", "SwiGLU", "LayerNormLinear", "LayerNormMLP"]
 
 
 def _out_dtype(x: torch.Tensor) -> torch.dtype:
@@ -50,21 +53,53 @@ def _rows(t: torch.Tensor, d: int) -> torch.Tensor:
     return t.reshape(t.numel() // d, d)
 
 
-class _LayerNormFn(torch.autograd.Function):
+def _eps(norm: Any, x: torch.Tensor) -> float:
+    """The norm's eps; RMSNorm's None is torch.finfo(x.dtype).eps, as nn.RMSNorm reads it."""
+    return norm.eps if norm.eps is not None else float(torch.finfo(x.dtype).eps)
+
+
+def _norm_forward(norm: Any, x: torch.Tensor, y: Any):
+    """fp8amp_norm_forward of x ([..., d], contiguous) into y (an fp8amp tensor of [rows, d]): returns
+    (mean, rstd) as [rows] F32 tensors (mean None for RMSNorm)."""
+    ctx = norm._ctx
+    d = x.shape[-1]
+    rows = x.numel() // d
+    rms = norm._kind == "rmsnorm"
+    mean = None if rms else torch.empty(rows, dtype=torch.float32, device=x.device)
+    rstd = torch.empty(rows, dtype=torch.float32, device=x.device)
+    fp8amp.norm_forward(ctx, to_fp8amp(_rows(x, d), ctx), to_fp8amp(norm.weight.detach(), ctx), y,
+                        to_fp8amp(rstd, ctx),
+                        beta=to_fp8amp(norm.bias.detach(), ctx) if norm.bias is not None else None,
+                        mean=to_fp8amp(mean, ctx) if mean is not None else None, kind=norm._kind, eps=_eps(norm, x))
+    return mean, rstd
+
+
+def _norm_backward(norm: Any, dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, mean: Any,
+                   rstd: torch.Tensor, has_bias: bool):
+    ctx = norm._ctx
+    _on_current_stream(ctx, x.device)
+    if dy.dtype not in (torch.float32, torch.bfloat16, torch.float16):
+        dy = dy.float()
+    dy = dy.contiguous()
+    d = x.shape[-1]
+    dx = torch.empty_like(x)
+    dg = torch.empty(d, dtype=torch.float32, device=x.device)
+    db = torch.empty(d, dtype=torch.float32, device=x.device) if has_bias else None
+    fp8amp.norm_backward(ctx, to_fp8amp(_rows(dy, d), ctx), to_fp8amp(_rows(x, d), ctx),
+                         to_fp8amp(weight.detach(), ctx), to_fp8amp(rstd, ctx), to_fp8amp(_rows(dx, d), ctx),
+                         to_fp8amp(dg, ctx), mean=to_fp8amp(mean, ctx) if mean is not None else None,
+                         dbeta=to_fp8amp(db, ctx) if db is not None else None, kind=norm._kind, eps=_eps(norm, x))
+    return dx, dg.to(weight.dtype), (db.to(weight.dtype) if db is not None else None)
+
+
+class _NormFn(torch.autograd.Function):
     @staticmethod
     def forward(fctx, x, weight, bias, mod):  # type: ignore[override]
-        ctx = mod._ctx
-        _on_current_stream(ctx, x.device)
+        _on_current_stream(mod._ctx, x.device)
         x = x.contiguous()
         d = x.shape[-1]
-        rows = x.numel() // d
         y = torch.empty(x.shape, dtype=_out_dtype(x), device=x.device)
-        mean = torch.empty(rows, dtype=torch.float32, device=x.device)
-        rstd = torch.empty(rows, dtype=torch.float32, device=x.device)
-        fp8amp.norm_forward(ctx, to_fp8amp(_rows(x, d), ctx), to_fp8amp(weight.detach(), ctx),
-                            to_fp8amp(_rows(y, d), ctx), to_fp8amp(rstd, ctx),
-                            beta=to_fp8amp(bias.detach(), ctx) if bias is not None else None,
-                            mean=to_fp8amp(mean, ctx), eps=mod.eps)
+        mean, rstd = _norm_forward(mod, x, to_fp8amp(_rows(y, d), mod._ctx))
         fctx.save_for_backward(x, weight, mean, rstd)
         fctx.mod, fctx.has_bias = mod, bias is not None
         return y
@@ -72,26 +107,15 @@ class _LayerNormFn(torch.autograd.Function):
     @staticmethod
     def backward(fctx, dy):  # type: ignore[override]
         x, weight, mean, rstd = fctx.saved_tensors
-        mod = fctx.mod
-        ctx = mod._ctx
-        _on_current_stream(ctx, x.device)
-        if dy.dtype not in (torch.float32, torch.bfloat16, torch.float16):
-            dy = dy.float()
-        dy = dy.contiguous()
-        d = x.shape[-1]
-        dx = torch.empty_like(x)
-        dg = torch.empty(d, dtype=torch.float32, device=x.device)
-        db = torch.empty(d, dtype=torch.float32, device=x.device) if fctx.has_bias else None
-        fp8amp.norm_backward(ctx, to_fp8amp(_rows(dy, d), ctx), to_fp8amp(_rows(x, d), ctx),
-                             to_fp8amp(weight.detach(), ctx), to_fp8amp(rstd, ctx), to_fp8amp(_rows(dx, d), ctx),
-                             to_fp8amp(dg, ctx), mean=to_fp8amp(mean, ctx),
-                             dbeta=to_fp8amp(db, ctx) if db is not None else None, eps=mod.eps)
-        return dx, dg.to(weight.dtype), (db.to(weight.dtype) if db is not None else None), None
+        dx, dg, db = _norm_backward(fctx.mod, dy, x, weight, mean, rstd, fctx.has_bias)
+        return dx, dg, db, None
 
 
 class LayerNorm(nn.Module):
     """nn.LayerNorm over the last dimension (``weight``, ``bias`` F32 parameters of its names) on
     fp8amp's fused LayerNorm kernels; the output is in the autocast dtype (see the module doc)."""
+
+    _kind = "layernorm"
 
     def __init__(self, normalized_shape: int, eps: float = 1e-5, bias: bool = True, device: Any = None) -> None:
         super().__init__()
@@ -107,45 +131,93 @@ class LayerNorm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
         if x.shape[-1] != self.normalized_shape[0]:
-            raise RuntimeError("fp8amp LayerNorm(%d) got an input of shape %s" % (self.normalized_shape[0],
-                                                                                 tuple(x.shape)))
-        return _LayerNormFn.apply(x, self.weight, self.bias, self)
+            raise RuntimeError("fp8amp %s(%d) got an input of shape %s" % (type(self).__name__,
+                                                                          self.normalized_shape[0], tuple(x.shape)))
+        return _NormFn.apply(x, self.weight, self.bias, self)
 
     def extra_repr(self) -> str:
         return "%s, eps=%g, bias=%s" % (self.normalized_shape, self.eps, self.bias is not None)
 
 
-class _GeluFn(torch.autograd.Function):
+class RMSNorm(LayerNorm):
+    """nn.RMSNorm over the last dimension (an F32 ``weight``; eps None: torch.finfo of the input's
+    dtype, as nn.RMSNorm) on fp8amp's fused RMSNorm kernels; the output is in the autocast dtype."""
+
+    _kind = "rmsnorm"
+
+    def __init__(self, normalized_shape: int, eps: Any = None, device: Any = None) -> None:
+        super().__init__(normalized_shape, bias=False, device=device)
+        self.eps = None if eps is None else float(eps)
+
+    def extra_repr(self) -> str:
+        return "%s, eps=%s" % (self.normalized_shape, self.eps)
+
+
+def _act_out_shape(kind: str, shape: Any) -> Any:
+    """The activation's output shape: SwiGLU halves the last dimension."""
+    return tuple(shape[:-1]) + (shape[-1] // 2,) if kind == "swiglu" else tuple(shape)
+
+
+class _ActFn(torch.autograd.Function):
     @staticmethod
-    def forward(fctx, x, ctx):  # type: ignore[override]
+    def forward(fctx, x, mod):  # type: ignore[override]
+        ctx, kind = mod._ctx, mod._kind
         _on_current_stream(ctx, x.device)
         x = x.contiguous()
-        y = torch.empty(x.shape, dtype=_out_dtype(x), device=x.device)
-        fp8amp.activation_forward(ctx, to_fp8amp(x, ctx), to_fp8amp(y, ctx), kind="gelu_tanh")
+        y = torch.empty(_act_out_shape(kind, x.shape), dtype=_out_dtype(x), device=x.device)
+        fp8amp.activation_forward(ctx, to_fp8amp(_rows(x, x.shape[-1]), ctx), to_fp8amp(_rows(y, y.shape[-1]), ctx),
+                                  kind=kind)
         fctx.save_for_backward(x)
-        fctx.ctx = ctx
+        fctx.mod = mod
         return y
 
     @staticmethod
     def backward(fctx, dy):  # type: ignore[override]
         (x,) = fctx.saved_tensors
-        _on_current_stream(fctx.ctx, x.device)
-        dy = dy.contiguous()
-        dx = torch.empty(x.shape, dtype=dy.dtype, device=x.device)
-        fp8amp.activation_backward(fctx.ctx, to_fp8amp(dy, fctx.ctx), to_fp8amp(x, fctx.ctx), to_fp8amp(dx, fctx.ctx),
-                                   kind="gelu_tanh")
-        return dx, None
+        return _act_backward(fctx.mod, dy, x), None
 
 
-class GELU(nn.Module):
-    """nn.GELU(approximate="tanh") on fp8amp's fused activation kernels (no parameters)."""
+def _act_backward(mod: Any, dy: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    ctx = mod._ctx
+    _on_current_stream(ctx, x.device)
+    dy = dy.contiguous()
+    dx = torch.empty(x.shape, dtype=dy.dtype, device=x.device)
+    fp8amp.activation_backward(ctx, to_fp8amp(_rows(dy, dy.shape[-1]), ctx), to_fp8amp(_rows(x, x.shape[-1]), ctx),
+                               to_fp8amp(_rows(dx, x.shape[-1]), ctx), kind=mod._kind)
+    return dx
+
+
+class _Activation(nn.Module):
+    _kind = ""
 
     def __init__(self, device: Any = None) -> None:
         super().__init__()
         self._ctx = context(_norm_device(device if device is not None else "cpu"))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
-        return _GeluFn.apply(x, self._ctx)
+        if self._kind == "swiglu" and x.shape[-1] % 2:
+            raise RuntimeError("fp8amp SwiGLU takes an even last dimension (two halves), got %s" % (tuple(x.shape),))
+        return _ActFn.apply(x, self)
+
+
+class GELU(_Activation):
+    """nn.GELU(approximate="tanh") on fp8amp's fused activation kernels (no parameters)."""
+
+    _kind = "gelu_tanh"
+
+
+class SiLU(_Activation):
+    """nn.SiLU on fp8amp's fused activation kernels (no parameters)."""
+
+    _kind = "silu"
+
+
+class SwiGLU(_Activation):
+    """silu(a) * b over the two halves of the last dimension, x = [a, b] ([..., 2f] -> [..., f]), on
+    fp8amp's fused activation kernels (no parameters): the gated MLP's activation (LLaMA's FFN with
+    the gate and up projections as one Linear of 2f outputs)."""
+
+    _kind = "swiglu"
 
 
 # ---- the norm or activation writing the next Linear's FP8 input -----------------------------------
@@ -197,47 +269,22 @@ def _needs_grad(*ts: Any) -> bool:
     return _grad_enabled() and any(t is not None and t.requires_grad for t in ts)
 
 
-def _norm_into(mod: "LayerNormLinear", x: torch.Tensor, training: bool):
-    """The fused forward: the LayerNorm into the Linear's E4M3 input, then the Linear. Returns y, mean, rstd."""
+def _norm_into(mod: Any, x: torch.Tensor, training: bool):
+    """The fused forward: the norm into the Linear's E4M3 input, then the Linear. Returns y, mean, rstd."""
     norm, lin = mod.norm, mod.linear
     st = lin._st
-    ctx = norm._ctx
     _prepare(st)
-    _on_current_stream(ctx, x.device)
+    _on_current_stream(norm._ctx, x.device)
     d = x.shape[-1]
-    rows = x.numel() // d
-    x8 = torch.empty((rows, d), dtype=torch.float8_e4m3fn, device=x.device)  # the Linear sees [rows, d]
+    x8 = torch.empty((x.numel() // d, d), dtype=torch.float8_e4m3fn, device=x.device)  # the Linear sees [rows, d]
     h8 = mod._fp8_in.bind(x8)
-    mean = torch.empty(rows, dtype=torch.float32, device=x.device)
-    rstd = torch.empty(rows, dtype=torch.float32, device=x.device)
-    fp8amp.norm_forward(ctx, to_fp8amp(_rows(x, d), ctx), to_fp8amp(norm.weight.detach(), ctx), h8,
-                        to_fp8amp(rstd, ctx),
-                        beta=to_fp8amp(norm.bias.detach(), ctx) if norm.bias is not None else None,
-                        mean=to_fp8amp(mean, ctx), eps=norm.eps)
-    y = _fwd_fp8(st, h8.handle, (rows, d), _out_dtype(x), x.device, 1 if training else 0)
+    mean, rstd = _norm_forward(norm, x, h8)
+    y = _fwd_fp8(st, h8.handle, tuple(x8.shape), _out_dtype(x), x.device, 1 if training else 0)
     return y.view(tuple(x.shape[:-1]) + (st.n,)), mean, rstd
 
 
-def _norm_backward(norm: "LayerNorm", dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, mean: torch.Tensor,
-                   rstd: torch.Tensor, has_bias: bool):
-    ctx = norm._ctx
-    _on_current_stream(ctx, x.device)
-    if dy.dtype not in (torch.float32, torch.bfloat16, torch.float16):
-        dy = dy.float()
-    dy = dy.contiguous()
-    d = x.shape[-1]
-    dx = torch.empty_like(x)
-    dg = torch.empty(d, dtype=torch.float32, device=x.device)
-    db = torch.empty(d, dtype=torch.float32, device=x.device) if has_bias else None
-    fp8amp.norm_backward(ctx, to_fp8amp(_rows(dy, d), ctx), to_fp8amp(_rows(x, d), ctx),
-                         to_fp8amp(weight.detach(), ctx), to_fp8amp(rstd, ctx), to_fp8amp(_rows(dx, d), ctx),
-                         to_fp8amp(dg, ctx), mean=to_fp8amp(mean, ctx),
-                         dbeta=to_fp8amp(db, ctx) if db is not None else None, eps=norm.eps)
-    return dx, dg.to(weight.dtype), (db.to(weight.dtype) if db is not None else None)
-
-
 class _NormLinearFn(torch.autograd.Function):
-    """LayerNorm -> Linear, the norm writing the Linear's E4M3 input (see above)."""
+    """norm -> Linear, the norm writing the Linear's E4M3 input (see above)."""
 
     @staticmethod
     def forward(fctx, x, nw, nb, w, b, mod):  # type: ignore[override]
@@ -267,28 +314,29 @@ class _NormLinearFn(torch.autograd.Function):
                 st.wref if need[3] else None, st.bref if need[4] else None, None)
 
 
-def _gelu_into(mod: "LayerNormMLP", h: torch.Tensor, training: bool) -> torch.Tensor:
-    """The fused forward: GELU(tanh) into fc2's E4M3 input, then fc2."""
+def _act_into(mod: "LayerNormMLP", h: torch.Tensor, training: bool) -> torch.Tensor:
+    """The fused forward: the activation into fc2's E4M3 input, then fc2."""
     st = mod.fc2._st
-    ctx = mod.act._ctx
+    act = mod.act
     _prepare(st)
-    _on_current_stream(ctx, h.device)
-    f = h.shape[-1]
-    rows = h.numel() // f
+    _on_current_stream(act._ctx, h.device)
+    f_in = h.shape[-1]
+    rows = h.numel() // f_in
+    f = _act_out_shape(act._kind, h.shape)[-1]
     x8 = torch.empty((rows, f), dtype=torch.float8_e4m3fn, device=h.device)  # the Linear sees [rows, f]
     h8 = mod._fp8_in2.bind(x8)
-    fp8amp.activation_forward(ctx, to_fp8amp(_rows(h, f), ctx), h8, kind="gelu_tanh")
+    fp8amp.activation_forward(act._ctx, to_fp8amp(_rows(h, f_in), act._ctx), h8, kind=act._kind)
     y = _fwd_fp8(st, h8.handle, (rows, f), _out_dtype(h), h.device, 1 if training else 0)
     return y.view(tuple(h.shape[:-1]) + (st.n,))
 
 
-class _GeluLinearFn(torch.autograd.Function):
-    """GELU(tanh) -> Linear, the activation writing the Linear's E4M3 input (see above)."""
+class _ActLinearFn(torch.autograd.Function):
+    """activation -> Linear, the activation writing the Linear's E4M3 input (see above)."""
 
     @staticmethod
     def forward(fctx, h, w, b, mod):  # type: ignore[override]
         h = h.contiguous()
-        y = _gelu_into(mod, h, True)
+        y = _act_into(mod, h, True)
         fctx.save_for_backward(h)
         fctx.mod, fctx.fwd_id, fctx.ldt = mod, mod.fc2._st.fwd_id, y.dtype
         return y
@@ -299,34 +347,46 @@ class _GeluLinearFn(torch.autograd.Function):
         mod = fctx.mod
         st = mod.fc2._st
         if fctx.fwd_id != st.fwd_id or st.bwd_id == fctx.fwd_id:
-            _gelu_into(mod, h, True)  # recompute (see _NormLinearFn)
-        f = h.shape[-1]
-        da = torch.empty((h.numel() // f, f), dtype=fctx.ldt, device=h.device)  # the activation output's gradient
+            _act_into(mod, h, True)  # recompute (see _NormLinearFn)
+        f = _act_out_shape(mod.act._kind, h.shape)[-1]
+        da = torch.empty((h.numel() // h.shape[-1], f), dtype=fctx.ldt, device=h.device)  # the activation output's gradient
         _bwd(st, dy.reshape(da.shape[0], st.n), da)  # the C Linear saw [rows, f] -> [rows, n]
         st.bwd_id = st.fwd_id
         need = fctx.needs_input_grad
-        dh = None
-        if need[0]:
-            ctx = mod.act._ctx
-            _on_current_stream(ctx, h.device)
-            dh = torch.empty(h.shape, dtype=da.dtype, device=h.device)
-            fp8amp.activation_backward(ctx, to_fp8amp(da, ctx), to_fp8amp(_rows(h, f), ctx),
-                                       to_fp8amp(_rows(dh, f), ctx), kind="gelu_tanh")
+        dh = _act_backward(mod.act, da, h) if need[0] else None
         return dh, st.wref if need[1] else None, st.bref if need[2] else None, None
 
 
+_NORMS = {"layernorm": "LayerNorm", "rmsnorm": "RMSNorm"}
+_ACTS = {"gelu": GELU, "silu": SiLU, "swiglu": SwiGLU}
+
+
+def _make_norm(where: str, normalization: str, features: int, eps: float, norm_bias: Any, device: Any) -> nn.Module:
+    """The block's norm: LayerNorm (norm_bias None: with a bias) or RMSNorm (no bias)."""
+    key = str(normalization).lower()
+    if key not in _NORMS:
+        raise ValueError("%s: normalization must be 'LayerNorm' or 'RMSNorm', not %r" % (where, normalization))
+    if key == "rmsnorm":
+        if norm_bias:
+            raise ValueError("%s: RMSNorm has no bias (norm_bias must be None or False)" % where)
+        return RMSNorm(features, eps=eps, device=device)
+    return LayerNorm(features, eps=eps, bias=norm_bias is None or bool(norm_bias), device=device)
+
+
 class LayerNormLinear(nn.Module):
-    """LayerNorm(in_features) -> fp8amp.torch.Linear(in_features, out_features). Submodules ``norm``
-    and ``linear``: the parameters and state_dict keys of
-    ``nn.Sequential(OrderedDict(norm=nn.LayerNorm(in_features), linear=nn.Linear(in_features, out_features)))``.
-    Keyword arguments beyond ``eps`` go to fp8amp.torch.Linear (weight_dtype, wgrad_dtype, policy,
-    recipe, graph_replay)."""
+    """LayerNorm(in_features) (or RMSNorm: ``normalization="RMSNorm"``) -> fp8amp.torch.Linear(in_features,
+    out_features). Submodules ``norm`` and ``linear``: the parameters and state_dict keys of
+    ``nn.Sequential(OrderedDict(norm=nn.LayerNorm(in_features), linear=nn.Linear(in_features, out_features)))``
+    (nn.RMSNorm's with RMSNorm). Keyword arguments beyond ``eps`` go to fp8amp.torch.Linear (weight_dtype,
+    wgrad_dtype, policy, recipe, graph_replay). ``norm_bias``: the LayerNorm's bias (None: yes; RMSNorm
+    has none)."""
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True, eps: float = 1e-5,
-                 device: Any = None, norm_bias: bool = True, **linear_kw: Any) -> None:
+                 device: Any = None, norm_bias: Any = None, normalization: str = "LayerNorm",
+                 **linear_kw: Any) -> None:
         super().__init__()
         self.in_features, self.out_features = int(in_features), int(out_features)
-        self.norm = LayerNorm(in_features, eps=eps, bias=norm_bias, device=device)
+        self.norm = _make_norm("fp8amp LayerNormLinear", normalization, in_features, eps, norm_bias, device)
         self.linear = Linear(in_features, out_features, bias=bias, device=device, **linear_kw)
         self._fp8_in = _Fp8Input(self.linear)
 
@@ -348,15 +408,21 @@ class LayerNormMLP(nn.Module):
     """LayerNorm(hidden) -> Linear(hidden, ffn_hidden) -> GELU(tanh) -> Linear(ffn_hidden, hidden), the
     transformer MLP. Submodules ``norm``, ``fc1``, ``act``, ``fc2``: the parameters and state_dict keys
     of ``nn.Sequential(OrderedDict(norm=nn.LayerNorm(h), fc1=nn.Linear(h, f), act=nn.GELU("tanh"),
-    fc2=nn.Linear(f, h)))``. Keyword arguments beyond ``eps`` go to both fp8amp.torch.Linear."""
+    fc2=nn.Linear(f, h)))``. ``normalization="RMSNorm"`` (nn.RMSNorm's keys); ``activation`` "gelu"
+    (tanh), "silu" or "swiglu" (fc1 then has 2f outputs, [gate, up], and the activation is
+    silu(gate) * up: LLaMA's FFN). Keyword arguments beyond ``eps`` go to both fp8amp.torch.Linear."""
 
     def __init__(self, hidden: int, ffn_hidden: int, bias: bool = True, eps: float = 1e-5, device: Any = None,
-                 norm_bias: bool = True, **linear_kw: Any) -> None:
+                 norm_bias: Any = None, normalization: str = "LayerNorm", activation: str = "gelu",
+                 **linear_kw: Any) -> None:
         super().__init__()
+        if str(activation).lower() not in _ACTS:
+            raise ValueError("fp8amp LayerNormMLP: activation must be 'gelu', 'silu' or 'swiglu', not %r" % (activation,))
+        act_cls = _ACTS[str(activation).lower()]
         self.hidden, self.ffn_hidden = int(hidden), int(ffn_hidden)
-        self.norm = LayerNorm(hidden, eps=eps, bias=norm_bias, device=device)
-        self.fc1 = Linear(hidden, ffn_hidden, bias=bias, device=device, **linear_kw)
-        self.act = GELU(device=device)
+        self.norm = _make_norm("fp8amp LayerNormMLP", normalization, hidden, eps, norm_bias, device)
+        self.fc1 = Linear(hidden, ffn_hidden * (2 if act_cls is SwiGLU else 1), bias=bias, device=device, **linear_kw)
+        self.act = act_cls(device=device)
         self.fc2 = Linear(ffn_hidden, hidden, bias=bias, device=device, **linear_kw)
         self._fp8_in = _Fp8Input(self.fc1)
         self._fp8_in2 = _Fp8Input(self.fc2)
@@ -383,5 +449,5 @@ class LayerNormMLP(nn.Module):
         if not _fp8_fed(fc2, h, training):
             return fc2(self.act(h))
         if training:
-            return _GeluLinearFn.apply(h, w2, b2, self)
-        return _gelu_into(self, h.contiguous(), False)
+            return _ActLinearFn.apply(h, w2, b2, self)
+        return _act_into(self, h.contiguous(), False)
