@@ -1,10 +1,10 @@
-"""fp8amp.torch.LayerNormLinear / LayerNormMLP with the norm (and GELU) writing the next Linear's E4M3
+"""fp8amp.torch.LayerNormLinear / LayerNormMLP with the norm (and the activation) writing the next Linear's E4M3
 operand (fp8amp_linear_forward_fp8, issue 19) against the same blocks as their modules' composition
 (each Linear quantizing a bf16 norm/GELU output in its own pass) and against bf16 AMP's nn modules,
 in the same run, on one GPU. A step is forward + backward of one block under bf16 autocast, x
 [tokens, d] bf16; CUDA events around each step (median), a sleep kernel queued first so that the
-host's enqueueing is off the clock (fp8amp_bench.bench). Shapes: a GPT layer's at d = 2048 and 4096
-with 8192 tokens (the issue's presets).
+host's enqueueing is off the clock. Shapes: a GPT layer's at d = 2048 and 4096 with 8192 tokens (the
+issue's presets); --cases also takes rmslinear (RMSNorm) and swiglu (RMSNorm + SwiGLU MLP, LLaMA's).
 
 Usage: PYTHONPATH=<site with fp8amp> python3 bench/bench_fused_blocks.py [--out FILE] [--reps N]
 Writes bench/results/fused_blocks-<device>-<date>.json (or --out) with device, date, commit.
@@ -51,15 +51,39 @@ def bench(fn, warmup, reps):
 
 
 def composition(m, x):
+    """The block's modules one after another (each Linear quantizing its wide input itself)."""
     if isinstance(m, ft.LayerNormLinear):
         return m.linear(m.norm(x))
     return m.fc2(m.act(m.fc1(m.norm(x))))
 
 
+class SwiGLURef(nn.Module):
+    def forward(self, x):
+        a, b = x.chunk(2, dim=-1)
+        return nn.functional.silu(a) * b
+
+
 def nn_block(kind, d, f):
+    """bf16 AMP's peer of each block: nn modules."""
     if kind == "lnlinear":
         return nn.Sequential(nn.LayerNorm(d), nn.Linear(d, f))
+    if kind == "rmslinear":
+        return nn.Sequential(nn.RMSNorm(d, eps=1e-5), nn.Linear(d, f))
+    if kind == "swiglu":
+        return nn.Sequential(nn.RMSNorm(d, eps=1e-5), nn.Linear(d, 2 * f), SwiGLURef(), nn.Linear(f, d))
     return nn.Sequential(nn.LayerNorm(d), nn.Linear(d, f), nn.GELU(approximate="tanh"), nn.Linear(f, d))
+
+
+def fp8amp_block(kind, d, f, dev, recipe):
+    """lnlinear: LayerNormLinear d -> f; rmslinear: the same with RMSNorm; lnmlp: LayerNormMLP d -> f -> d
+    (GELU); swiglu: RMSNorm + SwiGLU MLP d -> 2f -> (f) -> d (LLaMA's FFN)."""
+    if kind == "lnlinear":
+        return ft.LayerNormLinear(d, f, device=dev, recipe=recipe)
+    if kind == "rmslinear":
+        return ft.LayerNormLinear(d, f, device=dev, recipe=recipe, normalization="RMSNorm")
+    if kind == "swiglu":
+        return ft.LayerNormMLP(d, f, device=dev, recipe=recipe, normalization="RMSNorm", activation="swiglu")
+    return ft.LayerNormMLP(d, f, device=dev, recipe=recipe)
 
 
 def main():
@@ -87,10 +111,9 @@ def main():
         kind, shape = case.split(":")
         tokens, d, f = (int(v) for v in shape.split("x"))
         x = (torch.randn(tokens, d, device=dev, generator=gen) * 2).to(torch.bfloat16).requires_grad_(True)
-        out_d = f if kind == "lnlinear" else d
+        out_d = f if kind.endswith("linear") else d
         dy = torch.randn(tokens, out_d, device=dev, generator=gen).to(torch.bfloat16)
-        fused = (ft.LayerNormLinear(d, f, device=dev, recipe=recipe) if kind == "lnlinear"
-                 else ft.LayerNormMLP(d, f, device=dev, recipe=recipe))
+        fused = fp8amp_block(kind, d, f, dev, recipe)
         ref = nn_block(kind, d, f).to(dev)
         row = {"recipe": recipe_name, "tokens": tokens, "d": d, "f": f}
         # a delayed recipe's INPUT and GRAD_OUTPUT metas are updated once a step (as the front's
@@ -119,7 +142,7 @@ def main():
         for name in kinds:
             row[name + "_ms"] = statistics.mean(row[name + "_ms_rounds"])
             row[name + "_host_ms"] = statistics.mean(row[name + "_host_ms_rounds"])
-        lin = fused.linear if kind == "lnlinear" else fused.fc1
+        lin = fused.linear if kind.endswith("linear") else fused.fc1
         row["gemm"] = str(lin.gemm_kind)
         row["fused_over_composition"] = row["fused_ms"] / row["composition_ms"]
         row["fused_over_bf16_nn"] = row["fused_ms"] / row["bf16_nn_ms"]
