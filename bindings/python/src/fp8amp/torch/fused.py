@@ -270,8 +270,9 @@ def _needs_grad(*ts: Any) -> bool:
 
 
 def _norm_into(mod: Any, x: torch.Tensor, training: bool):
-    """The fused forward: the norm into the Linear's E4M3 input, then the Linear. Returns y, mean, rstd."""
-    norm, lin = mod.norm, mod.linear
+    """The fused forward: the block's norm into its first Linear's E4M3 input, then that Linear.
+    Returns y, mean, rstd."""
+    norm, lin = mod.norm, mod._fp8_in.lin
     st = lin._st
     _prepare(st)
     _on_current_stream(norm._ctx, x.device)
@@ -292,14 +293,14 @@ class _NormLinearFn(torch.autograd.Function):
         x = x.contiguous()
         y, mean, rstd = _norm_into(mod, x, True)
         fctx.save_for_backward(x, nw, mean, rstd)
-        fctx.mod, fctx.fwd_id, fctx.ldt, fctx.has_nb = mod, mod.linear._st.fwd_id, y.dtype, nb is not None
+        fctx.mod, fctx.fwd_id, fctx.ldt, fctx.has_nb = mod, mod._fp8_in.lin._st.fwd_id, y.dtype, nb is not None
         return y
 
     @staticmethod
     def backward(fctx, dy):  # type: ignore[override]
         x, nw, mean, rstd = fctx.saved_tensors
         mod = fctx.mod
-        st = mod.linear._st
+        st = mod._fp8_in.lin._st
         if fctx.fwd_id != st.fwd_id or st.bwd_id == fctx.fwd_id:
             # not the C Linear's last training forward (the Linear ran another since): recompute it
             # from the saved x, as fp8amp.torch.Linear's backward does from its input
@@ -388,7 +389,7 @@ class LayerNormLinear(nn.Module):
         self.in_features, self.out_features = int(in_features), int(out_features)
         self.norm = _make_norm("fp8amp LayerNormLinear", normalization, in_features, eps, norm_bias, device)
         self.linear = Linear(in_features, out_features, bias=bias, device=device, **linear_kw)
-        self._fp8_in = _Fp8Input(self.linear)
+        self._fp8_in = _Fp8Input(self.linear)  # the block's first Linear (what _norm_into feeds)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
         norm, lin = self.norm, self.linear
@@ -424,13 +425,8 @@ class LayerNormMLP(nn.Module):
         self.fc1 = Linear(hidden, ffn_hidden * (2 if act_cls is SwiGLU else 1), bias=bias, device=device, **linear_kw)
         self.act = act_cls(device=device)
         self.fc2 = Linear(ffn_hidden, hidden, bias=bias, device=device, **linear_kw)
-        self._fp8_in = _Fp8Input(self.fc1)
+        self._fp8_in = _Fp8Input(self.fc1)  # the block's first Linear (what _norm_into feeds)
         self._fp8_in2 = _Fp8Input(self.fc2)
-
-    # _norm_into reads .norm, .linear and ._fp8_in: fc1 is this block's first Linear
-    @property
-    def linear(self) -> Linear:
-        return self.fc1
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
         norm, fc1, fc2 = self.norm, self.fc1, self.fc2
