@@ -29,6 +29,15 @@ class NumericsTest {
         return v;
     }
 
+    /** A Linear [k -> n] descriptor with the library's defaults but the policy ALWAYS_FP8. */
+    private static LinearDesc fp8Desc(int k, int n) {
+        LinearDesc desc = new LinearDesc();
+        desc.setInFeatures(k);
+        desc.setOutFeatures(n);
+        desc.setPolicy(GemmPolicy.GEMM_ALWAYS_FP8);
+        return desc;
+    }
+
     private static void assertAllFinite(float[] v, String what) {
         for (int i = 0; i < v.length; ++i) assertTrue(Float.isFinite(v[i]), what + "[" + i + "] = " + v[i]);
     }
@@ -136,10 +145,7 @@ class NumericsTest {
         float[] w = gaussian(rng, n * k, 0.125);
         float[] b = gaussian(rng, n, 0.5);
         float[] dy = gaussian(rng, m * n, 0.01);
-        LinearDesc desc = new LinearDesc();
-        desc.setInFeatures(k);
-        desc.setOutFeatures(n);
-        desc.setPolicy(GemmPolicy.GEMM_ALWAYS_FP8);
+        LinearDesc desc = fp8Desc(k, n);
         try (Context ctx = Context.cpu();
              Linear wide = new Linear(ctx, desc);
              Linear fed = new Linear(ctx, desc);
@@ -185,10 +191,7 @@ class NumericsTest {
         float[] w = gaussian(rng, n * k, 0.125);
         float[] b = gaussian(rng, n, 0.5);
         float[] dy = gaussian(rng, m * n, 0.01);
-        LinearDesc desc = new LinearDesc();
-        desc.setInFeatures(k);
-        desc.setOutFeatures(n);
-        desc.setPolicy(GemmPolicy.GEMM_ALWAYS_FP8);
+        LinearDesc desc = fp8Desc(k, n);
         try (Context ctx = Context.cpu();
              Linear lin = new Linear(ctx, desc);
              Tensor weight = lin.weight();
