@@ -107,7 +107,7 @@ FP8AMP_API fp8amp_status fp8amp_linear_choose_gemm(fp8amp_linear lin, int64_t ro
                                                    fp8amp_gemm_kind *out) {
     FP8AMP_GUARD({
         auto l = lookup<Linear>(lin, "lin");
-        if (!out) fail(FP8AMP_ERROR_INVALID_ARGUMENT, "out is NULL");
+        require(out, "out");
         *out = l->choose_gemm(rows, training != 0);
     });
 }
